@@ -1,0 +1,269 @@
+"""Open and validate a GGUF model file: metadata -> ModelArgs, tensors -> memory-mapped QTensors.
+
+Uses the `gguf` package's reader (llama.cpp's own), which memory-maps the file: tensor data is never copied.
+Every way a file can be wrong ends in ONE `ModelFileError` line that names the file and says what to do;
+missing, unknown and mis-shaped tensors are all listed together so a user sees the whole problem at once.
+"""
+from __future__ import annotations
+
+import os
+import struct
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+from gguf import GGUFReader, GGUFValueType
+
+from .config import ARCHITECTURES, ModelArgs
+from .errors import ModelFileError, NinferError
+from .quant import QTensor
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+SUPPORTED_QTYPES = (QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q6_K)
+_FIX = "re-download or re-convert the model"
+
+# Per-layer tensors every supported architecture has (GGUF names, without the "blk.{i}." prefix).
+LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                 "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+
+
+@dataclass
+class ModelFile:
+    """A validated, memory-mapped GGUF model.
+
+    tensors: GGUF name -> QTensor (shape = numpy (rows, cols); data = read-only view into the mapping).
+    metadata: the scalar key/value fields (arrays such as the vocabulary are read through `field`).
+    """
+
+    path: Path
+    args: ModelArgs
+    tensors: dict[str, QTensor]
+    metadata: dict[str, Any]
+    quant_summary: dict[str, int]
+    file_size: int
+    reader: GGUFReader = field(repr=False)
+
+    def field(self, key: str, default: Any = None) -> Any:
+        """Any metadata value, arrays included (e.g. `tokenizer.ggml.tokens` -> list[str])."""
+        return read_field(self.reader, key, default)
+
+    def describe(self) -> str:
+        """One line for progress output: name, arch, layers, quant mix, size."""
+        a = self.args
+        q = ", ".join(f"{k} x{v}" for k, v in sorted(self.quant_summary.items()))
+        name = self.metadata.get("general.name") or self.path.name
+        return (f"{name}: {a.arch}, {a.n_layer} layers, d_model {a.d_model}, vocab {a.vocab_size}, "
+                f"{q}, {self.file_size / 2**20:.1f} MiB")
+
+
+def read_field(reader: GGUFReader, key: str, default: Any = None) -> Any:
+    """The decoded value of a metadata field (strings decoded leniently), or `default` if absent."""
+    f = reader.fields.get(key)
+    if f is None or not f.types:
+        return default
+    main = f.types[0]
+    if main == GGUFValueType.ARRAY:
+        sub = f.types[-1]
+        if sub == GGUFValueType.STRING:
+            # Token strings are usually valid UTF-8, but a broken file must not crash the loader.
+            return [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
+        if sub == GGUFValueType.ARRAY:
+            return default  # nested arrays: nothing we use
+        return [v.item() for i in f.data for v in f.parts[i]]
+    if main == GGUFValueType.STRING:
+        return bytes(f.parts[-1]).decode("utf-8", errors="replace")
+    return f.parts[-1][0].item()
+
+
+def _check_header(path: Path) -> int:
+    """Existence, readability, magic and version, before the reader sees the file. Returns the size."""
+    if not path.exists():
+        raise ModelFileError(f"model file {path} does not exist; check the path")
+    if path.is_dir():
+        raise ModelFileError(f"model path {path} is a directory; pass the .gguf file inside it")
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except OSError as e:
+        raise ModelFileError(f"cannot read model file {path}: {e.strerror or e}; check its permissions") from None
+    if len(head) < 4 or head[:4] != GGUF_MAGIC:
+        raise ModelFileError(f"{path} is not a GGUF file (magic {head[:4]!r}, expected b'GGUF'); "
+                             "pass a .gguf model file")
+    if len(head) < 8:
+        raise ModelFileError(f"{path} is truncated (only {size} bytes); {_FIX}")
+    (version,) = struct.unpack("<I", head[4:8])
+    if version not in SUPPORTED_VERSIONS:
+        if struct.unpack(">I", head[4:8])[0] in SUPPORTED_VERSIONS:
+            raise ModelFileError(f"{path} is a big-endian GGUF file, which is not supported; "
+                                 "convert it on a little-endian machine")
+        raise ModelFileError(f"{path} has GGUF version {version}, supported: "
+                             f"{', '.join(map(str, SUPPORTED_VERSIONS))}; re-convert it with a current llama.cpp")
+    return size
+
+
+def _open_reader(path: Path) -> GGUFReader:
+    try:
+        return GGUFReader(path, "r")
+    except NinferError:
+        raise
+    except Exception as e:  # the reader raises ValueError/IndexError/numpy errors on damage
+        detail = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+        if "GGMLQuantizationType" in detail:
+            raise ModelFileError(f"{path} uses an unknown tensor type ({detail}); supported: "
+                                 f"{', '.join(q.name for q in SUPPORTED_QTYPES)}") from None
+        raise ModelFileError(f"{path} is truncated or corrupt ({detail}); {_FIX}") from None
+
+
+def _meta_int(meta: dict, path: Path, key: str, default: int | None = None) -> int:
+    v = meta.get(key, default)
+    if v is None:
+        raise ModelFileError(f"{path} lacks metadata {key!r}; {_FIX}")
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+        raise ModelFileError(f"{path} has an invalid {key!r} = {v!r}; {_FIX}")
+    return int(v)
+
+
+def args_from_metadata(meta: dict, path: Path, n_vocab_tokens: int | None,
+                       tensor_names: set[str]) -> ModelArgs:
+    """ModelArgs from GGUF metadata; qkv bias / tied head are read from which tensors exist."""
+    arch = meta.get("general.architecture")
+    if arch is None:
+        raise ModelFileError(f"{path} has no general.architecture; {_FIX}")
+    if arch not in ARCHITECTURES:
+        raise ModelFileError(f"{path} has architecture {arch!r}, which is not supported; "
+                             f"supported: {', '.join(ARCHITECTURES)}")
+    p = arch + "."
+    d_model = _meta_int(meta, path, p + "embedding_length")
+    n_head = _meta_int(meta, path, p + "attention.head_count")
+    n_kv_head = _meta_int(meta, path, p + "attention.head_count_kv", n_head)
+    # key_length is the true head size (qwen3 has head_dim * n_head != d_model); default like llama.cpp.
+    head_dim = _meta_int(meta, path, p + "attention.key_length", d_model // n_head if d_model % n_head == 0 else None)
+    vocab = meta.get(p + "vocab_size") or n_vocab_tokens
+    if vocab is None:
+        raise ModelFileError(f"{path} has neither {p}vocab_size nor a tokenizer vocabulary; {_FIX}")
+    try:
+        return ModelArgs(
+            arch=arch,
+            n_layer=_meta_int(meta, path, p + "block_count"),
+            d_model=d_model, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
+            d_ff=_meta_int(meta, path, p + "feed_forward_length"),
+            vocab_size=int(vocab),
+            rope_base=float(meta.get(p + "rope.freq_base", 10000.0)),
+            rms_eps=float(meta.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
+            context_length=_meta_int(meta, path, p + "context_length", 2048),
+            qkv_bias=arch == "qwen2" or "blk.0.attn_q.bias" in tensor_names,
+            qk_norm=arch == "qwen3",
+            tied_embeddings="output.weight" not in tensor_names,
+            rope_neox=arch in ("qwen2", "qwen3"),
+        )
+    except NinferError as e:
+        raise ModelFileError(f"{path}: {e}; {_FIX}") from None
+
+
+def expected_shapes(a: ModelArgs) -> dict[str, tuple[int, ...]]:
+    """Every tensor the model needs, GGUF name -> numpy shape (rows, cols) = (out, in)."""
+    s: dict[str, tuple[int, ...]] = {"token_embd.weight": (a.vocab_size, a.d_model),
+                                     "output_norm.weight": (a.d_model,)}
+    if not a.tied_embeddings:
+        s["output.weight"] = (a.vocab_size, a.d_model)
+    for i in range(a.n_layer):
+        b = f"blk.{i}."
+        s |= {b + "attn_norm.weight": (a.d_model,), b + "ffn_norm.weight": (a.d_model,),
+              b + "attn_q.weight": (a.q_dim, a.d_model), b + "attn_k.weight": (a.kv_dim, a.d_model),
+              b + "attn_v.weight": (a.kv_dim, a.d_model), b + "attn_output.weight": (a.d_model, a.q_dim),
+              b + "ffn_gate.weight": (a.d_ff, a.d_model), b + "ffn_up.weight": (a.d_ff, a.d_model),
+              b + "ffn_down.weight": (a.d_model, a.d_ff)}
+        if a.qkv_bias:
+            s |= {b + "attn_q.bias": (a.q_dim,), b + "attn_k.bias": (a.kv_dim,), b + "attn_v.bias": (a.kv_dim,)}
+        if a.qk_norm:
+            s |= {b + "attn_q_norm.weight": (a.head_dim,), b + "attn_k_norm.weight": (a.head_dim,)}
+    return s
+
+
+def _names(names: list[str], limit: int = 6) -> str:
+    """A short list for an error line: the first few names and how many more."""
+    head = ", ".join(names[:limit])
+    return head + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+def _as_qtensor(t, shape: tuple[int, ...]) -> QTensor:
+    """Wrap a reader tensor without copying (matrices as uint8 block rows, vectors as floats)."""
+    qtype = QT(t.tensor_type)
+    data = t.data
+    if len(shape) == 1:
+        if qtype == QT.BF16:  # bf16 is the high half of an f32: widen (tiny vectors, a copy is fine)
+            data = (np.asarray(data).view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
+            qtype = QT.F32
+        elif qtype not in (QT.F32, QT.F16):  # a quantized vector (rare): dequantize it once
+            from gguf.quants import dequantize
+            data = dequantize(np.asarray(data), qtype).astype(np.float32).reshape(shape)
+            qtype = QT.F32
+        else:
+            data = data.reshape(shape)
+    else:
+        rows = shape[0]
+        data = data.view(np.uint8).reshape(rows, -1)  # (rows, bytes_per_row), still a view of the mmap
+    return QTensor(name=t.name, qtype=qtype, shape=shape, data=data)
+
+
+def load_gguf(path: str | os.PathLike) -> ModelFile:
+    """Open, validate and memory-map a GGUF model. Raises ModelFileError (one line) on any problem."""
+    path = Path(path).expanduser()
+    size = _check_header(path)
+    reader = _open_reader(path)
+    meta: dict[str, Any] = {}
+    for key, f in reader.fields.items():
+        if f.types and f.types[0] != GGUFValueType.ARRAY:
+            meta[key] = read_field(reader, key)
+    names = [t.name for t in reader.tensors]
+    tok_field = reader.fields.get("tokenizer.ggml.tokens")
+    n_tokens = len(tok_field.data) if tok_field is not None else None
+    args = args_from_metadata(meta, path, n_tokens, set(names))
+
+    # Tensor data must lie inside the file: a truncated download otherwise reads as short views.
+    short = [t.name for t in reader.tensors if t.data_offset + t.n_bytes > size]
+    if short:
+        raise ModelFileError(f"{path} is truncated: tensor data for {_names(short)} lies past the end "
+                             f"of the file ({size} bytes); {_FIX}")
+    bad_q = sorted({QT(t.tensor_type).name for t in reader.tensors if t.tensor_type not in SUPPORTED_QTYPES})
+    if bad_q:
+        raise ModelFileError(f"{path} uses unsupported quant type(s) {', '.join(bad_q)}; supported: "
+                             f"{', '.join(q.name for q in SUPPORTED_QTYPES)}; use a file quantized to one of these")
+
+    want = expected_shapes(args)
+    have = {t.name: t for t in reader.tensors}
+    missing = [n for n in want if n not in have]
+    unknown = [n for n in names if n not in want]
+    wrong = []
+    for n, t in have.items():
+        if n in want:
+            got = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF ne is reversed numpy order
+            while len(got) > 1 and got[0] == 1 and len(want[n]) == 1:
+                got = got[1:]
+            if got != want[n]:
+                wrong.append(f"{n} {got} != {want[n]}")
+    if missing or unknown or wrong:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing tensor(s): {_names(missing)}")
+        if unknown:
+            parts.append(f"{len(unknown)} unknown tensor(s): {_names(unknown)}")
+        if wrong:
+            parts.append(f"{len(wrong)} with wrong shape: {_names(wrong, 3)}")
+        raise ModelFileError(f"{path} does not match a {args.arch} model with {args.n_layer} layers: "
+                             f"{'; '.join(parts)}; the file is incomplete or not a supported model, {_FIX}")
+
+    tensors = {}
+    for n, shp in want.items():
+        try:
+            tensors[n] = _as_qtensor(have[n], shp)
+        except ValueError as e:
+            raise ModelFileError(f"{path}: tensor {n} has an inconsistent size ({e}); {_FIX}") from None
+    summary = Counter(QT(t.tensor_type).name for t in reader.tensors)
+    return ModelFile(path=path, args=args, tensors=tensors, metadata=meta, quant_summary=dict(summary),
+                     file_size=size, reader=reader)

@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny random-weight GGUF models (one per architecture) and the default SmolLM2 file."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # tests run from a checkout without an editable install
+    sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    """{arch: path} of tiny models written by scripts/make_tiny_models.py (seed 0) into a session tmp dir."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from make_tiny_models import ARCHS, make_tiny_model
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    out = tmp_path_factory.mktemp("tiny_models")
+    return {arch: make_tiny_model(out / f"tiny-{arch}.gguf", arch, seed=0) for arch in ARCHS}
+
+
+@pytest.fixture(scope="session")
+def make_tiny():
+    """The `make_tiny_model(path, arch, seed=0, **overrides)` function, for tests that need variants."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from make_tiny_models import make_tiny_model
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    return make_tiny_model
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The installed default model (SmolLM2-135M-Instruct Q4_1); skips when it is not installed."""
+    from engine.paths import default_model_path
+    p = default_model_path()
+    if p is None:
+        pytest.skip("default model not installed (scripts/dev setup)")
+    return p
