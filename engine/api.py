@@ -1,0 +1,207 @@
+"""The engine API: `Engine.load(EngineArgs)` -> `engine.session()` -> `Session.generate(messages)` -> events.
+
+    from engine.api import Engine
+    from engine.config import EngineArgs, GenerateRequest, SamplingParams
+    engine = Engine.load(EngineArgs(), progress=print)          # the default model on the CPU
+    session = engine.session()                                  # one conversation = one KV cache
+    for ev in session.generate([{"role": "user", "content": "Hi"}], GenerateRequest(SamplingParams(greedy=True))):
+        ...                                                     # TextDelta, ReasoningDelta, ..., FinalStats last
+
+A session keeps the tokens its KV cache holds; the next `generate` reuses the longest common token prefix, so
+regenerate/edit/continue only prefill the new suffix (`FinalStats.cached_prompt_tokens`). `generate` checks
+its arguments eagerly (ConfigError/InputError before the first event) and returns an iterator; `cancel` (a
+threading.Event) is checked between prefill chunks and decode rounds. One session serves one thread at a time.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import unicodedata
+from typing import Callable, Iterator
+
+from .config import EngineArgs, GenerateRequest
+from .errors import ConfigError, InputError
+from .events import Progress
+from .generate import ReplyOptions, RoundFn, plain_round, run_reply
+from .sampling import TokenChooser
+from .thinking import ChannelSplitter, ThinkingState, detect_start, plan_thinking
+
+ProgressFn = Callable[[Progress], None]
+
+
+class Engine:
+    """A loaded model + tokenizer + backend. Cheap to share; each `session()` owns its own KV cache."""
+
+    def __init__(self, model, tokenizer, args: EngineArgs, max_context: int, capacity: int, name: str = "",
+                 model_path: str | None = None, description: str = ""):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.args = args
+        self.max_context = max_context
+        self.capacity = capacity
+        self.name = name
+        self.model_path = model_path
+        self.description = description
+        self.vocab_size = model.args.vocab_size
+
+    @classmethod
+    def load(cls, args: EngineArgs | None = None, progress: ProgressFn | None = None,
+             config_model: str | None = None) -> "Engine":
+        """Resolve (explicit -> config `model` -> embedded default), load and prepare a model."""
+        from . import paths
+        from .backend import get_backend
+        from .gguf import load_gguf
+        from .model import Model
+        from .tokenizer import Tokenizer
+
+        args = args or EngineArgs()
+        report = progress or (lambda p: None)
+        path = paths.resolve_model(args.model, config_model)
+        report(Progress("load", 0, 3, f"opening {path.name}"))
+        mf = load_gguf(path)
+        tok = Tokenizer.from_gguf(mf)
+        max_ctx, cap = args.resolve_context(mf.args.context_length)
+        if args.threads:
+            _set_threads(args.threads)
+        report(Progress("load", 1, 3, f"preparing weights for the {args.backend} backend"))
+        backend = get_backend(args.backend)
+        model = Model(mf.args, mf.tensors, backend, max_batch=max(args.prefill_chunk, args.draft_tokens + 1))
+        report(Progress("load", 2, 3, "compiling kernels"))
+        _warm_up(model, args.kv_dtype)
+        report(Progress("load", 3, 3, mf.describe()))
+        return cls(model, tok, args, max_ctx, cap, name=path.name, model_path=str(path),
+                   description=mf.describe())
+
+    @classmethod
+    def from_parts(cls, model, tokenizer, args: EngineArgs | None = None, name: str = "") -> "Engine":
+        """An engine over an already built model and tokenizer (tests, `engine.fake`)."""
+        args = args or EngineArgs()
+        max_ctx, cap = args.resolve_context(model.args.context_length)
+        return cls(model, tokenizer, args, max_ctx, cap, name=name)
+
+    def session(self) -> "Session":
+        return Session(self)
+
+
+class Session:
+    """One conversation: its KV cache and the tokens in it. `generate` may be called again and again."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.cache = engine.model.new_cache(engine.capacity, engine.args.kv_dtype)
+        self.cached: list[int] = []  # the tokens the cache holds, in order
+        self.stats_interval_s = 0.1
+        self._busy = threading.Lock()
+
+    def reset(self) -> None:
+        """Forget the cache (a new conversation)."""
+        self.cache.truncate(0)
+        self.cached.clear()
+
+    def prompt_tokens(self, messages, request: GenerateRequest | None = None) -> list[int]:
+        """The token ids `generate` would prefill for these messages (after the thinking plan)."""
+        req = request or GenerateRequest()
+        plan = plan_thinking(req.thinking, self.engine.tokenizer, req.sampling.max_new)
+        return self._render(messages, plan)[1]
+
+    def generate(self, messages, request: GenerateRequest | None = None,
+                 cancel: threading.Event | None = None, round_fn: RoundFn | None = None) -> Iterator:
+        """Stream one assistant reply to `messages` as engine.events (FinalStats last).
+
+        Raises ConfigError/InputError here (before iterating) for an invalid request or a prompt that does
+        not fit in the context."""
+        eng = self.engine
+        tok = eng.tokenizer
+        req = request or GenerateRequest()
+        sp = req.sampling
+        plan = plan_thinking(req.thinking, tok, sp.max_new)
+        text, prompt = self._render(messages, plan)
+        if len(prompt) >= eng.max_context:
+            raise InputError(f"the prompt is {len(prompt)} tokens but the context is {eng.max_context}; "
+                             "shorten the conversation or raise --max-context")
+        stop_ids = frozenset(tok.stop_ids) | frozenset(sp.stop_token_ids)
+        start = detect_start(plan, text)
+        state = ThinkingState(plan, stop_ids, decode=tok.decode, start=start)
+        chooser = TokenChooser(sp, eng.vocab_size, thinking=state)
+        splitter = ChannelSplitter(plan, start)
+        spec = req.spec if req.spec is not None else eng.args.spec
+        k = req.draft_tokens or eng.args.draft_tokens
+        if round_fn is None:
+            round_fn = plain_round if spec == "off" else _spec_round(eng, spec, k)
+        opts = ReplyOptions(max_context=eng.max_context, prefill_chunk=eng.args.prefill_chunk,
+                            prefix_reuse=eng.args.prefix_reuse, stats_interval_s=self.stats_interval_s,
+                            draft_tokens=k, spec_mode=spec, backend=eng.args.backend,
+                            kv_dtype=eng.args.kv_dtype, capacity=eng.capacity)
+        return self._locked(run_reply(eng.model, self.cache, self.cached, prompt, chooser, state, splitter, tok,
+                                      stop_ids, sp.stop, sp.max_new, opts, cancel, round_fn))
+
+    def _locked(self, it: Iterator) -> Iterator:
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError("this session is already generating; one generate at a time")
+        try:
+            yield from it
+        finally:
+            self._busy.release()
+
+    def _render(self, messages, plan) -> tuple[str, list[int]]:
+        tok = self.engine.tokenizer
+        msgs = normalize_messages(messages)
+        if plan.system_note:
+            if msgs[0]["role"] == "system":
+                msgs[0] = dict(msgs[0], content=(msgs[0]["content"] + "\n\n" + plan.system_note).strip())
+            else:
+                msgs.insert(0, {"role": "system", "content": plan.system_note})
+        text = tok.apply_chat_template(msgs, add_generation_prompt=True, **plan.template_extra) + plan.prompt_suffix
+        add_bos = bool(getattr(tok, "add_bos", False)) and not getattr(tok, "bos_token_in_template", False)
+        return text, tok.encode(text, add_bos=add_bos)
+
+
+def normalize_messages(messages) -> list[dict]:
+    """A fresh list of {'role', 'content'} dicts, content NFC-normalized (CJK input typed in many forms)."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise InputError('messages must be a non-empty list of {"role": ..., "content": ...} objects')
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str) or not isinstance(m.get("role"), str):
+            raise InputError(f"message {i} must be an object with string 'role' and 'content'")
+        out.append(dict(m, content=unicodedata.normalize("NFC", m["content"])))
+    return out
+
+
+def _spec_round(engine: Engine, mode: str, k: int) -> RoundFn:
+    """A round function for a speculative mode (engine.spec); ConfigError with the reason if unavailable."""
+    from .spec import make_drafter, spec_round
+    from .generate import Round
+    drafter = make_drafter(mode, engine.model, engine.model_path)
+
+    def round_fn(ctx) -> Round:
+        if not ctx.state.get("started"):
+            drafter.reset()
+            ctx.state["started"] = True
+        res, feats = spec_round(ctx.model, ctx.cache, ctx.chooser, drafter, ctx.seq, k, stop_ids=ctx.stop_ids,
+                                max_tokens=ctx.max_tokens, capacity=engine.capacity,
+                                features=ctx.state.get("features"))
+        ctx.state["features"] = feats
+        return Round(res.tokens, drafted=res.n_drafted, accepted=res.n_accepted, draft_ms=res.draft_ms,
+                     verify_ms=res.verify_ms)
+    return round_fn
+
+
+def _set_threads(n: int) -> None:
+    try:
+        import numba
+        numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+    except ImportError:
+        pass
+    except ValueError as e:
+        raise ConfigError(f"--threads {n}: {e}") from None
+
+
+def _warm_up(model, kv_dtype: str = "f16") -> None:
+    """Compile the kernels now (one decode step and a 2-token step on a scratch cache), not at first token."""
+    t0 = time.perf_counter()
+    import numpy as np
+    cache = model.new_cache(4, kv_dtype)
+    model.forward(np.array([0, 0], np.int32), 0, cache)
+    model.forward(np.array([0], np.int32), 2, cache)
+    model.warmup_s = time.perf_counter() - t0
