@@ -1,0 +1,151 @@
+"""`ninfer-chat`: the Textual chat app, its plain line mode, and transcript commands that need no UI.
+
+    ninfer-chat [MODEL] [--config FILE] [--theme NAME] [--plain]
+    ninfer-chat --list | --export ID [--format md|json] [-o FILE] | --import FILE
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from engine import paths
+from engine.config import SPEC_MODES, EngineArgs
+from engine.errors import ConfigError, NinferError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ninfer-chat", description="Chat with a local GGUF model in the terminal.")
+    p.add_argument("model", nargs="?", help="GGUF file (default: config `model`, else the embedded SmolLM2)")
+    p.add_argument("--config", help="an extra TOML config merged over the defaults and your user config")
+    p.add_argument("--theme", help="theme name (ninfer-dark, ninfer-light, ninfer-high-contrast, or a user theme)")
+    p.add_argument("--plain", action="store_true", help="line-based prompt-toolkit interface (no full screen)")
+    p.add_argument("--backend", help="cpu | ref | cuda (default: config [engine] backend)")
+    p.add_argument("--threads", type=int, help="CPU threads (default: all)")
+    p.add_argument("--spec", choices=SPEC_MODES, help="speculative decoding mode for the first reply")
+    p.add_argument("--max-new", type=int, help="tokens per reply (reasoning + answer)")
+    p.add_argument("--temperature", type=float, help="0 = greedy")
+    p.add_argument("--seed", type=int, help="sampling seed")
+    p.add_argument("--no-thinking", action="store_true", help="never think")
+    p.add_argument("--thinking-budget", type=int, help="reasoning tokens before the close is forced (0: unlimited)")
+    p.add_argument("--fake", action="store_true", help="a scripted fake engine (demo/tests; loads no model)")
+    p.add_argument("--fake-delay", type=float, default=0.02, help="seconds per token of --fake")
+    g = p.add_argument_group("transcripts (no UI)")
+    g.add_argument("--list", action="store_true", help="list saved conversations and exit")
+    g.add_argument("--export", type=int, metavar="ID", help="print conversation ID as Markdown/JSON and exit")
+    g.add_argument("--format", choices=("md", "json"), default="md", help="export format (default md)")
+    g.add_argument("-o", "--output", help="write the export to this file instead of stdout")
+    g.add_argument("--import", dest="import_file", metavar="FILE", help="import a JSON export and exit")
+    return p
+
+
+def engine_args_from(cfg: dict, ns: argparse.Namespace) -> EngineArgs:
+    e = dict(cfg.get("engine", {}))
+    known = set(EngineArgs.__dataclass_fields__)
+    unknown = sorted(set(e) - known)
+    if unknown:
+        raise ConfigError(f"unknown [engine] keys in config: {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    for k, v in (("backend", ns.backend), ("threads", ns.threads)):
+        if v is not None:
+            e[k] = v
+    spec = cfg.get("spec", {})
+    e.setdefault("spec", spec.get("mode", "off"))
+    e.setdefault("draft_tokens", spec.get("draft_tokens", 3))
+    if ns.spec:
+        e["spec"] = ns.spec
+    return EngineArgs(**e)
+
+
+def real_loader(args: EngineArgs, progress=None):
+    try:
+        from engine.api import Engine
+    except ImportError as e:
+        raise NinferError(f"the engine API is not available ({e}); try --fake for a demo") from None
+    return Engine.load(args, progress=progress)
+
+
+def _transcript_commands(ns) -> int:
+    from .export import export, import_json
+    from .store import Store
+    store = Store()
+    try:
+        if ns.list:
+            for c in store.list_conversations():
+                print(f"{c.id:6d}  {c.n_messages:4d} msgs  {c.title}")
+            return 0
+        if ns.import_file:
+            try:
+                text = Path(ns.import_file).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise NinferError(f"cannot read {ns.import_file}: {e}") from None
+            print(f"imported as conversation {import_json(store, text)}")
+            return 0
+        text = export(store, ns.export, ns.format)
+        if ns.output:
+            Path(ns.output).write_text(text, encoding="utf-8")
+        else:
+            sys.stdout.write(text)
+        return 0
+    finally:
+        store.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        if ns.list or ns.export is not None or ns.import_file:
+            return _transcript_commands(ns)
+        return _run(ns)
+    except NinferError as e:
+        print(f"ninfer-chat: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(ns) -> int:
+    from .settings import ChatSettings
+    cfg = paths.load_config(ns.config)
+    settings = ChatSettings.from_config(cfg)
+    if ns.theme:
+        settings.theme = ns.theme
+    if ns.spec:
+        settings.spec = ns.spec
+    if ns.max_new is not None:
+        settings.max_new = ns.max_new
+    if ns.temperature is not None:
+        settings.temperature = ns.temperature
+    if ns.seed is not None:
+        settings.seed = ns.seed
+    if ns.no_thinking:
+        settings.thinking = "off"
+    if ns.thinking_budget is not None:
+        settings.budget = ns.thinking_budget
+    settings.validate()
+    args = engine_args_from(cfg, ns)
+    if ns.fake:
+        from .fake import FakeEngine, Script
+        script = Script(delay=ns.fake_delay)
+        loader = (lambda a, progress=None: FakeEngine.load(a, progress=progress, script=script))
+        model_name = "fake-model"
+    else:
+        model = paths.resolve_model(ns.model, cfg.get("model") or None)
+        args.model = str(model)
+        loader, model_name = real_loader, model.name
+    if ns.plain:
+        from .plain import run_plain
+        return run_plain(settings, args, loader, model_name)
+    from .app import ChatApp
+    from .store import Store, StoreError
+    store, store_error = None, None
+    try:
+        store = Store()
+    except StoreError as e:
+        store_error = str(e)
+    app = ChatApp(settings, args, loader, store=store, store_error=store_error, model_name=model_name)
+    app.run()
+    if store is not None:
+        store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,442 @@
+"""The ninfer-chat Textual app: chat log + input on the left, the live stats panel on the right.
+
+The model loads in a worker thread with visible progress; each reply runs in a worker thread through
+`bridge.ReplyBridge`. Settings changed by keys apply from the next reply. Completed turns are saved to the
+transcript store immediately.
+"""
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Callable, Iterable
+
+from textual import on, work
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from engine import paths
+from engine.config import SPEC_MODES, EngineArgs
+from engine.errors import NinferError
+
+from . import bridge as br
+from .chat import ChatState
+from .export import export_to_file
+from .screens import HelpScreen, SettingsScreen, TranscriptsScreen
+from .settings import ChatSettings, save_user_settings
+from .store import Store
+from .telemetry import GpuTelemetry
+from .themes import load_themes
+from .widgets.chat import MessageView, PromptInput, PromptView, ReplyView, footer_line
+from .widgets.stats import StatsPanel
+
+# (binding id, action, footer label, default key, shown in footer)
+ACTIONS = [
+    ("stop", "stop", "Stop", "escape", True),
+    ("regenerate", "regenerate", "Regenerate", "ctrl+r", True),
+    ("spec_cycle", "spec_cycle", "Spec", "f2", True),
+    ("penalties", "penalties", "Penalties", "f3", True),
+    ("thinking", "thinking", "Think", "f4", True),
+    ("budget_down", "budget(-1)", "Budget -", "f5", False),
+    ("budget_up", "budget(1)", "Budget +", "f6", False),
+    ("copy_reply", "copy_reply", "Copy reply", "f7", False),
+    ("toggle_stats", "toggle_stats", "Stats panel", "f8", False),
+    ("settings", "settings", "Settings", "f9", False),
+    ("new_chat", "new_chat", "New chat", "ctrl+n", False),
+    ("transcripts", "transcripts", "Transcripts", "ctrl+o", True),
+    ("export", "export", "Export", "ctrl+s", False),
+    ("help", "help", "Help", "f1", True),
+    ("quit", "quit", "Quit", "ctrl+q", True),
+]
+# Shown/used only on the chat screen (priority so that the focused TextArea cannot swallow them).
+MAIN_ONLY = {a for _, a, *_ in ACTIONS} - {"quit", "help"}
+
+
+class ChatApp(App):
+    TITLE = "ninfer-chat"
+    CSS = """
+    #main { height: 1fr; }
+    #chat-col { width: 1fr; }
+    #status { height: 1; background: $panel; color: $text-muted; padding: 0 1; }
+    #log { height: 1fr; padding: 0 1; }
+    #prompt { height: auto; max-height: 10; min-height: 3; border: round $primary; }
+    MessageView { height: auto; margin: 1 0 0 0; padding: 0 1; }
+    MessageView:focus { background: $boost; border-left: thick $accent; }
+    .who { color: $text-muted; }
+    .prompt .who { color: $primary; }
+    .reply .who { color: $secondary; }
+    .reasoning { background: $surface; color: $text-muted; margin: 0; padding: 0; }
+    .reply-footer { color: $text-muted; }
+    .answer { margin: 0; padding: 0; }
+    .dialog { width: 70; height: auto; padding: 1 2; border: thick $accent; background: $surface; }
+    ConfirmScreen, TextPromptScreen, HelpScreen, TranscriptsScreen, SettingsScreen { align: center middle; }
+    #help-box { width: 90; height: 80%; border: thick $accent; background: $surface; }
+    #transcripts-box { width: 100; height: 80%; border: thick $accent; background: $surface; padding: 0 1; }
+    #settings-box { width: 80; height: 90%; border: thick $accent; background: $surface; padding: 0 1; }
+    #settings-grid { grid-size: 2; grid-columns: 24 1fr; grid-rows: 3; height: auto; }
+    #settings-grid Label { padding: 1 0 0 0; }
+    """
+    BINDINGS = [Binding(key, action, label, id=bid, show=show, priority=(bid != "stop"))
+                for bid, action, label, key, show in ACTIONS]
+
+    generating = reactive(False, bindings=True)
+
+    def __init__(self, settings: ChatSettings, engine_args: EngineArgs, loader: Callable,
+                 store: Store | None = None, store_error: str | None = None, model_name: str = "",
+                 telemetry: GpuTelemetry | None = None, theme_dirs: list[Path] | None = None):
+        super().__init__()
+        self.settings = settings
+        self.engine_args = engine_args
+        self.loader = loader
+        self.store, self.store_error = store, store_error
+        self.model_name = model_name
+        self.chat = ChatState(store, model_name)
+        self.engine = None
+        self.session = None
+        self.spec_available: dict[str, str | None] = {m: None for m in SPEC_MODES}
+        self.prompted_thinking = False
+        self.bridge: br.ReplyBridge | None = None
+        self.reply_view: ReplyView | None = None
+        self.reply_settings: dict = {}
+        self.edit_index: int | None = None
+        self.telemetry = telemetry
+        self._theme_dirs = theme_dirs
+        self.theme_names: list[str] = []
+        self.last_final = None
+
+    # -- layout ------------------------------------------------------------------------------------
+    def compose(self):
+        yield Static("loading model...", id="status", markup=False)
+        with Horizontal(id="main"):
+            with Vertical(id="chat-col"):
+                yield VerticalScroll(id="log")
+                yield PromptInput(id="prompt", placeholder="Ask anything (Enter sends, ctrl+j newline)")
+            yield StatsPanel(id="stats")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        themes, warnings = load_themes(self._theme_dirs)
+        for t in themes:
+            self.register_theme(t)
+        self.theme_names = [t.name for t in themes]
+        for w in warnings:
+            self.notify(w, severity="warning")
+        self._apply_theme(self.settings.theme)
+        if self.settings.keymap:
+            self.set_keymap(self.settings.keymap)
+        self.query_one("#log", VerticalScroll).anchor()
+        self.query_one("#stats", StatsPanel).display = self.settings.show_stats
+        self._refresh_panel_settings()
+        if self.store_error:
+            self.notify(self.store_error + " - transcripts will not be saved this session", severity="error",
+                        timeout=15)
+        if self.telemetry is None:
+            self.telemetry = GpuTelemetry()
+        self._poll_gpu()
+        self.set_interval(max(0.2, self.settings.telemetry_interval), self._poll_gpu)
+        self.query_one("#prompt", PromptInput).focus()
+        self._load_engine()
+
+    def _apply_theme(self, name: str) -> None:
+        if name in self.available_themes:
+            self.theme = name
+        else:
+            self.notify(f"theme {name!r} not found; available: {', '.join(sorted(self.theme_names))}",
+                        severity="warning")
+
+    def _status(self, text: str) -> None:
+        self.query_one("#status", Static).update(text)
+
+    def _ready_status(self) -> None:
+        conv = f"chat #{self.chat.conv_id}" if self.chat.conv_id else "new chat"
+        self._status(f"{self.model_name} · {conv} · F1 help · ctrl+p commands")
+
+    # -- engine loading ----------------------------------------------------------------------------
+    @work(thread=True, group="load", exclusive=True)
+    def _load_engine(self) -> None:
+        br.load_engine(self, self.engine_args, self.loader)
+
+    def on_load_progress(self, message: br.LoadProgress) -> None:
+        p = message.progress
+        frac = p.done / p.total if p.total else 0.0
+        bar = "#" * int(20 * frac) + "-" * (20 - int(20 * frac))
+        self._status(f"loading {self.model_name}: {p.stage} [{bar}] {p.done}/{p.total} {p.message}")
+
+    def on_engine_ready(self, message: br.EngineReady) -> None:
+        self.engine = message.engine
+        self.session = self.engine.session()
+        modes = getattr(self.engine, "spec_modes", None)
+        if callable(modes):
+            self.spec_available = {m: modes().get(m, "not reported by the engine") for m in SPEC_MODES}
+            self.spec_available["off"] = None
+        native = getattr(self.engine, "native_thinking", None)
+        self.prompted_thinking = native is False
+        a = self.engine_args
+        self.query_one("#stats", StatsPanel).on_engine({
+            "model": self.model_name, "backend": getattr(self.engine, "backend_name", a.backend),
+            "threads": a.threads or "auto", "kv_dtype": a.kv_dtype,
+            "context_capacity": getattr(self.engine, "context_capacity", None)})
+        if self.settings.spec != "off" and self.spec_available.get(self.settings.spec):
+            self.notify(f"spec {self.settings.spec}: {self.spec_available[self.settings.spec]}; using off",
+                        severity="warning")
+            self.settings.spec = "off"
+        self._refresh_panel_settings()
+        self._ready_status()
+        self.notify(f"model ready in {message.seconds:.1f} s", timeout=3)
+
+    def on_engine_failed(self, message: br.EngineFailed) -> None:
+        self._status(f"model failed to load: {message.error}")
+        self.notify(message.error, severity="error", timeout=30)
+
+    # -- sending and streaming ---------------------------------------------------------------------
+    @on(PromptInput.Submitted)
+    async def _submitted(self, event: PromptInput.Submitted) -> None:
+        if self.session is None:
+            self.notify("the model is still loading", severity="warning")
+            return
+        if self.generating:
+            self.notify("a reply is being generated; Esc stops it", severity="warning")
+            return
+        self.query_one("#prompt", PromptInput).load_text("")
+        try:
+            if self.edit_index is not None:
+                msg = self.chat.add_user(event.text, upto=self.edit_index)
+                self.edit_index = None
+                await self._rebuild_log()
+            else:
+                msg = self.chat.add_user(event.text)
+                await self._mount(PromptView(msg, version=self.chat.versions(msg)))
+        except NinferError as e:
+            self.notify(str(e), severity="error")
+            return
+        await self._start_reply()
+
+    async def _mount(self, view: MessageView) -> None:
+        log = self.query_one("#log", VerticalScroll)
+        await log.mount(view)
+        log.anchor()
+
+    async def _start_reply(self) -> None:
+        request = self.settings.request()
+        self.reply_settings = self.settings.as_record()
+        prompted = self.prompted_thinking and bool(request.thinking.enabled)
+        self.reply_view = ReplyView(prompted_thinking=prompted)
+        await self._mount(self.reply_view)
+        self.bridge = br.ReplyBridge(self, self.session, self.chat.engine_messages(), request)
+        self.generating = True
+        self.query_one("#stats", StatsPanel).start_reply()
+        self.run_worker(self.bridge.run, thread=True, exclusive=True, group="reply", exit_on_error=False)
+
+    async def _apply_segments(self, segments) -> None:
+        view = self.reply_view
+        for kind, value in segments:
+            if kind == "answer":
+                await view.write_answer(value)
+            elif kind == "reasoning":
+                await view.write_reasoning(value)
+            else:
+                await view.mark_forced(value.reasoning_tokens, value.inserted_text)
+
+    async def on_stream_ready(self, message: br.StreamReady) -> None:
+        if message.bridge is self.bridge and self.reply_view is not None:
+            await self._apply_segments(message.bridge.drain())
+
+    def on_reply_stats(self, message: br.ReplyStats) -> None:
+        if message.bridge is self.bridge:
+            self.query_one("#stats", StatsPanel).on_step(message.stats)
+
+    async def on_reply_done(self, message: br.ReplyDone) -> None:
+        if message.bridge is not self.bridge:
+            return
+        view = self.reply_view
+        await self._apply_segments(message.bridge.drain())
+        final = message.final
+        self.last_final = final
+        from .chat import stats_record
+        await view.finish(footer_line(stats_record(final)) if final else (message.error or ""))
+        self.query_one("#stats", StatsPanel).on_final(final)
+        if message.error:
+            self.notify(message.error, severity="error", timeout=10)
+        elif final is not None and final.finish_reason == "cancelled":
+            self.notify("stopped; the text so far is kept", timeout=3)
+        if view.text or view.reasoning or final is not None:
+            try:
+                view.stored = self.chat.add_reply(view.text, view.reasoning, view.forced, self.reply_settings, final)
+            except NinferError as e:
+                self.notify(f"could not save the reply: {e}", severity="error")
+        if final is not None and not view.text and final.finish_reason != "cancelled":
+            detail = final.stop_reason_detail or final.finish_reason
+            self.notify(f"the reply has no answer text ({detail})", severity="warning")
+        self.bridge, self.generating = None, False
+        self._ready_status()
+
+    # -- actions -----------------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        if action in MAIN_ONLY and isinstance(self.screen, Screen) and self.screen is not self.screen_stack[0]:
+            return False
+        if action == "stop":
+            return self.generating
+        if action == "regenerate":
+            return None if self.generating or not self.chat.path else True
+        return True
+
+    def action_stop(self) -> None:
+        if self.bridge is not None:
+            self.bridge.cancel.set()
+
+    async def action_regenerate(self) -> None:
+        if self.generating or self.session is None:
+            return
+        if not self.chat.prepare_regenerate():
+            self.notify("nothing to regenerate", severity="warning")
+            return
+        await self._rebuild_log()
+        await self._start_reply()
+
+    def _after_change(self, text: str) -> None:
+        self._refresh_panel_settings()
+        self.notify(text + (" (from the next reply)" if self.generating else ""), timeout=3)
+
+    def action_spec_cycle(self) -> None:
+        mode, skipped = self.settings.next_spec(self.spec_available)
+        extra = f"; unavailable: {'; '.join(skipped)}" if skipped else ""
+        self._after_change(f"speculative decoding: {mode}{extra}")
+
+    def action_penalties(self) -> None:
+        self.settings.toggle_penalties()
+        self._after_change(f"penalties {self.settings.penalties_label()}")
+
+    def action_thinking(self) -> None:
+        mode = self.settings.toggle_thinking()
+        note = " (prompted: this model has no native thinking)" if self.prompted_thinking and mode == "on" else ""
+        self._after_change(f"thinking {mode}{note}")
+
+    def action_budget(self, direction: int) -> None:
+        self.settings.change_budget(direction)
+        self._after_change(f"thinking budget {self.settings.budget_label()} (thinking {self.settings.thinking})")
+
+    def action_copy_reply(self) -> None:
+        reply = self.chat.last_reply()
+        if reply is None:
+            self.notify("no reply to copy yet", severity="warning")
+            return
+        self.copy_to_clipboard(reply.content)
+        self.notify(f"copied the last reply ({len(reply.content)} characters)", timeout=2)
+
+    def action_toggle_stats(self) -> None:
+        panel = self.query_one("#stats", StatsPanel)
+        panel.display = not panel.display
+
+    async def action_new_chat(self) -> None:
+        self.action_stop()
+        self.chat.new()
+        self.edit_index = None
+        await self._rebuild_log()
+        self._ready_status()
+
+    def action_transcripts(self) -> None:
+        if self.store is None:
+            self.notify(self.store_error or "no transcript store", severity="error")
+            return
+
+        async def opened(conv_id: int | None) -> None:
+            if conv_id is None:
+                return
+            self.action_stop()
+            self.chat.open(conv_id)
+            self.edit_index = None
+            await self._rebuild_log()
+            self._ready_status()
+        self.push_screen(TranscriptsScreen(self.store), opened)
+
+    def action_export(self) -> None:
+        if self.store is None or self.chat.conv_id is None:
+            self.notify("nothing to export yet (or transcripts are disabled)", severity="warning")
+            return
+        try:
+            out = export_to_file(self.store, self.chat.conv_id, self.settings.export_format,
+                                 paths.user_data_dir() / "exports")
+        except (NinferError, OSError) as e:
+            self.notify(f"export failed: {e}", severity="error")
+            return
+        self.notify(f"exported to {out}", timeout=8)
+
+    def action_settings(self) -> None:
+        def done(new: ChatSettings | None) -> None:
+            if new is None:
+                return
+            self.settings.__dict__.update(new.__dict__)
+            self._apply_theme(new.theme)
+            self.query_one("#stats", StatsPanel).display = new.show_stats
+            try:
+                where = save_user_settings(self.settings)
+            except (NinferError, OSError) as e:
+                self.notify(f"settings applied but not saved: {e}", severity="error")
+                return
+            self._after_change(f"settings saved to {where}")
+        self.push_screen(SettingsScreen(self.settings, sorted(self.theme_names)), done)
+
+    def action_help(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            return
+        rows = []
+        keymap = self.settings.keymap
+        for bid, _, label, key, _ in ACTIONS:
+            rows.append((keymap.get(bid, key), bid, label))
+        rows += [(keymap.get("send", "enter"), "send", "Send the prompt"),
+                 (keymap.get("newline", "ctrl+j,shift+enter"), "newline", "New line in the prompt"),
+                 ("up", "history_prev", "Previous prompt (on an empty input)")]
+        self.push_screen(HelpScreen(rows))
+
+    def get_system_commands(self, screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for bid, action, label, key, _ in ACTIONS:
+            yield SystemCommand(label, f"{self.settings.keymap.get(bid, key)} · id {bid}",
+                                partial(self.run_action, action))
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def _refresh_panel_settings(self) -> None:
+        self.query_one("#stats", StatsPanel).on_settings(self.settings, self.spec_available,
+                                                         self.prompted_thinking)
+
+    async def _rebuild_log(self) -> None:
+        log = self.query_one("#log", VerticalScroll)
+        await log.remove_children()
+        self.reply_view = None
+        views = []
+        for m in self.chat.path:
+            ver = self.chat.versions(m)
+            views.append(PromptView(m, version=ver) if m.role == "user" else
+                         ReplyView(m, prompted_thinking=self.prompted_thinking and bool(m.reasoning), version=ver))
+        if views:
+            await log.mount_all(views)
+        log.anchor()
+
+    @on(MessageView.EditRequested)
+    def _edit(self, event: MessageView.EditRequested) -> None:
+        if self.generating:
+            self.notify("wait for the reply or press Esc first", severity="warning")
+            return
+        stored = event.view.stored
+        idx = next((i for i, m in enumerate(self.chat.path) if stored and m.id == stored.id), None)
+        if idx is None:
+            return
+        self.edit_index = idx
+        prompt = self.query_one("#prompt", PromptInput)
+        prompt.load_text(stored.content)
+        prompt.focus()
+        self.notify("editing: Enter resends as a new branch (the old one is kept)", timeout=4)
+
+    def _poll_gpu(self) -> None:
+        tel = self.telemetry
+        samples = tel.sample() if tel is not None else []
+        self.query_one("#stats", StatsPanel).on_gpu(samples, tel.reason if tel else "")
+
+    def on_unmount(self) -> None:
+        if self.bridge is not None:
+            self.bridge.cancel.set()
+        if self.telemetry is not None:
+            self.telemetry.close()

@@ -1,0 +1,135 @@
+"""Engine worker thread -> Textual messages, and the cancel event back in.
+
+The engine's generator runs in a thread. Stream text is *coalesced*: the thread appends deltas to a buffer
+and posts one `StreamReady` only when none is pending; the UI drains everything buffered when it handles it.
+So the UI handles at most one text message per frame, whatever the decode speed, and never lags behind.
+Stats messages replace older pending ones (`can_replace`), so they never queue up either.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from typing import Callable
+
+from textual.message import Message
+
+from engine.config import GenerateRequest
+from engine.errors import NinferError
+from engine.events import FinalStats, Progress, ReasoningDelta, StepStats, TextDelta, ThinkingForced
+
+
+class LoadProgress(Message):
+    def __init__(self, progress: Progress):
+        super().__init__()
+        self.progress = progress
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, LoadProgress)
+
+
+class EngineReady(Message):
+    def __init__(self, engine, seconds: float):
+        super().__init__()
+        self.engine, self.seconds = engine, seconds
+
+
+class EngineFailed(Message):
+    def __init__(self, error: str):
+        super().__init__()
+        self.error = error
+
+
+class StreamReady(Message):
+    """Text is waiting in the bridge's buffer; call `bridge.drain()`."""
+
+    def __init__(self, bridge: "ReplyBridge"):
+        super().__init__()
+        self.bridge = bridge
+
+
+class ReplyStats(Message):
+    def __init__(self, stats: StepStats | Progress, bridge: "ReplyBridge"):
+        super().__init__()
+        self.stats, self.bridge = stats, bridge
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, ReplyStats) and type(message.stats) is type(self.stats)
+
+
+class ReplyDone(Message):
+    def __init__(self, bridge: "ReplyBridge", final: FinalStats | None, error: str | None):
+        super().__init__()
+        self.bridge, self.final, self.error = bridge, final, error
+
+
+def error_line(exc: BaseException) -> str:
+    """One line for the user: NinferError messages as they are, anything else with its type."""
+    if isinstance(exc, NinferError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+class ReplyBridge:
+    """One reply: run `session.generate` in the calling (worker) thread and post to `target`."""
+
+    def __init__(self, target, session, messages: list[dict], request: GenerateRequest):
+        self.target = target  # a Textual App/Widget (post_message is thread-safe)
+        self.session, self.messages, self.request = session, messages, request
+        self.cancel = threading.Event()
+        self._lock = threading.Lock()
+        self._segments: list[tuple[str, object]] = []  # ("reasoning"|"answer", str) | ("forced", ThinkingForced)
+        self._pending = False
+        self.final: FinalStats | None = None
+        self.started = time.perf_counter()
+
+    def _push(self, kind: str, value) -> None:
+        with self._lock:
+            if self._segments and kind != "forced" and self._segments[-1][0] == kind:
+                self._segments[-1] = (kind, self._segments[-1][1] + value)
+            else:
+                self._segments.append((kind, value))
+            post = not self._pending
+            self._pending = True
+        if post:
+            self.target.post_message(StreamReady(self))
+
+    def drain(self) -> list[tuple[str, object]]:
+        """Everything streamed since the last drain, merged by kind, in order (UI thread)."""
+        with self._lock:
+            out, self._segments, self._pending = self._segments, [], False
+        return out
+
+    def run(self) -> None:
+        """Worker-thread body. Never raises: errors become ReplyDone(error=...)."""
+        error = None
+        try:
+            for ev in self.session.generate(self.messages, self.request, self.cancel):
+                if isinstance(ev, TextDelta):
+                    self._push("answer", ev.text)
+                elif isinstance(ev, ReasoningDelta):
+                    self._push("reasoning", ev.text)
+                elif isinstance(ev, ThinkingForced):
+                    self._push("forced", ev)
+                elif isinstance(ev, (StepStats, Progress)):
+                    self.target.post_message(ReplyStats(ev, self))
+                elif isinstance(ev, FinalStats):
+                    self.final = ev
+        except Exception as e:  # surfaced through notify, never a crash of the UI
+            error = error_line(e)
+            if not isinstance(e, NinferError):
+                traceback.print_exc()
+        self.target.post_message(ReplyDone(self, self.final, error))
+
+
+def load_engine(target, args, loader: Callable) -> None:
+    """Worker-thread body: `loader(args, progress=cb)` with progress posted to `target`."""
+    t0 = time.perf_counter()
+    try:
+        engine = loader(args, progress=lambda p: target.post_message(LoadProgress(p)))
+    except Exception as e:
+        if not isinstance(e, NinferError):
+            traceback.print_exc()
+        target.post_message(EngineFailed(error_line(e)))
+        return
+    target.post_message(EngineReady(engine, time.perf_counter() - t0))

@@ -1,0 +1,103 @@
+"""The conversation being chatted: the current branch of messages, saved to the store as turns complete.
+
+Shared by the TUI and plain mode. Works without a store (when the database could not be opened) so a broken
+transcript file never stops the chat; messages then live in memory only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+
+from engine.events import FinalStats
+
+from .store import Message, Store
+
+
+def stats_record(final: FinalStats | None) -> dict:
+    """FinalStats as a JSON-able dict for the transcript (token ids dropped; derived figures added)."""
+    if final is None:
+        return {}
+    d = dataclasses.asdict(final)
+    d.pop("token_ids", None)
+    d["per_position_accept"] = list(d.get("per_position_accept", ()))
+    d.update(acceptance=final.acceptance, tokens_per_round=final.tokens_per_round,
+             ms_per_round=final.ms_per_round)
+    return d
+
+
+def title_from(text: str) -> str:
+    line = " ".join(text.split())
+    return (line[:60] + "...") if len(line) > 60 else (line or "New chat")
+
+
+class ChatState:
+    """The open conversation: `path` is the branch shown (root -> leaf)."""
+
+    def __init__(self, store: Store | None, model_name: str = ""):
+        self.store = store
+        self.model_name = model_name
+        self.conv_id: int | None = None
+        self.path: list[Message] = []
+        self._mem_ids = itertools.count(1)
+
+    def new(self) -> None:
+        self.conv_id, self.path = None, []
+
+    def open(self, conv_id: int) -> None:
+        if self.store is None:
+            return
+        self.conv_id = conv_id
+        self.path = self.store.path(conv_id)
+
+    def engine_messages(self) -> list[dict]:
+        """The branch as the engine's chat messages (reasoning is not sent back to the model)."""
+        return [{"role": m.role, "content": m.content} for m in self.path]
+
+    def _add(self, role: str, content: str, parent_id: int | None, **kw) -> Message:
+        if self.store is not None:
+            if self.conv_id is None:
+                self.conv_id = self.store.new_conversation(title_from(content), self.model_name)
+            mid = self.store.add_message(self.conv_id, role, content, parent_id, **kw)
+            return self.store.message(mid)
+        return Message(next(self._mem_ids), self.conv_id or 0, parent_id, role, content, time.time(),
+                       kw.get("reasoning", ""), kw.get("reasoning_forced", False), kw.get("settings") or {},
+                       kw.get("stats") or {})
+
+    def add_user(self, text: str, upto: int | None = None) -> Message:
+        """Add a prompt after path[:upto] (upto=None: at the end; an index: edit & resend that prompt)."""
+        if upto is not None:
+            self.path = self.path[:upto]
+        parent = self.path[-1].id if self.path else None
+        msg = self._add("user", text, parent)
+        self.path.append(msg)
+        return msg
+
+    def add_reply(self, answer: str, reasoning: str, forced: bool, settings: dict,
+                  final: FinalStats | None) -> Message:
+        """Save a finished (or stopped) reply as the child of the last prompt."""
+        parent = self.path[-1].id if self.path else None
+        msg = self._add("assistant", answer, parent, reasoning=reasoning, reasoning_forced=forced,
+                        settings=settings, stats=stats_record(final))
+        self.path.append(msg)
+        return msg
+
+    def prepare_regenerate(self) -> bool:
+        """Drop the last reply from the branch (it stays in the store as a sibling). False if nothing to redo."""
+        if not self.path:
+            return False
+        if self.path[-1].role == "assistant":
+            self.path.pop()
+            if self.store is not None and self.conv_id is not None and self.path:
+                self.store.set_leaf(self.conv_id, self.path[-1].id)
+        return bool(self.path) and self.path[-1].role == "user"
+
+    def last_reply(self) -> Message | None:
+        return next((m for m in reversed(self.path) if m.role == "assistant"), None)
+
+    def versions(self, msg: Message) -> tuple[int, int]:
+        """(1-based index, count) of this message among its regenerated/edited versions."""
+        if self.store is None or self.conv_id is None:
+            return 1, 1
+        sib = self.store.siblings(msg.id)
+        return sib.index(msg.id) + 1, len(sib)

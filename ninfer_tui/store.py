@@ -1,0 +1,246 @@
+"""Transcripts in SQLite: conversations, parent-linked messages, reasoning apart, FTS5 search.
+
+Every message is committed as soon as it is complete, so killing the app loses no finished turn.
+Regenerate and edit never overwrite: they add a sibling (same parent) and move the conversation's leaf, so
+both versions stay. The schema is versioned with `PRAGMA user_version` and upgraded by MIGRATIONS; a file
+that is not a database, or one written by a newer ninfer-chat, raises StoreError and is left untouched.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.errors import NinferError
+
+
+class StoreError(NinferError):
+    """The transcript database cannot be used (corrupt, newer version, unwritable); says what to do."""
+
+
+_V1 = ("""
+        CREATE TABLE conversations(
+            id INTEGER PRIMARY KEY, title TEXT NOT NULL, model TEXT NOT NULL DEFAULT '',
+            created REAL NOT NULL, updated REAL NOT NULL, leaf_id INTEGER);
+        CREATE TABLE messages(
+            id INTEGER PRIMARY KEY,
+            conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+            parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE,
+            role TEXT NOT NULL, content TEXT NOT NULL, created REAL NOT NULL,
+            settings TEXT, stats TEXT, spec_mode TEXT, finish_reason TEXT);
+        CREATE INDEX messages_conv ON messages(conversation_id);
+        CREATE TABLE reasoning(
+            message_id INTEGER PRIMARY KEY REFERENCES messages(id) ON DELETE CASCADE,
+            content TEXT NOT NULL, forced INTEGER NOT NULL DEFAULT 0);
+""")
+
+
+# Full-text search over message text, kept in sync by triggers (external-content FTS5 table).
+_V2 = ("""
+        CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='messages', content_rowid='id');
+        CREATE TRIGGER messages_ai AFTER INSERT ON messages BEGIN
+            INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content); END;
+        CREATE TRIGGER messages_ad AFTER DELETE ON messages BEGIN
+            INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content); END;
+        CREATE TRIGGER messages_au AFTER UPDATE ON messages BEGIN
+            INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+            INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content); END;
+        INSERT INTO messages_fts(messages_fts) VALUES ('rebuild');
+""")
+
+
+MIGRATIONS = [_V1, _V2]  # SQL scripts; MIGRATIONS[i] upgrades version i -> i+1
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+@dataclass
+class Message:
+    id: int
+    conversation_id: int
+    parent_id: int | None
+    role: str
+    content: str
+    created: float
+    reasoning: str = ""
+    reasoning_forced: bool = False
+    settings: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass
+class Conversation:
+    id: int
+    title: str
+    model: str
+    created: float
+    updated: float
+    leaf_id: int | None
+    n_messages: int = 0
+
+
+def default_path() -> Path:
+    from engine import paths
+    return paths.user_data_dir() / "transcripts.db"
+
+
+class Store:
+    """One SQLite file. Opening validates it before anything is written."""
+
+    def __init__(self, path: str | Path | None = None):
+        self.path = Path(path) if path is not None else default_path()
+        if str(self.path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open transcript database {self.path} ({e}); check the path and permissions")
+        self.db.row_factory = sqlite3.Row
+        self._check_and_migrate()
+
+    def _check_and_migrate(self) -> None:
+        try:
+            version = self.db.execute("PRAGMA user_version").fetchone()[0]
+            self.db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.DatabaseError as e:
+            self.db.close()
+            raise StoreError(f"transcript database {self.path} is corrupt or not a database ({e}); "
+                             "move it aside to start a new one (it was not modified)") from None
+        if version > SCHEMA_VERSION:
+            self.db.close()
+            raise StoreError(f"transcript database {self.path} has schema version {version}, newer than this "
+                             f"ninfer-chat ({SCHEMA_VERSION}); upgrade ninfer-chat (the file was not modified)")
+        if version > 0:
+            have = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if not {"conversations", "messages"} <= have:
+                self.db.close()
+                raise StoreError(f"transcript database {self.path} is missing its tables; move it aside "
+                                 "to start a new one (it was not modified)")
+        self.db.execute("PRAGMA foreign_keys = ON")
+        for v in range(version, SCHEMA_VERSION):
+            # one transaction per step: the script and its version bump commit together or not at all
+            try:
+                self.db.executescript(f"BEGIN;\n{MIGRATIONS[v]}\nPRAGMA user_version = {v + 1};\nCOMMIT;")
+            except sqlite3.Error as e:
+                if self.db.in_transaction:
+                    self.db.execute("ROLLBACK")
+                raise StoreError(f"cannot upgrade transcript database {self.path} to version {v + 1} ({e})") from None
+        if str(self.path) != ":memory:":
+            self.db.execute("PRAGMA journal_mode = WAL")
+
+    def _tx(self):
+        db = self.db
+
+        class _Tx:
+            def __enter__(self):
+                db.execute("BEGIN")
+
+            def __exit__(self, exc_type, *_):
+                db.execute("ROLLBACK" if exc_type else "COMMIT")
+        return _Tx()
+
+    def close(self) -> None:
+        self.db.close()
+
+    @property
+    def version(self) -> int:
+        return self.db.execute("PRAGMA user_version").fetchone()[0]
+
+    # -- conversations -----------------------------------------------------------------------------
+    def new_conversation(self, title: str = "New chat", model: str = "") -> int:
+        now = time.time()
+        cur = self.db.execute("INSERT INTO conversations(title, model, created, updated) VALUES (?,?,?,?)",
+                              (title, model, now, now))
+        return cur.lastrowid
+
+    def conversation(self, conv_id: int) -> Conversation:
+        r = self.db.execute("SELECT c.*, (SELECT count(*) FROM messages m WHERE m.conversation_id=c.id) n "
+                            "FROM conversations c WHERE id=?", (conv_id,)).fetchone()
+        if r is None:
+            raise StoreError(f"no conversation with id {conv_id}; `ninfer-chat --list` shows the ids")
+        return Conversation(r["id"], r["title"], r["model"], r["created"], r["updated"], r["leaf_id"], r["n"])
+
+    def list_conversations(self, query: str | None = None, limit: int = 500) -> list[Conversation]:
+        """Newest first; `query` searches titles and message text (FTS5 syntax, words are ANDed)."""
+        sql = ("SELECT c.*, (SELECT count(*) FROM messages m WHERE m.conversation_id=c.id) n "
+               "FROM conversations c")
+        args: tuple = ()
+        if query and query.strip():
+            words = " ".join('"' + w.replace('"', '""') + '"' for w in query.split())
+            sql += (" WHERE c.title LIKE ? OR c.id IN (SELECT m.conversation_id FROM messages m "
+                    "JOIN messages_fts f ON f.rowid = m.id WHERE messages_fts MATCH ?)")
+            args = (f"%{query.strip()}%", words)
+        sql += " ORDER BY c.updated DESC, c.id DESC LIMIT ?"
+        rows = self.db.execute(sql, args + (limit,)).fetchall()
+        return [Conversation(r["id"], r["title"], r["model"], r["created"], r["updated"], r["leaf_id"], r["n"])
+                for r in rows]
+
+    def rename(self, conv_id: int, title: str) -> None:
+        self.conversation(conv_id)
+        self.db.execute("UPDATE conversations SET title=? WHERE id=?", (title.strip() or "Untitled", conv_id))
+
+    def delete(self, conv_id: int) -> None:
+        """Delete a conversation and its messages (foreign keys cascade)."""
+        self.conversation(conv_id)
+        self.db.execute("DELETE FROM conversations WHERE id=?", (conv_id,))
+
+    # -- messages ----------------------------------------------------------------------------------
+    def add_message(self, conv_id: int, role: str, content: str, parent_id: int | None = None, *,
+                    reasoning: str = "", reasoning_forced: bool = False, settings: dict | None = None,
+                    stats: dict | None = None, created: float | None = None) -> int:
+        """Append a complete message (committed before returning) and make it the conversation's leaf."""
+        now = created or time.time()
+        stats = stats or {}
+        with self._tx():
+            cur = self.db.execute(
+                "INSERT INTO messages(conversation_id, parent_id, role, content, created, settings, stats, "
+                "spec_mode, finish_reason) VALUES (?,?,?,?,?,?,?,?,?)",
+                (conv_id, parent_id, role, content, now, json.dumps(settings or {}), json.dumps(stats),
+                 stats.get("spec_mode"), stats.get("finish_reason")))
+            mid = cur.lastrowid
+            if reasoning or reasoning_forced:
+                self.db.execute("INSERT INTO reasoning(message_id, content, forced) VALUES (?,?,?)",
+                                (mid, reasoning, int(reasoning_forced)))
+            self.db.execute("UPDATE conversations SET leaf_id=?, updated=? WHERE id=?", (mid, time.time(), conv_id))
+        return mid
+
+    def _message(self, r: sqlite3.Row) -> Message:
+        return Message(r["id"], r["conversation_id"], r["parent_id"], r["role"], r["content"], r["created"],
+                       r["rcontent"] or "", bool(r["forced"]), json.loads(r["settings"] or "{}"),
+                       json.loads(r["stats"] or "{}"))
+
+    _SELECT = ("SELECT m.*, r.content AS rcontent, r.forced AS forced FROM messages m "
+               "LEFT JOIN reasoning r ON r.message_id = m.id")
+
+    def message(self, msg_id: int) -> Message:
+        r = self.db.execute(self._SELECT + " WHERE m.id=?", (msg_id,)).fetchone()
+        if r is None:
+            raise StoreError(f"no message with id {msg_id}")
+        return self._message(r)
+
+    def all_messages(self, conv_id: int) -> list[Message]:
+        rows = self.db.execute(self._SELECT + " WHERE m.conversation_id=? ORDER BY m.id", (conv_id,))
+        return [self._message(r) for r in rows]
+
+    def path(self, conv_id: int, leaf_id: int | None = None) -> list[Message]:
+        """Messages from the root to `leaf_id` (default: the conversation's current leaf)."""
+        if leaf_id is None:
+            leaf_id = self.conversation(conv_id).leaf_id
+        by_id = {m.id: m for m in self.all_messages(conv_id)}
+        out = []
+        while leaf_id is not None and leaf_id in by_id:
+            out.append(by_id[leaf_id])
+            leaf_id = by_id[leaf_id].parent_id
+        return out[::-1]
+
+    def siblings(self, msg_id: int) -> list[int]:
+        """Ids of the versions of this message (same parent and role), oldest first."""
+        m = self.message(msg_id)
+        rows = self.db.execute(
+            "SELECT id FROM messages WHERE conversation_id=? AND role=? AND parent_id IS ? ORDER BY id",
+            (m.conversation_id, m.role, m.parent_id))
+        return [r[0] for r in rows]
+
+    def set_leaf(self, conv_id: int, msg_id: int | None) -> None:
+        self.db.execute("UPDATE conversations SET leaf_id=?, updated=? WHERE id=?", (msg_id, time.time(), conv_id))

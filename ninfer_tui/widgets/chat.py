@@ -1,0 +1,223 @@
+"""Chat widgets: the prompt input, a prompt bubble, a reply (reasoning collapsible + streamed Markdown answer).
+
+Messages are focusable (tab / shift+tab): `c` copies the message, `b` copies its code blocks one after the
+other, `e` (on a prompt) loads it into the input to edit and resend.
+"""
+from __future__ import annotations
+
+import re
+
+from textual import on
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widgets import Collapsible, Markdown, Static, TextArea
+
+from ..store import Message as StoredMessage
+
+FENCE_RE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1\s*$", re.S | re.M)
+
+
+def code_blocks(text: str) -> list[str]:
+    """Contents of the fenced code blocks of a Markdown text, in order."""
+    return [m.group(2).rstrip("\n") for m in FENCE_RE.finditer(text)]
+
+
+class PromptInput(TextArea):
+    """Multi-line input: Enter sends, ctrl+j (or shift+enter where the terminal reports it) adds a newline,
+    Up on an empty prompt recalls history."""
+
+    BINDINGS = [
+        Binding("enter", "submit", "Send", priority=True, id="send"),
+        Binding("ctrl+j,shift+enter", "newline", "Newline", show=False, id="newline"),
+        Binding("up", "history_prev", "History", show=False, id="history_prev"),
+        Binding("down", "history_next", show=False, id="history_next"),
+    ]
+
+    class Submitted(Message):
+        def __init__(self, text: str):
+            super().__init__()
+            self.text = text
+
+    def __init__(self, **kw):
+        super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kw)
+        self.prompt_history: list[str] = []
+        self._hist_pos: int | None = None
+
+    def action_submit(self) -> None:
+        text = self.text.strip()
+        if not text:
+            return
+        if not self.prompt_history or self.prompt_history[-1] != text:
+            self.prompt_history.append(text)
+        self._hist_pos = None
+        self.post_message(self.Submitted(text))
+
+    def action_newline(self) -> None:
+        start, end = self.selection
+        self._replace_via_keyboard("\n", start, end)
+
+    def action_history_prev(self) -> None:
+        if self.prompt_history and (not self.text or self._hist_pos is not None) and self.cursor_location[0] == 0:
+            self._hist_pos = len(self.prompt_history) - 1 if self._hist_pos is None else max(0, self._hist_pos - 1)
+            self.load_text(self.prompt_history[self._hist_pos])
+            self.move_cursor(self.document.end)
+        else:
+            self.action_cursor_up()
+
+    def action_history_next(self) -> None:
+        last_row = self.document.line_count - 1
+        if self._hist_pos is not None and self.cursor_location[0] == last_row:
+            self._hist_pos += 1
+            if self._hist_pos >= len(self.prompt_history):
+                self._hist_pos = None
+                self.load_text("")
+            else:
+                self.load_text(self.prompt_history[self._hist_pos])
+                self.move_cursor(self.document.end)
+        else:
+            self.action_cursor_down()
+
+
+class MessageView(Vertical, can_focus=True):
+    """Base for a prompt or a reply in the chat log."""
+
+    BINDINGS = [
+        Binding("c", "copy", "Copy message", id="copy_message"),
+        Binding("b", "copy_code", "Copy code block", id="copy_code"),
+    ]
+
+    class EditRequested(Message):
+        def __init__(self, view: "MessageView"):
+            super().__init__()
+            self.view = view
+
+    def __init__(self, stored: StoredMessage | None, text: str = "", **kw):
+        super().__init__(**kw)
+        self.stored = stored
+        self.text = stored.content if stored else text
+        self._code_index = 0
+
+    def action_copy(self) -> None:
+        self.app.copy_to_clipboard(self.text)
+        self.app.notify(f"copied the message ({len(self.text)} characters)", timeout=2)
+
+    def action_copy_code(self) -> None:
+        blocks = code_blocks(self.text)
+        if not blocks:
+            self.app.notify("this message has no code block", severity="warning", timeout=2)
+            return
+        i = self._code_index % len(blocks)
+        self._code_index += 1
+        self.app.copy_to_clipboard(blocks[i])
+        self.app.notify(f"copied code block {i + 1}/{len(blocks)}", timeout=2)
+
+
+class PromptView(MessageView):
+    BINDINGS = [Binding("e,enter", "edit", "Edit & resend", id="edit_prompt")]
+
+    def __init__(self, stored: StoredMessage | None, text: str = "", version: tuple[int, int] = (1, 1), **kw):
+        super().__init__(stored, text, classes="prompt", **kw)
+        self.version = version
+
+    def compose(self):
+        v = f"  [{self.version[0]}/{self.version[1]}]" if self.version[1] > 1 else ""
+        yield Static(f"[b]You[/b]{v}", classes="who")
+        yield Static(self.text, classes="body", markup=False)
+
+    def action_edit(self) -> None:
+        self.post_message(self.EditRequested(self))
+
+
+class ReplyView(MessageView):
+    """A reply: reasoning (collapsible, collapsed once the answer starts) above the streamed answer."""
+
+    streaming = reactive(False)
+
+    def __init__(self, stored: StoredMessage | None = None, prompted_thinking: bool = False,
+                 version: tuple[int, int] = (1, 1), **kw):
+        super().__init__(stored, classes="reply", **kw)
+        self.reasoning = stored.reasoning if stored else ""
+        self.forced = stored.reasoning_forced if stored else False
+        self.prompted = prompted_thinking
+        self.version = version
+        self._answer_stream = None
+        self._reason_stream = None
+        self.footer_text = ""
+
+    def compose(self):
+        v = f"  [{self.version[0]}/{self.version[1]}]" if self.version[1] > 1 else ""
+        yield Static(f"[b]Assistant[/b]{v}", classes="who")
+        coll = Collapsible(Markdown(self.reasoning, classes="reasoning-md"), title=self._reason_title(),
+                           collapsed=bool(self.text), classes="reasoning")
+        coll.display = bool(self.reasoning) or self.forced
+        yield coll
+        yield Markdown(self.text, classes="answer")
+        yield Static(self._footer_from_stored(), classes="reply-footer", markup=False)
+
+    def _reason_title(self) -> str:
+        kind = "Reasoning (prompted)" if self.prompted else "Reasoning"
+        return kind + ("  [budget reached: close forced]" if self.forced else "")
+
+    def _footer_from_stored(self) -> str:
+        st = self.stored.stats if self.stored else {}
+        if not st:
+            return ""
+        return footer_line(st)
+
+    # -- streaming (called by the app, UI thread) --------------------------------------------------
+    async def write_reasoning(self, text: str) -> None:
+        coll = self.query_one(".reasoning", Collapsible)
+        if not coll.display:
+            coll.display = True
+            coll.collapsed = False
+        if self._reason_stream is None:
+            self._reason_stream = Markdown.get_stream(self.query_one(".reasoning-md", Markdown))
+        self.reasoning += text
+        await self._reason_stream.write(text)
+
+    async def mark_forced(self, reasoning_tokens: int, inserted: str) -> None:
+        """A visible mark where the thinking budget forced the close."""
+        self.forced = True
+        mark = f"\n\n---\n**[budget of {reasoning_tokens} reasoning tokens reached: close forced]**\n"
+        await self.write_reasoning(mark)
+        self.query_one(".reasoning", Collapsible).title = self._reason_title()
+
+    async def write_answer(self, text: str) -> None:
+        if self._answer_stream is None:
+            coll = self.query_one(".reasoning", Collapsible)
+            if coll.display:
+                coll.collapsed = True  # the answer started: fold the reasoning away
+            self._answer_stream = Markdown.get_stream(self.query_one(".answer", Markdown))
+        self.text += text
+        await self._answer_stream.write(text)
+
+    async def finish(self, footer: str) -> None:
+        """Stop the streams and render the full text once (MarkdownStream can differ on rare fences)."""
+        for stream, md, full in ((self._reason_stream, ".reasoning-md", self.reasoning),
+                                 (self._answer_stream, ".answer", self.text)):
+            if stream is not None:
+                await stream.stop()
+                await self.query_one(md, Markdown).update(full)
+        self._answer_stream = self._reason_stream = None
+        self.footer_text = footer
+        self.query_one(".reply-footer", Static).update(footer)
+
+    @on(Collapsible.Toggled)
+    def _keep_focus(self, event) -> None:
+        event.stop()
+
+
+def footer_line(st: dict) -> str:
+    """One line under a finished reply: tokens, speed, finish reason, spec mode."""
+    parts = [f"{st.get('output_tokens', 0)} tok", f"{st.get('decode_tok_s', 0.0):.1f} tok/s",
+             f"ttft {st.get('ttft_s', 0.0) * 1000:.0f} ms"]
+    if st.get("reasoning_tokens"):
+        parts.append(f"reasoning {st['reasoning_tokens']}")
+    if st.get("spec_mode", "off") != "off":
+        parts.append(f"spec {st['spec_mode']} acc {st.get('acceptance', 0.0):.0%}")
+    fin = st.get("finish_reason", "")
+    if fin and fin != "stop":
+        parts.append(fin + (f" ({st['stop_reason_detail']})" if st.get("stop_reason_detail") else ""))
+    return "  ·  ".join(parts)
