@@ -1,0 +1,215 @@
+"""numba.cuda backend: the `kernels/ref.py` contract (same names, same signatures, results written into the
+first argument) over device arrays, plus the memory helpers `engine.backend` asks a GPU module for.
+
+Importing this module raises BackendUnavailable (one line saying why) without numba-cuda (the `cuda` extra)
+or without a usable GPU/driver, unless the CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1, tests); that is what
+`--backend cuda` reports through `engine.backend.get_backend`. The device kernels themselves live in
+`cuda_quant` / `cuda_ops`, which import without a GPU: their `KERNELS` tables (function + explicit
+signatures) let tests type-check every kernel with `numba.cuda.compile_ptx` for sm_70 and sm_90.
+
+Launch geometry lives in `LAUNCH`: full-size blocks on a GPU, a handful of threads under the simulator (which
+runs every thread as a Python thread, ~1 ms each). Kernels loop with stride blockDim, so any geometry is exact.
+Every launch increments `LAUNCHES` (launches per token = delta / tokens).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import BackendUnavailable
+
+if importlib.util.find_spec("numba_cuda") is None:
+    raise BackendUnavailable("the cuda backend needs numba-cuda: pip install 'ninfer-chat[cuda]' "
+                             "(numba-cuda[cu12]); or use --backend cpu")
+
+from numba import cuda  # noqa: E402
+
+from . import cuda_ops, cuda_quant  # noqa: E402
+from .cuda_quant import F16, F32, Q4, Q8, TT, CudaWeight  # noqa: E402
+from .ref import kv_group  # noqa: E402,F401  (same int8 KV grouping as the reference)
+
+SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
+
+
+@dataclass
+class Launch:
+    """Block geometry. lanes x rows threads per matmul block (lanes share one weight row); `threads` per
+    row-block kernel (rmsnorm, argmax, attention); `elt` threads and at most `elt_blocks` blocks for the
+    grid-stride elementwise kernels."""
+
+    lanes: int = 32
+    rows: int = 4
+    threads: int = 128
+    elt: int = 256
+    elt_blocks: int = 1024
+
+
+LAUNCH = Launch(lanes=2, rows=4, threads=4, elt=16, elt_blocks=1) if SIMULATOR else Launch()
+LAUNCHES = [0]  # total kernel launches so far (a list so tests and benches can read it by reference)
+
+
+def check_available() -> None:
+    """Raise BackendUnavailable (one line saying why) unless a CUDA GPU and driver are usable."""
+    if SIMULATOR:
+        return
+    try:
+        ok = cuda.is_available()
+    except Exception as e:  # broken driver installs raise instead of returning False
+        raise BackendUnavailable(f"the cuda backend cannot start: {e}; use --backend cpu") from e
+    if not ok:
+        raise BackendUnavailable("the cuda backend found no usable NVIDIA GPU/driver (numba.cuda.is_available() "
+                                 "is False); use --backend cpu")
+
+
+check_available()  # engine.backend turns this import-time error into the user-facing message
+
+_compiled: dict[str, object] = {}
+
+
+def _kern(name: str):
+    """The jitted kernel `name` (compiled for the actual argument types on its first launch)."""
+    k = _compiled.get(name)
+    if k is None:
+        fn = (cuda_quant.KERNELS.get(name) or cuda_ops.KERNELS[name])[0]
+        k = _compiled[name] = cuda.jit(fn)
+    return k
+
+
+def _launch(name, grid, block, *args):
+    LAUNCHES[0] += 1
+    _kern(name)[grid, block](*args)
+
+
+def _elt_grid(n: int) -> int:
+    return max(1, min(LAUNCH.elt_blocks, (n + LAUNCH.elt - 1) // LAUNCH.elt))
+
+
+# ------------------------------------------------------------------------------------------ memory
+def empty(shape, dtype):
+    """Uninitialised device array."""
+    return cuda.device_array(shape, np.dtype(dtype))
+
+
+def zeros(shape, dtype):
+    """Zero-filled device array."""
+    return cuda.to_device(np.zeros(shape, np.dtype(dtype)))
+
+
+def to_device(a):
+    """Copy a host array to a new device array."""
+    return cuda.to_device(np.ascontiguousarray(a))
+
+
+def to_host(a):
+    """Copy a device array to a new numpy array (synchronizes)."""
+    return a.copy_to_host()
+
+
+def upload(dst, a):
+    """Copy host array `a` into the existing device buffer `dst` (same shape)."""
+    dst.copy_to_device(np.ascontiguousarray(a, dtype=dst.dtype).reshape(dst.shape))
+
+
+def synchronize():
+    """Wait for all launched work of the current device."""
+    cuda.synchronize()
+
+
+# ------------------------------------------------------------------------------------------ weights
+def prepare_weight(qt) -> CudaWeight:
+    """Repack a file tensor into a device format (see cuda_quant) and copy it to the current device."""
+    return cuda_quant.prepare_weight(qt)
+
+
+def weight_shape(w: CudaWeight) -> tuple[int, int]:
+    """Logical (rows, cols) = (out_features, in_features)."""
+    return w.shape
+
+
+def new_scratch(max_t: int, max_n: int):
+    """The cuda matmuls need no scratch."""
+    return None
+
+
+# ------------------------------------------------------------------------------------------- linear
+def matmul(out, x, w: CudaWeight, scratch):
+    """out (T, d) f32 <- x (T, n) f32 @ W (d, n)^T."""
+    d, t_n = out.shape[1], x.shape[0]
+    grid = ((d + LAUNCH.rows - 1) // LAUNCH.rows, (t_n + TT - 1) // TT)
+    block = (LAUNCH.lanes, LAUNCH.rows)
+    if w.fmt == Q4:
+        _launch("matmul_q4", grid, block, out, x, *w.arrays)
+    elif w.fmt == Q8:
+        _launch("matmul_q8", grid, block, out, x, *w.arrays, w.group)
+    else:
+        _launch("matmul_dense", grid, block, out, x, w.arrays[0])
+
+
+def embed(out, w: CudaWeight, tokens):
+    """out (T, n) f32 <- rows tokens (T,) int32 (device) of the table W (vocab, n)."""
+    t_n, n = out.shape
+    grid = (t_n, (n + LAUNCH.elt - 1) // LAUNCH.elt)
+    if w.fmt == Q4:
+        _launch("embed_q4", grid, LAUNCH.elt, out, *w.arrays, tokens)
+    elif w.fmt == Q8:
+        _launch("embed_q8", grid, LAUNCH.elt, out, *w.arrays, w.group, tokens)
+    else:
+        _launch("embed_dense", grid, LAUNCH.elt, out, w.arrays[0], tokens)
+
+
+def bias_add(out, b):
+    """out (T, n) += b (n,)."""
+    _launch("bias_add", _elt_grid(out.size), LAUNCH.elt, out, b)
+
+
+def residual_add(out, x):
+    """out (T, n) += x (T, n)."""
+    _launch("residual_add", _elt_grid(out.size), LAUNCH.elt, out, x)
+
+
+# -------------------------------------------------------------------------------------- elementwise
+def rmsnorm(out, x, w, eps):
+    """out (R, n) <- x (R, n) / sqrt(mean(x^2) + eps) * w (n,)."""
+    _launch("rmsnorm", x.shape[0], LAUNCH.threads, out, x, w, float(eps))
+
+
+def swiglu(out, gate, up):
+    """out (T, f) <- silu(gate (T, f)) * up (T, f)."""
+    _launch("swiglu", _elt_grid(out.size), LAUNCH.elt, out, gate, up)
+
+
+def rope(x, pos0, inv_freq, neox):
+    """Rotate x (T, H, hd) in place at positions pos0.. (see ref.rope)."""
+    _launch("rope", _elt_grid(x.size // 2), LAUNCH.elt, x, int(pos0), inv_freq, int(bool(neox)))
+
+
+def argmax(out, logits):
+    """out (T,) int32 <- first index of the max of each row of logits (T, vocab)."""
+    _launch("argmax", logits.shape[0], LAUNCH.threads, out, logits)
+
+
+# ------------------------------------------------------------------------------------------ KV cache
+def kv_store_f16(k_cache, v_cache, k, v, pos0):
+    """k_cache, v_cache (cap, n_kv, hd) f16 [pos0 : pos0+T] <- k, v (T, n_kv, hd) f32."""
+    _launch("kv_store_f16", _elt_grid(k.size), LAUNCH.elt, k_cache, v_cache, k, v, int(pos0))
+
+
+def kv_store_int8(k_q, k_s, v_q, v_s, k, v, pos0):
+    """int8 cache [pos0 : pos0+T] <- k, v (T, n_kv, hd); one f32 scale per group (see ref.kv_store_int8)."""
+    _launch("kv_store_int8", _elt_grid(k_s.shape[1] * k_s.shape[2] * k.shape[0]), LAUNCH.elt,
+            k_q, k_s, v_q, v_s, k, v, int(pos0))
+
+
+def attention_f16(out, q, k_cache, v_cache, pos0, scale):
+    """out (T, H, hd) <- causal GQA softmax(q K^T * scale) V over an f16 cache."""
+    _launch("attention_f16", (q.shape[0], q.shape[1]), LAUNCH.threads, out, q, k_cache, v_cache,
+            int(pos0), float(scale))
+
+
+def attention_int8(out, q, k_q, k_s, v_q, v_s, pos0, scale):
+    """As attention_f16 over an int8 cache."""
+    _launch("attention_int8", (q.shape[0], q.shape[1]), LAUNCH.threads, out, q, k_q, k_s, v_q, v_s,
+            int(pos0), float(scale))

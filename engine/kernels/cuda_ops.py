@@ -1,0 +1,282 @@
+"""numba.cuda device kernels for everything but the weight matmuls: norms, RoPE, SwiGLU, KV store, attention,
+argmax. Launch wrappers with the `kernels/ref.py` signatures live in `kernels/cuda.py`.
+
+Reductions go through shared memory (no warp shuffles) so the CUDA simulator runs the same code; every
+kernel loops with stride blockDim, so the simulator can launch it with a handful of threads.
+"""
+from __future__ import annotations
+
+import math
+
+from numba import cuda, float32, float64, int8, int32, int64
+from numba.types import float16
+
+MAX_BLOCK = 128  # threads per block that shared arrays are sized for
+MAX_HD = 256  # largest head_dim attention supports
+
+
+# ----------------------------------------------------------------------------------------- elementwise
+# Launch: grid-stride 1-D over all elements.
+def residual_add(out, x):
+    # out (R, n) += x (R, n)
+    n = out.shape[1]
+    for i in range(cuda.grid(1), out.shape[0] * n, cuda.gridsize(1)):
+        out[i // n, i % n] += x[i // n, i % n]
+
+
+def bias_add(out, b):
+    # out (R, n) += b (n,)
+    n = out.shape[1]
+    for i in range(cuda.grid(1), out.shape[0] * n, cuda.gridsize(1)):
+        out[i // n, i % n] += b[i % n]
+
+
+def swiglu(out, gate, up):
+    # out (T, f) <- silu(gate) * up
+    n = out.shape[1]
+    for i in range(cuda.grid(1), out.shape[0] * n, cuda.gridsize(1)):
+        g = gate[i // n, i % n]
+        out[i // n, i % n] = g / (float32(1.0) + math.exp(-g)) * up[i // n, i % n]
+
+
+# ----------------------------------------------------------------------------------------------- norms
+@cuda.jit(device=True, inline=True)
+def _block_sum(sm, v):
+    # sum of v over the block (all threads get it); sm (MAX_BLOCK,) f32 scratch
+    tid = cuda.threadIdx.x
+    sm[tid] = v
+    cuda.syncthreads()
+    s = float32(0.0)
+    for i in range(cuda.blockDim.x):
+        s += sm[i]
+    cuda.syncthreads()
+    return s
+
+
+def rmsnorm(out, x, w, eps):
+    # Launch: one block per row. out (R, n) <- x (R, n) / sqrt(mean(x^2) + eps) * w (n,)
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    sm = cuda.shared.array(MAX_BLOCK, float32)
+    n = x.shape[1]
+    ss = float32(0.0)
+    for j in range(tid, n, cuda.blockDim.x):
+        v = x[row, j]
+        ss += v * v
+    tot = _block_sum(sm, ss)
+    inv = float32(1.0) / math.sqrt(tot / float32(n) + float32(eps))
+    for j in range(tid, n, cuda.blockDim.x):
+        out[row, j] = x[row, j] * inv * w[j]
+
+
+# ------------------------------------------------------------------------------------------------ rope
+def rope(x, pos0, inv_freq, neox):
+    # Launch: grid-stride over T*H*hd/2 pairs. x (T, H, hd) f32 rotated in place; inv_freq (hd/2,) f32.
+    t_n, n_h, hd = x.shape
+    half = hd // 2
+    for i in range(cuda.grid(1), t_n * n_h * half, cuda.gridsize(1)):
+        p = i % half
+        h = (i // half) % n_h
+        t = i // (half * n_h)
+        ang = float64(pos0 + t) * float64(inv_freq[p])  # f64 angle: positions reach 10^4+
+        c = math.cos(ang)
+        s = math.sin(ang)
+        if neox:
+            i0, i1 = p, p + half
+        else:
+            i0, i1 = 2 * p, 2 * p + 1
+        a = float64(x[t, h, i0])
+        b = float64(x[t, h, i1])
+        x[t, h, i0] = float32(a * c - b * s)
+        x[t, h, i1] = float32(a * s + b * c)
+
+
+# ---------------------------------------------------------------------------------------------- argmax
+def argmax(out, logits):
+    # Launch: one block per row. out (T,) int32 <- first index of the max of logits (T, V)
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    sv = cuda.shared.array(MAX_BLOCK, float32)
+    si = cuda.shared.array(MAX_BLOCK, int32)
+    best = -math.inf
+    bi = int32(-1)
+    for j in range(tid, logits.shape[1], cuda.blockDim.x):
+        v = logits[row, j]
+        if v > best or bi < 0:  # increasing j: strict > keeps the first of ties
+            best = v
+            bi = int32(j)
+    sv[tid] = best
+    si[tid] = bi
+    cuda.syncthreads()
+    if tid == 0:
+        b = sv[0]
+        k = si[0]
+        for i in range(1, cuda.blockDim.x):
+            if si[i] >= 0 and (k < 0 or sv[i] > b or (sv[i] == b and si[i] < k)):
+                b = sv[i]
+                k = si[i]
+        out[row] = k
+
+
+# -------------------------------------------------------------------------------------------- KV cache
+def kv_store_f16(k_cache, v_cache, k, v, pos0):
+    # Launch: grid-stride over T*n_kv*hd. caches (cap, n_kv, hd) f16 [pos0+t] <- k, v (T, n_kv, hd) f32
+    t_n, kvh, hd = k.shape
+    for i in range(cuda.grid(1), t_n * kvh * hd, cuda.gridsize(1)):
+        d = i % hd
+        h = (i // hd) % kvh
+        t = i // (hd * kvh)
+        k_cache[pos0 + t, h, d] = float16(k[t, h, d])
+        v_cache[pos0 + t, h, d] = float16(v[t, h, d])
+
+
+@cuda.jit(device=True, inline=True)
+def _quant_group(dst_q, dst_s, src, p, t, h, g, group):
+    # symmetric int8 of src[t, h, g*group : (g+1)*group] into dst_q[p, h, ...], scale into dst_s[p, h, g]
+    amax = float32(0.0)
+    for d in range(g * group, (g + 1) * group):
+        amax = max(amax, abs(src[t, h, d]))
+    s = amax / float32(127.0)
+    inv = float32(1.0) / s if s > float32(0.0) else float32(0.0)
+    for d in range(g * group, (g + 1) * group):
+        y = src[t, h, d] * inv
+        r = int32(y + math.copysign(float32(0.5), y))  # int conversion truncates: round half away from 0
+        dst_q[p, h, d] = int8(min(max(r, int32(-127)), int32(127)))
+    dst_s[p, h, g] = s
+
+
+def kv_store_int8(k_q, k_s, v_q, v_s, k, v, pos0):
+    # Launch: grid-stride over T*n_kv*(hd/group). k_q, v_q (cap, n_kv, hd) int8; k_s, v_s (cap, n_kv, hd/g) f32
+    t_n, kvh, hd = k.shape
+    ng = k_s.shape[2]
+    group = hd // ng
+    for i in range(cuda.grid(1), t_n * kvh * ng, cuda.gridsize(1)):
+        g = i % ng
+        h = (i // ng) % kvh
+        t = i // (ng * kvh)
+        _quant_group(k_q, k_s, k, pos0 + t, t, h, g, group)
+        _quant_group(v_q, v_s, v, pos0 + t, t, h, g, group)
+
+
+# ------------------------------------------------------------------------------------------- attention
+# Launch: grid (T, H), one block of nt threads per (query row, head). The causal range 0..pos0+t is walked in
+# chunks of nt positions: thread i scores position c0+i into shared memory, then the block does an online
+# softmax update (running max m, running sum l) and thread d owns output dims d, d+nt, ... (coalesced V reads).
+@cuda.jit(device=True, inline=True)
+def _softmax_chunk(sp, cn, m):
+    # sp[:cn] scores -> exp(score - m_new); returns (m_new, chunk sum). All threads compute the same values.
+    tid = cuda.threadIdx.x
+    cmax = m
+    for i in range(cn):
+        cmax = max(cmax, sp[i])
+    cuda.syncthreads()
+    if tid < cn:
+        sp[tid] = math.exp(sp[tid] - cmax)
+    cuda.syncthreads()
+    csum = float32(0.0)
+    for i in range(cn):
+        csum += sp[i]
+    return cmax, csum
+
+
+def attention_f16(out, q, k_cache, v_cache, pos0, scale):
+    # out (T, H, hd) <- softmax(q K^T * scale) V, causal, GQA; q (T, H, hd) f32; caches (cap, n_kv, hd) f16
+    t = cuda.blockIdx.x
+    h = cuda.blockIdx.y
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    hd = q.shape[2]
+    kvh = h // (q.shape[1] // k_cache.shape[1])
+    n_see = pos0 + t + 1
+    qs = cuda.shared.array(MAX_HD, float32)
+    acc = cuda.shared.array(MAX_HD, float32)
+    sp = cuda.shared.array(MAX_BLOCK, float32)
+    for d in range(tid, hd, nt):
+        qs[d] = q[t, h, d]
+        acc[d] = float32(0.0)
+    cuda.syncthreads()
+    m = float32(-math.inf)
+    ltot = float32(0.0)
+    for c0 in range(0, n_see, nt):
+        p = c0 + tid
+        if p < n_see:
+            dot = float32(0.0)
+            for d in range(hd):
+                dot += qs[d] * float32(k_cache[p, kvh, d])
+            sp[tid] = dot * float32(scale)
+        cuda.syncthreads()
+        cn = min(nt, n_see - c0)
+        cmax, csum = _softmax_chunk(sp, cn, m)
+        alpha = math.exp(m - cmax)
+        ltot = ltot * alpha + csum
+        for d in range(tid, hd, nt):
+            a = acc[d] * alpha
+            for i in range(cn):
+                a += sp[i] * float32(v_cache[c0 + i, kvh, d])
+            acc[d] = a
+        m = cmax
+        cuda.syncthreads()
+    for d in range(tid, hd, nt):
+        out[t, h, d] = acc[d] / ltot
+
+
+def attention_int8(out, q, k_q, k_s, v_q, v_s, pos0, scale):
+    # as attention_f16 over int8 caches: k_q, v_q (cap, n_kv, hd) int8; k_s, v_s (cap, n_kv, hd/g) f32
+    t = cuda.blockIdx.x
+    h = cuda.blockIdx.y
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    hd = q.shape[2]
+    group = hd // k_s.shape[2]
+    kvh = h // (q.shape[1] // k_q.shape[1])
+    n_see = pos0 + t + 1
+    qs = cuda.shared.array(MAX_HD, float32)
+    acc = cuda.shared.array(MAX_HD, float32)
+    sp = cuda.shared.array(MAX_BLOCK, float32)
+    for d in range(tid, hd, nt):
+        qs[d] = q[t, h, d]
+        acc[d] = float32(0.0)
+    cuda.syncthreads()
+    m = float32(-math.inf)
+    ltot = float32(0.0)
+    for c0 in range(0, n_see, nt):
+        p = c0 + tid
+        if p < n_see:
+            dot = float32(0.0)
+            for g in range(k_s.shape[2]):
+                part = float32(0.0)
+                for d in range(g * group, (g + 1) * group):
+                    part += qs[d] * float32(k_q[p, kvh, d])
+                dot += part * k_s[p, kvh, g]
+            sp[tid] = dot * float32(scale)
+        cuda.syncthreads()
+        cn = min(nt, n_see - c0)
+        cmax, csum = _softmax_chunk(sp, cn, m)
+        alpha = math.exp(m - cmax)
+        ltot = ltot * alpha + csum
+        for d in range(tid, hd, nt):
+            a = acc[d] * alpha
+            for i in range(cn):
+                a += sp[i] * (float32(v_q[c0 + i, kvh, d]) * v_s[c0 + i, kvh, d // group])
+            acc[d] = a
+        m = cmax
+        cuda.syncthreads()
+    for d in range(tid, hd, nt):
+        out[t, h, d] = acc[d] / ltot
+
+
+_f2 = float32[:, :]
+_f3 = float32[:, :, :]
+# name -> (python function, explicit signatures)
+KERNELS = {
+    "residual_add": (residual_add, [(_f2, _f2)]),
+    "bias_add": (bias_add, [(_f2, float32[:])]),
+    "swiglu": (swiglu, [(_f2, _f2, _f2)]),
+    "rmsnorm": (rmsnorm, [(_f2, _f2, float32[:], float64)]),
+    "rope": (rope, [(_f3, int64, float32[:], int32)]),
+    "argmax": (argmax, [(int32[:], _f2)]),
+    "kv_store_f16": (kv_store_f16, [(float16[:, :, :], float16[:, :, :], _f3, _f3, int64)]),
+    "kv_store_int8": (kv_store_int8, [(int8[:, :, :], _f3, int8[:, :, :], _f3, _f3, _f3, int64)]),
+    "attention_f16": (attention_f16, [(_f3, _f3, float16[:, :, :], float16[:, :, :], int64, float64)]),
+    "attention_int8": (attention_int8, [(_f3, _f3, int8[:, :, :], _f3, int8[:, :, :], _f3, int64, float64)]),
+}

@@ -1,0 +1,231 @@
+"""cuda kernels: type-checked for sm_70 and sm_90 with compile_ptx, and run against kernels/ref.py.
+
+Without a GPU the runs go through the CUDA simulator. NUMBA_ENABLE_CUDASIM must be set before numba is
+imported, so the simulated checks run in ONE subprocess (this file executed as a script, `--worker`) whose
+JSON verdicts the tests below read; the pytest process itself keeps a normal numba. With `NINFER_CUDA_REAL=1`
+(scripts/gpu_check.sh, on a GPU) the worker runs on the real device with full-size launch geometry instead.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+HAVE_NUMBA_CUDA = __import__("importlib").util.find_spec("numba_cuda") is not None
+needs_numba_cuda = pytest.mark.skipif(not HAVE_NUMBA_CUDA, reason="numba-cuda (the cuda extra) not installed")
+
+
+# -------------------------------------------------------------------------------- checks (worker side)
+def _close(got, want, rtol, atol_rel):
+    scale = float(np.abs(want).max()) if want.size else 1.0
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol_rel * max(scale, 1e-6))
+
+
+def _checks():
+    """name -> zero-argument function raising on mismatch; runs wherever numba.cuda points (sim or GPU)."""
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(HERE))
+    from gguf import GGMLQuantizationType as QT
+
+    from engine.kernels import cuda as ck
+    from engine.kernels import ref
+    from reference_forward import random_qtensor
+
+    rng = np.random.default_rng(7)
+    dev, host = ck.to_device, ck.to_host
+    checks = {}
+
+    def matmul_check(qtype, t_n, d=22, n=512):
+        def run():
+            qt = random_qtensor(qtype, d, n, rng)
+            x = rng.standard_normal((t_n, n)).astype(np.float32)
+            want = np.zeros((t_n, d), np.float32)
+            ref.matmul(want, x, ref.prepare_weight(qt), None)
+            out = dev(np.full((t_n, d), np.nan, np.float32))
+            ck.matmul(out, dev(x), ck.prepare_weight(qt), ck.new_scratch(t_n, n))
+            _close(host(out), want, 1e-4, 1e-4)
+        return run
+
+    for qt in (QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q6_K, QT.F16, QT.F32, QT.BF16):
+        checks[f"matmul_{qt.name}_T1"] = matmul_check(qt, 1)
+        checks[f"matmul_{qt.name}_T5"] = matmul_check(qt, 5)
+    checks["matmul_Q4_1_T11"] = matmul_check(QT.Q4_1, 11, d=9, n=256)  # two T tiles, d not a multiple of rows
+
+    def embed_check(qtype):
+        def run():
+            qt = random_qtensor(qtype, 40, 256, rng)
+            tok = np.array([3, 0, 39, 3], np.int32)
+            want = np.zeros((4, 256), np.float32)
+            ref.embed(want, ref.prepare_weight(qt), tok)
+            out = dev(np.zeros((4, 256), np.float32))
+            ck.embed(out, ck.prepare_weight(qt), dev(tok))
+            _close(host(out), want, 1e-6, 1e-6)
+        return run
+
+    for qt in (QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q6_K, QT.F16, QT.F32):
+        checks[f"embed_{qt.name}"] = embed_check(qt)
+
+    def elementwise():
+        x = rng.standard_normal((3, 64)).astype(np.float32)
+        y = rng.standard_normal((3, 64)).astype(np.float32)
+        w = rng.standard_normal(64).astype(np.float32)
+        for name, args in [("rmsnorm", (x, w, 1e-5)), ("swiglu", (x, y))]:
+            want = np.zeros_like(x)
+            getattr(ref, name)(want, *args)
+            out = dev(np.zeros_like(x))
+            getattr(ck, name)(out, *[dev(a) if isinstance(a, np.ndarray) else a for a in args])
+            _close(host(out), want, 1e-5, 1e-6)
+        for name, arg in [("residual_add", y), ("bias_add", w)]:
+            want = x.copy()
+            getattr(ref, name)(want, arg)
+            out = dev(x)
+            getattr(ck, name)(out, dev(arg))
+            _close(host(out), want, 1e-6, 1e-7)
+    checks["elementwise"] = elementwise
+
+    def argmax():
+        logits = rng.standard_normal((3, 1000)).astype(np.float32)
+        logits[1, 10] = logits[1, 500] = 9.0  # tie: the first wins
+        want = np.zeros(3, np.int32)
+        ref.argmax(want, logits)
+        out = dev(np.full(3, -1, np.int32))
+        ck.argmax(out, dev(logits))
+        np.testing.assert_array_equal(host(out), want)
+    checks["argmax"] = argmax
+
+    def rope_check(neox):
+        def run():
+            x = rng.standard_normal((3, 4, 16)).astype(np.float32)
+            inv = (1.0 / 10000.0 ** (np.arange(0, 16, 2) / 16)).astype(np.float32)
+            want = x.copy()
+            ref.rope(want, 1000, inv, neox)
+            out = dev(x)
+            ck.rope(out, 1000, dev(inv), neox)
+            _close(host(out), want, 1e-5, 1e-6)
+        return run
+    checks["rope_norm"] = rope_check(False)
+    checks["rope_neox"] = rope_check(True)
+
+    def attention_check(kv_dtype, hd):
+        def run():
+            t_n, n_head, n_kv, cap, pos0 = 3, 4, 2, 16, 5
+            q = rng.standard_normal((t_n, n_head, hd)).astype(np.float32)
+            k = rng.standard_normal((cap, n_kv, hd)).astype(np.float32)
+            v = rng.standard_normal((cap, n_kv, hd)).astype(np.float32)
+            scale = 1.0 / np.sqrt(hd)
+            want = np.zeros_like(q)
+            out = dev(np.zeros_like(q))
+            if kv_dtype == "f16":
+                rk, rv = np.zeros((cap, n_kv, hd), np.float16), np.zeros((cap, n_kv, hd), np.float16)
+                ref.kv_store_f16(rk, rv, k[:pos0 + t_n], v[:pos0 + t_n], 0)
+                ref.attention_f16(want, q, rk, rv, pos0, scale)
+                dk, dv = dev(np.zeros_like(rk)), dev(np.zeros_like(rv))
+                ck.kv_store_f16(dk, dv, dev(k[:pos0]), dev(v[:pos0]), 0)  # two stores: offsets matter
+                ck.kv_store_f16(dk, dv, dev(k[pos0:pos0 + t_n]), dev(v[pos0:pos0 + t_n]), pos0)
+                np.testing.assert_array_equal(host(dk), rk)
+                ck.attention_f16(out, dev(q), dk, dv, pos0, scale)
+            else:
+                g = ref.kv_group(hd)
+                arrs = [np.zeros((cap, n_kv, hd), np.int8), np.zeros((cap, n_kv, hd // g), np.float32),
+                        np.zeros((cap, n_kv, hd), np.int8), np.zeros((cap, n_kv, hd // g), np.float32)]
+                ref.kv_store_int8(*arrs, k[:pos0 + t_n], v[:pos0 + t_n], 0)
+                ref.attention_int8(want, q, *arrs, pos0, scale)
+                darrs = [dev(np.zeros_like(a)) for a in arrs]
+                ck.kv_store_int8(*darrs, dev(k[:pos0]), dev(v[:pos0]), 0)
+                ck.kv_store_int8(*darrs, dev(k[pos0:pos0 + t_n]), dev(v[pos0:pos0 + t_n]), pos0)
+                got_q = host(darrs[0]).astype(np.int32)
+                assert np.abs(got_q - arrs[0]).max() <= 1, "int8 K quants differ by more than one step"
+                _close(host(darrs[1]), arrs[1], 1e-6, 1e-7)
+                ck.attention_int8(out, dev(q), *darrs, pos0, scale)
+            _close(host(out), want, 1e-4, 1e-4)
+        return run
+    for kvd in ("f16", "int8"):
+        checks[f"attention_{kvd}_hd64"] = attention_check(kvd, 64)
+    checks["attention_f16_hd16"] = attention_check("f16", 16)
+    return checks
+
+
+def worker(names: list[str] | None = None) -> dict:
+    """Run the checks (all, or `names`); name -> "ok" | error text."""
+    real = os.environ.get("NINFER_CUDA_REAL") == "1"
+    if not real:
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # must precede the first numba import
+    results = {}
+    for name, fn in _checks().items():
+        if names and name not in names:
+            continue
+        try:
+            fn()
+            results[name] = "ok"
+        except Exception:
+            results[name] = traceback.format_exc(limit=3)[-1500:]
+    return results
+
+
+# ---------------------------------------------------------------------------------- tests (pytest side)
+EXPECTED = (
+    [f"matmul_{q}_T{t}" for q in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "F16", "F32", "BF16") for t in (1, 5)]
+    + ["matmul_Q4_1_T11"] + [f"embed_{q}" for q in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "F16", "F32")]
+    + ["elementwise", "argmax", "rope_norm", "rope_neox", "attention_f16_hd64", "attention_int8_hd64",
+       "attention_f16_hd16"])
+
+
+@pytest.fixture(scope="module")
+def sim_results():
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", NUMBA_NUM_THREADS="2", PYTHONPATH=str(ROOT))
+    env.pop("NINFER_CUDA_REAL", None) if os.environ.get("NINFER_CUDA_REAL") != "1" else None
+    proc = subprocess.run([sys.executable, __file__, "--worker"], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, f"cuda worker failed:\n{proc.stderr[-3000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@needs_numba_cuda
+@pytest.mark.parametrize("name", EXPECTED)
+def test_kernel_vs_ref(sim_results, name):
+    assert name in sim_results, f"check {name} did not run"
+    assert sim_results[name] == "ok", sim_results[name]
+
+
+def _ptx_cases():
+    if not HAVE_NUMBA_CUDA:
+        return []
+    sys.path.insert(0, str(ROOT))
+    from engine.kernels import cuda_ops, cuda_quant
+    return [(n, i) for table in (cuda_quant.KERNELS, cuda_ops.KERNELS) for n in table
+            for i in range(len(table[n][1]))]
+
+
+@needs_numba_cuda
+@pytest.mark.parametrize("cc", [(7, 0), (9, 0)], ids=["sm70", "sm90"])
+def test_compile_ptx_all_kernels(cc):
+    """Every kernel, every explicit signature, typed and lowered for V100 (sm_70) and H100/H200 (sm_90)."""
+    from numba import cuda
+
+    from engine.kernels import cuda_ops, cuda_quant
+    failures = []
+    n = 0
+    for table in (cuda_quant.KERNELS, cuda_ops.KERNELS):
+        for name, (fn, sigs) in table.items():
+            for sig in sigs:
+                try:
+                    ptx, _ = cuda.compile_ptx(fn, sig, cc=cc)
+                    assert f".target sm_{cc[0]}{cc[1]}" in ptx
+                    n += 1
+                except Exception as e:  # collect all, report once
+                    failures.append(f"{name}{sig}: {str(e)[:300]}")
+    assert not failures, "\n".join(failures)
+    assert n >= 14
+
+
+if __name__ == "__main__":
+    if "--worker" in sys.argv:
+        print(json.dumps(worker(sys.argv[sys.argv.index("--worker") + 1:] or None)))
