@@ -174,10 +174,24 @@ class FakeModel:
             if context[i:i + len(h)] == h:
                 start = i + len(h)
                 break
-        cont = self.policy(self.tok.decode(context[start:]))
+        raw = b"".join(self.tok.pieces[t] for t in context[start:])
+        for cut in range(min(4, len(raw)) + 1):  # drop the bytes of a character still being spelled out
+            try:
+                so_far = raw[:len(raw) - cut].decode("utf-8")
+                break
+            except UnicodeDecodeError:
+                continue
+        else:
+            return self.tok.eos_id
+        partial = raw[len(raw) - cut:] if cut else b""
+        cont = self.policy(so_far)
         if not cont:
             return self.tok.eos_id
-        return self.tok.encode(cont)[0]
+        if not partial:
+            return self.tok.encode(cont)[0]
+        b = cont.encode()
+        return self.tok._encode_plain(b[len(partial):])[0] if b.startswith(partial) and len(b) > len(partial) \
+            else self.tok.eos_id
 
     def forward(self, tokens, pos0: int, cache: FakeCache, *, all_logits: bool = False) -> np.ndarray:
         tokens = [int(t) for t in np.asarray(tokens).reshape(-1)]  # (T,)

@@ -1,0 +1,328 @@
+"""`ninfer`: one-shot generation from the command line (option names follow the NInfer product).
+
+    ninfer [MODEL] (--prompt TEXT | --messages FILE) [options]
+
+The answer streams to stdout; reasoning, progress and the stats report go to stderr. Every NinferError ends
+as one line `ninfer: error: ...` on stderr with exit status 1 (argparse errors: status 2; Ctrl-C: 130 after
+the partial answer). Defaults come from config.toml ([engine], [sampling], [penalties], [thinking], [spec]),
+read defensively; flags override them.
+
+--reasoning-effort maps to a thinking budget as a share of --max-new, so it always leaves room for the
+answer: low = 1/4, medium = 1/2, high = 3/4 of --max-new reasoning tokens.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import signal
+import sys
+import threading
+import unicodedata
+from pathlib import Path
+
+from .config import KV_DTYPES, SPEC_MODES, BACKENDS, EngineArgs, GenerateRequest, SamplingParams, ThinkingParams
+from .errors import ConfigError, InputError, NinferError
+from .events import FinalStats, Progress, ReasoningDelta, StepStats, TextDelta, ThinkingForced
+
+EFFORT_SHARE = {"low": 0.25, "medium": 0.5, "high": 0.75}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ninfer", description="Generate one reply with a local GGUF model (answer to stdout, "
+        "reasoning/progress/stats to stderr).",
+        epilog="--reasoning-effort low|medium|high = a thinking budget of 1/4, 1/2, 3/4 of --max-new.")
+    p.add_argument("model", nargs="?", help="GGUF file (default: config `model`, else the embedded SmolLM2)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="the user message")
+    src.add_argument("--messages", metavar="FILE", help='JSON list of {"role","content"} (or {"messages": [...]}); - = stdin')
+    p.add_argument("--system", help="a system message put first")
+    p.add_argument("--config", metavar="FILE", help="extra config.toml layered over the defaults")
+    g = p.add_argument_group("engine")
+    g.add_argument("--backend", choices=BACKENDS)
+    g.add_argument("--threads", type=int)
+    g.add_argument("--max-context", type=int)
+    g.add_argument("--kv-capacity", type=int)
+    g.add_argument("--kv-dtype", choices=KV_DTYPES)
+    g.add_argument("--prefill-chunk", type=int)
+    g.add_argument("--no-prefix-reuse", action="store_true")
+    g.add_argument("--tp", type=int)
+    g.add_argument("--devices", help="comma-separated device ids, e.g. 0,1")
+    g.add_argument("--spec", choices=SPEC_MODES)
+    g.add_argument("--draft-tokens", type=int)
+    s = p.add_argument_group("sampling")
+    s.add_argument("--max-new", type=int, help="new tokens, reasoning and answer together")
+    s.add_argument("--greedy", action="store_true", help="argmax (temperature 0)")
+    s.add_argument("--temperature", type=float)
+    s.add_argument("--top-p", type=float)
+    s.add_argument("--top-k", type=int)
+    s.add_argument("--min-p", type=float)
+    s.add_argument("--presence-penalty", type=float)
+    s.add_argument("--frequency-penalty", type=float)
+    s.add_argument("--seed", type=int)
+    s.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    t = p.add_argument_group("thinking")
+    tm = t.add_mutually_exclusive_group()
+    tm.add_argument("--no-thinking", action="store_true", help="never reason (the template's switch if any)")
+    tm.add_argument("--thinking", action="store_true", help="reason (prompted for models without native thinking)")
+    tb = t.add_mutually_exclusive_group()
+    tb.add_argument("--thinking-budget", type=int, metavar="N", help="force the close after N reasoning tokens")
+    tb.add_argument("--reasoning-effort", choices=tuple(EFFORT_SHARE))
+    t.add_argument("--thinking-message", help="text inserted before the forced close")
+    o = p.add_argument_group("output")
+    o.add_argument("--print-token-ids", action="store_true", help="print the generated token ids (stderr)")
+    o.add_argument("--stats-json", metavar="FILE", help="write the final stats (with token ids) as JSON")
+    o.add_argument("--log-stats-interval-ms", type=int, metavar="MS", help="print running stats every MS ms")
+    o.add_argument("-q", "--quiet", action="store_true", help="no progress and no stats report")
+    return p
+
+
+# -- inputs -------------------------------------------------------------------------------------------------
+def fix_argv_text(text: str, option: str) -> str:
+    """argv text -> NFC str. Bytes the locale could not decode (surrogate escapes) are re-read as UTF-8."""
+    if any("\udc80" <= ch <= "\udcff" for ch in text):
+        try:
+            text = os.fsencode(text).decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputError(f"{option} is not valid UTF-8; pass UTF-8 text") from None
+    return unicodedata.normalize("NFC", text)
+
+
+def read_messages(path: str) -> list[dict]:
+    """A --messages file: UTF-8 JSON, a list of messages or an object with "messages"."""
+    try:
+        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"--messages {path}: no such file") from None
+    except OSError as e:
+        raise InputError(f"--messages {path}: cannot read it ({e.strerror or e})") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InputError(f"--messages {path} is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                         "save it as UTF-8") from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"--messages {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    if isinstance(obj, dict) and "messages" in obj:
+        obj = obj["messages"]
+    if not isinstance(obj, list) or not obj:
+        raise InputError(f'--messages {path} must hold a non-empty JSON list of {{"role", "content"}} objects')
+    for i, m in enumerate(obj):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise InputError(f'--messages {path}: message {i} must be an object with string "role" and "content"')
+    return [dict(m, content=unicodedata.normalize("NFC", m["content"])) for m in obj]
+
+
+def _section(cfg: dict, name: str) -> dict:
+    v = cfg.get(name)
+    return v if isinstance(v, dict) else {}
+
+
+def _pick(flag, cfg: dict, key: str, typ, default):
+    """The flag if given, else the config value if it has the right type, else the default."""
+    if flag is not None:
+        return flag
+    v = cfg.get(key)
+    if typ is float and isinstance(v, int) and not isinstance(v, bool):
+        v = float(v)
+    return v if isinstance(v, typ) and not isinstance(v, bool) or (typ is bool and isinstance(v, bool)) else default
+
+
+def build_options(a: argparse.Namespace, cfg: dict) -> tuple[EngineArgs, GenerateRequest, str | None]:
+    """(EngineArgs, GenerateRequest, config model) from flags over config over defaults."""
+    ce, cs, cp, ct, cx = (_section(cfg, k) for k in ("engine", "sampling", "penalties", "thinking", "spec"))
+    devices = (0,)
+    if a.devices:
+        try:
+            devices = tuple(int(d) for d in a.devices.split(",") if d.strip())
+        except ValueError:
+            raise ConfigError(f"--devices {a.devices!r} must be comma-separated integers, e.g. 0,1") from None
+    eargs = EngineArgs(
+        model=a.model, backend=_pick(a.backend, ce, "backend", str, "cpu"),
+        threads=_pick(a.threads, ce, "threads", int, None),
+        max_context=_pick(a.max_context, ce, "max_context", int, None),
+        kv_capacity=_pick(a.kv_capacity, ce, "kv_capacity", int, None),
+        kv_dtype=_pick(a.kv_dtype, ce, "kv_dtype", str, "f16"),
+        prefill_chunk=_pick(a.prefill_chunk, ce, "prefill_chunk", int, 256),
+        prefix_reuse=False if a.no_prefix_reuse else _pick(None, ce, "prefix_reuse", bool, True),
+        spec=_pick(a.spec, cx, "mode", str, "off"), draft_tokens=_pick(a.draft_tokens, cx, "draft_tokens", int, 3),
+        tp=a.tp or 1, devices=devices)
+    if a.threads is not None and a.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {a.threads}")
+    pen_on = _pick(None, cp, "enabled", bool, False)
+    max_new = _pick(a.max_new, cs, "max_new", int, 512)
+    sampling = SamplingParams(
+        temperature=0.0 if a.greedy else _pick(a.temperature, cs, "temperature", float, 0.7),
+        top_k=_pick(a.top_k, cs, "top_k", int, 0), top_p=_pick(a.top_p, cs, "top_p", float, 1.0),
+        min_p=_pick(a.min_p, cs, "min_p", float, 0.0),
+        presence_penalty=_pick(a.presence_penalty, cp if pen_on else {}, "presence", float, 0.0),
+        frequency_penalty=_pick(a.frequency_penalty, cp if pen_on else {}, "frequency", float, 0.0),
+        seed=_pick(a.seed, cs, "seed", int, None), max_new=max_new,
+        stop=tuple(fix_argv_text(s, "--stop") for s in a.stop), greedy=a.greedy)
+    mode = _pick(None, ct, "mode", str, "auto")
+    enabled = {"on": True, "off": False}.get(mode)
+    if a.no_thinking:
+        enabled = False
+    elif a.thinking:
+        enabled = True
+    budget = a.thinking_budget
+    if budget is None and a.reasoning_effort:
+        budget = int(max_new * EFFORT_SHARE[a.reasoning_effort])
+    if budget is None and enabled is not False:
+        b = _pick(None, ct, "budget", int, 0)
+        budget = b if b > 0 else None  # config: 0 = unlimited
+    message = fix_argv_text(a.thinking_message, "--thinking-message") if a.thinking_message \
+        else _pick(None, ct, "message", str, ThinkingParams.message)
+    thinking = ThinkingParams(enabled=enabled, budget=None if enabled is False else budget, message=message)
+    model_cfg = cfg.get("model") if isinstance(cfg.get("model"), str) and cfg.get("model") else None
+    return eargs, GenerateRequest(sampling=sampling, thinking=thinking), model_cfg
+
+
+# -- output -------------------------------------------------------------------------------------------------
+def format_report(st: FinalStats) -> str:
+    think = ""
+    if st.reasoning_tokens or st.thinking_forced:
+        think = f" (reasoning {st.reasoning_tokens}, answer {st.answer_tokens}" + \
+                (", close forced" if st.thinking_forced else "") + ")"
+    spec = ""
+    if st.spec_mode != "off":
+        spec = (f"\n[ninfer] spec {st.spec_mode}: {st.rounds} rounds, {st.tokens_per_round:.2f} tok/round, "
+                f"acceptance {st.acceptance:.1%}, {st.ms_per_round:.1f} ms/round")
+    detail = f" ({st.stop_reason_detail})" if st.stop_reason_detail else ""
+    return (f"[ninfer] prompt {st.prompt_tokens} tok (cached {st.cached_prompt_tokens}) | output {st.output_tokens} "
+            f"tok{think} | ttft {st.ttft_s:.3f} s | prefill {st.prefill_tok_s:.1f} tok/s | decode "
+            f"{st.decode_tok_s:.1f} tok/s | wall {st.wall_s:.2f} s | finish {st.finish_reason}{detail}{spec}\n"
+            f"[ninfer] output sha256 {st.output_sha256}")
+
+
+def stats_dict(st: FinalStats, answer: str, reasoning: str, model: str) -> dict:
+    d = dataclasses.asdict(st)
+    d.update(token_ids=list(st.token_ids), per_position_accept=list(st.per_position_accept),
+             acceptance=st.acceptance, tokens_per_round=st.tokens_per_round, ms_per_round=st.ms_per_round,
+             answer=answer, reasoning=reasoning, model=model)
+    return d
+
+
+def _load_engine(eargs: EngineArgs, model_cfg, progress):
+    from .api import Engine
+    if eargs.tp > 1:
+        raise ConfigError(f"--tp {eargs.tp}: tensor parallelism is not available in this build; use --tp 1")
+    return Engine.load(eargs, progress=progress, config_model=model_cfg)
+
+
+def run(argv=None, engine_factory=None) -> int:
+    """The CLI body; returns the exit status. engine_factory(EngineArgs, config_model, progress) -> Engine
+    replaces model loading (tests use the fake engine)."""
+    a = build_parser().parse_args(argv)
+    out, err = sys.stdout, sys.stderr
+    from .paths import load_config
+    cfg = load_config(a.config)
+    eargs, req, model_cfg = build_options(a, cfg)
+    if a.prompt is not None:
+        messages = [{"role": "user", "content": fix_argv_text(a.prompt, "--prompt")}]
+    else:
+        messages = read_messages(a.messages)
+    if a.system is not None:
+        messages.insert(0, {"role": "system", "content": fix_argv_text(a.system, "--system")})
+    if a.stats_json and not Path(a.stats_json).expanduser().resolve().parent.is_dir():
+        raise InputError(f"--stats-json {a.stats_json}: its directory does not exist")
+    if a.log_stats_interval_ms is not None and a.log_stats_interval_ms < 0:
+        raise ConfigError(f"--log-stats-interval-ms must be >= 0, got {a.log_stats_interval_ms}")
+
+    def progress(p: Progress):
+        if not a.quiet:
+            print(f"[ninfer] {p.stage}: {p.message}" if p.message else f"[ninfer] {p.stage} {p.done}/{p.total}",
+                  file=err, flush=True)
+
+    engine = (engine_factory or _load_engine)(eargs, model_cfg, progress)
+    session = engine.session()
+    if a.log_stats_interval_ms is not None:
+        session.stats_interval_s = a.log_stats_interval_ms / 1000.0
+    cancel = threading.Event()
+    events = session.generate(messages, req, cancel=cancel)
+    answer, reasoning, final = [], [], None
+    in_reasoning = False
+    prev = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if prev is not None:  # Ctrl-C: stop between steps and keep what was generated
+        signal.signal(signal.SIGINT, lambda *_: cancel.set())
+    try:
+        for ev in events:
+            if isinstance(ev, TextDelta):
+                if in_reasoning:
+                    print(file=err, flush=True)
+                    in_reasoning = False
+                answer.append(ev.text)
+                out.write(ev.text)
+                out.flush()
+            elif isinstance(ev, ReasoningDelta):
+                if not reasoning and not a.quiet:
+                    err.write("[reasoning] ")
+                reasoning.append(ev.text)
+                in_reasoning = True
+                if not a.quiet:
+                    err.write(ev.text)
+                    err.flush()
+            elif isinstance(ev, ThinkingForced):
+                if not a.quiet:
+                    err.write(f"\n[ninfer] thinking budget reached after {ev.reasoning_tokens} tokens: close forced\n")
+                in_reasoning = False
+            elif isinstance(ev, Progress):
+                if not a.quiet and ev.stage == "prefill":
+                    err.write(f"\r[ninfer] prefill {ev.done}/{ev.total}")
+                    if ev.done >= ev.total:
+                        err.write("\n")
+            elif isinstance(ev, StepStats):
+                if a.log_stats_interval_ms is not None and not a.quiet:
+                    print(f"[ninfer] {ev.output_tokens} tok (reasoning {ev.reasoning_tokens}) "
+                          f"{ev.decode_tok_s:.1f} tok/s, context {ev.context_used}", file=err, flush=True)
+            elif isinstance(ev, FinalStats):
+                final = ev
+    finally:
+        if prev is not None:
+            signal.signal(signal.SIGINT, prev)
+    if answer and not answer[-1].endswith("\n"):
+        out.write("\n")
+    out.flush()
+    if in_reasoning and not a.quiet:
+        err.write("\n")
+    if final is not None:
+        if not a.quiet:
+            print(format_report(final), file=err)
+        if a.print_token_ids:
+            print("[ninfer] token ids: " + " ".join(map(str, final.token_ids)), file=err)
+        if a.stats_json:
+            try:
+                with open(Path(a.stats_json).expanduser(), "w", encoding="utf-8") as f:
+                    json.dump(stats_dict(final, "".join(answer), "".join(reasoning), engine.name), f,
+                              ensure_ascii=False, indent=1)
+            except OSError as e:
+                raise InputError(f"--stats-json {a.stats_json}: cannot write it ({e.strerror or e})") from None
+        if final.finish_reason == "cancelled":
+            return 130
+    return 0
+
+
+def main(argv=None, engine_factory=None) -> int:
+    """Console-script entry point: run() with one-line errors instead of tracebacks."""
+    for stream in (sys.stdout, sys.stderr):  # CJK output must not crash on a non-UTF-8 locale
+        if (getattr(stream, "encoding", "") or "").lower().replace("-", "") != "utf8" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(encoding="utf-8", errors="replace")
+    try:
+        code = run(argv, engine_factory)
+    except NinferError as e:
+        print(f"ninfer: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        code = 1
+    except KeyboardInterrupt:
+        print("ninfer: interrupted", file=sys.stderr)
+        code = 130
+    except BrokenPipeError:
+        code = 0
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""The generation loop on the scripted fake model: stop strings, stop ids, cancel, length, context, prefix reuse,
+chunked prefill, UTF-8 streaming, stats, abandoned iteration and the round seam (speculative rounds)."""
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+
+import pytest
+
+from engine.config import EngineArgs, GenerateRequest, SamplingParams
+from engine.errors import InputError
+from engine.events import FinalStats, Progress, StepStats, TextDelta
+from engine.fake import fake_engine, script_policy
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def greedy(**kw):
+    return GenerateRequest(SamplingParams(greedy=True, **kw))
+
+
+def collect(session, messages=MSG, request=None, cancel=None):
+    evs = list(session.generate(messages, request or greedy(), cancel=cancel))
+    assert isinstance(evs[-1], FinalStats) and sum(isinstance(e, FinalStats) for e in evs) == 1
+    return evs, evs[-1], "".join(e.text for e in evs if isinstance(e, TextDelta))
+
+
+def test_plain_reply_and_final_stats():
+    eng = fake_engine(script_policy("Hello! the capital"))
+    evs, st, text = collect(eng.session())
+    assert text == "Hello! the capital"
+    assert st.finish_reason == "stop" and st.stop_reason_detail == "stop token 2"
+    assert st.token_ids[-1] == 2 and st.output_tokens == len(st.token_ids)
+    assert eng.tokenizer.decode(st.token_ids[:-1]) == text
+    assert st.output_sha256 == hashlib.sha256(text.encode()).hexdigest()
+    assert st.prompt_tokens == len(eng.session().prompt_tokens(MSG))
+    assert st.answer_tokens == st.output_tokens and st.reasoning_tokens == 0
+    assert st.ttft_s > 0 and st.wall_s >= st.ttft_s
+
+
+def test_stop_string_split_across_tokens_is_never_emitted():
+    eng = fake_engine(script_policy("abc<END>def"))  # '<', 'E', 'N', 'D', '>' are separate tokens
+    evs, st, text = collect(eng.session(), request=greedy(stop=("<END>",)))
+    assert text == "abc" and st.finish_reason == "stop" and st.stop_reason_detail == "stop string '<END>'"
+    assert not any("<" in e.text for e in evs if isinstance(e, TextDelta))
+
+
+def test_held_back_prefix_is_flushed_when_no_stop_matches():
+    eng = fake_engine(script_policy("a<b<EN"))
+    _, st, text = collect(eng.session(), request=greedy(stop=("<END>",)))
+    assert text == "a<b<EN" and st.stop_reason_detail == "stop token 2"
+
+
+def test_extra_stop_token_ids():
+    eng = fake_engine(script_policy("Hello!"))
+    bang = eng.tokenizer.encode("!")[0]
+    _, st, text = collect(eng.session(), request=greedy(stop_token_ids=(bang,)))
+    assert text == "Hello" and st.stop_reason_detail == f"stop token {bang}"
+
+
+def test_length():
+    eng = fake_engine(script_policy("x" * 100))
+    _, st, text = collect(eng.session(), request=greedy(max_new=5))
+    assert st.finish_reason == "length" and st.output_tokens == 5 and text == "xxxxx"
+
+
+def test_context_full_is_length():
+    eng = fake_engine(script_policy("x" * 100), args=EngineArgs(max_context=30))
+    s = eng.session()
+    p = len(s.prompt_tokens(MSG))
+    _, st, _ = collect(s)
+    assert st.finish_reason == "length" and st.output_tokens == 30 - p and "context full" in st.stop_reason_detail
+
+
+def test_prompt_longer_than_context_is_one_line_input_error():
+    eng = fake_engine(args=EngineArgs(max_context=16))
+    with pytest.raises(InputError) as e:
+        eng.session().generate([{"role": "user", "content": "a long question " * 5}])
+    assert "context" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cancel_from_another_thread_keeps_text():
+    eng = fake_engine(lambda so_far: "x", delay_s=0.005)  # never ends
+    cancel = threading.Event()
+    threading.Timer(0.15, cancel.set).start()
+    t0 = time.perf_counter()
+    _, st, text = collect(eng.session(), request=greedy(max_new=100_000), cancel=cancel)
+    assert time.perf_counter() - t0 < 5
+    assert st.finish_reason == "cancelled" and 0 < st.output_tokens < 100_000
+    assert text == "x" * st.output_tokens
+
+
+def test_prefix_reuse_second_turn_prefills_only_the_suffix():
+    eng = fake_engine(script_policy("Paris."))
+    s = eng.session()
+    _, st1, text1 = collect(s)
+    assert st1.cached_prompt_tokens == 0
+    turn2 = MSG + [{"role": "assistant", "content": text1}, {"role": "user", "content": "and Spain?"}]
+    p2 = s.prompt_tokens(turn2)
+    eng.model.forward_calls.clear()
+    _, st2, _ = collect(s, turn2)
+    first = s.prompt_tokens(MSG)
+    # everything up to the end of the first reply is reused (the rendered history matches the cache)
+    assert st2.cached_prompt_tokens >= len(first) + len(eng.tokenizer.encode(text1))
+    assert st2.cached_prompt_tokens < len(p2)
+    pos0, t = eng.model.forward_calls[0]
+    assert pos0 == st2.cached_prompt_tokens and t == len(p2) - 1 - pos0
+    # regenerate the same turn: all but the last prompt token is reused
+    _, st3, _ = collect(s, turn2)
+    assert st3.cached_prompt_tokens == len(p2) - 1
+
+
+def test_no_prefix_reuse():
+    eng = fake_engine(script_policy("Paris."), args=EngineArgs(max_context=1024, prefix_reuse=False))
+    s = eng.session()
+    collect(s)
+    _, st, _ = collect(s)
+    assert st.cached_prompt_tokens == 0
+
+
+def test_chunked_prefill_same_result_and_chunks():
+    text_a = "Hello! the capital"
+    a = fake_engine(script_policy(text_a), args=EngineArgs(max_context=1024, prefill_chunk=3))
+    b = fake_engine(script_policy(text_a), args=EngineArgs(max_context=1024, prefill_chunk=256))
+    msgs = [{"role": "user", "content": "a longer question for chunking"}]
+    evs_a, st_a, out_a = collect(a.session(), msgs)
+    _, st_b, out_b = collect(b.session(), msgs)
+    assert out_a == out_b and st_a.token_ids == st_b.token_ids
+    sizes = [t for _, t in a.model.forward_calls[:-st_a.output_tokens]]
+    assert sizes and max(sizes) == 3 and sum(sizes) == st_a.prompt_tokens - 1
+    assert any(isinstance(e, Progress) and e.stage == "prefill" for e in evs_a)
+
+
+def test_utf8_split_over_byte_tokens_never_half_a_character():
+    eng = fake_engine(script_policy("日本語 ok 🙂"))
+    evs, _, text = collect(eng.session())
+    assert text == "日本語 ok 🙂"
+    assert all("\ufffd" not in e.text for e in evs if isinstance(e, TextDelta))
+
+
+def test_step_stats_are_throttled():
+    eng = fake_engine(script_policy("x" * 40))
+    s = eng.session()
+    s.stats_interval_s = 0.0
+    evs, st, _ = collect(s)
+    assert sum(isinstance(e, StepStats) for e in evs) == st.output_tokens - 1  # every round but the last
+    s.stats_interval_s = 60.0
+    evs, _, _ = collect(s)
+    assert sum(isinstance(e, StepStats) for e in evs) == 1
+
+
+def test_abandoned_iteration_leaves_a_usable_session():
+    eng = fake_engine(script_policy("Hello! the capital of France"))
+    s = eng.session()
+    it = s.generate(MSG, greedy())
+    next(it), next(it)
+    it.close()
+    assert s.cache.length == len(s.cached)
+    _, st, text = collect(s)
+    assert text == "Hello! the capital of France" and st.cached_prompt_tokens > 0
+
+
+def test_one_generate_at_a_time():
+    eng = fake_engine(script_policy("Hello"))
+    s = eng.session()
+    it = s.generate(MSG)
+    next(it)
+    with pytest.raises(RuntimeError):
+        next(s.generate(MSG))
+    it.close()
+
+
+def test_sampled_reply_is_seeded():
+    eng = fake_engine(lambda so_far: "ab"[len(so_far) % 2] if len(so_far) < 30 else "")
+    req = GenerateRequest(SamplingParams(temperature=5.0, seed=11, max_new=40))
+    a = collect(eng.session(), request=req)[1].token_ids
+    b = collect(eng.session(), request=req)[1].token_ids
+    assert a == b
+
+
+def test_speculative_round_seam_matches_plain_decode():
+    """An n-gram speculative round (engine.spec) through the same loop gives the plain greedy tokens."""
+    pytest.importorskip("engine.spec.ngram")
+    text = "one two one two one two one two one two"
+    plain = fake_engine(script_policy(text))
+    spec = fake_engine(script_policy(text), args=EngineArgs(max_context=1024, spec="ngram", draft_tokens=3))
+    msgs = [{"role": "user", "content": "one two one two"}]
+    _, st_p, out_p = collect(plain.session(), msgs)
+    _, st_s, out_s = collect(spec.session(), msgs)
+    assert out_s == out_p == text and st_s.token_ids == st_p.token_ids
+    assert st_s.spec_mode == "ngram" and st_s.drafted > 0 and st_s.accepted > 0
+    assert st_s.rounds < st_p.rounds
