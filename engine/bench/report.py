@@ -1,0 +1,116 @@
+"""Aggregate runs per variant (mean and range), ratios against a baseline, the roofline, a table and JSON."""
+from __future__ import annotations
+
+import statistics
+
+# (result key, column title, format, higher is better?) - the figures the user's protocol asks for
+METRICS = (
+    ("decode_tok_s", "decode tok/s", "{:.1f}", True),
+    ("prefill_tok_s", "prefill tok/s", "{:.1f}", True),
+    ("ttft_s", "TTFT s", "{:.2f}", False),
+    ("load_s", "load s", "{:.2f}", False),
+    ("ms_per_round", "ms/round", "{:.2f}", False),
+    ("tokens_per_round", "tok/round", "{:.2f}", True),
+    ("acceptance", "accept", "{:.2f}", True),
+    ("peak_rss_mb", "peak RSS MB", "{:.0f}", False),
+)
+
+
+def aggregate(results: list[dict], variant_names: list[str]) -> dict[str, dict]:
+    """variant -> {metric: {mean, min, max, n}, sha256: [...], errors: [...], ...} over its ok runs."""
+    out = {}
+    for name in variant_names:
+        runs = [r for r in results if r.get("variant") == name]
+        ok = [r for r in runs if r.get("ok")]
+        for r in ok:
+            r["peak_rss_mb"] = r.get("peak_rss", 0) / 2**20
+        agg: dict = {"runs": len(runs), "ok": len(ok), "errors": [r.get("error") for r in runs if not r.get("ok")]}
+        for key, *_ in METRICS:
+            vals = [float(r[key]) for r in ok if r.get(key) is not None]
+            if vals:
+                agg[key] = {"mean": statistics.fmean(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+        agg["sha256"] = sorted({r.get("output_sha256") for r in ok if r.get("output_sha256")})
+        for extra in ("prompt_tokens", "output_tokens", "threading_layer", "peer_version", "peer_info"):
+            vals = [r.get(extra) for r in ok if r.get(extra) is not None]
+            if vals:
+                agg[extra] = vals[0]
+        out[name] = agg
+    return out
+
+
+def ratios(agg: dict[str, dict], baseline: str) -> dict[str, dict]:
+    """variant -> {metric: mean / baseline mean} for decode, prefill, TTFT and RSS."""
+    base = agg.get(baseline, {})
+    out = {}
+    for name, a in agg.items():
+        r = {}
+        for key in ("decode_tok_s", "prefill_tok_s", "ttft_s", "peak_rss_mb"):
+            if key in a and key in base and base[key]["mean"]:
+                r[key] = a[key]["mean"] / base[key]["mean"]
+        out[name] = r
+    return out
+
+
+def roofline(agg: dict[str, dict], weight_bytes: int | None, bandwidth: float | None) -> dict:
+    """Decode bound if every weight byte is read once per token at the measured bandwidth; per-variant share."""
+    if not weight_bytes or not bandwidth:
+        return {}
+    bound = bandwidth / weight_bytes  # tok/s
+    share = {n: a["decode_tok_s"]["mean"] / bound for n, a in agg.items() if "decode_tok_s" in a}
+    return {"weight_bytes_per_token": weight_bytes, "read_bandwidth_gb_s": bandwidth / 1e9,
+            "roofline_tok_s": bound, "share_of_roofline": share}
+
+
+def _cell(a: dict, key: str, fmt: str) -> str:
+    if key not in a:
+        return "-"
+    m = a[key]
+    s = fmt.format(m["mean"])
+    if m["n"] > 1 and m["max"] > m["min"]:
+        s += " [" + fmt.format(m["min"]) + "-" + fmt.format(m["max"]) + "]"
+    return s
+
+
+def table(agg: dict[str, dict], rat: dict[str, dict], baseline: str, roof: dict | None = None) -> str:
+    """A readable fixed-width table: one row per variant, mean [min-max], ratios vs the baseline."""
+    keys = [m for m in METRICS if any(m[0] in a for a in agg.values())]
+    head = ["variant"] + [m[1] for m in keys] + [f"decode x {baseline}", f"prefill x {baseline}", "sha256"]
+    rows = [head]
+    base_sha = agg.get(baseline, {}).get("sha256", [])
+    for name, a in agg.items():
+        r = rat.get(name, {})
+        sha = ",".join(h[:10] for h in a.get("sha256", [])) or "-"
+        if base_sha and a.get("sha256") == base_sha and name != baseline:
+            sha += " (= base)"
+        row = [name + ("" if a["ok"] == a["runs"] else f" ({a['runs'] - a['ok']} failed)")]
+        row += [_cell(a, k, fmt) for k, _, fmt, _ in keys]
+        row += [f"{r['decode_tok_s']:.2f}x" if "decode_tok_s" in r else "-",
+                f"{r['prefill_tok_s']:.2f}x" if "prefill_tok_s" in r else "-", sha]
+        rows.append(row)
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    if roof:
+        lines.append("")
+        lines.append(f"roofline: {roof['weight_bytes_per_token'] / 1e6:.1f} MB of weights per token at "
+                     f"{roof['read_bandwidth_gb_s']:.1f} GB/s read bandwidth -> {roof['roofline_tok_s']:.0f} tok/s; "
+                     + ", ".join(f"{n} {s * 100:.0f}%" for n, s in roof["share_of_roofline"].items()))
+    for name, a in agg.items():
+        for e in a.get("errors", []):
+            lines.append(f"{name}: FAILED {e}")
+    return "\n".join(lines)
+
+
+def markdown_table(agg: dict[str, dict], rat: dict[str, dict], baseline: str) -> str:
+    """The same figures as a Markdown table (for bench/results-*.md)."""
+    keys = [m for m in METRICS if any(m[0] in a for a in agg.values())]
+    head = ["variant"] + [m[1] for m in keys] + [f"decode vs {baseline}", f"prefill vs {baseline}", "sha256"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, a in agg.items():
+        r = rat.get(name, {})
+        cells = [name] + [_cell(a, k, fmt) for k, _, fmt, _ in keys]
+        cells += [f"{r['decode_tok_s']:.2f}x" if "decode_tok_s" in r else "-",
+                  f"{r['prefill_tok_s']:.2f}x" if "prefill_tok_s" in r else "-",
+                  ",".join(h[:10] for h in a.get("sha256", [])) or "-"]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)

@@ -1,0 +1,119 @@
+"""Runs the variants interleaved A-B-A-B (repeat r of every variant before repeat r+1), one process per run.
+
+Between runs it sleeps `idle_gap_s` (lets the CPU cool and other load settle). A variant with `busy=True`
+runs while a busy-loop process is pinned to core 0: the "another process holds a core" case in which
+numba's OpenMP threads once collapsed to ~1 tok/s. `cold=True` gives the run empty numba/repack caches.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+from .spec import RunSpec, Variant, Workload
+from .worker import RESULT_TAG
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUSY_CODE = ("import os, sys\n"
+             "try:\n    os.sched_setaffinity(0, {int(sys.argv[1])})\nexcept (AttributeError, OSError):\n    pass\n"
+             "x = 0\nwhile True:\n    x += 1\n")
+
+
+def start_busy_process(core: int = 0) -> subprocess.Popen:
+    """A process spinning on `core` (pinned with sched_setaffinity where available)."""
+    return subprocess.Popen([sys.executable, "-c", BUSY_CODE, str(core)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def stop_process(p: subprocess.Popen | None) -> None:
+    if p is None or p.poll() is not None:
+        return
+    p.terminate()
+    try:
+        p.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(timeout=5)
+
+
+def worker_env(v: Variant, cold_dir: str | None) -> dict:
+    """Environment of one worker: thread counts for numba/OpenMP/BLAS; a fresh cache dir for cold runs."""
+    env = dict(os.environ)
+    n = str(v.threads)
+    env.update(NUMBA_NUM_THREADS=n, OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if cold_dir:
+        env["NINFER_CACHE_DIR"] = cold_dir
+        env.pop("NUMBA_CACHE_DIR", None)
+    return env
+
+
+def run_one(spec: RunSpec, timeout_s: float = 900.0) -> dict:
+    """Spawn the worker for one run; return its result dict (ok=False with the error on failure)."""
+    v = spec.variant
+    cold_dir = tempfile.mkdtemp(prefix="ninfer-bench-cold-") if v.cold else None
+    busy = start_busy_process(0) if v.busy else None
+    try:
+        if busy is not None:
+            time.sleep(0.3)  # let the spinner take its core
+        env = worker_env(v, cold_dir)
+        env["NINFER_BENCH_T0"] = repr(time.time())
+        proc = subprocess.run([sys.executable, "-m", "engine.bench.worker"], input=spec.to_json(), text=True,
+                              capture_output=True, env=env, cwd=str(REPO_ROOT), timeout=timeout_s)
+        for line in reversed(proc.stdout.splitlines()):
+            if line.startswith(RESULT_TAG):
+                return json.loads(line[len(RESULT_TAG):])
+        return {"ok": False, "variant": v.name, "repeat": spec.repeat,
+                "error": f"worker exited {proc.returncode} without a result: {proc.stderr.strip()[-800:]}"}
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "variant": v.name, "repeat": spec.repeat, "error": f"timed out after {timeout_s:.0f} s"}
+    finally:
+        stop_process(busy)
+        if cold_dir:
+            shutil.rmtree(cold_dir, ignore_errors=True)
+
+
+def run_bench(variants: list[Variant], workload: Workload, model: str, repeats: int = 2, idle_gap_s: float = 2.0,
+              max_context: int = 2048, log: Callable[[str], None] = print, warmup: bool = True) -> list[dict]:
+    """All runs, interleaved: for r in repeats: for v in variants. A first unmeasured pass per variant
+    populates the on-disk caches (unless `warmup` is False or the variant is cold)."""
+    results = []
+    if warmup:
+        for v in variants:
+            if v.cold or v.kind != "ours":
+                continue
+            log(f"[warm-up] {v.name}: populating caches (not measured)")
+            spec = RunSpec(replace(v, busy=False), replace(workload, decode_tokens=min(4, workload.decode_tokens)),
+                           model, repeat=-1, max_context=max_context)
+            res = run_one(spec)
+            if not res.get("ok"):
+                log(f"[warm-up] {v.name} failed: {res.get('error')}")
+    for r in range(repeats):
+        for v in variants:
+            spec = RunSpec(v, workload, model, repeat=r, max_context=max_context)
+            res = run_one(spec)
+            results.append(res)
+            log(_one_line(res))
+            if idle_gap_s > 0:
+                time.sleep(idle_gap_s)
+    return results
+
+
+def _one_line(res: dict) -> str:
+    name = f"{res.get('variant')}#{res.get('repeat')}"
+    if not res.get("ok"):
+        return f"[run] {name}: FAILED {res.get('error')}"
+    parts = [f"decode {res.get('decode_tok_s') or 0:.1f} tok/s"]
+    if res.get("prefill_tok_s"):
+        parts.append(f"prefill {res['prefill_tok_s']:.1f} tok/s")
+    if res.get("ttft_s") is not None:
+        parts.append(f"ttft {res['ttft_s']:.2f} s")
+    parts.append(f"rss {res.get('peak_rss', 0) / 2**20:.0f} MB")
+    return f"[run] {name}: " + ", ".join(parts)

@@ -1,0 +1,195 @@
+"""What a benchmark runs: named variants x one workload, as plain dataclasses that travel to the worker as JSON.
+
+A *variant* is a named configuration: our engine (`kind="ours"`, EngineArgs fields such as backend, kv_dtype,
+spec, draft_tokens, threads) or the llama.cpp peer (`kind="llama.cpp"`, via llama-cpp-python when installed).
+Written on the command line as `--variant NAME:key=val,key=val` or in a TOML file:
+
+    [variant.fast]            # kind defaults to "ours"
+    backend = "cpu"
+    kv_dtype = "int8"
+    [variant.peer]
+    kind = "llama.cpp"
+
+Run-level keys a variant may also set: `busy=1` (run it while another process spins on one core), `cold=1`
+(empty numba/repack caches: a cold start), `threads=N`.
+"""
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from ..config import EngineArgs
+from ..errors import ConfigError
+
+KINDS = ("ours", "llama.cpp")
+RUN_KEYS = {"kind", "busy", "cold", "threads"}  # not EngineArgs fields
+ENGINE_KEYS = {f.name for f in fields(EngineArgs)} - {"model", "prefix_reuse"}
+WORKLOAD_DIR = Path(__file__).resolve().parents[3] / "shared" / "workloads"
+
+
+@dataclass
+class Variant:
+    """One named configuration. `engine` holds EngineArgs overrides (ours) and is ignored for llama.cpp."""
+
+    name: str
+    kind: str = "ours"
+    threads: int = 2
+    busy: bool = False
+    cold: bool = False
+    engine: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ConfigError(f"variant {self.name!r}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        if self.threads < 1:
+            raise ConfigError(f"variant {self.name!r}: threads must be >= 1, got {self.threads}")
+        unknown = set(self.engine) - ENGINE_KEYS
+        if unknown:
+            raise ConfigError(f"variant {self.name!r}: unknown key(s) {', '.join(sorted(unknown))}; "
+                              f"known: {', '.join(sorted(ENGINE_KEYS | RUN_KEYS))}")
+        if self.kind == "ours":
+            EngineArgs(**self.engine)  # validate now, not in the worker
+
+    @property
+    def label(self) -> str:
+        return self.name
+
+
+def _coerce(value: str):
+    """'2' -> 2, '0.5' -> 0.5, 'true'/'false' -> bool, else the string."""
+    low = value.strip().lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    for conv in (int, float):
+        try:
+            return conv(value)
+        except ValueError:
+            pass
+    return value.strip()
+
+
+def _from_mapping(name: str, items: dict) -> Variant:
+    items = dict(items)
+    kind = items.pop("kind", "ours")
+    if kind in ("llama", "llamacpp", "llama-cpp"):
+        kind = "llama.cpp"
+    run = {k: items.pop(k) for k in list(items) if k in RUN_KEYS}
+    for k in ("busy", "cold"):
+        if k in run:
+            run[k] = bool(run[k])
+    engine = {k: (tuple(v) if isinstance(v, list) else v) for k, v in items.items()}
+    if kind != "ours" and engine:
+        raise ConfigError(f"variant {name!r}: llama.cpp takes only threads/busy/cold, not {', '.join(sorted(engine))}")
+    return Variant(name=name, kind=kind, engine=engine, **run)
+
+
+def parse_variant(text: str) -> Variant:
+    """`NAME:key=val,key=val` (or just `NAME`; `llama.cpp`/`llama` alone means the peer) -> Variant."""
+    name, _, rest = text.partition(":")
+    name = name.strip()
+    if not name:
+        raise ConfigError(f"--variant {text!r}: give a name, e.g. --variant fast:kv_dtype=int8")
+    items = {}
+    for part in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, val = part.partition("=")
+        if not eq:
+            raise ConfigError(f"--variant {text!r}: {part!r} is not key=value")
+        items[key.strip().replace("-", "_")] = _coerce(val)
+    if not rest and name.lower() in ("llama.cpp", "llama", "llamacpp"):
+        items["kind"] = "llama.cpp"
+    return _from_mapping(name, items)
+
+
+def load_variants_toml(path: str | Path) -> list[Variant]:
+    """Variants from a TOML file with [variant.NAME] tables (in file order)."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"--variants {p}: no such file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--variants {p} is not valid TOML ({e})") from None
+    table = data.get("variant")
+    if not isinstance(table, dict) or not table:
+        raise ConfigError(f"--variants {p}: expected [variant.NAME] tables")
+    return [_from_mapping(name, items) for name, items in table.items()]
+
+
+@dataclass
+class Workload:
+    """What each run does.
+
+    mode "synthetic": prefill exactly `prompt_tokens` tokens (a fixed filler text, same ids for every variant),
+    then decode exactly `decode_tokens` greedy tokens ignoring end-of-sequence: pure engine throughput.
+    mode "messages": the product path (chat template, sampling, stop rules, speculation) on `messages`, up
+    to `decode_tokens` new tokens.
+    """
+
+    name: str
+    mode: str = "synthetic"
+    messages: list = field(default_factory=list)
+    prompt_ids: list = field(default_factory=list)  # synthetic: the exact prompt token ids (set by the runner)
+    prompt_tokens: int = 512
+    decode_tokens: int = 128
+    greedy: bool = True
+    temperature: float = 0.7
+    top_p: float = 0.8
+    top_k: int = 20
+    presence_penalty: float = 1.5
+    seed: int = 42
+
+    def __post_init__(self):
+        if self.mode not in ("synthetic", "messages"):
+            raise ConfigError(f"workload mode {self.mode!r} is not synthetic or messages")
+        if self.prompt_tokens < 1 or self.decode_tokens < 1:
+            raise ConfigError("--prompt-tokens and --decode-tokens must be >= 1")
+
+
+def workload_file(name: str) -> Path:
+    """A message file by path, or by name in ../shared/workloads (with or without .json)."""
+    p = Path(name)
+    if p.exists():
+        return p
+    for cand in (WORKLOAD_DIR / name, WORKLOAD_DIR / f"{name}.json"):
+        if cand.exists():
+            return cand
+    known = ", ".join(sorted(f.stem for f in WORKLOAD_DIR.glob("*.json"))) if WORKLOAD_DIR.exists() else "none"
+    raise ConfigError(f"workload {name!r}: no such file (shared workloads: {known})")
+
+
+def read_messages_file(path: Path) -> list:
+    """A messages file: a JSON list of {role, content} (or {"messages": [...]})."""
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"messages file {path}: cannot read it as UTF-8 JSON ({e})") from None
+    if isinstance(obj, dict):
+        obj = obj.get("messages")
+    if not isinstance(obj, list) or not obj or not all(isinstance(m, dict) and "content" in m for m in obj):
+        raise ConfigError(f'messages file {path} must hold a non-empty list of {{"role", "content"}} objects')
+    return obj
+
+
+@dataclass
+class RunSpec:
+    """One measured run: sent to the worker process as JSON."""
+
+    variant: Variant
+    workload: Workload
+    model: str
+    repeat: int = 0
+    max_context: int = 2048
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunSpec":
+        d = json.loads(text)
+        v = Variant(**d["variant"])
+        w = Workload(**d["workload"])
+        return cls(variant=v, workload=w, model=d["model"], repeat=d["repeat"], max_context=d["max_context"])

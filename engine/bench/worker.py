@@ -1,0 +1,190 @@
+"""One measured run in its own process, so peak RSS, JIT state and threads belong to that variant alone.
+
+    python -m engine.bench.worker < runspec.json      # prints one line: BENCH_RESULT {json}
+
+The parent passes the wall-clock time it spawned us (NINFER_BENCH_T0) so time-to-first-token includes the
+interpreter start, imports, model load and (cold) compilation: what a user waits for after pressing Enter.
+Prefix reuse is always off (each run starts from an empty cache) for repeatability.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import sys
+import time
+
+RESULT_TAG = "BENCH_RESULT "
+
+
+def _peak_rss() -> int:
+    """Peak resident set size of this process in bytes (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _since_spawn(t0_wall: float) -> float:
+    return time.time() - t0_wall
+
+
+# ------------------------------------------------------------------------------------------------ ours
+def run_ours(spec, t0_wall: float) -> dict:
+    """Our engine: Engine.load, then the synthetic or messages workload."""
+    from .. import numba_env  # noqa: F401  (flags before numba is imported)
+    import numpy as np
+
+    from ..api import Engine
+    from ..config import EngineArgs, GenerateRequest, SamplingParams
+    from ..events import FinalStats, ReasoningDelta, TextDelta
+
+    v, w = spec.variant, spec.workload
+    args = EngineArgs(model=spec.model, threads=v.threads, prefix_reuse=False, max_context=spec.max_context,
+                      **v.engine)
+    t = time.perf_counter()
+    eng = Engine.load(args)
+    out = {"load_s": time.perf_counter() - t, "warmup_s": getattr(eng.model, "warmup_s", None)}
+    session = eng.session()
+    if w.mode == "synthetic":
+        ids = list(w.prompt_ids)
+        model, cache = eng.model, session.cache
+        chunk = args.prefill_chunk
+        t = time.perf_counter()
+        logits = None
+        for s in range(0, len(ids), chunk):
+            logits = model.forward(np.asarray(ids[s:s + chunk], np.int32), s, cache)
+        tok = int(np.argmax(logits[-1]))
+        t_pf = time.perf_counter() - t
+        ttft = _since_spawn(t0_wall)
+        gen = [tok]
+        steps = np.zeros(w.decode_tokens - 1, np.float64)
+        t = time.perf_counter()
+        for i in range(w.decode_tokens - 1):  # the first token came from the prefill
+            ts = time.perf_counter()
+            logits = model.forward(np.asarray([tok], np.int32), len(ids) + i, cache)
+            tok = int(np.argmax(logits[0]))
+            gen.append(tok)
+            steps[i] = time.perf_counter() - ts
+        t_dec = time.perf_counter() - t
+        text = eng.tokenizer.decode(gen)
+        out.update(prompt_tokens=len(ids), output_tokens=len(gen), prefill_s=t_pf, prefill_tok_s=len(ids) / t_pf,
+                   ttft_s=ttft, decode_s=t_dec, decode_tok_s=(len(gen) - 1) / t_dec,
+                   ms_per_round=float(np.mean(steps) * 1e3), ms_per_round_p90=float(np.percentile(steps, 90) * 1e3),
+                   tokens_per_round=1.0, output_sha256=hashlib.sha256(text.encode()).hexdigest(),
+                   token_ids=gen[:64], text_head=text[:120])
+        return out
+    sp = SamplingParams(greedy=w.greedy, temperature=0.0 if w.greedy else w.temperature, top_p=w.top_p,
+                        top_k=w.top_k, presence_penalty=0.0 if w.greedy else w.presence_penalty, seed=w.seed,
+                        max_new=w.decode_tokens)
+    first = None
+    fs = None
+    for ev in session.generate(w.messages, GenerateRequest(sampling=sp)):
+        if first is None and isinstance(ev, (TextDelta, ReasoningDelta)):
+            first = _since_spawn(t0_wall)
+        if isinstance(ev, FinalStats):
+            fs = ev
+    out.update(prompt_tokens=fs.prompt_tokens, output_tokens=fs.output_tokens, prefill_tok_s=fs.prefill_tok_s,
+               ttft_s=first if first is not None else _since_spawn(t0_wall), decode_tok_s=fs.decode_tok_s,
+               ms_per_round=fs.ms_per_round or (1e3 / fs.decode_tok_s if fs.decode_tok_s else None),
+               tokens_per_round=fs.tokens_per_round or 1.0, acceptance=fs.acceptance if fs.drafted else None,
+               rounds=fs.rounds, finish_reason=fs.finish_reason, output_sha256=fs.output_sha256,
+               token_ids=list(fs.token_ids[:64]), wall_s=fs.wall_s)
+    return out
+
+
+# ------------------------------------------------------------------------------------------- llama.cpp
+def run_llama_cpp(spec, t0_wall: float) -> dict:
+    """The peer: llama-cpp-python with n_threads = n_threads_batch = the variant's threads."""
+    import numpy as np
+    from llama_cpp import Llama
+
+    v, w = spec.variant, spec.workload
+    t = time.perf_counter()
+    llm = Llama(model_path=spec.model, n_threads=v.threads, n_threads_batch=v.threads, n_ctx=spec.max_context,
+                n_batch=512, n_ubatch=512, logits_all=False, verbose=False, seed=w.seed)
+    out = {"load_s": time.perf_counter() - t}
+    try:
+        import llama_cpp
+        out["peer_info"] = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
+        out["peer_version"] = getattr(llama_cpp, "__version__", "?")
+    except Exception:  # pragma: no cover - informational only
+        pass
+    if w.mode == "synthetic":
+        ids = list(w.prompt_ids)
+        t = time.perf_counter()
+        llm.eval(ids)
+        tok = int(np.argmax(_last_logits(llm)))
+        t_pf = time.perf_counter() - t
+        ttft = _since_spawn(t0_wall)
+        gen = [tok]
+        steps = np.zeros(w.decode_tokens - 1, np.float64)
+        t = time.perf_counter()
+        for i in range(w.decode_tokens - 1):
+            ts = time.perf_counter()
+            llm.eval([tok])
+            tok = int(np.argmax(_last_logits(llm)))
+            gen.append(tok)
+            steps[i] = time.perf_counter() - ts
+        t_dec = time.perf_counter() - t
+        text = llm.detokenize(gen).decode("utf-8", errors="replace")
+        out.update(prompt_tokens=len(ids), output_tokens=len(gen), prefill_s=t_pf, prefill_tok_s=len(ids) / t_pf,
+                   ttft_s=ttft, decode_s=t_dec, decode_tok_s=(len(gen) - 1) / t_dec,
+                   ms_per_round=float(np.mean(steps) * 1e3), ms_per_round_p90=float(np.percentile(steps, 90) * 1e3),
+                   tokens_per_round=1.0, output_sha256=hashlib.sha256(text.encode()).hexdigest(),
+                   token_ids=gen[:64], text_head=text[:120])
+        return out
+    kw = dict(temperature=0.0, top_k=1) if w.greedy else dict(temperature=w.temperature, top_p=w.top_p,
+                                                               top_k=w.top_k, presence_penalty=w.presence_penalty)
+    t = time.perf_counter()
+    first = t_first = None
+    parts = []
+    for chunk in llm.create_chat_completion(messages=w.messages, max_tokens=w.decode_tokens, stream=True,
+                                            seed=w.seed, **kw):
+        delta = chunk["choices"][0].get("delta", {}).get("content")
+        if delta:
+            if first is None:
+                first, t_first = _since_spawn(t0_wall), time.perf_counter()
+            parts.append(delta)
+    t_end = time.perf_counter()
+    text = "".join(parts)
+    n_out = len(llm.tokenize(text.encode(), add_bos=False, special=True)) if text else 0
+    dec_s = t_end - (t_first or t_end)
+    out.update(output_tokens=n_out, ttft_s=first, decode_tok_s=(n_out - 1) / dec_s if dec_s > 0 else None,
+               ms_per_round=dec_s * 1e3 / max(n_out - 1, 1), tokens_per_round=1.0,
+               output_sha256=hashlib.sha256(text.encode()).hexdigest(), wall_s=t_end - t)
+    return out
+
+
+def _last_logits(llm):
+    """Logits of the last evaluated position (llama-cpp-python keeps them in `scores`)."""
+    return llm.scores[llm.n_tokens - 1]
+
+
+def main() -> int:
+    from .spec import RunSpec
+    t0_wall = float(os.environ.get("NINFER_BENCH_T0", time.time()))
+    spec = RunSpec.from_json(sys.stdin.read())
+    try:
+        res = (run_ours if spec.variant.kind == "ours" else run_llama_cpp)(spec, t0_wall)
+        res["ok"] = True
+    except Exception as e:  # reported, not raised: one failing variant must not kill the whole bench
+        import traceback
+        res = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-2000:]}
+    res.update(variant=spec.variant.name, repeat=spec.repeat, peak_rss=_peak_rss(),
+               threading_layer=_threading_layer())
+    sys.stdout.write(RESULT_TAG + json.dumps(res) + "\n")
+    sys.stdout.flush()
+    return 0 if res["ok"] else 1
+
+
+def _threading_layer():
+    if "numba" not in sys.modules:
+        return None
+    try:
+        import numba
+        return numba.threading_layer()
+    except Exception:
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

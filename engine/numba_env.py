@@ -1,0 +1,126 @@
+"""Numba settings that must be in place before numba is imported / compiles anything.
+
+Import this module (`import engine.numba_env`) before the first `import numba` of the process; every CPU
+kernel module does so at its top. What it sets, and why (measured, see REFERENCE.md section 8):
+
+- NUMBA_SLP_VECTORIZE=1: numba ships LLVM's SLP vectorizer off; our row-interleaved integer kernels keep one
+  accumulator per row and only become SIMD code when SLP packs those accumulators (3-5x on int kernels).
+- NUMBA_CACHE_DIR keyed on the flags: numba's on-disk cache index does not record optimisation flags, so a
+  cache written under other flags would silently serve slower (or differently vectorized) code. We put the
+  cache in a directory named after a hash of (flags, numba/llvmlite versions, CPU name + features).
+- The threading layer: "workqueue" by default. numba's OpenMP layer spin-waits; with another process busy on
+  one of the two cores its barrier collapsed decode to ~1 tok/s. workqueue threads block instead and degrade
+  gracefully. Override with NINFER_THREADING_LAYER (e.g. "omp") to compare.
+- OPENBLAS_THREAD_TIMEOUT / OMP_WAIT_POLICY: BLAS threads left spinning after a numpy matmul steal a core
+  from decode; ask them to sleep quickly.
+
+Nothing here overrides a value the user already exported, except the cache directory when it is unset.
+`loop_vectorize_off()` is the per-function switch used while compiling integer kernels (LLVM's loop
+vectorizer otherwise vectorizes across the wrong axis with gathers, ~5x slower).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import platform
+import sys
+from pathlib import Path
+
+# Flags that change generated code; all of them key the cache directory.
+FLAGS = {
+    "NUMBA_SLP_VECTORIZE": "1",
+    "NUMBA_OPT": "3",
+    "NUMBA_LOOP_VECTORIZE": "1",  # float kernels want it; int kernels switch it off per function
+}
+DEFAULT_THREADING_LAYER = "workqueue"
+_applied = False
+
+
+def _cpu_signature() -> str:
+    """CPU model + SIMD flags (the code numba emits depends on them), without importing numba."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+        model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "")
+        flags = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("flags")), "")
+        simd = sorted(f for f in flags.split() if f.startswith(("avx", "sse", "fma", "f16c", "amx")))
+        return model + "|" + " ".join(simd)
+    except OSError:
+        return platform.machine() + "|" + platform.processor()
+
+
+def _versions() -> str:
+    from importlib import metadata
+    out = []
+    for pkg in ("numba", "llvmlite", "numpy"):
+        try:
+            out.append(f"{pkg}={metadata.version(pkg)}")
+        except metadata.PackageNotFoundError:
+            out.append(f"{pkg}=?")
+    return ",".join(out)
+
+
+def flags_key() -> str:
+    """Short hash of everything that changes the machine code numba produces for our kernels."""
+    items = [f"{k}={os.environ.get(k, v)}" for k, v in sorted(FLAGS.items())]
+    items += [_versions(), _cpu_signature(), sys.version.split()[0]]
+    return hashlib.sha256("\n".join(items).encode()).hexdigest()[:16]
+
+
+def cache_root() -> Path:
+    """Parent of the flag-keyed numba cache directories (NINFER_CACHE_DIR, else the user cache dir)."""
+    env = os.environ.get("NINFER_CACHE_DIR")
+    if env:
+        return Path(env)
+    try:
+        import platformdirs
+        return Path(platformdirs.user_cache_dir("ninfer-chat"))
+    except ImportError:  # pragma: no cover - platformdirs is a declared dependency
+        return Path.home() / ".cache" / "ninfer-chat"
+
+
+def apply() -> dict:
+    """Set the flags, the cache dir and the threading layer in os.environ (idempotent); returns them.
+
+    Must run before numba is imported: numba reads these when its config module loads. If numba was
+    imported earlier, the values are also written into numba.core.config (works for everything not yet
+    compiled), so a late import degrades to "correct but maybe slower", never to a crash.
+    """
+    global _applied
+    for k, v in FLAGS.items():
+        os.environ.setdefault(k, v)
+    os.environ.setdefault("NUMBA_CACHE_DIR", str(cache_root() / f"numba-{flags_key()}"))
+    layer = os.environ.get("NINFER_THREADING_LAYER", DEFAULT_THREADING_LAYER)
+    os.environ.setdefault("NUMBA_THREADING_LAYER", layer)
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "1")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("KMP_BLOCKTIME", "0")
+    if "numba" in sys.modules and not _applied:
+        from numba.core import config
+        config.SLP_VECTORIZE = int(os.environ["NUMBA_SLP_VECTORIZE"])
+        config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]
+        if config.THREADING_LAYER == "default":
+            config.THREADING_LAYER = os.environ["NUMBA_THREADING_LAYER"]
+    _applied = True
+    return {k: os.environ.get(k) for k in (*FLAGS, "NUMBA_CACHE_DIR", "NUMBA_THREADING_LAYER")}
+
+
+@contextlib.contextmanager
+def loop_vectorize_off():
+    """Compile the numba functions created (eagerly) inside this block with LLVM's loop vectorizer off.
+
+    numba builds its pass manager per compiled library from numba.core.config at that moment, so the
+    switch is per function. The cached object code keeps what it was compiled with; the cache source
+    stamp changes when the kernel file changes.
+    """
+    from numba.core import config
+    old_lv, old_slp = config.LOOP_VECTORIZE, config.SLP_VECTORIZE
+    config.LOOP_VECTORIZE, config.SLP_VECTORIZE = 0, 1
+    try:
+        yield
+    finally:
+        config.LOOP_VECTORIZE, config.SLP_VECTORIZE = old_lv, old_slp
+
+
+apply()
