@@ -10,12 +10,17 @@ Weight layout (`prepare_weight`): quants and scales are split apart at load time
 - Q4_1: qs uint8 (d, nb, 16), scale f32 (d, nb), min f32 (d, nb)    x = d * q + m
 - everything else (F32, F16, BF16, Q4_K, Q6_K): dequantized ONCE to dense f32 (d, n). Simple but 4-8x the
   file's memory for those types; a native Q4_K/Q6_K kernel is future work.
-The 4-bit dot uses the block sums of x (kept in the matmul scratch): sum_j (d q_j + m) x_j =
-d * sum_j q_j x_j + m * sum_j x_j, so the inner loop is only q_j * x_j.
+The quantized matmuls dequantize one weight row at a time into a per-thread f32 buffer and dot it with
+all T activation rows (float activations; int8 activations are the speed issue's business).
 
 float16 KV caches are passed to numba as their uint16 bit patterns (numba has no CPU float16).
 """
 from __future__ import annotations
+
+try:  # numba flags (SLP vectorizer on, workqueue threads, flag-keyed cache) before numba is imported
+    from .. import numba_env  # noqa: F401
+except ImportError:  # pragma: no cover
+    pass
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
@@ -39,10 +44,11 @@ class CpuWeight:
 
 
 class CpuScratch:
-    """matmul scratch: block sums of the activation rows, (max_t, max_n // 32) f32."""
+    """matmul scratch (unused by this version's kernels; kept so faster kernels can keep quantized
+    activations here without changing the signature)."""
 
     def __init__(self, max_t: int, max_n: int):
-        self.xsum = np.zeros((max_t, (max_n + QK - 1) // QK), np.float32)
+        self.max_t, self.max_n = max_t, max_n
 
 
 def prepare_weight(qt: QTensor) -> CpuWeight:
@@ -75,53 +81,51 @@ def new_scratch(max_t: int, max_n: int) -> CpuScratch:
 
 
 # ----------------------------------------------------------------------------------------------- linear
-@njit(cache=True, fastmath=True)
-def _block_sums(xsum, x):
-    # xsum (T, nb) <- sums of each 32-value block of x (T, n)
-    for t in range(x.shape[0]):
-        for b in range(x.shape[1] // 32):
-            s = np.float32(0.0)
-            for j in range(32):
-                s += x[t, b * 32 + j]
-            xsum[t, b] = s
+# Rows are split into chunks of _ROWS; a thread dequantizes one weight row at a time into its own f32 row
+# buffer (vectorizable), then takes the T dot products with it (vectorizable), so each block is read once.
+_ROWS = 16
 
 
 @njit(cache=True, parallel=True, fastmath=True)
 def _mm_q8_0(out, x, qs, scale):
-    # out (T, d) <- x (T, n) @ W^T; W = scale (d, nb) * qs (d, nb, 32) int8. Each block read once for all T.
-    t_n = x.shape[0]
-    for r in prange(qs.shape[0]):
-        for t in range(t_n):
-            out[t, r] = 0.0
-        for b in range(qs.shape[1]):
-            d = scale[r, b]
-            base = b * 32
+    # out (T, d) <- x (T, n) @ W^T; W = scale (d, nb) * qs (d, nb, 32) int8
+    d_rows, nb = scale.shape
+    n, t_n = nb * 32, x.shape[0]
+    for c in prange((d_rows + _ROWS - 1) // _ROWS):
+        buf = np.empty(n, np.float32)  # one dequantized row
+        for r in range(c * _ROWS, min(d_rows, (c + 1) * _ROWS)):
+            for b in range(nb):
+                d = scale[r, b]
+                for j in range(32):
+                    buf[b * 32 + j] = np.float32(qs[r, b, j]) * d
             for t in range(t_n):
                 s = np.float32(0.0)
-                for j in range(32):
-                    s += np.float32(qs[r, b, j]) * x[t, base + j]
-                out[t, r] += d * s
+                for i in range(n):
+                    s += buf[i] * x[t, i]
+                out[t, r] = s
 
 
 @njit(cache=True, parallel=True, fastmath=True)
-def _mm_q4(out, x, xsum, qs, scale, mins, offset):
-    # out (T, d) <- x (T, n) @ W^T for 4-bit blocks: value = scale * q + mins (Q4_1), or
+def _mm_q4(out, x, qs, scale, mins, offset):
+    # out (T, d) <- x (T, n) @ W^T for 4-bit blocks: value = scale * q + mins (Q4_1, offset=0), or
     # scale * (q - 8) (Q4_0: offset=8, mins ignored). Nibbles: lo = values 0..15, hi = 16..31 of a block.
-    t_n = x.shape[0]
-    has_min = offset == 0
-    for r in prange(qs.shape[0]):
-        for t in range(t_n):
-            out[t, r] = 0.0
-        for b in range(qs.shape[1]):
-            d = scale[r, b]
-            m = mins[r, b] if has_min else np.float32(-offset) * d
-            base = b * 32
-            for t in range(t_n):
-                s = np.float32(0.0)
+    d_rows, nb = scale.shape
+    n, t_n = nb * 32, x.shape[0]
+    for c in prange((d_rows + _ROWS - 1) // _ROWS):
+        buf = np.empty(n, np.float32)
+        for r in range(c * _ROWS, min(d_rows, (c + 1) * _ROWS)):
+            for b in range(nb):
+                d = scale[r, b]
+                m = mins[r, b] if offset == 0 else np.float32(-offset) * d
                 for j in range(16):
                     q = qs[r, b, j]
-                    s += np.float32(q & 15) * x[t, base + j] + np.float32(q >> 4) * x[t, base + 16 + j]
-                out[t, r] += d * s + m * xsum[t, b]
+                    buf[b * 32 + j] = np.float32(q & 15) * d + m
+                    buf[b * 32 + 16 + j] = np.float32(q >> 4) * d + m
+            for t in range(t_n):
+                s = np.float32(0.0)
+                for i in range(n):
+                    s += buf[i] * x[t, i]
+                out[t, r] = s
 
 
 @njit(cache=True, parallel=True, fastmath=True)
@@ -140,15 +144,12 @@ def matmul(out, x, w, scratch):
     """out (T, d) f32 <- x (T, n) f32 @ W (d, n)^T. One pass over W serves all T rows."""
     if w.kind == "q8_0":
         _mm_q8_0(out, x, w.qs, w.scale)
-    elif w.kind == "dense":
-        _mm_dense(out, x, w.dense)
+    elif w.kind == "q4_1":
+        _mm_q4(out, x, w.qs, w.scale, w.mins, 0)
+    elif w.kind == "q4_0":
+        _mm_q4(out, x, w.qs, w.scale, w.scale, 8)
     else:
-        xsum = scratch.xsum[:x.shape[0]]
-        _block_sums(xsum, x)
-        if w.kind == "q4_1":
-            _mm_q4(out, x, xsum, w.qs, w.scale, w.mins, 0)
-        else:
-            _mm_q4(out, x, xsum, w.qs, w.scale, w.scale, 8)
+        _mm_dense(out, x, w.dense)
 
 
 @njit(cache=True)

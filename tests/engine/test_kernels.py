@@ -6,31 +6,12 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "2")
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
-from gguf import quants
 
 from engine.kernels import cpu, ref
-from engine.quant import SUPPORTED, QTensor
+from engine.quant import SUPPORTED
+from reference_forward import random_qtensor
 
 RNG = np.random.default_rng(1234)
-
-
-def random_qtensor(qtype, rows, cols, rng=RNG, name="w"):
-    """A random weight of `qtype`: quantized with gguf.quants where it can, else random valid K-quant blocks."""
-    if qtype in (QT.Q4_K, QT.Q6_K):
-        bs, bb = SUPPORTED[qtype]
-        raw = rng.integers(0, 256, size=(rows * cols // bs, bb), dtype=np.uint8)
-        scales = rng.uniform(-0.02, 0.02, size=(raw.shape[0], 2)).astype(np.float16).view(np.uint8)
-        if qtype == QT.Q4_K:
-            raw[:, 0:4] = np.abs(scales.view(np.float16)).view(np.uint8)  # d, dmin >= 0 as real files have
-        else:
-            raw[:, 208:210] = scales[:, 0:2]
-        return QTensor(name, qtype, (rows, cols), raw.reshape(rows, -1))
-    x = rng.standard_normal((rows, cols)).astype(np.float32)
-    if qtype == QT.F32:
-        return QTensor(name, qtype, (rows, cols), x)
-    if qtype == QT.F16:
-        return QTensor(name, qtype, (rows, cols), x.astype(np.float16))
-    return QTensor(name, qtype, (rows, cols), quants.quantize(x, qtype))
 
 
 ALL_TYPES = list(SUPPORTED)
@@ -40,7 +21,7 @@ ALL_TYPES = list(SUPPORTED)
 @pytest.mark.parametrize("t_n", [1, 5])
 def test_matmul(qtype, t_n):
     d, n = 24, 512
-    qt = random_qtensor(qtype, d, n)
+    qt = random_qtensor(qtype, d, n, RNG)
     x = RNG.standard_normal((t_n, n)).astype(np.float32)
     want = np.zeros((t_n, d), np.float32)
     ref.matmul(want, x, ref.prepare_weight(qt), ref.new_scratch(t_n, n))
@@ -52,7 +33,7 @@ def test_matmul(qtype, t_n):
 
 @pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.F16, QT.Q6_K], ids=lambda q: q.name)
 def test_embed(qtype):
-    qt = random_qtensor(qtype, 50, 256)
+    qt = random_qtensor(qtype, 50, 256, RNG)
     tokens = np.array([3, 0, 49, 3], np.int32)
     want = np.zeros((4, 256), np.float32)
     ref.embed(want, ref.prepare_weight(qt), tokens)

