@@ -106,6 +106,8 @@ class ChatApp(App):
         self._theme_dirs = theme_dirs
         self.theme_names: list[str] = []
         self.last_final = None
+        self._after_reply = None
+        self.replies_started = 0  # for tests and scripts: a reply began
 
     # -- layout ------------------------------------------------------------------------------------
     def compose(self):
@@ -168,17 +170,11 @@ class ChatApp(App):
     def on_engine_ready(self, message: br.EngineReady) -> None:
         self.engine = message.engine
         self.session = self.engine.session()
-        modes = getattr(self.engine, "spec_modes", None)
-        if callable(modes):
-            self.spec_available = {m: modes().get(m, "not reported by the engine") for m in SPEC_MODES}
-            self.spec_available["off"] = None
-        native = getattr(self.engine, "native_thinking", None)
-        self.prompted_thinking = native is False
-        a = self.engine_args
-        self.query_one("#stats", StatsPanel).on_engine({
-            "model": self.model_name, "backend": getattr(self.engine, "backend_name", a.backend),
-            "threads": a.threads or "auto", "kv_dtype": a.kv_dtype,
-            "context_capacity": getattr(self.engine, "context_capacity", None)})
+        facts = br.engine_facts(self.engine, self.engine_args)
+        self.spec_available = facts.pop("spec_modes")
+        self.prompted_thinking = facts.pop("native_thinking") is False
+        facts["model"] = facts["model"] or self.model_name
+        self.query_one("#stats", StatsPanel).on_engine(facts)
         if self.settings.spec != "off" and self.spec_available.get(self.settings.spec):
             self.notify(f"spec {self.settings.spec}: {self.spec_available[self.settings.spec]}; using off",
                         severity="warning")
@@ -227,6 +223,7 @@ class ChatApp(App):
         await self._mount(self.reply_view)
         self.bridge = br.ReplyBridge(self, self.session, self.chat.engine_messages(), request)
         self.generating = True
+        self.replies_started += 1
         self.query_one("#stats", StatsPanel).start_reply()
         self.run_worker(self.bridge.run, thread=True, exclusive=True, group="reply", exit_on_error=False)
 
@@ -265,6 +262,7 @@ class ChatApp(App):
         if view.text or view.reasoning or final is not None:
             try:
                 view.stored = self.chat.add_reply(view.text, view.reasoning, view.forced, self.reply_settings, final)
+                view.set_version(self.chat.versions(view.stored))
             except NinferError as e:
                 self.notify(f"could not save the reply: {e}", severity="error")
         if final is not None and not view.text and final.finish_reason != "cancelled":
@@ -272,6 +270,9 @@ class ChatApp(App):
             self.notify(f"the reply has no answer text ({detail})", severity="warning")
         self.bridge, self.generating = None, False
         self._ready_status()
+        after, self._after_reply = self._after_reply, None
+        if after is not None:
+            await after()
 
     # -- actions -----------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple) -> bool | None:
@@ -330,12 +331,23 @@ class ChatApp(App):
         panel = self.query_one("#stats", StatsPanel)
         panel.display = not panel.display
 
+    async def _when_idle(self, fn) -> None:
+        """Run `fn` now, or stop the reply and run it once the reply is saved (never mixes two chats)."""
+        if self.generating:
+            self._after_reply = fn
+            self.action_stop()
+        else:
+            await fn()
+
     async def action_new_chat(self) -> None:
-        self.action_stop()
-        self.chat.new()
-        self.edit_index = None
-        await self._rebuild_log()
-        self._ready_status()
+        async def go() -> None:
+            self.chat.new()
+            self.edit_index = None
+            await self._rebuild_log()
+            self.query_one("#stats", StatsPanel).start_reply()
+            self.query_one("#stats", StatsPanel).on_final(None)
+            self._ready_status()
+        await self._when_idle(go)
 
     def action_transcripts(self) -> None:
         if self.store is None:
@@ -343,13 +355,13 @@ class ChatApp(App):
             return
 
         async def opened(conv_id: int | None) -> None:
-            if conv_id is None:
-                return
-            self.action_stop()
-            self.chat.open(conv_id)
-            self.edit_index = None
-            await self._rebuild_log()
-            self._ready_status()
+            async def go() -> None:
+                self.chat.open(conv_id)
+                self.edit_index = None
+                await self._rebuild_log()
+                self._ready_status()
+            if conv_id is not None:
+                await self._when_idle(go)
         self.push_screen(TranscriptsScreen(self.store), opened)
 
     def action_export(self) -> None:

@@ -122,6 +122,43 @@ class ReplyBridge:
         self.target.post_message(ReplyDone(self, self.final, error))
 
 
+def engine_facts(engine, args) -> dict:
+    """What the panel shows about a loaded engine, read defensively (the fake and the real engine differ).
+
+    `spec_modes` asks `engine.spec_modes()` when the engine has it, else the engine's documented mode registry
+    (`engine.spec.available_modes`, loaded lazily); {mode: None | reason}."""
+    from engine.config import SPEC_MODES
+    modes = None
+    if callable(getattr(engine, "spec_modes", None)):
+        modes = engine.spec_modes()
+    else:
+        try:
+            from engine.spec import available_modes
+            modes = available_modes(getattr(engine, "model_path", None))
+        except Exception as e:  # an engine without the registry: let the reply report the real error
+            modes = {m: None for m in SPEC_MODES}
+            traceback.print_exception(e)
+    modes = {m: modes.get(m, "not reported by the engine") for m in SPEC_MODES}
+    modes["off"] = None
+    native = getattr(engine, "native_thinking", None)
+    if native is None:
+        tok = getattr(engine, "tokenizer", None)
+        native = bool(getattr(tok, "think_ids", None)) if tok is not None else None
+    threads = args.threads
+    if not threads and args.backend != "cuda":
+        try:
+            import numba
+            threads = numba.get_num_threads()
+        except ImportError:
+            threads = "auto"
+    return {
+        "model": getattr(engine, "name", "") or getattr(engine, "model_name", ""),
+        "backend": args.backend, "threads": threads or "-", "kv_dtype": args.kv_dtype,
+        "context_capacity": getattr(engine, "capacity", None) or getattr(engine, "context_capacity", None),
+        "spec_modes": modes, "native_thinking": native,
+    }
+
+
 def load_engine(target, args, loader: Callable) -> None:
     """Worker-thread body: `loader(args, progress=cb)` with progress posted to `target`."""
     t0 = time.perf_counter()

@@ -48,7 +48,7 @@ class ChatState:
         if self.store is None:
             return
         self.conv_id = conv_id
-        self.path = self.store.path(conv_id)
+        self.path = self.store.branch(conv_id)
 
     def engine_messages(self) -> list[dict]:
         """The branch as the engine's chat messages (reasoning is not sent back to the model)."""

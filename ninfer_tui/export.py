@@ -43,7 +43,7 @@ def _yaml_scalar(v) -> str:
 def export_markdown(store: Store, conv_id: int) -> str:
     """The current branch as Markdown, with YAML front-matter (model, settings of the last reply)."""
     conv = store.conversation(conv_id)
-    path = store.path(conv_id)
+    path = store.branch(conv_id)
     last_settings = next((m.settings for m in reversed(path) if m.role == "assistant" and m.settings), {})
     lines = ["---", f"title: {_yaml_scalar(conv.title)}", f"model: {_yaml_scalar(conv.model)}",
              f"conversation_id: {conv.id}",

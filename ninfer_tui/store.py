@@ -223,7 +223,7 @@ class Store:
         rows = self.db.execute(self._SELECT + " WHERE m.conversation_id=? ORDER BY m.id", (conv_id,))
         return [self._message(r) for r in rows]
 
-    def path(self, conv_id: int, leaf_id: int | None = None) -> list[Message]:
+    def branch(self, conv_id: int, leaf_id: int | None = None) -> list[Message]:
         """Messages from the root to `leaf_id` (default: the conversation's current leaf)."""
         if leaf_id is None:
             leaf_id = self.conversation(conv_id).leaf_id

@@ -156,6 +156,12 @@ class ReplyView(MessageView):
         yield Markdown(self.text, classes="answer")
         yield Static(self._footer_from_stored(), classes="reply-footer", markup=False)
 
+    def set_version(self, version: tuple[int, int]) -> None:
+        """Show "[2/3]" when this reply has regenerated siblings."""
+        self.version = version
+        v = f"  [{version[0]}/{version[1]}]" if version[1] > 1 else ""
+        self.query_one(".who", Static).update(f"[b]Assistant[/b]{v}")
+
     def _reason_title(self) -> str:
         kind = "Reasoning (prompted)" if self.prompted else "Reasoning"
         return kind + ("  [budget reached: close forced]" if self.forced else "")

@@ -1,0 +1,188 @@
+"""Pilot tests of the chat screen with the scripted fake engine: streaming, reasoning, input, stop,
+regenerate, edit & resend, copy."""
+from __future__ import annotations
+
+import pytest
+from textual.widgets import Collapsible, Markdown
+
+from ninfer_tui.fake import Script
+from ninfer_tui.store import Store
+from ninfer_tui.widgets.chat import PromptView, ReplyView, code_blocks
+
+from tui_helpers import ready, send, wait_for
+
+pytestmark = pytest.mark.anyio
+SIZE = (120, 40)
+
+
+async def test_streams_markdown_and_saves_turn(make_app, tmp_path):
+    app = make_app(Script(answer="Hello **world**\n\n```py\nx = 1\n```\nend", delay=0.002))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        view = app.query(ReplyView).last()
+        assert view.text == "Hello **world**\n\n```py\nx = 1\n```\nend"
+        md = view.query_one(".answer", Markdown)
+        assert "world" in md.source and "x = 1" in md.source  # rendered from the full text after stop
+        assert [m.role for m in app.chat.path] == ["user", "assistant"]
+        footer = str(view.query_one(".reply-footer").render())
+        assert "tok/s" in footer
+    # committed immediately: a fresh connection sees both messages with stats and settings
+    st = Store(tmp_path / "data" / "transcripts.db")
+    conv = st.list_conversations()[0]
+    msgs = st.branch(conv.id)
+    assert [m.role for m in msgs] == ["user", "assistant"]
+    assert msgs[1].stats["finish_reason"] == "stop" and msgs[1].settings["spec"] == "off"
+
+
+async def test_stream_is_coalesced(make_app):
+    """Many tokens reach the UI in far fewer messages than tokens (the bridge merges pending deltas)."""
+    app = make_app(Script(answer="w " * 400, delay=0.0))
+    seen = []
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        orig = app.on_stream_ready
+
+        async def counting(message):
+            seen.append(1)
+            await orig(message)
+        app.on_stream_ready = counting
+        await send(pilot, "go")
+        assert app.query(ReplyView).last().text == "w " * 400
+    assert len(seen) < 400
+
+
+async def test_reasoning_collapses_when_answer_starts_and_forced_mark(make_app):
+    app = make_app(Script(reasoning="a b c d e f g h i j ", answer="The answer."), budget=4, thinking="on")
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "think")
+        view = app.query(ReplyView).last()
+        coll = view.query_one(".reasoning", Collapsible)
+        assert coll.display and coll.collapsed  # folded away once the answer started
+        assert "close forced" in coll.title
+        assert view.reasoning.startswith("a b c d ") and "budget of 4 reasoning tokens reached" in view.reasoning
+        assert view.text == "The answer."
+        saved = app.chat.path[-1]
+        assert saved.reasoning_forced and "a b c d" in saved.reasoning and saved.content == "The answer."
+        assert app.made["engine"].requests[-1].thinking.budget == 4
+
+
+async def test_no_reasoning_section_without_thinking(make_app):
+    app = make_app(Script(answer="plain"), thinking="off")
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "x")
+        assert not app.query(ReplyView).last().query_one(".reasoning", Collapsible).display
+
+
+async def test_escape_stops_and_keeps_text(make_app):
+    script = Script(answer="one two three four five six", hold_after=3)
+    app = make_app(script)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "go", wait=False)
+        view = app.query(ReplyView).last()
+        await wait_for(pilot, lambda: view.text == "one two three ")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.generating)
+        assert view.text == "one two three "
+        saved = app.chat.path[-1]
+        assert saved.content == "one two three " and saved.stats["finish_reason"] == "cancelled"
+
+
+async def test_regenerate_keeps_both_versions(make_app):
+    replies = iter(["first reply", "second reply"])
+    app = make_app(Script(answer=lambda msgs: next(replies)))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "q")
+        first = app.chat.path[-1]
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: app.chat.path[-1].content == "second reply" and not app.generating)
+        second = app.chat.path[-1]
+        assert second.parent_id == first.parent_id and second.id != first.id
+        assert app.store.siblings(second.id) == [first.id, second.id]
+        views = app.query(ReplyView)
+        assert len(views) == 1 and views.last().version == (2, 2)
+        # the engine saw the same conversation (without the discarded reply)
+        assert app.made["engine"].requests and len(app.query(PromptView)) == 1
+
+
+async def test_edit_and_resend_branches(make_app):
+    app = make_app(Script(answer=lambda msgs: "echo: " + msgs[-1]["content"]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "first question")
+        await send(pilot, "second question")
+        old_first = app.chat.path[0]
+        app.query(PromptView).first().focus()
+        await pilot.press("e")
+        prompt = app.query_one("#prompt")
+        assert prompt.text == "first question" and app.edit_index == 0
+        prompt.load_text("edited question")
+        prompt.focus()
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not app.generating and app.chat.path[-1].role == "assistant")
+        assert [m.content for m in app.chat.path] == ["edited question", "echo: edited question"]
+        assert app.store.siblings(app.chat.path[0].id) == [old_first.id, app.chat.path[0].id]
+        assert len(app.store.all_messages(app.chat.conv_id)) == 6  # the old branch is kept
+
+
+async def test_input_newline_history_and_enter(make_app):
+    app = make_app(Script(answer="ok"))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("a", "ctrl+j", "b")
+        prompt = app.query_one("#prompt")
+        assert prompt.text == "a\nb"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not app.generating and len(app.chat.path) == 2)
+        assert app.chat.path[0].content == "a\nb" and prompt.text == ""
+        await pilot.press("up")
+        assert prompt.text == "a\nb"
+
+
+async def test_copy_message_and_code_blocks(make_app):
+    app = make_app(Script(answer="See:\n```\nA\n```\nand\n```sh\nB\n```\n"))
+    copied = []
+    async with app.run_test(size=SIZE) as pilot:
+        app.copy_to_clipboard = copied.append
+        await ready(pilot)
+        await send(pilot, "code please")
+        view = app.query(ReplyView).last()
+        view.focus()
+        await pilot.press("c")
+        await pilot.press("b")
+        await pilot.press("b")
+        await pilot.press("f7")  # copy the last reply from anywhere
+    assert copied == [view.text, "A", "B", view.text]
+
+
+def test_code_blocks_parser():
+    assert code_blocks("x\n```py\na\nb\n```\ny\n~~~\nc\n~~~\n") == ["a\nb", "c"]
+    assert code_blocks("no code") == []
+
+
+async def test_engine_error_is_notified_not_crashing(make_app):
+    from engine.errors import InputError
+    app = make_app(Script(fail_with=InputError("the prompt is too long; shorten it")))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "x")
+        assert not app.generating
+        assert any("too long" in n.message for n in app._notifications)
+
+
+async def test_new_chat_while_generating_stops_first(make_app):
+    script = Script(answer="a b c d e f", hold_after=2)
+    app = make_app(script)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "go", wait=False)
+        await wait_for(pilot, lambda: app.query(ReplyView).last().text == "a b ")
+        conv = app.chat.conv_id
+        await pilot.press("ctrl+n")
+        await wait_for(pilot, lambda: not app.generating and app.chat.conv_id is None)
+        assert len(app.query(ReplyView)) == 0
+        assert app.store.branch(conv)[-1].content == "a b "  # the stopped reply went to its own chat
