@@ -16,8 +16,8 @@ from engine.quant import SUPPORTED, QTensor
 
 def _deq(qt: QTensor) -> np.ndarray:
     # (rows, cols) or (n,) float64, dequantized by the gguf package
-    if qt.qtype in (QT.F32, QT.F16):
-        w = np.asarray(qt.data).astype(np.float64)
+    if qt.qtype in (QT.F32, QT.F16):  # raw bytes or already floats: view them as the float type
+        w = np.ascontiguousarray(qt.data).view(np.float32 if qt.qtype == QT.F32 else np.float16).astype(np.float64)
     else:
         w = quants.dequantize(np.asarray(qt.data), qt.qtype).astype(np.float64)
     return w.reshape(qt.shape)

@@ -110,29 +110,42 @@ def test_errors():
         cache.truncate(1)
 
 
+# ------------------------------------------------------------------------ GGUF files (engine.gguf loader)
+@pytest.mark.parametrize("kv_dtype", ["f16", "int8"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_tiny_gguf_matches_reference(tiny_models, arch, kv_dtype):
+    """scripts/make_tiny_models.py files, loaded by engine.gguf, vs the reference reading them with gguf only."""
+    from engine.gguf import load_gguf
+    mf = load_gguf(tiny_models[arch])
+    ra, rt = read_gguf(str(tiny_models[arch]))
+    toks = TOKENS[TOKENS < mf.args.vocab_size]
+    want = reference_logits(ra, rt, toks)
+    model = Model(mf.args, mf.tensors, get_backend("cpu"), max_batch=4)
+    cache = model.new_cache(32, kv_dtype)
+    got = np.concatenate([model.forward(toks[i:i + 4], i, cache, all_logits=True) for i in range(0, len(toks), 4)])
+    _close(got, want, 5e-3 if kv_dtype == "f16" else 3e-2)
+    if kv_dtype == "f16":
+        assert np.mean(np.argmax(got, -1) == np.argmax(want, -1)) >= 0.9
+
+
 # ------------------------------------------------------------------------------------------ real model
 @pytest.fixture(scope="module")
-def smol():
-    if not SMOL.exists():
-        pytest.skip(f"SmolLM2 not installed at {SMOL}")
-    a, tensors = read_gguf(str(SMOL))
-    return a, tensors, Model(a, tensors, get_backend("cpu"), max_batch=16)
+def smol(smollm2_path):
+    from engine.gguf import load_gguf
+    from engine.tokenizer import Tokenizer
+    mf = load_gguf(smollm2_path)
+    return mf, Tokenizer.from_gguf(mf), Model(mf.args, mf.tensors, get_backend("cpu"), max_batch=16)
 
 
-SMOL_TOKENS = np.array([1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411,
-                        407, 19712, 8182, 2, 198, 1, 4093, 198], np.int32)
+CHAT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 
 
-def test_smollm2_greedy_and_cache_modes(smol):
-    a, tensors, model = smol
-    toks = SMOL_TOKENS[SMOL_TOKENS < a.vocab_size]
-    want = reference_logits(a, tensors, toks[-12:])  # reference on a shorter tail (numpy is slow)
-    c = model.new_cache(64)
-    got = model.forward(toks[-12:], 0, c, all_logits=True)
-    assert np.argmax(got[-1]) == np.argmax(want[-1])
-    _close(got, want, 1e-2)
+def test_smollm2_cache_modes(smol):
+    """chunked prefill == one-shot prefill == token-by-token decode; int8 KV keeps the top-1 tokens."""
+    mf, tok, model = smol
+    toks = np.array(tok.encode(CHAT), np.int32)
     one = model.new_cache(64)
-    full = model.forward(toks, 0, one, all_logits=True)
+    full = model.forward(toks, 0, one, all_logits=True)  # (T, vocab)
     chunk = model.new_cache(64)
     parts = [model.forward(toks[i:i + 7], i, chunk, all_logits=True) for i in range(0, len(toks), 7)]
     _close(np.concatenate(parts), full, 1e-4)
@@ -142,5 +155,35 @@ def test_smollm2_greedy_and_cache_modes(smol):
     _close(np.array(rows), full[-3:], 1e-4)
     q8 = model.new_cache(64, "int8")
     full8 = model.forward(toks, 0, q8, all_logits=True)
-    agree = np.mean(np.argmax(full8, -1) == np.argmax(full, -1))
-    assert agree >= 0.9 and np.argmax(full8[-1]) == np.argmax(full[-1])
+    top2 = np.sort(full, -1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 0.3  # near-ties may flip under any rounding change
+    assert np.array_equal(np.argmax(full8, -1)[clear], np.argmax(full, -1)[clear]) and clear.sum() >= len(toks) // 2
+    _close(full8, full, 3e-2)
+
+
+def test_smollm2_greedy_answer(smol):
+    """Greedy decode of a ChatML question mentions the right answer (a sanity check on real weights)."""
+    mf, tok, model = smol
+    toks = tok.encode(CHAT)
+    cache = model.new_cache(64)
+    logits = model.forward(np.array(toks, np.int32), 0, cache)
+    out = []
+    for _ in range(12):
+        nxt = int(np.argmax(logits[0]))
+        out.append(nxt)
+        logits = model.forward(np.array([nxt], np.int32), cache.length, cache)
+    assert "Paris" in tok.decode(out)
+
+
+@pytest.mark.slow
+def test_smollm2_matches_reference(smol, smollm2_path):
+    """Logits and the greedy next token on the real file == the independent numpy forward."""
+    mf, tok, model = smol
+    ra, rt = read_gguf(str(smollm2_path))
+    toks = np.array(tok.encode(CHAT), np.int32)
+    want = reference_logits(ra, rt, toks)
+    cache = model.new_cache(64)
+    got = model.forward(toks, 0, cache, all_logits=True)
+    assert np.argmax(got[-1]) == np.argmax(want[-1])
+    assert np.mean(np.argmax(got, -1) == np.argmax(want, -1)) >= 0.95
+    _close(got, want, 1e-2)
