@@ -1,0 +1,147 @@
+"""Settings and config write-back, themes as data, plain mode (piped stdin, slash-commands), and the
+transcript commands that work without the TUI (--list, --export, --import)."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from engine import paths
+from engine.config import EngineArgs
+from engine.errors import ConfigError
+from ninfer_tui.__main__ import main
+from ninfer_tui.fake import FakeEngine, Script
+from ninfer_tui.plain import PlainChat
+from ninfer_tui.settings import ChatSettings, save_user_settings
+from ninfer_tui.store import Store
+from ninfer_tui.themes import REPO_THEMES, load_themes
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_repo_config_defaults_parse_and_build_a_request():
+    s = ChatSettings.from_config(paths.load_config())
+    r = s.request()
+    assert r.spec == "off" and r.sampling.presence_penalty == 0.0 and r.thinking.budget is None
+    assert {"send", "stop", "spec_cycle", "penalties", "thinking", "budget_up", "budget_down", "new_chat",
+            "transcripts", "export", "settings", "help", "quit"} <= set(s.keymap)
+
+
+def test_settings_toggles():
+    s = ChatSettings()
+    assert s.next_spec({"off": None, "ngram": None, "mtp": "no head", "dflash": "no drafter"}) == ("ngram", [])
+    mode, skipped = s.next_spec({"off": None, "ngram": None, "mtp": "no head", "dflash": "no drafter"})
+    assert mode == "off" and skipped == ["mtp: no head", "dflash: no drafter"]
+    s.toggle_penalties()
+    assert s.request().sampling.frequency_penalty == s.frequency
+    s.change_budget(1)
+    assert s.request().thinking.budget == s.budget_step and s.request().thinking.enabled is True
+    s.change_budget(-5)
+    assert s.request().thinking.budget is None
+
+
+def test_bad_config_value_is_one_clear_error():
+    with pytest.raises(ConfigError, match="temperature"):
+        ChatSettings.from_config({"sampling": {"temperature": "hot"}})
+    with pytest.raises(ConfigError, match="spec mode 'fast'"):
+        ChatSettings.from_config({"spec": {"mode": "fast"}})
+
+
+def test_save_user_settings_merges_and_reloads():
+    p = paths.user_config_path()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text('model = "/x.gguf"\n[keymap]\nquit = "ctrl+x"\n')
+    s = ChatSettings.from_config(paths.load_config())
+    s.temperature, s.spec, s.penalties_on = 0.3, "ngram", True
+    save_user_settings(s)
+    data = tomllib.loads(p.read_text())
+    assert data["model"] == "/x.gguf" and data["keymap"]["quit"] == "ctrl+x"  # their keys kept
+    again = ChatSettings.from_config(paths.load_config())
+    assert (again.temperature, again.spec, again.penalties_on) == (0.3, "ngram", True)
+
+
+def test_themes_load_as_data_and_bad_files_warn(tmp_path):
+    themes, warnings = load_themes()
+    names = {t.name for t in themes}
+    assert {"ninfer-dark", "ninfer-light", "ninfer-high-contrast"} <= names and not warnings
+    assert len(list(REPO_THEMES.glob("*.toml"))) >= 3
+    user = paths.user_config_dir() / "themes"
+    user.mkdir(parents=True)
+    (user / "mine.toml").write_text('name = "mine"\nprimary = "#ff0000"\ndark = false\n')
+    (user / "broken.toml").write_text('name = "broken"\nprimary = "not a color"\n')
+    themes, warnings = load_themes()
+    assert "mine" in {t.name for t in themes}
+    assert len(warnings) == 1 and "broken.toml" in warnings[0]
+
+
+def _plain(script: Script, store=None) -> tuple[PlainChat, io.StringIO, io.StringIO]:
+    out, err = io.StringIO(), io.StringIO()
+    eng = FakeEngine(EngineArgs(), script)
+    return PlainChat(eng, ChatSettings(), "fake", store, out=out, err=err, spec_modes=eng.spec_modes()), out, err
+
+
+def test_plain_commands_and_reply(tmp_path):
+    chat, out, err = _plain(Script(answer="the answer", reasoning="hmm hmm hmm hmm "), Store(tmp_path / "t.db"))
+    chat.command("/spec")
+    chat.command("/spec mtp")
+    chat.command("/penalties")
+    chat.command("/budget 2")
+    assert chat.settings.spec == "ngram" and chat.settings.penalties_on and chat.settings.budget == 2
+    assert "unavailable (no MTP head" in err.getvalue()
+    final = chat.ask("hello")
+    assert out.getvalue() == "the answer\n"
+    assert "hmm hmm" in err.getvalue() and "budget of 2 reasoning tokens reached" in err.getvalue()
+    assert final.thinking_forced and chat.chat.path[-1].reasoning_forced
+    chat.command("/regen")
+    assert len(chat.store.siblings(chat.chat.path[-1].id)) == 2
+    chat.command("/export json")
+    assert "exported to" in err.getvalue()
+    chat.command("/nope")
+    assert "unknown command /nope" in err.getvalue()
+    chat.command("/quit")
+    assert chat.quit
+
+
+def test_plain_piped_stdin_answers_one_prompt():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "ninfer_tui", "--plain", "--fake", "--fake-delay", "0"],
+                       input="What is up?\n", capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "Here is a short answer to **What is up?**" in r.stdout
+    assert "tok/s" in r.stderr  # the stats line goes to stderr, keeping stdout the answer only
+
+
+def test_list_export_import_without_tui(tmp_path, capsys):
+    st = Store()
+    c = st.new_conversation("Saved chat", "m.gguf")
+    u = st.add_message(c, "user", "q?")
+    st.add_message(c, "assistant", "a!", u, stats={"finish_reason": "stop"})
+    st.close()
+    assert main(["--list"]) == 0
+    assert "Saved chat" in capsys.readouterr().out
+    assert main(["--export", str(c)]) == 0
+    md = capsys.readouterr().out
+    assert md.startswith("---\n") and "## User" in md and "a!" in md
+    out = tmp_path / "c.json"
+    assert main(["--export", str(c), "--format", "json", "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["title"] == "Saved chat"
+    assert main(["--import", str(out)]) == 0
+    assert "imported as conversation" in capsys.readouterr().out
+    assert main(["--export", "999"]) == 2
+    assert "no conversation with id 999" in capsys.readouterr().err
+
+
+def test_corrupt_db_cli_message(capsys):
+    p = paths.user_data_dir() / "transcripts.db"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(b"garbage" * 100)
+    assert main(["--list"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "corrupt" in err
+    assert p.read_bytes() == b"garbage" * 100

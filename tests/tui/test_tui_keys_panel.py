@@ -1,0 +1,204 @@
+"""Pilot tests of the keys (spec/penalties/thinking/budget/new/export/settings/help/transcripts, remapping)
+and of the live stats panel."""
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+from textual.widgets import DataTable, Digits, Input
+
+from engine import paths
+from ninfer_tui.fake import Script
+from ninfer_tui.screens import ConfirmScreen, HelpScreen, SettingsScreen, TranscriptsScreen
+from ninfer_tui.telemetry import GpuSample
+from ninfer_tui.widgets.stats import StatsPanel
+
+from tui_helpers import ready, send, wait_for
+
+pytestmark = pytest.mark.anyio
+SIZE = (120, 40)
+
+
+def panel_text(app, wid: str) -> str:
+    return str(app.query_one(StatsPanel).query_one(f"#{wid}").render())
+
+
+async def test_spec_cycle_skips_unavailable_and_applies_next_reply(make_app):
+    app = make_app(Script(answer="x y z"))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert "mtp: unavailable (no MTP head in this model)" in panel_text(app, "spec")
+        await send(pilot, "a")
+        assert "acceptance         off" in panel_text(app, "spec")  # spec off: "off", not numbers
+        await pilot.press("f2")
+        assert app.settings.spec == "ngram" and "next: ngram" in panel_text(app, "spec")
+        await send(pilot, "b")
+        assert app.made["engine"].requests[-1].spec == "ngram"
+        spec = panel_text(app, "spec")
+        assert "last reply    ngram" in spec and "acceptance" in spec and "33%" in spec  # fake: 1 of 3
+        await pilot.press("f2")  # mtp and dflash unavailable -> back to off, reasons shown
+        assert app.settings.spec == "off"
+        assert any("no MTP head" in n.message for n in app._notifications)
+
+
+async def test_penalties_thinking_budget_keys(make_app):
+    app = make_app(Script(answer="ok"))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("f3")
+        assert app.settings.penalties_on and "penalties     on" in panel_text(app, "sampling")
+        await send(pilot, "a")
+        s = app.made["engine"].requests[-1].sampling
+        assert (s.presence_penalty, s.frequency_penalty) == (app.settings.presence, app.settings.frequency) != (0, 0)
+        await pilot.press("f3")
+        await send(pilot, "b")
+        s = app.made["engine"].requests[-1].sampling
+        assert (s.presence_penalty, s.frequency_penalty) == (0.0, 0.0)
+        await pilot.press("f4")
+        assert app.settings.thinking == "off"
+        await pilot.press("f6", "f6")
+        assert app.settings.budget == 2 * app.settings.budget_step and app.settings.thinking == "on"
+        assert f"0/{app.settings.budget}" in panel_text(app, "thinking")
+        await pilot.press("f5")
+        await send(pilot, "c")
+        t = app.made["engine"].requests[-1].thinking
+        assert t.enabled is True and t.budget == app.settings.budget_step
+
+
+async def test_keymap_from_config_remaps(make_app, tmp_path):
+    cfg = paths.user_config_path()
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text('[keymap]\nspec_cycle = "ctrl+t"\n')
+    app = make_app(Script(answer="ok"))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("f2")
+        assert app.settings.spec == "off"  # the old key no longer cycles
+        await pilot.press("ctrl+t")
+        assert app.settings.spec == "ngram"
+
+
+async def test_live_panel_values(make_app):
+    app = make_app(Script(answer="one two three four five", hold_after=3))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert "context cap   2048" in panel_text(app, "engine")
+        await send(pilot, "go", wait=False)
+        await wait_for(pilot, lambda: "tokens out           3" in panel_text(app, "reply"))
+        assert "(live)" in panel_text(app, "reply")
+        app.made["engine"].script.release.set()
+        await wait_for(pilot, lambda: not app.generating)
+        reply = panel_text(app, "reply")
+        final = app.last_final
+        assert f"tokens out    {final.output_tokens:8d}" in reply and "TTFT" in reply and "prefill" in reply
+        assert f"{final.prompt_tokens + final.output_tokens}/2048" in reply
+        assert str(app.query_one("#tps", Digits).value) == f"{final.decode_tok_s:.1f}"
+        assert len(app.query_one("#spark").data) >= 1  # stats messages replace each other: >= 1 point
+
+
+async def test_gpu_states(make_app):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert "no GPU" in panel_text(app, "gpu")
+        s = GpuSample(0, "H200", 1500, 1980, 300.0, 700.0, 50, 10.0, 141.0, 90, ["sw-power"])
+        app.query_one(StatsPanel).on_gpu([s], "")
+        text = panel_text(app, "gpu")
+        assert "SM clock 1500/1980 MHz" in text and "power 300/700 W" in text and "sw-power" in text
+
+
+async def test_export_writes_file(make_app, tmp_path):
+    app = make_app(Script(answer="exported answer"))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "export me")
+        await pilot.press("ctrl+s")
+        files = list((tmp_path / "data" / "exports").glob("*.md"))
+        assert len(files) == 1
+        text = files[0].read_text()
+        assert text.startswith("---\n") and "model: \"fake-model\"" in text and "exported answer" in text
+
+
+async def test_settings_screen_saves_user_config(make_app):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("f9")
+        assert isinstance(app.screen, SettingsScreen)
+        app.screen.query_one("#set-temperature", Input).value = "0.25"
+        app.screen.query_one("#set-theme").value = "ninfer-light"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: not isinstance(app.screen, SettingsScreen))
+        assert app.settings.temperature == 0.25 and app.theme == "ninfer-light"
+        saved = tomllib.loads(paths.user_config_path().read_text())
+        assert saved["sampling"]["temperature"] == 0.25 and saved["ui"]["theme"] == "ninfer-light"
+        # an invalid value keeps the screen open with a message
+        await pilot.press("f9")
+        app.screen.query_one("#set-top_p", Input).value = "7"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert isinstance(app.screen, SettingsScreen)
+        assert "top-p" in str(app.screen.query_one("#settings-error").render())
+
+
+async def test_help_lists_bindings(make_app):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("f1")
+        assert isinstance(app.screen, HelpScreen)
+        ids = [r[1] for r in app.screen.rows]
+        for bid in ("spec_cycle", "penalties", "thinking", "budget_up", "budget_down", "new_chat",
+                    "transcripts", "export", "settings", "help", "quit", "stop", "regenerate", "send"):
+            assert bid in ids
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_every_action_has_binding_id_and_palette_entry(make_app):
+    from ninfer_tui.app import ACTIONS
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        ids = {b.id for b in app.BINDINGS}
+        titles = {c.title for c in app.get_system_commands(app.screen)}
+        for bid, _, label, _, _ in ACTIONS:
+            assert bid in ids and label in titles
+
+
+async def test_transcripts_browser_open_rename_delete(make_app):
+    app = make_app(Script(answer=lambda m: "reply to " + m[-1]["content"]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "apples")
+        first = app.chat.conv_id
+        await pilot.press("ctrl+n")
+        await send(pilot, "bananas")
+        await pilot.press("ctrl+o")
+        assert isinstance(app.screen, TranscriptsScreen)
+        table = app.screen.query_one(DataTable)
+        assert table.row_count == 2
+        app.screen.query_one("#search", Input).value = "apples"
+        await pilot.pause()
+        assert table.row_count == 1
+        table.focus()
+        await pilot.press("ctrl+r")
+        app.screen.query_one("#answer", Input).value = "Fruit talk"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.store.conversation(first).title == "Fruit talk"
+        await pilot.press("enter")  # open
+        await wait_for(pilot, lambda: app.chat.conv_id == first)
+        assert [m.content for m in app.chat.path] == ["apples", "reply to apples"]
+        await send(pilot, "more")  # continue the opened chat
+        assert app.store.conversation(first).n_messages == 4
+        await pilot.press("ctrl+o")
+        app.screen.query_one(DataTable).focus()
+        await pilot.press("delete")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        assert len(app.store.list_conversations()) == 2
+        await pilot.press("delete")
+        await pilot.press("y")
+        await pilot.pause()
+        assert len(app.store.list_conversations()) == 1

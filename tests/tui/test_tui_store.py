@@ -1,0 +1,131 @@
+"""Transcript store: schema migrations, corrupt/newer databases left untouched, parent links, FTS search,
+kill safety, Markdown/JSON export and JSON import."""
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from engine.errors import InputError
+from ninfer_tui.export import export_json, export_markdown, import_json
+from ninfer_tui.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError
+
+
+def _chat(st: Store) -> tuple[int, list[int]]:
+    c = st.new_conversation("Capital question", "smol.gguf")
+    u = st.add_message(c, "user", "What is the capital of France?")
+    a1 = st.add_message(c, "assistant", "Paris.", u, reasoning="France -> Paris", settings={"temperature": 0.7},
+                        stats={"finish_reason": "stop", "spec_mode": "off", "output_tokens": 2, "decode_tok_s": 9.5})
+    a2 = st.add_message(c, "assistant", "It is Paris.", u, reasoning="again", reasoning_forced=True,
+                        settings={"temperature": 0.2}, stats={"finish_reason": "stop", "spec_mode": "ngram"})
+    return c, [u, a1, a2]
+
+
+def test_new_db_has_latest_schema_and_fts(tmp_path):
+    st = Store(tmp_path / "t.db")
+    assert st.version == SCHEMA_VERSION == len(MIGRATIONS)
+    c, (u, a1, a2) = _chat(st)
+    assert [x.id for x in st.list_conversations("capital")] == [c]
+    assert [x.id for x in st.list_conversations("Paris")] == [c]  # message text, not only titles
+    assert st.list_conversations("bananas") == []
+
+
+def test_migrates_a_version_1_database_keeping_data(tmp_path):
+    p = tmp_path / "old.db"
+    db = sqlite3.connect(p)
+    db.executescript(MIGRATIONS[0] + "\nPRAGMA user_version = 1;")
+    db.execute("INSERT INTO conversations(id, title, model, created, updated) VALUES (1, 'old', '', 0, 0)")
+    db.execute("INSERT INTO messages(conversation_id, role, content, created) VALUES (1, 'user', 'zebra facts', 0)")
+    db.commit()
+    db.close()
+    st = Store(p)
+    assert st.version == SCHEMA_VERSION
+    assert [c.title for c in st.list_conversations("zebra")] == ["old"]  # FTS index rebuilt over old rows
+
+
+def test_corrupt_database_is_reported_and_not_modified(tmp_path):
+    p = tmp_path / "t.db"
+    junk = b"this is not a database at all" * 200
+    p.write_bytes(junk)
+    with pytest.raises(StoreError, match="corrupt or not a database.*not modified"):
+        Store(p)
+    assert p.read_bytes() == junk
+
+
+def test_newer_version_is_reported_and_not_modified(tmp_path):
+    p = tmp_path / "t.db"
+    db = sqlite3.connect(p)
+    db.execute("CREATE TABLE future(x)")
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 5}")
+    db.commit()
+    db.close()
+    before = p.read_bytes()
+    with pytest.raises(StoreError, match="newer than this ninfer-chat"):
+        Store(p)
+    assert p.read_bytes() == before
+
+
+def test_parent_links_keep_both_versions_and_branch(tmp_path):
+    st = Store(tmp_path / "t.db")
+    c, (u, a1, a2) = _chat(st)
+    assert st.siblings(a2) == [a1, a2]
+    assert [m.id for m in st.branch(c)] == [u, a2]  # the leaf moved to the regenerated reply
+    assert [m.id for m in st.branch(c, a1)] == [u, a1]
+    m = st.message(a2)
+    assert m.reasoning == "again" and m.reasoning_forced and m.settings == {"temperature": 0.2}
+    assert st.message(u).reasoning == ""  # reasoning is stored apart, only for replies that have it
+
+
+def test_committed_rows_survive_a_kill(tmp_path):
+    """Another connection (as after a crash) sees each message as soon as add_message returns."""
+    p = tmp_path / "t.db"
+    st = Store(p)
+    c = st.new_conversation("x")
+    st.add_message(c, "user", "saved at once")
+    other = sqlite3.connect(p)
+    assert other.execute("SELECT content FROM messages").fetchall() == [("saved at once",)]
+
+
+def test_rename_delete(tmp_path):
+    st = Store(tmp_path / "t.db")
+    c, _ = _chat(st)
+    st.rename(c, "  New title ")
+    assert st.conversation(c).title == "New title"
+    st.delete(c)
+    assert st.list_conversations() == []
+    assert st.db.execute("SELECT count(*) FROM messages").fetchone()[0] == 0
+    assert st.db.execute("SELECT count(*) FROM reasoning").fetchone()[0] == 0
+    with pytest.raises(StoreError, match="--list"):
+        st.conversation(c)
+
+
+def test_export_markdown_front_matter_and_reasoning(tmp_path):
+    st = Store(tmp_path / "t.db")
+    c, _ = _chat(st)
+    md = export_markdown(st, c)
+    head = md.split("---")[1]
+    assert 'model: "smol.gguf"' in head and "temperature: 0.2" in head
+    assert "It is Paris." in md and "close forced" in md and "Paris." in md
+    assert "France -> Paris" not in md  # the other branch is not in the Markdown view
+
+
+def test_json_roundtrip_keeps_the_tree(tmp_path):
+    st = Store(tmp_path / "t.db")
+    c, _ = _chat(st)
+    doc = export_json(st, c)
+    c2 = import_json(st, doc)
+    assert c2 != c
+    a, b = json.loads(doc), json.loads(export_json(st, c2))
+    strip = (lambda d: [(m["role"], m["content"], m["reasoning"], m["reasoning_forced"], m["settings"], m["stats"])
+                        for m in d["messages"]])
+    assert strip(a) == strip(b)
+    assert [m.content for m in st.branch(c2)] == [m.content for m in st.branch(c)]
+
+
+@pytest.mark.parametrize("text,msg", [("{", "not valid JSON"), ('{"a": 1}', "not a ninfer-chat"),
+                                      ('{"format": "ninfer-chat-transcript", "messages": '
+                                       '[{"id": 1, "parent_id": 7, "role": "user", "content": "x"}]}', "unknown parent")])
+def test_import_rejects_bad_json(tmp_path, text, msg):
+    with pytest.raises(InputError, match=msg):
+        import_json(Store(tmp_path / "t.db"), text)
