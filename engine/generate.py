@@ -27,7 +27,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .events import FinalStats, Progress, ReasoningDelta, StepStats, TextDelta, ThinkingForced
-from .thinking import ANSWER, FORCING, ChannelSplitter, ThinkingState, _partial_suffix
+from .thinking import ANSWER, FORCING, IDLE, ChannelSplitter, ThinkingState, _partial_suffix
 
 
 @dataclass
@@ -275,6 +275,8 @@ def _route(pieces) -> list:
 
 def _empty_why(th: ThinkingState, reason: str, detail: str) -> str:
     """Never silently empty content: say why there is no answer."""
+    if th.plan.active and th.state == IDLE:
+        return f"empty answer: the model never opened its reasoning nor wrote answer text ({detail})"
     if th.plan.active and th.state != ANSWER:
         where = "inside the reasoning" if th.state != FORCING else "while inserting the thinking close"
         return f"empty answer: the reply ended {where} ({detail}); raise --max-new or set --thinking-budget"

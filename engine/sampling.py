@@ -7,7 +7,8 @@ Order (one `TokenChooser` per reply):
   3. banned tokens (thinking: no end of turn before the first answer token after a close) -> -inf;
   4. greedy (argmax) or: temperature -> top-k -> top-p -> min-p over the renormalised probabilities, then one
      draw with the injected seeded `numpy.random.Generator` (same seed -> same tokens);
-  5. at the thinking-budget boundary the state machine may replace the drawn token by the first forced one.
+  5. the thinking state machine may replace the drawn token: at the budget boundary by the first forced one,
+     inside the reasoning an end of turn by the close marker.
 `accept(token)` must follow every `choose` with the token actually taken (plain decode: the chosen one;
 speculative verify: the chosen one at each verified position, in order). Nothing is ever rolled back.
 
@@ -48,8 +49,8 @@ class TokenChooser:
                 return forced
         x = self._processed(logits_row)
         tok = self._pick(x)
-        if th is not None and th.at_boundary():
-            tok = th.boundary_choice(tok)
+        if th is not None:
+            tok = th.redirect(tok)
         return tok
 
     def accept(self, token: int) -> None:

@@ -8,9 +8,9 @@ by an instruction, and the assistant turn starts with an opened marker. *Forced 
 
 `ThinkingState` is one reply's state machine (idle -> reasoning -> forcing -> answer, after llama.cpp's
 reasoning-budget sampler). It lives inside the per-position sampling chain (`engine.sampling.TokenChooser`):
-`force()` says which token a position must take, `ban()` which tokens it must not, `at_boundary()` decides at
-the budget boundary, `accept()` advances. Nothing happens outside `choose`/`accept`, so a speculative verify
-pass that calls the chooser once per position gets forced tokens as "the target's token at that position".
+`force()` says which token a position must take, `ban()` which tokens it must not, `redirect()` decides at
+the budget boundary (and turns an end of turn inside the reasoning into the close marker), `accept()`
+advances. Nothing happens outside `choose`/`accept`, so a speculative verify pass that calls the chooser once per position gets forced tokens as "the target's token at that position".
 
 `ChannelSplitter` routes the generated text into the reasoning and answer streams (marker text is not shown).
 """
@@ -140,7 +140,8 @@ class ThinkingState:
         self._region = 0  # index where the current state's tokens begin (for marker matching)
         self._answer_visible = False  # the answer has a non-whitespace token
         self._closed = False  # a close marker (natural or forced) went by in this reply
-        self._pick: tuple[int, bool] | None = None  # boundary decision: (token, forced)
+        self._pick: tuple[int, bool] | None = None  # decision of `redirect`: (token, forced)
+        self.closed_at_stop = False  # an end of turn inside the reasoning was turned into the close
 
     # -- queries used by TokenChooser.choose ---------------------------------------------------------------
     def force(self) -> int | None:
@@ -156,15 +157,28 @@ class ThinkingState:
         b = self.plan.budget
         return self.state == REASONING and b is not None and self.reasoning_tokens >= b
 
-    def boundary_choice(self, sampled: int) -> int:
-        """At the boundary a natural close (or its continuation) or a stop token wins; anything else
-        starts the forced insert. Records the decision for the `accept` that follows."""
-        j = self._close_progress()
-        if sampled in self.stop_ids or (self.plan.close_ids and sampled == self.plan.close_ids[j]):
-            self._pick = (sampled, False)
+    def redirect(self, sampled: int) -> int:
+        """The token a reasoning position takes instead of the sampled one (records why for `accept`).
+
+        An end of turn inside the reasoning becomes the close marker without the message (the model wanted to
+        stop thinking; a reply must not end without an answer). At the budget boundary a natural close (or its
+        continuation) wins too; anything else starts the forced insert. Stop strings and cancel are handled
+        by the loop and end the reply as they are."""
+        if self.state != REASONING:
             return sampled
-        self._pick = (self.plan.forced_ids[0], True)
-        return self.plan.forced_ids[0]
+        c = self.plan.close_ids
+        j = self._close_progress()
+        if sampled in self.stop_ids and c:
+            self._pick = (c[j], False)
+            self.closed_at_stop = True
+            return c[j]
+        if self.at_boundary():
+            if c and sampled == c[j]:
+                self._pick = (sampled, False)
+                return sampled
+            self._pick = (self.plan.forced_ids[0], True)
+            return self.plan.forced_ids[0]
+        return sampled
 
     def ban(self) -> frozenset[int]:
         """Tokens this position must not take: stop tokens before the first visible answer token after a
@@ -195,6 +209,10 @@ class ThinkingState:
                     self._step_into(FORCING, 1, n)
                 else:  # a natural close at the boundary: its remaining tokens are taken as they are
                     self._step_into(CLOSING, self._close_progress(exclude_last=True) + 1, n)
+                return
+            pick, self._pick = self._pick, None
+            if pick is not None and token == pick[0]:  # an end of turn turned into the close marker
+                self._step_into(CLOSING, self._close_progress(exclude_last=True) + 1, n)
                 return
             self.reasoning_tokens += 1
             if self._ends_with(self.plan.close_ids, self.plan.close_text, self._region):

@@ -171,3 +171,50 @@ def test_forcing_works_through_speculative_verify():
     res = verify(ch, rows, list(plan.forced_ids[1:4]))
     assert res.tokens == list(plan.forced_ids[1:5]) and res.n_accepted == 3
     assert state.reasoning_tokens == 2 and state.forced
+
+
+@pytest.mark.parametrize("budget", [None, 3])
+def test_end_of_turn_inside_reasoning_becomes_the_close(budget):
+    """A model that ends its turn while reasoning (SmolLM2 with prompted thinking does) gets the close marker
+    instead (no budget message), then answers; at the boundary too."""
+    base = thinking_policy(close_after=None)
+
+    def policy(so_far):
+        if "</think>" not in so_far and so_far.count("hmm") >= 3:
+            return ""  # end of turn, still inside the reasoning
+        return base(so_far)
+    eng = fake_engine(policy)
+    final, text, reasoning, raw, evs = run(eng, budget=budget, enabled=True)
+    assert reasoning == " hmm" * 3 and text == "Paris."
+    assert not final.thinking_forced and NOTE not in raw and raw.count("</think>") == 1
+    assert not any(isinstance(e, ThinkingForced) for e in evs)
+
+
+def test_tiny_qwen3_native_markers_switch_and_forcing(tiny_models):
+    """Real <think>/</think> added tokens and the template's enable_thinking switch on a real forward pass."""
+    from engine.api import Engine
+    from engine.config import EngineArgs
+    eng = Engine.load(EngineArgs(model=str(tiny_models["qwen3"]), max_context=256))
+    tok = eng.tokenizer
+    open_id, close_id = tok.think_ids
+    s = eng.session()
+    plan = plan_thinking(ThinkingParams(budget=5), tok, 200)
+    assert plan.mode == "native" and plan.open_ids == (open_id,) and plan.close_ids == (close_id,)
+    on = tok.decode(s.prompt_tokens(MSG, GenerateRequest(thinking=ThinkingParams(enabled=True))))
+    off = tok.decode(s.prompt_tokens(MSG, GenerateRequest(thinking=ThinkingParams(enabled=False))))
+    assert on.endswith("<|im_start|>assistant\n") and off.endswith("<think>\n\n</think>\n\n")
+    final, text, reasoning, _, _ = run(eng, enabled=False, max_new=6, session=s)
+    assert final.reasoning_tokens == 0 and final.answer_tokens == 6
+
+    # A template that opens the block itself (as Qwen3 thinking-only variants do): the budget forces the close.
+    render = tok.apply_chat_template
+    tok.apply_chat_template = lambda *a, **k: render(*a, **k) + "<think>\n"
+    try:
+        final, text, reasoning, _, evs = run(eng, budget=5, max_new=120, session=s)
+    finally:
+        del tok.apply_chat_template
+    ids = list(final.token_ids)
+    assert final.reasoning_tokens == 5 and final.thinking_forced
+    assert ids[5:5 + len(plan.forced_ids)] == list(plan.forced_ids)  # the insert right after 5 reasoning tokens
+    assert ids.count(close_id) == 1 and close_id in plan.forced_ids
+    assert sum(isinstance(e, ThinkingForced) for e in evs) == 1

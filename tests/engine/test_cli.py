@@ -1,0 +1,186 @@
+"""`ninfer` CLI: streams and reports (fake engine in-process), bad input as one line without a traceback
+(subprocess), end to end on the tiny qwen3 model (template switch) and on SmolLM2 (slow)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.api import Engine
+from engine.cli import fix_argv_text, main, read_messages
+from engine.errors import InputError
+from engine.fake import FakeModel, FakeTokenizer, script_policy, thinking_policy
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def fake_factory(policy, native=False):
+    def factory(eargs, config_model, progress):
+        tok = FakeTokenizer(native_thinking=native)
+        return Engine.from_parts(FakeModel(tok, policy), tok, eargs, name="fake")
+    return factory
+
+
+def cli(*args, env_extra=None, timeout=120):
+    """Run `python -m engine.cli` in a subprocess -> (exit code, stdout, stderr)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), NUMBA_NUM_THREADS="2", NINFER_CONFIG_DIR=str(ROOT / ".no-config"))
+    env.update(env_extra or {})
+    r = subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                       timeout=timeout)
+    return r.returncode, r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace")
+
+
+def assert_one_line_error(code, err, *needles):
+    assert code == 1, err
+    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("[ninfer] load")]  # progress is fine
+    assert len(lines) == 1 and lines[0].startswith("ninfer: error: "), err
+    assert "Traceback" not in err
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+# -- in-process, fake engine --------------------------------------------------------------------------------
+def test_answer_to_stdout_report_to_stderr(capsys, tmp_path):
+    stats = tmp_path / "s.json"
+    code = main(["--prompt", "hi", "--greedy", "--stats-json", str(stats), "--print-token-ids"],
+                fake_factory(script_policy("Paris.")))
+    out, err = capsys.readouterr()
+    assert code == 0 and out == "Paris.\n"
+    assert "[ninfer] prompt" in err and "finish stop" in err and "token ids:" in err
+    d = json.loads(stats.read_text(encoding="utf-8"))
+    assert d["answer"] == "Paris." and d["finish_reason"] == "stop" and d["token_ids"][-1] == 2
+    assert d["output_tokens"] == len(d["token_ids"]) and len(d["output_sha256"]) == 64
+
+
+def test_reasoning_to_stderr_answer_to_stdout(capsys, tmp_path):
+    stats = tmp_path / "s.json"
+    code = main(["--prompt", "hi", "--thinking-budget", "4", "--max-new", "300", "--stats-json", str(stats)],
+                fake_factory(thinking_policy(close_after=None)))
+    out, err = capsys.readouterr()
+    assert code == 0 and out == "Paris.\n"
+    assert "hmm hmm hmm hmm" in err and "close forced" in err and "hmm" not in out
+    d = json.loads(stats.read_text(encoding="utf-8"))
+    assert d["reasoning_tokens"] == 4 and d["thinking_forced"] and d["reasoning"] == " hmm" * 4
+
+
+def test_reasoning_effort_is_a_share_of_max_new(capsys, tmp_path):
+    stats = tmp_path / "s.json"
+    main(["--prompt", "hi", "--reasoning-effort", "low", "--max-new", "400", "--stats-json", str(stats)],
+         fake_factory(thinking_policy(close_after=None)))
+    assert json.loads(stats.read_text())["reasoning_tokens"] == 100
+
+
+def test_budget_too_large_is_one_line(capsys):
+    code = main(["--prompt", "hi", "--thinking-budget", "48", "--max-new", "50"],
+                fake_factory(thinking_policy(close_after=None)))
+    assert_one_line_error(code, capsys.readouterr().err, "--thinking-budget 48", "--max-new")
+
+
+def test_too_long_prompt_is_one_line(capsys):
+    code = main(["--prompt", "word " * 100, "--max-context", "32"], fake_factory(script_policy("x")))
+    assert_one_line_error(code, capsys.readouterr().err, "context")
+
+
+def test_stop_string_and_system(capsys, tmp_path):
+    code = main(["--prompt", "hi", "--greedy", "--system", "be brief", "--stop", "ris"],
+                fake_factory(script_policy("Paris.")))
+    out, err = capsys.readouterr()
+    assert code == 0 and out == "Pa\n" and "stop string 'ris'" in err
+
+
+def test_no_thinking_uses_the_template_switch(capsys, tmp_path):
+    stats = tmp_path / "s.json"
+    main(["--prompt", "hi", "--no-thinking", "--stats-json", str(stats)],
+         fake_factory(thinking_policy(close_after=2), native=True))
+    d = json.loads(stats.read_text())
+    assert d["reasoning_tokens"] == 0 and d["answer"] == "Paris."
+
+
+def test_nfc_and_surrogate_escaped_argv():
+    decomposed = "Cafe\u0301 日本"
+    assert fix_argv_text(decomposed, "--prompt") == "Caf\u00e9 日本"
+    escaped = "日本".encode("utf-8").decode("ascii", "surrogateescape")  # how a non-UTF-8 locale passes it
+    if os.fsencode(escaped) == "日本".encode("utf-8"):
+        assert fix_argv_text(escaped, "--prompt") == "日本"
+    with pytest.raises(InputError):
+        fix_argv_text(b"\xff\xfe".decode("ascii", "surrogateescape"), "--prompt")
+
+
+def test_messages_file_forms(tmp_path):
+    f = tmp_path / "m.json"
+    f.write_text(json.dumps({"messages": [{"role": "user", "content": "e\u0301"}]}), encoding="utf-8")
+    assert read_messages(str(f)) == [{"role": "user", "content": "\u00e9"}]
+    f.write_text('[{"role": "user"}]', encoding="utf-8")
+    with pytest.raises(InputError, match="message 0"):
+        read_messages(str(f))
+
+
+# -- subprocess: bad input never shows a traceback ----------------------------------------------------------
+def test_missing_messages_file():
+    code, out, err = cli("--messages", "/nonexistent/m.json")
+    assert_one_line_error(code, err, "no such file")
+
+
+def test_invalid_json(tmp_path):
+    f = tmp_path / "m.json"
+    f.write_text('[{"role": "user", "content": "hi"', encoding="utf-8")
+    code, out, err = cli("--messages", str(f))
+    assert_one_line_error(code, err, "not valid JSON", "line 1")
+
+
+def test_invalid_utf8(tmp_path):
+    f = tmp_path / "m.json"
+    f.write_bytes(b'[{"role": "user", "content": "caf\xe9"}]')
+    code, out, err = cli("--messages", str(f))
+    assert_one_line_error(code, err, "not valid UTF-8", "0xe9")
+
+
+def test_kv_capacity_below_max_context():
+    code, out, err = cli("--prompt", "hi", "--max-context", "512", "--kv-capacity", "256")
+    assert_one_line_error(code, err, "--kv-capacity 256", "--max-context 512")
+
+
+def test_missing_model_file():
+    code, out, err = cli("/nonexistent/model.gguf", "--prompt", "hi")
+    assert_one_line_error(code, err, "does not exist")
+
+
+def test_argparse_errors_exit_2():
+    code, out, err = cli("--prompt", "hi", "--kv-dtype", "f8")
+    assert code == 2 and "Traceback" not in err
+    code, out, err = cli()
+    assert code == 2 and "--prompt" in err
+
+
+# -- end to end on real models ------------------------------------------------------------------------------
+def test_tiny_qwen3_prompt_too_long_and_template_switch(tiny_models, tmp_path):
+    path = str(tiny_models["qwen3"])
+    code, out, err = cli(path, "--prompt", "hello " * 40, "--max-context", "16")
+    assert_one_line_error(code, err, "context")
+    stats = tmp_path / "s.json"
+    code, out, err = cli(path, "--prompt", "日本 hello", "--greedy", "--max-new", "4", "--no-thinking",
+                         "--stats-json", str(stats), env_extra={"LC_ALL": "C"})
+    assert code == 0, err
+    assert json.loads(stats.read_text())["output_tokens"] == 4
+
+
+@pytest.mark.slow
+def test_smollm2_capital_of_france(smollm2_path):
+    code, out, err = cli("--prompt", "What is the capital of France?", "--greedy", "--max-new", "48", timeout=600)
+    assert code == 0, err
+    assert "Paris" in out
+
+
+@pytest.mark.slow
+def test_smollm2_prompted_thinking_budget(smollm2_path, tmp_path):
+    stats = tmp_path / "s.json"
+    code, out, err = cli("--prompt", "A train travels 60 km in 1.5 hours. What is its average speed? Explain "
+                         "your reasoning.", "--greedy", "--max-new", "160", "--thinking-budget", "48",
+                         "--stats-json", str(stats), timeout=900)
+    assert code == 0, err
+    d = json.loads(stats.read_text())
+    assert d["reasoning_tokens"] <= 48 and d["answer"].strip() and out.strip()
