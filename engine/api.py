@@ -82,6 +82,18 @@ class Engine:
     def session(self) -> "Session":
         return Session(self)
 
+    @property
+    def thinking_kind(self) -> str:
+        """"native" (the model has its own reasoning markers) or "prompted" (reasoning is asked for by an
+        instruction; be honest about it in the UI)."""
+        from .thinking import native_markers
+        return "native" if native_markers(self.tokenizer) else "prompted"
+
+    def spec_modes(self) -> dict[str, str | None]:
+        """Every speculative mode -> None (usable with this model) or the reason it is not."""
+        from .spec import available_modes
+        return available_modes(self.model_path)
+
 
 class Session:
     """One conversation: its KV cache and the tokens in it. `generate` may be called again and again."""
@@ -127,7 +139,7 @@ class Session:
         spec = req.spec if req.spec is not None else eng.args.spec
         k = req.draft_tokens or eng.args.draft_tokens
         if round_fn is None:
-            round_fn = plain_round if spec == "off" else _spec_round(eng, spec, k)
+            round_fn = plain_round if spec == "off" else SpecRound(eng, spec, k)
         opts = ReplyOptions(max_context=eng.max_context, prefill_chunk=eng.args.prefill_chunk,
                             prefix_reuse=eng.args.prefix_reuse, stats_interval_s=self.stats_interval_s,
                             draft_tokens=k, spec_mode=spec, backend=eng.args.backend,
@@ -168,23 +180,36 @@ def normalize_messages(messages) -> list[dict]:
     return out
 
 
-def _spec_round(engine: Engine, mode: str, k: int) -> RoundFn:
-    """A round function for a speculative mode (engine.spec); ConfigError with the reason if unavailable."""
-    from .spec import make_drafter, spec_round
-    from .generate import Round
-    drafter = make_drafter(mode, engine.model, engine.model_path)
+class SpecRound:
+    """The speculative round function for a mode of `engine.spec` (one per reply): draft, verify, roll back.
 
-    def round_fn(ctx) -> Round:
-        if not ctx.state.get("started"):
-            drafter.reset()
-            ctx.state["started"] = True
-        res, feats = spec_round(ctx.model, ctx.cache, ctx.chooser, drafter, ctx.seq, k, stop_ids=ctx.stop_ids,
-                                max_tokens=ctx.max_tokens, capacity=engine.capacity,
-                                features=ctx.state.get("features"))
-        ctx.state["features"] = feats
+    Implements the optional hooks of the round seam (engine/generate.py): `begin()` at the start of a reply,
+    `capture` (target layers whose hidden states the drafter reads, also during prefill) and
+    `observe_prefill(tokens, features)` after every prefill chunk."""
+
+    def __init__(self, engine: Engine, mode: str, k: int):
+        from .spec import make_drafter
+        self.engine, self.k = engine, k
+        self.drafter = make_drafter(mode, engine.model, engine.model_path)  # ConfigError with the reason
+        self.capture = tuple(getattr(self.drafter, "features_needed", ()) or ())
+        self.features = None
+
+    def begin(self) -> None:
+        self.drafter.reset()
+        self.features = None
+
+    def observe_prefill(self, tokens, features) -> None:
+        self.drafter.observe(list(tokens), features)
+        self.features = features
+
+    def __call__(self, ctx):
+        from .generate import Round
+        from .spec import spec_round
+        res, self.features = spec_round(ctx.model, ctx.cache, ctx.chooser, self.drafter, ctx.seq, self.k,
+                                        stop_ids=ctx.stop_ids, max_tokens=ctx.max_tokens,
+                                        capacity=self.engine.capacity, features=self.features)
         return Round(res.tokens, drafted=res.n_drafted, accepted=res.n_accepted, draft_ms=res.draft_ms,
                      verify_ms=res.verify_ms)
-    return round_fn
 
 
 def _set_threads(n: int) -> None:

@@ -14,7 +14,11 @@ cache holds exactly `seq[:-1]` (the newest token is pending; it is the first inp
   n_returned - 1)` so the invariant holds, and return Round(tokens=[y...], drafted=k, accepted=n-1, ms...).
   It must not return more than `ctx.max_tokens` tokens. The loop handles stop tokens, stop strings, max_new
   and cancel on the returned tokens; if it stops in the middle of a round it truncates the cache itself.
-Select a round function per reply with `Session.generate(..., round_fn=...)` or `engine.spec`'s factory.
+Optional hooks a round function object may have: `begin()` (called once at the start of the reply),
+`capture` (layer ids: prefill passes capture their hidden states) and `observe_prefill(tokens, features)`
+(called after each prefill chunk). `engine.api.SpecRound` wires the modes of `engine.spec` this way.
+Select a round function per reply with `Session.generate(..., round_fn=...)`; the session builds a
+`SpecRound` when the request (or EngineArgs) names a speculative mode.
 """
 from __future__ import annotations
 
@@ -159,7 +163,7 @@ def run_reply(model, cache, cached: list[int], prompt: list[int], chooser, think
         now = time.perf_counter()
         n_out = len(seq) - P
         decode_s = now - t_first if t_first else 0.0
-        answer_empty = not splitter.answer_started
+        answer_empty = splitter.answer_chars == 0
         if answer_empty and reason != "cancelled" and n_out:
             detail = _empty_why(thinking, reason, detail)
         drafted = sum(r.drafted for r in rounds)
@@ -181,6 +185,10 @@ def run_reply(model, cache, cached: list[int], prompt: list[int], chooser, think
             context_capacity=opts.capacity)
 
     # -- prefill prompt[reuse : P-1]; the last prompt token is the first round's input ---------------------
+    if hasattr(round_fn, "begin"):
+        round_fn.begin()
+    layers = tuple(getattr(round_fn, "capture", ()) or ())
+    observe = getattr(round_fn, "observe_prefill", None)
     todo = prompt[reuse:P - 1]
     chunk = opts.prefill_chunk
     n_chunks = (len(todo) + chunk - 1) // chunk
@@ -192,8 +200,13 @@ def run_reply(model, cache, cached: list[int], prompt: list[int], chooser, think
         part = todo[c * chunk:(c + 1) * chunk]
         pos = len(cached)
         del cached[:]  # unknown state while the forward runs (restored right after)
-        model.forward(np.asarray(part, np.int32), pos, cache)
+        if layers:
+            model.forward(np.asarray(part, np.int32), pos, cache, capture=layers)
+        else:
+            model.forward(np.asarray(part, np.int32), pos, cache)
         cached.extend(prompt[:pos + len(part)])
+        if observe is not None:
+            observe(part, {i: model.captured[i] for i in layers} if layers else None)
         if n_chunks > 1:
             yield Progress("prefill", pos + len(part) - reuse, len(todo), "prefill")
     t_prefill = time.perf_counter() - t0
@@ -234,7 +247,12 @@ def run_reply(model, cache, cached: list[int], prompt: list[int], chooser, think
                 break
             if thinking.forced and thinking.forced_at == kept - P - 1:
                 splitter.force_at(len(out_text) + len(stopper.held))
-            emit, hit = stopper.push(detok.feed(tok))
+            i = kept - P - 1  # index of tok in the reply
+            if thinking.forced and 0 <= i - thinking.forced_at < len(thinking.plan.forced_ids):
+                # The forced insert is ours, not the model's: a stop string must not match inside it.
+                emit, hit = stopper.flush() + detok.feed(tok), None
+            else:
+                emit, hit = stopper.push(detok.feed(tok))
             out_text += emit
             events += _route(splitter.feed(emit))
             if thinking.forced and not forced_sent and thinking.state != FORCING:  # insert complete

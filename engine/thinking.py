@@ -286,6 +286,7 @@ class ChannelSplitter:
         self.forced_at: int | None = None  # text offset where a forced insert begins
         self.answer_started = start == ANSWER and not (plan.active and plan.start != ANSWER)
         self.reasoning_started = False
+        self.answer_chars = 0  # answer text emitted so far
 
     def force_at(self, offset: int) -> None:
         self.forced_at = offset
@@ -347,6 +348,7 @@ class ChannelSplitter:
             piece = stripped
         if piece:
             out.append(("answer", piece))
+            self.answer_chars += len(piece)
         self.pos = len(self.text)
 
 

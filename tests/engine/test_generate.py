@@ -191,3 +191,9 @@ def test_speculative_round_seam_matches_plain_decode():
     assert out_s == out_p == text and st_s.token_ids == st_p.token_ids
     assert st_s.spec_mode == "ngram" and st_s.drafted > 0 and st_s.accepted > 0
     assert st_s.rounds < st_p.rounds
+
+
+def test_empty_reply_says_why():
+    eng = fake_engine(script_policy(""))  # ends the turn at once
+    _, st, text = collect(eng.session())
+    assert text == "" and st.stop_reason_detail.startswith("empty answer") and "stop token" in st.stop_reason_detail

@@ -218,3 +218,9 @@ def test_tiny_qwen3_native_markers_switch_and_forcing(tiny_models):
     assert ids[5:5 + len(plan.forced_ids)] == list(plan.forced_ids)  # the insert right after 5 reasoning tokens
     assert ids.count(close_id) == 1 and close_id in plan.forced_ids
     assert sum(isinstance(e, ThinkingForced) for e in evs) == 1
+
+
+def test_stop_string_never_matches_inside_the_forced_insert():
+    eng = fake_engine(thinking_policy(close_after=None))
+    final, text, _, raw, _ = run(eng, budget=3, stop=("limited time", "\n\n"))
+    assert final.thinking_forced and text == "Paris." and NOTE in raw
