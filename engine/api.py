@@ -66,7 +66,7 @@ class Engine:
         report(Progress("load", 1, 3, f"preparing weights for the {args.backend} backend"))
         backend = get_backend(args.backend)
         model = Model(mf.args, mf.tensors, backend, max_batch=max(args.prefill_chunk, args.draft_tokens + 1))
-        report(Progress("load", 2, 3, "compiling kernels"))
+        report(Progress("compile", 2, 3, "compiling kernels"))
         _warm_up(model, args.kv_dtype)
         report(Progress("load", 3, 3, mf.describe()))
         return cls(model, tok, args, max_ctx, cap, name=path.name, model_path=str(path),

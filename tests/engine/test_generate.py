@@ -197,3 +197,29 @@ def test_empty_reply_says_why():
     eng = fake_engine(script_policy(""))  # ends the turn at once
     _, st, text = collect(eng.session())
     assert text == "" and st.stop_reason_detail.startswith("empty answer") and "stop token" in st.stop_reason_detail
+
+
+@pytest.fixture(scope="module")
+def tiny_engines(tiny_models):
+    from engine.api import Engine
+    path = str(tiny_models["qwen2"])  # its distribution is flat enough for sampling to vary
+    return (Engine.load(EngineArgs(model=path, max_context=256, prefill_chunk=256)),
+            Engine.load(EngineArgs(model=path, max_context=256, prefill_chunk=3, prefix_reuse=False)))
+
+
+def test_real_model_chunked_prefill_and_prefix_reuse_give_the_same_tokens(tiny_engines):
+    """On a real forward pass: prefill in chunks of 3 == one chunk, and a second turn that reuses the cache
+    == the same turn computed from scratch."""
+    big, small = tiny_engines
+    msgs = [{"role": "user", "content": "The quick brown fox jumps over the lazy dog."}]
+    # Sampling (seeded) rather than greedy: the random tiny model's argmax barely moves, its distribution does.
+    req = GenerateRequest(SamplingParams(temperature=1.0, seed=3, max_new=12))
+    s1 = big.session()
+    _, a, text = collect(s1, msgs, req)
+    _, b, _ = collect(small.session(), msgs, req)
+    assert a.token_ids == b.token_ids and len(set(a.token_ids)) > 3
+    turn2 = msgs + [{"role": "assistant", "content": text}, {"role": "user", "content": "And then?"}]
+    _, reused, _ = collect(s1, turn2, req)
+    _, fresh, _ = collect(small.session(), turn2, req)
+    assert reused.cached_prompt_tokens > len(s1.prompt_tokens(msgs)) and fresh.cached_prompt_tokens == 0
+    assert reused.token_ids == fresh.token_ids and len(set(reused.token_ids)) > 3
