@@ -76,7 +76,8 @@ def residual_add(out, x):
 
 # ------------------------------------------------------------------------------------------ elementwise
 def rmsnorm(out, x, w, eps):
-    """out (R, n) <- x (R, n) / sqrt(mean(x^2) + eps) * w (n,). R = T rows (or T*n_head for q/k norm)."""
+    """out (R, n) <- x (R, n) / sqrt(mean(x^2) + eps) * w (n,). R = T rows (or T*n_head for q/k norm).
+    out may be x itself (the q/k norm runs in place)."""
     x64 = x.astype(np.float64)
     inv = 1.0 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps)
     out[:] = (x64 * inv * w).astype(np.float32)
