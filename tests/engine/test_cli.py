@@ -36,7 +36,7 @@ def cli(*args, env_extra=None, timeout=120):
 
 def assert_one_line_error(code, err, *needles):
     assert code == 1, err
-    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("[ninfer] load")]  # progress is fine
+    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("[ninfer] ")]  # progress is fine
     assert len(lines) == 1 and lines[0].startswith("ninfer: error: "), err
     assert "Traceback" not in err
     for n in needles:
