@@ -18,6 +18,12 @@ from engine.fake import FakeModel, FakeTokenizer, script_policy, thinking_policy
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def no_user_config(monkeypatch, tmp_path):
+    """In-process runs must not read the machine's user config."""
+    monkeypatch.setenv("NINFER_CONFIG_DIR", str(tmp_path / "config"))
+
+
 def fake_factory(policy, native=False):
     def factory(eargs, config_model, progress):
         tok = FakeTokenizer(native_thinking=native)
@@ -184,3 +190,18 @@ def test_smollm2_prompted_thinking_budget(smollm2_path, tmp_path):
     assert code == 0, err
     d = json.loads(stats.read_text())
     assert d["reasoning_tokens"] <= 48 and d["answer"].strip() and out.strip()
+
+
+def test_config_defaults_and_flag_override(capsys, tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[sampling]\nmax_new = 5\ntemperature = "hot"\n[thinking]\nmode = "on"\nbudget = 2\n',
+                   encoding="utf-8")
+    stats = tmp_path / "s.json"
+    fac = fake_factory(thinking_policy(close_after=None))
+    assert main(["--prompt", "hi", "--config", str(cfg), "--max-new", "200", "--stats-json", str(stats)], fac) == 0
+    d = json.loads(stats.read_text())
+    assert d["reasoning_tokens"] == 2 and d["thinking_forced"]  # [thinking] from the config file
+    assert main(["--prompt", "hi", "--config", str(cfg), "--no-thinking", "--stats-json", str(stats)],
+                fake_factory(script_policy("x" * 50))) == 0
+    d = json.loads(stats.read_text())
+    assert d["output_tokens"] == 5 and d["reasoning_tokens"] == 0  # max_new from the config; bad types ignored
