@@ -8,8 +8,9 @@ Weight layout (`prepare_weight`): quants and scales are split apart at load time
 - Q8_0: qs int8 (d, nb, 32), scale f32 (d, nb)                      x = d * q
 - Q4_0: qs uint8 (d, nb, 16) (raw nibble bytes), scale f32 (d, nb)  x = d * (q - 8)
 - Q4_1: qs uint8 (d, nb, 16), scale f32 (d, nb), min f32 (d, nb)    x = d * q + m
-- everything else (F32, F16, BF16, Q4_K, Q6_K): dequantized ONCE to dense f32 (d, n). Simple but 4-8x the
-  file's memory for those types; a native Q4_K/Q6_K kernel is future work.
+- Q4_K: qs uint8 (d, nb, 128), sc f32 (d, nb, 8) = d * scale_j, mn f32 (d, nb, 8) = dmin * min_j
+- Q6_K: ql uint8 (d, nb, 128), qh uint8 (d, nb, 64), sc f32 (d, nb, 16) = d * scales_j
+- F32, F16, BF16: dense f32 (d, n) (F16/BF16 then take twice their file size).
 The quantized matmuls dequantize one weight row at a time into a per-thread f32 buffer and dot it with
 all T activation rows (float activations; int8 activations are the speed issue's business).
 
@@ -26,21 +27,22 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from numba import njit, prange
 
-from ..quant import QK, QTensor, dequantize, validate
+from ..quant import QTensor, _q4k_scales, block_info, dequantize, validate
 from .ref import KV_GROUP, kv_group  # noqa: F401  (re-exported: same constants in every kernel module)
 
 _F16_DENORM_SCALE = np.float32(2.0 ** 112)  # half -> float: shift the bits into place, then rescale
 
 
 class CpuWeight:
-    """A weight in the CPU layout (see module docstring). kind: 'q8_0' | 'q4_0' | 'q4_1' | 'dense'."""
+    """A weight in the CPU layout (see module docstring).
 
-    def __init__(self, name, kind, shape, qs=None, scale=None, mins=None, dense=None):
+    kind: 'q8_0' | 'q4_0' | 'q4_1' | 'q4_k' | 'q6_k' | 'dense'; arrays: the kind's arrays in the order its
+    row-dequant helper (`_row_<kind>`) takes them.
+    """
+
+    def __init__(self, name, kind, shape, arrays):
         self.name, self.kind, self.shape = name, kind, shape
-        self.qs = qs  # (d, nb, 32) int8 or (d, nb, 16) uint8
-        self.scale = scale  # (d, nb) f32
-        self.mins = mins  # (d, nb) f32 (Q4_1 only)
-        self.dense = dense  # (d, n) f32 (dense kind only)
+        self.arrays = arrays
 
 
 class CpuScratch:
@@ -51,23 +53,36 @@ class CpuScratch:
         self.max_t, self.max_n = max_t, max_n
 
 
+def _f16_field(raw, lo):
+    # (d, nb, B) uint8 -> (d, nb) f32 from the little-endian half at bytes lo..lo+1 of each block
+    return np.ascontiguousarray(raw[:, :, lo:lo + 2]).view(np.float16)[..., 0].astype(np.float32)
+
+
 def prepare_weight(qt: QTensor) -> CpuWeight:
     """Repack a file tensor into the CPU layout (called once at load time)."""
     validate(qt)
     rows, cols = qt.shape[0], qt.shape[-1]
     shape = (rows, cols) if len(qt.shape) > 1 else (1, cols)
-    if qt.qtype in (QT.Q8_0, QT.Q4_0, QT.Q4_1):
-        raw = np.ascontiguousarray(qt.data).view(np.uint8).reshape(shape[0], cols // QK, -1)  # (d, nb, B)
-        scale = np.ascontiguousarray(raw[:, :, 0:2]).view(np.float16)[..., 0].astype(np.float32)
-        if qt.qtype == QT.Q8_0:
-            qs = np.ascontiguousarray(raw[:, :, 2:]).view(np.int8)
-            return CpuWeight(qt.name, "q8_0", shape, qs=qs, scale=scale)
-        if qt.qtype == QT.Q4_0:
-            return CpuWeight(qt.name, "q4_0", shape, qs=np.ascontiguousarray(raw[:, :, 2:]), scale=scale)
-        mins = np.ascontiguousarray(raw[:, :, 2:4]).view(np.float16)[..., 0].astype(np.float32)
-        return CpuWeight(qt.name, "q4_1", shape, qs=np.ascontiguousarray(raw[:, :, 4:]), scale=scale, mins=mins)
-    dense = np.ascontiguousarray(dequantize(qt).reshape(shape), dtype=np.float32)
-    return CpuWeight(qt.name, "dense", shape, dense=dense)
+    if qt.qtype in (QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q6_K):
+        bs, _ = block_info(qt.qtype, qt.name)
+        raw = np.ascontiguousarray(qt.data).view(np.uint8).reshape(shape[0], cols // bs, -1)  # (d, nb, B)
+        part = (lambda lo, hi: np.ascontiguousarray(raw[:, :, lo:hi]))  # noqa: E731
+    if qt.qtype == QT.Q8_0:
+        return CpuWeight(qt.name, "q8_0", shape, (part(2, 34).view(np.int8), _f16_field(raw, 0)))
+    if qt.qtype == QT.Q4_0:
+        return CpuWeight(qt.name, "q4_0", shape, (part(2, 18), _f16_field(raw, 0)))
+    if qt.qtype == QT.Q4_1:
+        return CpuWeight(qt.name, "q4_1", shape, (part(4, 20), _f16_field(raw, 0), _f16_field(raw, 2)))
+    if qt.qtype == QT.Q4_K:  # fold d and dmin into the 8 sub-block scales / mins once
+        sc, mn = _q4k_scales(raw[:, :, 4:16].reshape(-1, 12))  # (d*nb, 8) each
+        sc = (sc.reshape(shape[0], -1, 8) * _f16_field(raw, 0)[..., None]).astype(np.float32)
+        mn = (mn.reshape(shape[0], -1, 8) * _f16_field(raw, 2)[..., None]).astype(np.float32)
+        return CpuWeight(qt.name, "q4_k", shape, (part(16, 144), sc, mn))
+    if qt.qtype == QT.Q6_K:
+        sc = (part(192, 208).view(np.int8).astype(np.float32) * _f16_field(raw, 208)[..., None]).astype(np.float32)
+        return CpuWeight(qt.name, "q6_k", shape, (part(0, 128), part(128, 192), sc))
+    # F32 / F16 / BF16: dense f32 (F16/BF16 take 2x their file size; fine for the small tensors they hold)
+    return CpuWeight(qt.name, "dense", shape, (np.ascontiguousarray(dequantize(qt).reshape(shape), np.float32),))
 
 
 def weight_shape(w: CpuWeight) -> tuple[int, int]:
@@ -81,116 +96,177 @@ def new_scratch(max_t: int, max_n: int) -> CpuScratch:
 
 
 # ----------------------------------------------------------------------------------------------- linear
-# Rows are split into chunks of _ROWS; a thread dequantizes one weight row at a time into its own f32 row
-# buffer (vectorizable), then takes the T dot products with it (vectorizable), so each block is read once.
+# One helper per layout dequantizes weight row r into buf (n,) f32; the matmul and embedding kernels share
+# them. A matmul thread takes a chunk of _ROWS rows, dequantizes one row at a time into its own buffer
+# (vectorizable), then takes the T dot products with it (vectorizable): each block is read once for all T.
 _ROWS = 16
+
+
+@njit(cache=True, inline="always")
+def _row_q8_0(buf, r, qs, scale):
+    for b in range(qs.shape[1]):
+        d = scale[r, b]
+        for j in range(32):
+            buf[b * 32 + j] = np.float32(qs[r, b, j]) * d
+
+
+@njit(cache=True, inline="always")
+def _row_q4(buf, r, qs, scale, mins, offset):
+    # value = scale * q + mins (Q4_1, offset=0) or scale * (q - 8) (Q4_0, offset=8; mins unused).
+    # Nibbles: lo = values 0..15, hi = 16..31 of a block.
+    for b in range(qs.shape[1]):
+        d = scale[r, b]
+        m = mins[r, b] if offset == 0 else np.float32(-offset) * d
+        for j in range(16):
+            q = qs[r, b, j]
+            buf[b * 32 + j] = np.float32(q & 15) * d + m
+            buf[b * 32 + 16 + j] = np.float32(q >> 4) * d + m
+
+
+@njit(cache=True, inline="always")
+def _row_q4_k(buf, r, qs, sc, mn):
+    # qs (d, nb, 128): 64-value chunk c = sub-blocks 2c (lo nibbles of bytes 32c..32c+31) and 2c+1 (hi)
+    for b in range(qs.shape[1]):
+        for c in range(4):
+            s0, m0, s1, m1 = sc[r, b, 2 * c], mn[r, b, 2 * c], sc[r, b, 2 * c + 1], mn[r, b, 2 * c + 1]
+            base = b * 256 + c * 64
+            for j in range(32):
+                q = qs[r, b, c * 32 + j]
+                buf[base + j] = np.float32(q & 15) * s0 - m0
+                buf[base + 32 + j] = np.float32(q >> 4) * s1 - m1
+
+
+@njit(cache=True, inline="always")
+def _row_q6_k(buf, r, ql, qh, sc):
+    # per 128-value half h, l in 0..31: values l, l+32, l+64, l+96 take 4 low bits from ql[l], ql[l+32],
+    # ql[l] >> 4, ql[l+32] >> 4 and 2 high bits from qh[l] bits 0-1, 2-3, 4-5, 6-7; scale j per 16 values
+    for b in range(ql.shape[1]):
+        for h in range(2):
+            base = b * 256 + h * 128
+            for j in range(32):
+                a, c, hb = ql[r, b, h * 64 + j], ql[r, b, h * 64 + 32 + j], qh[r, b, h * 32 + j]
+                k = h * 8 + j // 16
+                buf[base + j] = sc[r, b, k] * np.float32(np.int32((a & 15) | ((hb & 3) << 4)) - 32)
+                buf[base + 32 + j] = sc[r, b, k + 2] * np.float32(np.int32((c & 15) | (((hb >> 2) & 3) << 4)) - 32)
+                buf[base + 64 + j] = sc[r, b, k + 4] * np.float32(np.int32((a >> 4) | (((hb >> 4) & 3) << 4)) - 32)
+                buf[base + 96 + j] = sc[r, b, k + 6] * np.float32(np.int32((c >> 4) | ((hb >> 6) << 4)) - 32)
+
+
+@njit(cache=True, inline="always")
+def _dots(out, x, buf, r):
+    # out[t, r] <- buf (n,) . x[t] for every row t
+    for t in range(x.shape[0]):
+        s = np.float32(0.0)
+        for i in range(x.shape[1]):
+            s += buf[i] * x[t, i]
+        out[t, r] = s
 
 
 @njit(cache=True, parallel=True, fastmath=True)
 def _mm_q8_0(out, x, qs, scale):
     # out (T, d) <- x (T, n) @ W^T; W = scale (d, nb) * qs (d, nb, 32) int8
-    d_rows, nb = scale.shape
-    n, t_n = nb * 32, x.shape[0]
+    d_rows = qs.shape[0]
     for c in prange((d_rows + _ROWS - 1) // _ROWS):
-        buf = np.empty(n, np.float32)  # one dequantized row
+        buf = np.empty(x.shape[1], np.float32)  # one dequantized row
         for r in range(c * _ROWS, min(d_rows, (c + 1) * _ROWS)):
-            for b in range(nb):
-                d = scale[r, b]
-                for j in range(32):
-                    buf[b * 32 + j] = np.float32(qs[r, b, j]) * d
-            for t in range(t_n):
-                s = np.float32(0.0)
-                for i in range(n):
-                    s += buf[i] * x[t, i]
-                out[t, r] = s
+            _row_q8_0(buf, r, qs, scale)
+            _dots(out, x, buf, r)
 
 
 @njit(cache=True, parallel=True, fastmath=True)
 def _mm_q4(out, x, qs, scale, mins, offset):
-    # out (T, d) <- x (T, n) @ W^T for 4-bit blocks: value = scale * q + mins (Q4_1, offset=0), or
-    # scale * (q - 8) (Q4_0: offset=8, mins ignored). Nibbles: lo = values 0..15, hi = 16..31 of a block.
-    d_rows, nb = scale.shape
-    n, t_n = nb * 32, x.shape[0]
+    d_rows = qs.shape[0]
     for c in prange((d_rows + _ROWS - 1) // _ROWS):
-        buf = np.empty(n, np.float32)
+        buf = np.empty(x.shape[1], np.float32)
         for r in range(c * _ROWS, min(d_rows, (c + 1) * _ROWS)):
-            for b in range(nb):
-                d = scale[r, b]
-                m = mins[r, b] if offset == 0 else np.float32(-offset) * d
-                for j in range(16):
-                    q = qs[r, b, j]
-                    buf[b * 32 + j] = np.float32(q & 15) * d + m
-                    buf[b * 32 + 16 + j] = np.float32(q >> 4) * d + m
-            for t in range(t_n):
-                s = np.float32(0.0)
-                for i in range(n):
-                    s += buf[i] * x[t, i]
-                out[t, r] = s
+            _row_q4(buf, r, qs, scale, mins, offset)
+            _dots(out, x, buf, r)
+
+
+@njit(cache=True, parallel=True, fastmath=True)
+def _mm_q4_k(out, x, qs, sc, mn):
+    d_rows = qs.shape[0]
+    for c in prange((d_rows + _ROWS - 1) // _ROWS):
+        buf = np.empty(x.shape[1], np.float32)
+        for r in range(c * _ROWS, min(d_rows, (c + 1) * _ROWS)):
+            _row_q4_k(buf, r, qs, sc, mn)
+            _dots(out, x, buf, r)
+
+
+@njit(cache=True, parallel=True, fastmath=True)
+def _mm_q6_k(out, x, ql, qh, sc):
+    d_rows = ql.shape[0]
+    for c in prange((d_rows + _ROWS - 1) // _ROWS):
+        buf = np.empty(x.shape[1], np.float32)
+        for r in range(c * _ROWS, min(d_rows, (c + 1) * _ROWS)):
+            _row_q6_k(buf, r, ql, qh, sc)
+            _dots(out, x, buf, r)
 
 
 @njit(cache=True, parallel=True, fastmath=True)
 def _mm_dense(out, x, w):
     # out (T, d) <- x (T, n) @ w (d, n)^T
-    t_n, n = x.shape
     for r in prange(w.shape[0]):
-        for t in range(t_n):
-            s = np.float32(0.0)
-            for j in range(n):
-                s += w[r, j] * x[t, j]
-            out[t, r] = s
+        _dots(out, x, w[r], r)
 
 
 def matmul(out, x, w, scratch):
     """out (T, d) f32 <- x (T, n) f32 @ W (d, n)^T. One pass over W serves all T rows."""
-    if w.kind == "q8_0":
-        _mm_q8_0(out, x, w.qs, w.scale)
-    elif w.kind == "q4_1":
-        _mm_q4(out, x, w.qs, w.scale, w.mins, 0)
-    elif w.kind == "q4_0":
-        _mm_q4(out, x, w.qs, w.scale, w.scale, 8)
+    k = w.kind
+    if k == "q4_1":
+        _mm_q4(out, x, *w.arrays, 0)
+    elif k == "q8_0":
+        _mm_q8_0(out, x, *w.arrays)
+    elif k == "q4_0":
+        _mm_q4(out, x, *w.arrays, w.arrays[1], 8)
+    elif k == "q4_k":
+        _mm_q4_k(out, x, *w.arrays)
+    elif k == "q6_k":
+        _mm_q6_k(out, x, *w.arrays)
     else:
-        _mm_dense(out, x, w.dense)
+        _mm_dense(out, x, *w.arrays)
+
+
+# Embedding lookups: the same row helpers, writing straight into the output rows.
+@njit(cache=True)
+def _embed_q8_0(out, tokens, qs, scale):
+    for t in range(tokens.shape[0]):
+        _row_q8_0(out[t], tokens[t], qs, scale)
 
 
 @njit(cache=True)
-def _embed_q8_0(out, qs, scale, tokens):
+def _embed_q4(out, tokens, qs, scale, mins, offset):
     for t in range(tokens.shape[0]):
-        r = tokens[t]
-        for b in range(qs.shape[1]):
-            for j in range(32):
-                out[t, b * 32 + j] = scale[r, b] * np.float32(qs[r, b, j])
+        _row_q4(out[t], tokens[t], qs, scale, mins, offset)
 
 
 @njit(cache=True)
-def _embed_q4(out, qs, scale, mins, offset, tokens):
-    has_min = offset == 0
+def _embed_q4_k(out, tokens, qs, sc, mn):
     for t in range(tokens.shape[0]):
-        r = tokens[t]
-        for b in range(qs.shape[1]):
-            d = scale[r, b]
-            m = mins[r, b] if has_min else np.float32(-offset) * d
-            for j in range(16):
-                q = qs[r, b, j]
-                out[t, b * 32 + j] = d * np.float32(q & 15) + m
-                out[t, b * 32 + 16 + j] = d * np.float32(q >> 4) + m
+        _row_q4_k(out[t], tokens[t], qs, sc, mn)
 
 
 @njit(cache=True)
-def _embed_dense(out, w, tokens):
+def _embed_q6_k(out, tokens, ql, qh, sc):
     for t in range(tokens.shape[0]):
-        out[t, :] = w[tokens[t]]
+        _row_q6_k(out[t], tokens[t], ql, qh, sc)
 
 
 def embed(out, w, tokens):
     """out (T, n) f32 <- rows tokens (T,) int32 of the embedding table W (vocab, n)."""
-    if w.kind == "q8_0":
-        _embed_q8_0(out, w.qs, w.scale, tokens)
-    elif w.kind == "q4_1":
-        _embed_q4(out, w.qs, w.scale, w.mins, 0, tokens)
-    elif w.kind == "q4_0":
-        _embed_q4(out, w.qs, w.scale, w.scale, 8, tokens)
+    k = w.kind
+    if k == "q8_0":
+        _embed_q8_0(out, tokens, *w.arrays)
+    elif k == "q4_1":
+        _embed_q4(out, tokens, *w.arrays, 0)
+    elif k == "q4_0":
+        _embed_q4(out, tokens, *w.arrays, w.arrays[1], 8)
+    elif k == "q4_k":
+        _embed_q4_k(out, tokens, *w.arrays)
+    elif k == "q6_k":
+        _embed_q6_k(out, tokens, *w.arrays)
     else:
-        _embed_dense(out, w.dense, tokens)
+        out[:] = w.arrays[0][tokens]
 
 
 @njit(cache=True)

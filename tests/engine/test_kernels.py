@@ -31,7 +31,7 @@ def test_matmul(qtype, t_n):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * scale)
 
 
-@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.F16, QT.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda q: q.name)
 def test_embed(qtype):
     qt = random_qtensor(qtype, 50, 256, RNG)
     tokens = np.array([3, 0, 49, 3], np.int32)
