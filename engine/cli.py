@@ -4,8 +4,9 @@
 
 The answer streams to stdout; reasoning, progress and the stats report go to stderr. Every NinferError ends
 as one line `ninfer: error: ...` on stderr with exit status 1 (argparse errors: status 2; Ctrl-C: 130 after
-the partial answer). Defaults come from config.toml ([engine], [sampling], [penalties], [thinking], [spec]),
-read defensively; flags override them.
+the partial answer). Defaults come from config.toml ([engine], [sampling], [penalties], [thinking], [spec];
+[thinking] open_marker/close_marker name the reasoning markers of a model without native ones), read
+defensively (a value of the wrong type is ignored); flags override them.
 
 --reasoning-effort maps to a thinking budget as a share of --max-new, so it always leaves room for the
 answer: low = 1/4, medium = 1/2, high = 3/4 of --max-new reasoning tokens.
@@ -177,7 +178,9 @@ def build_options(a: argparse.Namespace, cfg: dict) -> tuple[EngineArgs, Generat
         budget = b if b > 0 else None  # config: 0 = unlimited
     message = fix_argv_text(a.thinking_message, "--thinking-message") if a.thinking_message \
         else _pick(None, ct, "message", str, ThinkingParams.message)
-    thinking = ThinkingParams(enabled=enabled, budget=None if enabled is False else budget, message=message)
+    thinking = ThinkingParams(enabled=enabled, budget=None if enabled is False else budget, message=message,
+                              open_marker=_pick(None, ct, "open_marker", str, None) or None,
+                              close_marker=_pick(None, ct, "close_marker", str, None) or None)
     model_cfg = cfg.get("model") if isinstance(cfg.get("model"), str) and cfg.get("model") else None
     return eargs, GenerateRequest(sampling=sampling, thinking=thinking), model_cfg
 
