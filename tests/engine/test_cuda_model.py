@@ -46,8 +46,9 @@ def greedy(model, prompt, n_new, kv_dtype, chunk=4):
         rows.append(logits[-1])
         tok = int(np.argmax(logits[-1]))
         out.append(tok)
-        logits = model.forward(np.array([tok], np.int32), pos, cache)
-        pos += 1
+        if len(out) < n_new:  # the last token needs no forward
+            logits = model.forward(np.array([tok], np.int32), pos, cache)
+            pos += 1
     return out, np.stack(rows)
 
 
