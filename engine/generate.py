@@ -192,7 +192,7 @@ def run_reply(model, cache, cached: list[int], prompt: list[int], chooser, think
     todo = prompt[reuse:P - 1]
     chunk = opts.prefill_chunk
     n_chunks = (len(todo) + chunk - 1) // chunk
-    t0 = time.perf_counter()
+    t_prefill = 0.0  # forward time only (not the consumer's time between events)
     for c in range(n_chunks):
         if cancelled():
             yield final("cancelled", "cancelled during prefill", list(prompt), "", 0.0, 0.0, 0, [])
@@ -200,16 +200,17 @@ def run_reply(model, cache, cached: list[int], prompt: list[int], chooser, think
         part = todo[c * chunk:(c + 1) * chunk]
         pos = len(cached)
         del cached[:]  # unknown state while the forward runs (restored right after)
+        t0 = time.perf_counter()
         if layers:
             model.forward(np.asarray(part, np.int32), pos, cache, capture=layers)
         else:
             model.forward(np.asarray(part, np.int32), pos, cache)
+        t_prefill += time.perf_counter() - t0
         cached.extend(prompt[:pos + len(part)])
         if observe is not None:
             observe(part, {i: model.captured[i] for i in layers} if layers else None)
         if n_chunks > 1:
             yield Progress("prefill", pos + len(part) - reuse, len(todo), "prefill")
-    t_prefill = time.perf_counter() - t0
     prefilled = len(todo)
 
     # -- decode rounds ------------------------------------------------------------------------------------

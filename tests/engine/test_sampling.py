@@ -100,9 +100,9 @@ def test_draws_follow_the_distribution():
     probs = np.array([0.1, 0.2, 0.3, 0.4])
     ch = TokenChooser(SamplingParams(temperature=1.0, seed=5), 4)
     x = _logits_from_probs(probs)
-    n = 20000
+    n = 8000
     counts = np.bincount([ch.choose(x) for _ in range(n)], minlength=4) / n
-    assert np.abs(counts - probs).max() < 0.015
+    assert np.abs(counts - probs).max() < 0.025  # ~4.5 sigma
 
 
 def test_penalties_openai_semantics():
