@@ -18,10 +18,7 @@ float16 KV caches are passed to numba as their uint16 bit patterns (numba has no
 """
 from __future__ import annotations
 
-try:  # numba flags (SLP vectorizer on, workqueue threads, flag-keyed cache) before numba is imported
-    from .. import numba_env  # noqa: F401
-except ImportError:  # pragma: no cover
-    pass
+from .. import numba_env  # noqa: F401  (before numba: SLP vectorizer on, workqueue threads, flag-keyed cache)
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT

@@ -43,12 +43,8 @@ def _rope(x, positions, base, neox):
 def reference_logits(a: ModelArgs, tensors: dict[str, QTensor], tokens, pos0: int = 0) -> np.ndarray:
     """Logits (T, vocab) float64 for tokens at positions pos0..pos0+T-1 with an empty history (pos0 only
     shifts RoPE)."""
-    W = {}
-
-    def w(name):
-        if name not in W:
-            W[name] = _deq(tensors[name])
-        return W[name]
+    def w(name):  # dequantized on use, not kept: peak memory stays at one matrix (SmolLM2: ~0.2 GB)
+        return _deq(tensors[name])
 
     tokens = np.asarray(tokens)
     t_n = len(tokens)
@@ -58,7 +54,7 @@ def reference_logits(a: ModelArgs, tensors: dict[str, QTensor], tokens, pos0: in
     for i in range(a.n_layer):
         p = f"blk.{i}."
         h = _rms(x, w(p + "attn_norm.weight"), a.rms_eps)
-        q, k, v = (h @ w(p + f"attn_{n}.weight").T for n in "qkv")
+        q, k, v = [h @ w(p + f"attn_{n}.weight").T for n in "qkv"]
         if p + "attn_q.bias" in tensors:
             q, k, v = (m + w(p + f"attn_{n}.bias") for m, n in zip((q, k, v), "qkv"))
         q = q.reshape(t_n, a.n_head, a.head_dim)
