@@ -151,3 +151,20 @@ def test_kv_int8_attention_close_to_f16():
     cpu.attention_f16(a, q, kc, vc, cap - 1, 0.125)
     cpu.attention_int8(b, q, *bufs, cap - 1, 0.125)
     assert np.abs(a - b).max() < 0.05
+
+
+def test_backend_seam():
+    from engine.backend import KERNELS, get_backend
+    from engine.errors import BackendUnavailable, ConfigError
+    for name in ("cpu", "ref"):
+        be = get_backend(name)
+        assert all(callable(getattr(be, k)) for k in KERNELS)
+        buf = be.zeros((2, 3), "float32")
+        be.upload(buf, np.ones((2, 3), np.float32))
+        assert be.to_host(buf).sum() == 6
+    with pytest.raises(ConfigError, match="not one of"):
+        get_backend("tpu")
+    try:  # on a machine without a GPU this must be the one-line error, never another exception
+        get_backend("cuda")
+    except BackendUnavailable as e:
+        assert "--backend cpu" in str(e)

@@ -186,3 +186,16 @@ def test_smollm2_matches_reference(smol, smollm2_path):
     assert np.argmax(got[-1]) == np.argmax(want[-1])
     assert np.mean(np.argmax(got, -1) == np.argmax(want, -1)) >= 0.95
     _close(got, want, 1e-2)
+
+
+def test_kv_cache_dtypes_and_sizes():
+    from engine.kv_cache import KVCache
+    be = get_backend("cpu")
+    f16 = KVCache(be, 2, 10, 3, 64, "f16")
+    i8 = KVCache(be, 2, 10, 3, 64, "int8")
+    assert [a.shape for a in f16.layer(1)] == [(10, 3, 64)] * 2 and f16.layer(0)[0].dtype == np.float16
+    assert [a.shape for a in i8.layer(0)] == [(10, 3, 64), (10, 3, 2), (10, 3, 64), (10, 3, 2)]
+    assert i8.nbytes < 0.6 * f16.nbytes
+    from engine.errors import ConfigError
+    with pytest.raises(ConfigError, match="kv-dtype"):
+        KVCache(be, 2, 10, 3, 64, "fp8")
