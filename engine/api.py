@@ -64,8 +64,12 @@ class Engine:
         if args.threads:
             _set_threads(args.threads)
         report(Progress("load", 1, 3, f"preparing weights for the {args.backend} backend"))
-        backend = get_backend(args.backend)
-        model = Model(mf.args, mf.tensors, backend, max_batch=max(args.prefill_chunk, args.draft_tokens + 1))
+        max_batch = max(args.prefill_chunk, args.draft_tokens + 1)
+        if args.tp > 1:  # tensor parallelism: same Model interface over per-device shards (engine.tp)
+            from .tp import build_tp_model
+            model = build_tp_model(mf.args, mf.tensors, args, max_batch=max_batch)
+        else:
+            model = Model(mf.args, mf.tensors, get_backend(args.backend), max_batch=max_batch)
         report(Progress("compile", 2, 3, "compiling kernels"))
         _warm_up(model, args.kv_dtype)
         report(Progress("load", 3, 3, mf.describe()))

@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-prefix-reuse", action="store_true")
     g.add_argument("--tp", type=int)
     g.add_argument("--devices", help="comma-separated device ids, e.g. 0,1")
+    g.add_argument("--transport", choices=("auto", "p2p", "mapped"), help="--tp all-reduce path")
     g.add_argument("--spec", choices=SPEC_MODES)
     g.add_argument("--draft-tokens", type=int)
     s = p.add_argument_group("sampling")
@@ -151,7 +152,7 @@ def build_options(a: argparse.Namespace, cfg: dict) -> tuple[EngineArgs, Generat
         prefill_chunk=_pick(a.prefill_chunk, ce, "prefill_chunk", int, 256),
         prefix_reuse=False if a.no_prefix_reuse else _pick(None, ce, "prefix_reuse", bool, True),
         spec=_pick(a.spec, cx, "mode", str, "off"), draft_tokens=_pick(a.draft_tokens, cx, "draft_tokens", int, 3),
-        tp=a.tp or 1, devices=devices)
+        tp=a.tp or 1, devices=devices, transport=a.transport or "auto")
     if a.threads is not None and a.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {a.threads}")
     pen_on = _pick(None, cp, "enabled", bool, False)
@@ -212,8 +213,6 @@ def stats_dict(st: FinalStats, answer: str, reasoning: str, model: str) -> dict:
 
 def _load_engine(eargs: EngineArgs, model_cfg, progress):
     from .api import Engine
-    if eargs.tp > 1:
-        raise ConfigError(f"--tp {eargs.tp}: tensor parallelism is not available in this build; use --tp 1")
     return Engine.load(eargs, progress=progress, config_model=model_cfg)
 
 
