@@ -78,9 +78,44 @@ def _kern(name: str):
     return k
 
 
+class _Capture:
+    """Where launches go. Normally the legacy default stream; while `cuda_graph` captures a decode step,
+    a cuda.core GraphBuilder (GPU) or a Python list of launches (simulator), and the position-dependent
+    kernels read the position from `pos_dev` instead of a launch argument."""
+
+    stream = 0
+    recording = None  # list of (kernel, grid, block, args) under the simulator
+    pos_dev = None  # (1,) int32 device array while capturing
+
+    @property
+    def active(self) -> bool:
+        return bool(self.stream) or self.recording is not None
+
+
+CAPTURE = _Capture()
+_zero_pos: dict[int, object] = {}  # device id -> (1,) int32 zeros: the `pos` array of plain launches
+
+
+def _pos_args(pos0) -> tuple:
+    """(pos array, pos_base) for the position-dependent kernels (see cuda_ops)."""
+    if CAPTURE.pos_dev is not None:
+        return CAPTURE.pos_dev, 0
+    dev = 0 if SIMULATOR else cuda.get_current_device().id
+    z = _zero_pos.get(dev)
+    if z is None:
+        z = _zero_pos[dev] = cuda.to_device(np.zeros(1, np.int32))
+    return z, int(pos0)
+
+
 def _launch(name, grid, block, *args):
     LAUNCHES[0] += 1
-    _kern(name)[grid, block](*args)
+    k = _kern(name)
+    if CAPTURE.recording is not None:
+        CAPTURE.recording.append((k, grid, block, args))
+    elif CAPTURE.stream:
+        k[grid, block, CAPTURE.stream](*args)
+    else:
+        k[grid, block](*args)
 
 
 def _elt_grid(n: int) -> int:
@@ -88,13 +123,20 @@ def _elt_grid(n: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------ memory
+def _no_capture(what):
+    if CAPTURE.active:
+        raise RuntimeError(f"{what} while capturing a CUDA graph: warm the run state up with a plain forward first")
+
+
 def empty(shape, dtype):
     """Uninitialised device array."""
+    _no_capture("allocation")
     return cuda.device_array(shape, np.dtype(dtype))
 
 
 def zeros(shape, dtype):
     """Zero-filled device array."""
+    _no_capture("allocation")
     return cuda.to_device(np.zeros(shape, np.dtype(dtype)))
 
 
@@ -104,12 +146,18 @@ def to_device(a):
 
 
 def to_host(a):
-    """Copy a device array to a new numpy array (synchronizes)."""
+    """Copy a device array to a new numpy array (synchronizes). While capturing: a placeholder of zeros (the
+    graph runner copies the real result after each replay)."""
+    if CAPTURE.active:
+        return np.zeros(a.shape, a.dtype)
     return a.copy_to_host()
 
 
 def upload(dst, a):
-    """Copy host array `a` into the existing device buffer `dst` (same shape)."""
+    """Copy host array `a` into the existing device buffer `dst` (same shape). Skipped while capturing: the
+    graph runner writes the inputs (tokens, position) before each replay."""
+    if CAPTURE.active:
+        return
     dst.copy_to_device(np.ascontiguousarray(a, dtype=dst.dtype).reshape(dst.shape))
 
 
@@ -183,7 +231,7 @@ def swiglu(out, gate, up):
 
 def rope(x, pos0, inv_freq, neox):
     """Rotate x (T, H, hd) in place at positions pos0.. (see ref.rope)."""
-    _launch("rope", _elt_grid(x.size // 2), LAUNCH.elt, x, int(pos0), inv_freq, int(bool(neox)))
+    _launch("rope", _elt_grid(x.size // 2), LAUNCH.elt, x, *_pos_args(pos0), inv_freq, int(bool(neox)))
 
 
 def argmax(out, logits):
@@ -194,22 +242,22 @@ def argmax(out, logits):
 # ------------------------------------------------------------------------------------------ KV cache
 def kv_store_f16(k_cache, v_cache, k, v, pos0):
     """k_cache, v_cache (cap, n_kv, hd) f16 [pos0 : pos0+T] <- k, v (T, n_kv, hd) f32."""
-    _launch("kv_store_f16", _elt_grid(k.size), LAUNCH.elt, k_cache, v_cache, k, v, int(pos0))
+    _launch("kv_store_f16", _elt_grid(k.size), LAUNCH.elt, k_cache, v_cache, k, v, *_pos_args(pos0))
 
 
 def kv_store_int8(k_q, k_s, v_q, v_s, k, v, pos0):
     """int8 cache [pos0 : pos0+T] <- k, v (T, n_kv, hd); one f32 scale per group (see ref.kv_store_int8)."""
     _launch("kv_store_int8", _elt_grid(k_s.shape[1] * k_s.shape[2] * k.shape[0]), LAUNCH.elt,
-            k_q, k_s, v_q, v_s, k, v, int(pos0))
+            k_q, k_s, v_q, v_s, k, v, *_pos_args(pos0))
 
 
 def attention_f16(out, q, k_cache, v_cache, pos0, scale):
     """out (T, H, hd) <- causal GQA softmax(q K^T * scale) V over an f16 cache."""
     _launch("attention_f16", (q.shape[0], q.shape[1]), LAUNCH.threads, out, q, k_cache, v_cache,
-            int(pos0), float(scale))
+            *_pos_args(pos0), float(scale))
 
 
 def attention_int8(out, q, k_q, k_s, v_q, v_s, pos0, scale):
     """As attention_f16 over an int8 cache."""
     _launch("attention_int8", (q.shape[0], q.shape[1]), LAUNCH.threads, out, q, k_q, k_s, v_q, v_s,
-            int(pos0), float(scale))
+            *_pos_args(pos0), float(scale))

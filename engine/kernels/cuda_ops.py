@@ -69,9 +69,14 @@ def rmsnorm(out, x, w, eps):
         out[row, j] = x[row, j] * inv * w[j]
 
 
+# Position-dependent kernels (rope, kv_store_*, attention_*) take the position as `pos` (1,) int32 device array
+# + `pos_base` int: plain launches pass a zero array and pos_base = pos0; a captured CUDA graph passes the
+# backend's position buffer (rewritten before each replay) and pos_base = 0.
+
 # ------------------------------------------------------------------------------------------------ rope
-def rope(x, pos0, inv_freq, neox):
+def rope(x, pos, pos_base, inv_freq, neox):
     # Launch: grid-stride over T*H*hd/2 pairs. x (T, H, hd) f32 rotated in place; inv_freq (hd/2,) f32.
+    pos0 = pos[0] + pos_base
     t_n, n_h, hd = x.shape
     half = hd // 2
     for i in range(cuda.grid(1), t_n * n_h * half, cuda.gridsize(1)):
@@ -119,8 +124,9 @@ def argmax(out, logits):
 
 
 # -------------------------------------------------------------------------------------------- KV cache
-def kv_store_f16(k_cache, v_cache, k, v, pos0):
+def kv_store_f16(k_cache, v_cache, k, v, pos, pos_base):
     # Launch: grid-stride over T*n_kv*hd. caches (cap, n_kv, hd) f16 [pos0+t] <- k, v (T, n_kv, hd) f32
+    pos0 = pos[0] + pos_base
     t_n, kvh, hd = k.shape
     for i in range(cuda.grid(1), t_n * kvh * hd, cuda.gridsize(1)):
         d = i % hd
@@ -145,8 +151,9 @@ def _quant_group(dst_q, dst_s, src, p, t, h, g, group):
     dst_s[p, h, g] = s
 
 
-def kv_store_int8(k_q, k_s, v_q, v_s, k, v, pos0):
+def kv_store_int8(k_q, k_s, v_q, v_s, k, v, pos, pos_base):
     # Launch: grid-stride over T*n_kv*(hd/group). k_q, v_q (cap, n_kv, hd) int8; k_s, v_s (cap, n_kv, hd/g) f32
+    pos0 = pos[0] + pos_base
     t_n, kvh, hd = k.shape
     ng = k_s.shape[2]
     group = hd // ng
@@ -179,8 +186,9 @@ def _softmax_chunk(sp, cn, m):
     return cmax, csum
 
 
-def attention_f16(out, q, k_cache, v_cache, pos0, scale):
+def attention_f16(out, q, k_cache, v_cache, pos, pos_base, scale):
     # out (T, H, hd) <- softmax(q K^T * scale) V, causal, GQA; q (T, H, hd) f32; caches (cap, n_kv, hd) f16
+    pos0 = pos[0] + pos_base
     t = cuda.blockIdx.x
     h = cuda.blockIdx.y
     tid = cuda.threadIdx.x
@@ -220,8 +228,9 @@ def attention_f16(out, q, k_cache, v_cache, pos0, scale):
         out[t, h, d] = acc[d] / ltot
 
 
-def attention_int8(out, q, k_q, k_s, v_q, v_s, pos0, scale):
+def attention_int8(out, q, k_q, k_s, v_q, v_s, pos, pos_base, scale):
     # as attention_f16 over int8 caches: k_q, v_q (cap, n_kv, hd) int8; k_s, v_s (cap, n_kv, hd/g) f32
+    pos0 = pos[0] + pos_base
     t = cuda.blockIdx.x
     h = cuda.blockIdx.y
     tid = cuda.threadIdx.x
@@ -267,16 +276,18 @@ def attention_int8(out, q, k_q, k_s, v_q, v_s, pos0, scale):
 
 _f2 = float32[:, :]
 _f3 = float32[:, :, :]
+_pos = int32[:]  # (1,) device position: pos0 = pos[0] + pos_base (graph replays change pos[0] only)
 # name -> (python function, explicit signatures)
 KERNELS = {
     "residual_add": (residual_add, [(_f2, _f2)]),
     "bias_add": (bias_add, [(_f2, float32[:])]),
     "swiglu": (swiglu, [(_f2, _f2, _f2)]),
     "rmsnorm": (rmsnorm, [(_f2, _f2, float32[:], float64)]),
-    "rope": (rope, [(_f3, int64, float32[:], int32)]),
+    "rope": (rope, [(_f3, _pos, int64, float32[:], int32)]),
     "argmax": (argmax, [(int32[:], _f2)]),
-    "kv_store_f16": (kv_store_f16, [(float16[:, :, :], float16[:, :, :], _f3, _f3, int64)]),
-    "kv_store_int8": (kv_store_int8, [(int8[:, :, :], _f3, int8[:, :, :], _f3, _f3, _f3, int64)]),
-    "attention_f16": (attention_f16, [(_f3, _f3, float16[:, :, :], float16[:, :, :], int64, float64)]),
-    "attention_int8": (attention_int8, [(_f3, _f3, int8[:, :, :], _f3, int8[:, :, :], _f3, int64, float64)]),
+    "kv_store_f16": (kv_store_f16, [(float16[:, :, :], float16[:, :, :], _f3, _f3, _pos, int64)]),
+    "kv_store_int8": (kv_store_int8, [(int8[:, :, :], _f3, int8[:, :, :], _f3, _f3, _f3, _pos, int64)]),
+    "attention_f16": (attention_f16, [(_f3, _f3, float16[:, :, :], float16[:, :, :], _pos, int64, float64)]),
+    "attention_int8": (attention_int8, [(_f3, _f3, int8[:, :, :], _f3, int8[:, :, :], _f3, _pos, int64,
+                                         float64)]),
 }

@@ -31,6 +31,7 @@ CASES = {
     "qwen3_qknorm_int8": (dict(arch="qwen3", qtype="Q8_0", embd_qtype="Q4_1", tied=False, **SMALL), "int8", False),
     "qwen2_bias": (dict(arch="qwen2", qtype="Q4_0", embd_qtype="F16", **SMALL), "f16", True),
     "llama_gqa_int8": (dict(arch="llama", seed=1), "int8", True),
+    "graph_qwen2_int8": (dict(arch="qwen2", qtype="Q4_1", embd_qtype="Q8_0", seed=2, **SMALL), "int8", False),
 }
 
 
@@ -65,9 +66,15 @@ def _check(name):
     a, tensors = tiny_model(**kw, vocab=96)
     want, want_logits = greedy(Model(a, tensors, get_backend("ref"), max_batch=4), PROMPT, N_NEW, kv_dtype)
     model = Model(a, tensors, get_backend("cuda"), max_batch=4)
+    if name.startswith("graph_"):  # decode steps replay a captured graph (a recorded launch list in the sim)
+        from engine.kernels.cuda_graph import GraphDecoder
+        model = GraphDecoder(model)
     n0 = ck.LAUNCHES[0]
     got, got_logits = greedy(model, PROMPT, N_NEW, kv_dtype)
     launches = (ck.LAUNCHES[0] - n0)
+    if name.startswith("graph_"):
+        assert model.fallback_reason is None, model.fallback_reason
+        assert model.replays == N_NEW - 2, model.replays  # the first decode step runs plainly and captures
     assert got == want, f"greedy tokens differ: cuda {got} vs ref {want}"
     err = float(np.abs(got_logits - want_logits).max())
     assert err <= 2e-3 * float(np.abs(want_logits).max()), f"logits differ by {err}"
