@@ -25,7 +25,7 @@ from ..errors import ConfigError
 NO_DRAFTER = "no drafter for this model"
 
 # Features a drafter may ask for: target layer id -> hidden states (T, d_model) float32 of the T positions
-# fed in one target pass (layer id i = output of transformer block i; -1 = after the final norm).
+# fed in one target pass (layer id i = the residual stream after transformer block i; `Model.forward(capture=)`).
 Features = Mapping[int, np.ndarray]
 
 

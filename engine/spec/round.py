@@ -37,7 +37,8 @@ def target_forward(model: Any, tokens: np.ndarray, pos: int, cache: Any, layers:
     """model.forward over tokens (T,) int32 at pos -> (logits (T, vocab), features of `layers` or None)."""
     if not layers:
         return model.forward(tokens, pos, cache, all_logits=True), None
-    return model.forward(tokens, pos, cache, all_logits=True, capture=layers)
+    logits = model.forward(tokens, pos, cache, all_logits=True, capture=layers)
+    return logits, {layer: model.captured[layer] for layer in layers}
 
 
 def spec_round(model: Any, cache: Any, chooser: Chooser, drafter: Drafter, context: Sequence[int], k: int, *,
