@@ -151,12 +151,24 @@ def _row_q6_k(buf, r, ql, qh, sc):
 
 @njit(cache=True, inline="always")
 def _dots(out, x, buf, r):
-    # out[t, r] <- buf (n,) . x[t] for every row t
-    for t in range(x.shape[0]):
+    # out[t, r] <- buf (n,) . x[t] for every row t; four rows of x at a time so each buf load feeds 4 FMAs
+    t_n, n = x.shape
+    t = 0
+    while t + 4 <= t_n:
+        s0 = s1 = s2 = s3 = np.float32(0.0)
+        for i in range(n):
+            b = buf[i]
+            s0 += b * x[t, i]
+            s1 += b * x[t + 1, i]
+            s2 += b * x[t + 2, i]
+            s3 += b * x[t + 3, i]
+        out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = s0, s1, s2, s3
+        t += 4
+    for tt in range(t, t_n):
         s = np.float32(0.0)
-        for i in range(x.shape[1]):
-            s += buf[i] * x[t, i]
-        out[t, r] = s
+        for i in range(n):
+            s += buf[i] * x[tt, i]
+        out[tt, r] = s
 
 
 @njit(cache=True, parallel=True, fastmath=True)

@@ -18,7 +18,7 @@ ALL_TYPES = list(SUPPORTED)
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda q: q.name)
-@pytest.mark.parametrize("t_n", [1, 5])
+@pytest.mark.parametrize("t_n", [1, 5, 8])
 def test_matmul(qtype, t_n):
     d, n = 24, 512
     qt = random_qtensor(qtype, d, n, RNG)
