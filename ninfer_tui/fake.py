@@ -34,6 +34,7 @@ class Script:
     spec_modes: dict = field(default_factory=lambda: {
         "off": None, "ngram": None, "mtp": "no MTP head in this model", "dflash": "no DFlash drafter for this model"})
     fail_with: Exception | None = None
+    virtual_tok_s: float | None = None  # report timings as if decoding ran at this speed (snapshots)
 
 
 def _tokens(text: str) -> list[str]:
@@ -133,12 +134,15 @@ class FakeSession:
                 yield ReasoningDelta(piece)
             else:
                 yield TextDelta(piece)
-            el = time.perf_counter() - t0
+            el = time.perf_counter() - t0 if sc.virtual_tok_s is None else n_out / sc.virtual_tok_s
             yield StepStats(output_tokens=n_out, reasoning_tokens=n_reason, elapsed_s=el,
                             decode_tok_s=n_out / max(el, 1e-6), context_used=prompt_tokens + n_out,
                             round_tokens=2 if spec != "off" else 1,
                             draft_ms=0.1 if spec != "off" else 0.0, verify_ms=1.0 if spec != "off" else 0.0)
         wall = time.perf_counter() - t0
+        if sc.virtual_tok_s is not None:  # deterministic figures: prefill 10x faster than decode
+            wall = max(n_out, 1) / sc.virtual_tok_s
+            ttft = prompt_tokens / (10 * sc.virtual_tok_s)
         rounds = n_out if spec == "off" else max(1, n_out // 2)
         yield FinalStats(
             finish_reason=finish, prompt_tokens=prompt_tokens, output_tokens=n_out, reasoning_tokens=n_reason,

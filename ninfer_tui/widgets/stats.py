@@ -72,7 +72,8 @@ class StatsPanel(VerticalScroll):
         self.samples.append(st.decode_tok_s)
         del self.samples[:-MAX_SPARK]
         self.query_one("#tps", Digits).update(f"{st.decode_tok_s:.1f}")
-        self.query_one("#spark", Sparkline).data = list(self.samples)
+        # one point draws differently from a flat line of several; keep the look independent of coalescing
+        self.query_one("#spark", Sparkline).data = self.samples * 2 if len(self.samples) == 1 else list(self.samples)
         self._render_reply()
         self._render_thinking()
         if st.round_tokens > 1 or st.draft_ms or st.verify_ms:
