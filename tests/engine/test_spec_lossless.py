@@ -90,6 +90,30 @@ def test_tiny_penalties_and_thinking_budget_with_spec(tiny_engines):
     assert forced > 0, "the budget never forced a close: the test would not exercise forcing"
 
 
+def verify_rows_vs_steps(model, n_ctx=40, sizes=(2, 4, 8)):
+    """Max |difference| between a batched verify pass over T tokens and T single-token decode steps."""
+    rng = np.random.default_rng(0)
+    toks = rng.integers(3, min(1000, model.args.vocab_size), n_ctx + max(sizes)).astype(np.int32)
+    cache = model.new_cache(n_ctx + max(sizes))
+    model.forward(toks[:n_ctx], 0, cache)
+    steps = np.stack([model.forward(toks[i:i + 1], i, cache)[0].copy()
+                      for i in range(n_ctx, n_ctx + max(sizes))])  # (max T, vocab)
+    worst = {}
+    for t in sizes:
+        cache.truncate(n_ctx)
+        rows = model.forward(toks[n_ctx:n_ctx + t], n_ctx, cache, all_logits=True)  # (T, vocab)
+        worst[t] = float(np.abs(rows - steps[:t]).max())
+    return worst
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_verify_rows_equal_decode_steps(tiny_engines, arch):
+    """Byte-identical output with and without speculation needs the verify pass to compute each row exactly
+    as a decode step would (same summation order whatever T is); otherwise near-ties can flip."""
+    worst = verify_rows_vs_steps(tiny_engines[arch].model)
+    assert all(d == 0.0 for d in worst.values()), worst
+
+
 # ------------------------------------------------------------------ the sampled law (chi-square, exact target)
 
 class ScriptDrafter:
@@ -190,6 +214,11 @@ def test_tiny_sampled_distribution_matches_target(tiny_models):
 @pytest.fixture(scope="module")
 def smol_engine(smollm2_path):
     return Engine.load(EngineArgs(model=str(smollm2_path), max_context=1024, prefix_reuse=False))
+
+
+def test_smollm2_verify_rows_equal_decode_steps(smol_engine):
+    worst = verify_rows_vs_steps(smol_engine.model)
+    assert all(d == 0.0 for d in worst.values()), worst
 
 
 def test_smollm2_greedy_lossless_short(smol_engine):

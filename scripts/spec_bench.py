@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Speculative decoding benchmark: plain vs speculative modes, A-B-A-B in one process, plus verify-pass cost.
+
+    PYTHONPATH=. .venv/bin/python scripts/spec_bench.py                      # default model, greedy, 128 tokens
+    scripts/spec_bench.py --variants off ngram:3 ngram:5 --repeats 2 --max-new 128 --json out.json
+
+Part 1, verify cost: one forward over T = 1, 4, 8 tokens at a realistic context position (the cost a round
+pays for k = 0, 3, 7 drafts), interleaved and repeated; median ms and the ratio to T=1 (goal: T=8 <= 1.5x).
+Part 2, rounds: every workload (message files from /work/shared/workloads + a couple of chat prompts) under
+every variant, interleaved A-B-A-B (--repeats rounds of all variants) to cancel drift; prefix reuse off.
+Reports decode tok/s (mean [min-max]), tokens/round, acceptance, ms/round split into draft + verify,
+per-position acceptance, speedup vs plain decode, and whether each variant's output is byte-identical to
+plain decode (it must be: speculation is lossless).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from engine.api import Engine  # noqa: E402
+from engine.config import EngineArgs, GenerateRequest, SamplingParams  # noqa: E402
+
+WORKLOAD_DIR = Path("/work/shared/workloads")
+DEFAULT_WORKLOADS = ("count300_plain_en.json", "count300_en.json")
+CHAT_PROMPTS = ("Write a short story about a robot who learns to paint.",
+                "Explain how a bicycle works, step by step.")
+
+
+def parse_variant(text: str) -> tuple[str, int]:
+    """'off' | 'ngram:3' | 'mtp:2' -> (mode, draft tokens)."""
+    mode, _, k = text.partition(":")
+    return mode, int(k or 3)
+
+
+def verify_cost(engine: Engine, sizes=(1, 4, 8), ctx_len: int = 200, repeats: int = 20) -> dict[int, float]:
+    """Median ms of one forward over T tokens at position ctx_len (cache rolled back after each pass)."""
+    model = engine.model
+    rng = np.random.default_rng(0)
+    cache = model.new_cache(ctx_len + max(sizes) + 1, engine.args.kv_dtype)
+    model.forward(rng.integers(10, 1000, ctx_len).astype(np.int32), 0, cache)
+    times: dict[int, list[float]] = {t: [] for t in sizes}
+    for t in sizes:  # warm-up: compile each batch shape once
+        model.forward(rng.integers(10, 1000, t).astype(np.int32), ctx_len, cache, all_logits=True)
+        cache.truncate(ctx_len)
+    for _ in range(repeats):
+        for t in sizes:  # interleaved so drift hits every size alike
+            toks = rng.integers(10, 1000, t).astype(np.int32)
+            t0 = time.perf_counter()
+            model.forward(toks, ctx_len, cache, all_logits=True)
+            times[t].append((time.perf_counter() - t0) * 1e3)
+            cache.truncate(ctx_len)
+    return {t: statistics.median(v) for t, v in times.items()}
+
+
+def load_workloads(names, chats) -> list[tuple[str, list[dict]]]:
+    out = []
+    for name in names:
+        p = Path(name) if Path(name).exists() else WORKLOAD_DIR / name
+        out.append((p.stem, json.loads(p.read_text())))
+    for i, c in enumerate(chats):
+        out.append((f"chat{i + 1}", [{"role": "user", "content": c}]))
+    return out
+
+
+def run_one(engine: Engine, msgs, mode: str, k: int, max_new: int):
+    req = GenerateRequest(SamplingParams(greedy=True, max_new=max_new), spec=mode, draft_tokens=k)
+    return list(engine.session().generate(msgs, req))[-1]
+
+
+def summarise(runs) -> dict:
+    """Aggregate FinalStats of repeated runs of one (workload, variant)."""
+    tps = [r.decode_tok_s for r in runs]
+    st = runs[-1]  # greedy: every repeat has the same tokens; take counts from the last
+    rounds = max(st.rounds, 1)
+    return dict(tok_s=statistics.mean(tps), tok_s_min=min(tps), tok_s_max=max(tps), out_tokens=st.output_tokens,
+                tokens_per_round=st.output_tokens / rounds, acceptance=st.acceptance,
+                draft_ms=statistics.mean(r.draft_ms / max(r.rounds, 1) for r in runs),
+                verify_ms=statistics.mean(r.verify_ms / max(r.rounds, 1) for r in runs),
+                per_position=[round(x, 3) for x in st.per_position_accept], sha=st.output_sha256,
+                same_tokens=len({r.token_ids for r in runs}) == 1)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=None, help="GGUF path (default: the embedded SmolLM2)")
+    ap.add_argument("--variants", nargs="+", default=["off", "ngram:3", "ngram:5"])
+    ap.add_argument("--workloads", nargs="*", default=list(DEFAULT_WORKLOADS))
+    ap.add_argument("--chats", type=int, default=len(CHAT_PROMPTS), help="how many built-in chat prompts")
+    ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=2, help="A-B-A-B: rounds over all variants")
+    ap.add_argument("--no-verify-cost", action="store_true")
+    ap.add_argument("--json", default=None, help="write all figures here")
+    a = ap.parse_args(argv)
+
+    variants = [parse_variant(v) for v in a.variants]
+    if variants[0][0] != "off":
+        variants.insert(0, ("off", 0))
+    k_max = max(k for _, k in variants)
+    t0 = time.perf_counter()
+    engine = Engine.load(EngineArgs(model=a.model, prefix_reuse=False, max_context=2048,
+                                    draft_tokens=min(max(k_max, 1), 15)))
+    print(f"# model {engine.name} ({engine.description}); loaded in {time.perf_counter() - t0:.1f} s; "
+          "greedy; prefix reuse off", flush=True)
+    result: dict = {"model": engine.name, "max_new": a.max_new, "repeats": a.repeats}
+
+    if not a.no_verify_cost:
+        cost = verify_cost(engine)
+        result["verify_cost_ms"] = cost
+        base = cost[1]
+        print("\n## verify pass cost (forward over T tokens at position 200, median of 20)")
+        for t, ms in cost.items():
+            print(f"  T={t}: {ms:7.2f} ms  = {ms / base:4.2f}x T=1")
+
+    work = load_workloads(a.workloads, CHAT_PROMPTS[:a.chats])
+    runs: dict[tuple[str, str], list] = {}
+    for rep in range(a.repeats):  # A-B-A-B: every variant once per repeat, per workload
+        for wname, msgs in work:
+            for mode, k in variants:
+                name = mode if mode == "off" else f"{mode}:{k}"
+                st = run_one(engine, msgs, mode, max(k, 1), a.max_new)
+                runs.setdefault((wname, name), []).append(st)
+                print(f"  [{rep + 1}/{a.repeats}] {wname:18s} {name:8s} {st.output_tokens:4d} tok "
+                      f"{st.decode_tok_s:7.1f} tok/s", file=sys.stderr, flush=True)
+
+    print("\n## rounds (greedy, A-B-A-B; tok/s mean [min-max])")
+    print(f"{'workload':18s} {'variant':8s} {'out':>4s} {'tok/s':>22s} {'tok/rnd':>7s} {'accept':>6s} "
+          f"{'ms/rnd':>6s} {'draft':>5s} {'verify':>6s} {'speedup':>7s} {'same':>4s}  per-position")
+    table = []
+    for wname, _ in work:
+        plain = summarise(runs[(wname, "off")])
+        for mode, k in variants:
+            name = mode if mode == "off" else f"{mode}:{k}"
+            s = summarise(runs[(wname, name)])
+            s.update(workload=wname, variant=name, speedup=s["tok_s"] / plain["tok_s"] if plain["tok_s"] else 0.0,
+                     identical_to_plain=s["sha"] == plain["sha"])
+            table.append(s)
+            print(f"{wname:18s} {name:8s} {s['out_tokens']:4d} {s['tok_s']:7.1f} [{s['tok_s_min']:6.1f}-"
+                  f"{s['tok_s_max']:6.1f}] {s['tokens_per_round']:7.2f} {s['acceptance']:6.2f} "
+                  f"{s['draft_ms'] + s['verify_ms']:6.2f} {s['draft_ms']:5.2f} {s['verify_ms']:6.2f} "
+                  f"{s['speedup']:6.2f}x {'yes' if s['identical_to_plain'] else 'NO':>4s}  {s['per_position']}")
+    result["rounds"] = table
+    if a.json:
+        Path(a.json).write_text(json.dumps(result, indent=1))
+    bad = [t for t in table if not t["identical_to_plain"]]
+    if bad:
+        print(f"\nWARNING: {len(bad)} variant(s) differ from plain decode (lossless broken or a near-tie flip)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
