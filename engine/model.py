@@ -64,7 +64,11 @@ class RunState:
 
 
 class Model:
-    """Weights prepared for a backend + preallocated run state. See `forward`."""
+    """Weights prepared for a backend + preallocated run state. See `forward`.
+
+    Read by engine/tp.py, kernels/cpu_fast_step.py and kernels/cuda_graph.py (keep stable): args, be, layers
+    (LayerWeights), tok_embd, output, output_norm, inv_freq, attn_scale, state (RunState), captured.
+    """
 
     def __init__(self, args: ModelArgs, tensors: dict[str, QTensor], backend, max_batch: int = 64):
         """max_batch: the largest T a forward call is expected to take (prefill chunk, verify block); a
