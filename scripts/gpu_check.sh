@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# GPU evidence for the cuda backend, in one run of under 8 minutes on one GPU (sm_70 V100 or sm_90 H100/H200).
+#
+#   bash scripts/gpu_check.sh          # from the repo root, on the GPU machine
+#
+# On this project's device tool (no network there; the image has numba, numba-cuda, cuda-core, numpy, pytest;
+# gguf comes as a carried wheel, see below):
+#   run(command="bash scripts/gpu_check.sh", carry=[".whl"], timeout_s=560)
+# Wheels, made once on the dev machine (`.whl/` is listed in .git/info/exclude):
+#   python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl gguf==0.19.0 numba-cuda==0.30.4
+#
+# Steps (each under its own timeout; a failing step is reported and the next one still runs):
+#   1. environment: GPU, driver, python, numba / numba-cuda / cuda-core versions (carried wheels fill gaps)
+#   2. every kernel vs kernels/ref.py on the real device (tests/engine/test_cuda_kernels.py --worker)
+#   3. tiny models end to end == ref greedy tokens, plain and CUDA-graph decode (test_cuda_model.py --worker)
+#   4. TP2 with both ranks on GPU 0, transports p2p and mapped == TP1 (test_tp.py --worker)
+#   5. decode benchmark of the default model (scripts/gpu_bench.py): tok/s, launches/token, graphs on/off
+# Then ONE summary block. Results also land in $OUT (or /tmp/gpu_check_out): *.json and gpu_check.log.
+set -u
+cd "$(dirname "$0")/.."
+RES=${OUT:-/tmp/gpu_check_out}
+mkdir -p "$RES"
+exec > >(tee "$RES/gpu_check.log") 2>&1
+export PYTHONUNBUFFERED=1 NUMBA_NUM_THREADS=${NUMBA_NUM_THREADS:-8} NINFER_CUDA_REAL=1
+unset NUMBA_ENABLE_CUDASIM
+T0=$(date +%s)
+say() { echo "[gpu_check +$(( $(date +%s) - T0 ))s] $*"; }
+
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+  for c in python3 /opt/torch/.venv/bin/python3 .venv/bin/python; do
+    if command -v "$c" >/dev/null 2>&1 && "$c" -c "import numpy" 2>/dev/null; then PY=$c; break; fi
+  done
+fi
+[ -n "$PY" ] || { echo "gpu_check: no python with numpy found"; exit 2; }
+
+say "1/5 environment"
+nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader \
+  || { echo "gpu_check: nvidia-smi failed: no GPU here"; exit 2; }
+SITE=/tmp/ninfer-site
+mkdir -p "$SITE"
+if ! "$PY" -c "import gguf" 2>/dev/null; then
+  ls .whl/gguf-*.whl >/dev/null 2>&1 && "$PY" -m pip install -q --no-index --no-deps --no-compile \
+    --target "$SITE" .whl/gguf-*.whl || "$PY" -m pip install -q --target "$SITE" gguf || true
+fi
+# numba-cuda >= 0.30.4 launches into cuda.core graph builders; an older one gets the carried wheel
+if ! "$PY" - <<'EOF' 2>/dev/null
+import importlib.metadata as m, sys
+v = tuple(int(x) for x in m.version("numba-cuda").split(".")[:3] if x.isdigit())
+sys.exit(0 if v >= (0, 30, 4) else 1)
+EOF
+then
+  ls .whl/numba_cuda-*.whl >/dev/null 2>&1 && "$PY" -m pip install -q --no-index --no-deps --no-compile \
+    --target "$SITE" .whl/numba_cuda-*.whl || "$PY" -m pip install -q --target "$SITE" 'numba-cuda>=0.30.4,<0.31' || true
+fi
+export PYTHONPATH="$SITE:$PWD:$PWD/tests/engine${PYTHONPATH:+:$PYTHONPATH}"
+"$PY" - <<'EOF' | tee "$RES/env.txt"
+import importlib.metadata as m, platform
+print("python", platform.python_version())
+for p in ("numpy", "numba", "numba-cuda", "cuda-core", "cuda-bindings", "gguf"):
+    try:
+        print(p, m.version(p))
+    except m.PackageNotFoundError:
+        print(p, "MISSING")
+from numba import cuda
+print("cuda.is_available", cuda.is_available())
+d = cuda.get_current_device()
+print("device", d.name, "cc", d.compute_capability)
+EOF
+[ "${PIPESTATUS[0]}" = 0 ] || { echo "gpu_check: numba.cuda cannot start here; see above"; exit 3; }
+
+run_step() {  # name timeout_s command...: JSON on the last stdout line goes to $RES/name.json
+  local name=$1 to=$2; shift 2
+  say "$name"
+  timeout "$to" "$@" > "$RES/$name.out" 2> "$RES/$name.err"
+  local rc=$?
+  tail -n 1 "$RES/$name.out" > "$RES/$name.json"
+  [ $rc = 0 ] || { echo "  $name exited $rc (124 = timeout); stderr tail:"; tail -n 15 "$RES/$name.err"; }
+}
+run_step kernels 150 "$PY" tests/engine/test_cuda_kernels.py --worker
+run_step model 150 "$PY" tests/engine/test_cuda_model.py --worker
+run_step tp 120 "$PY" tests/engine/test_tp.py --worker
+run_step bench 240 "$PY" scripts/gpu_bench.py --tokens 128 --prompt 64 --json "$RES/bench_full.json"
+
+say "summary"
+"$PY" - "$RES" <<'EOF'
+import json, pathlib, sys
+res = pathlib.Path(sys.argv[1])
+def load(n):
+    try:
+        return json.loads((res / f"{n}.json").read_text())
+    except Exception as e:
+        return {"_error": f"no result ({e.__class__.__name__})"}
+print("=" * 30, "ninfer cuda gpu_check summary", "=" * 30)
+print((res / "env.txt").read_text().strip().replace("\n", " | ") if (res / "env.txt").exists() else "env: ?")
+for n in ("kernels", "model", "tp"):
+    r = load(n)
+    ok = [k for k, v in r.items() if v == "ok" or isinstance(v, dict)]
+    bad = {k: v for k, v in r.items() if k not in ok}
+    print(f"{n:8s}: {len(ok)}/{len(r)} passed" + ("" if not bad else "  FAILED: " + ", ".join(bad)))
+    for k, v in bad.items():
+        print(f"    {k}: {str(v).strip().splitlines()[-1][:300] if str(v).strip() else v}")
+b = load("bench")
+if "_error" in b:
+    print("bench   :", b["_error"])
+else:
+    print("bench   : model:", b.get("model"))
+    for k in ("plain", "graph", "vs_ref", "tp2_p2p", "tp2_mapped"):
+        if k in b:
+            print(f"  {k:10s}", json.dumps(b[k]))
+print("=" * 91)
+EOF
+say "done"
