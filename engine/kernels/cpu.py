@@ -385,60 +385,82 @@ def _h2f(h):
 
 
 @njit(cache=True, parallel=True, fastmath=True)
-def _attn(out, q, k_c, v_c, k_s, v_s, is_int8, pos0, scale):
-    # out (T, H, hd) <- causal GQA attention of q (T, H, hd) over cache positions 0..pos0+t.
-    # f16 cache: k_c, v_c (cap, n_kv, hd) uint16 bits (k_s, v_s unused); int8: k_c, v_c int8 + scales.
-    # One pass with an online softmax (running max m and sum l); out[t, h] is the accumulator.
+def _attn_f16(out, q, k_c, v_c, pos0, scale):
+    # out (T, H, hd) <- causal GQA attention of q (T, H, hd) over cache positions 0..pos0+t;
+    # k_c, v_c (cap, n_kv, hd) uint16 = f16 bits. Two passes per (t, h): scores, then softmax-weighted V.
     t_n, n_head, hd = q.shape
     group = n_head // k_c.shape[1]
-    sg = hd // k_s.shape[2] if is_int8 else hd
     for th in prange(t_n * n_head):
         t, h = th // n_head, th % n_head
         kh = h // group
+        n_see = pos0 + t + 1
+        sc = np.empty(n_see, np.float32)
+        qv = q[t, h]
+        for p in range(n_see):
+            s = np.float32(0.0)
+            for j in range(hd):
+                s += qv[j] * _h2f(k_c[p, kh, j])
+            sc[p] = s * scale
+        _softmax_inplace(sc)
         acc = out[t, h]
         acc[:] = 0.0
-        m = -np.inf
-        lsum = np.float32(0.0)
-        for p in range(pos0 + t + 1):
-            sc = np.float32(0.0)
-            if is_int8:
-                for g in range(hd // sg):
-                    part = np.float32(0.0)
-                    for j in range(g * sg, (g + 1) * sg):
-                        part += q[t, h, j] * np.float32(k_c[p, kh, j])
-                    sc += part * k_s[p, kh, g]
-            else:
-                for j in range(hd):
-                    sc += q[t, h, j] * _h2f(k_c[p, kh, j])
-            sc *= scale
-            if sc > m:  # new max: rescale what was accumulated so far
-                corr = np.float32(np.exp(m - sc))
-                lsum *= corr
-                for j in range(hd):
-                    acc[j] *= corr
-                m = sc
-            pw = np.float32(np.exp(sc - m))
-            lsum += pw
-            if is_int8:
-                for j in range(hd):
-                    acc[j] += pw * v_s[p, kh, j // sg] * np.float32(v_c[p, kh, j])
-            else:
-                for j in range(hd):
-                    acc[j] += pw * _h2f(v_c[p, kh, j])
-        inv = np.float32(1.0) / lsum
-        for j in range(hd):
-            acc[j] *= inv
+        for p in range(n_see):
+            w = sc[p]
+            for j in range(hd):
+                acc[j] += w * _h2f(v_c[p, kh, j])
 
 
-_NO_SCALES = np.zeros((1, 1, 1), np.float32)
+@njit(cache=True, parallel=True, fastmath=True)
+def _attn_int8(out, q, k_q, k_s, v_q, v_s, pos0, scale):
+    # As _attn_f16 over int8 quants (cap, n_kv, hd) with f32 scales (cap, n_kv, hd // g) per g values.
+    t_n, n_head, hd = q.shape
+    group = n_head // k_q.shape[1]
+    n_g = k_s.shape[2]
+    g = hd // n_g
+    for th in prange(t_n * n_head):
+        t, h = th // n_head, th % n_head
+        kh = h // group
+        n_see = pos0 + t + 1
+        sc = np.empty(n_see, np.float32)
+        qv = q[t, h]
+        for p in range(n_see):
+            s = np.float32(0.0)
+            for gi in range(n_g):
+                part = np.float32(0.0)
+                for j in range(g):
+                    part += qv[gi * g + j] * np.float32(k_q[p, kh, gi * g + j])
+                s += part * k_s[p, kh, gi]
+            sc[p] = s * scale
+        _softmax_inplace(sc)
+        acc = out[t, h]
+        acc[:] = 0.0
+        for p in range(n_see):
+            for gi in range(n_g):
+                w = sc[p] * v_s[p, kh, gi]
+                for j in range(g):
+                    acc[gi * g + j] += w * np.float32(v_q[p, kh, gi * g + j])
+
+
+@njit(cache=True, inline="always")
+def _softmax_inplace(sc):
+    m = sc[0]
+    for p in range(1, sc.shape[0]):
+        m = max(m, sc[p])
+    total = np.float32(0.0)
+    for p in range(sc.shape[0]):
+        e = np.float32(np.exp(sc[p] - m))
+        sc[p] = e
+        total += e
+    inv = np.float32(1.0) / total
+    for p in range(sc.shape[0]):
+        sc[p] *= inv
 
 
 def attention_f16(out, q, k_cache, v_cache, pos0, scale):
     """out (T, H, hd) <- softmax(q K^T * scale) V, causal, GQA. q (T, H, hd) f32; caches (cap, n_kv, hd) f16."""
-    _attn(out, q, k_cache.view(np.uint16), v_cache.view(np.uint16), _NO_SCALES, _NO_SCALES, False,
-          pos0, np.float32(scale))
+    _attn_f16(out, q, k_cache.view(np.uint16), v_cache.view(np.uint16), pos0, np.float32(scale))
 
 
 def attention_int8(out, q, k_q, k_s, v_q, v_s, pos0, scale):
     """As attention_f16 over an int8 cache: k_q, v_q (cap, n_kv, hd) int8; k_s, v_s (cap, n_kv, hd//g) f32."""
-    _attn(out, q, k_q, v_q, k_s, v_s, True, pos0, np.float32(scale))
+    _attn_int8(out, q, k_q, k_s, v_q, v_s, pos0, np.float32(scale))
