@@ -10,8 +10,9 @@ kernels only know four decoders instead of seven:
        Q8_0, 16 for Q6_K where q = q6 - 32 and scale = d*scales[j]); x = scale*q.
   f16, f32 (F16, F32, BF16 -> f32): dense.
 
-The matmul kernels read the weight once per tile of up to TT activation rows (one accumulator per row in
-local memory) and reduce the per-lane partial sums through shared memory: no warp shuffles, so the same
+The matmul kernels read the weight once per tile of up to TT activation rows (one accumulator per row; the
+tile loops have the constant trip count TT, guarded by `t < tn`, so LLVM unrolls them and keeps the
+accumulators in registers instead of local memory) and reduce the per-lane partial sums through shared memory: no warp shuffles, so the same
 code runs under the CUDA simulator (which has none).
 """
 from __future__ import annotations
@@ -170,7 +171,7 @@ def matmul_q4(out, x, qw, sc, mn):
         acc[t] = float32(0.0)
     if row < out.shape[1]:
         for b in range(lane, sc.shape[1], nl):
-            for t in range(tn):
+            for t in range(TT):
                 sq[t] = float32(0.0)
                 sx[t] = float32(0.0)
             for k in range(4):
@@ -179,14 +180,15 @@ def matmul_q4(out, x, qw, sc, mn):
                     lo = float32((w >> uint32(8 * s)) & uint32(15))
                     hi = float32((w >> uint32(8 * s + 4)) & uint32(15))
                     j0 = b * 32 + k * 4 + s
-                    for t in range(tn):
-                        x0 = x[t0 + t, j0]
-                        x1 = x[t0 + t, j0 + 16]
-                        sq[t] += lo * x0 + hi * x1
-                        sx[t] += x0 + x1
+                    for t in range(TT):
+                        if t < tn:
+                            x0 = x[t0 + t, j0]
+                            x1 = x[t0 + t, j0 + 16]
+                            sq[t] += lo * x0 + hi * x1
+                            sx[t] += x0 + x1
             s_b = sc[row, b]
             m_b = mn[row, b]
-            for t in range(tn):
+            for t in range(TT):
                 acc[t] += s_b * sq[t] + m_b * sx[t]
     _reduce_rows_store(acc, sm, out, row, t0, tn, lane, r, nl)
 
@@ -206,7 +208,7 @@ def matmul_q8(out, x, qw, sc, group):
     if row < out.shape[1]:
         wpg = group // 4  # int32 words per scale group
         for g in range(lane, sc.shape[1], nl):
-            for t in range(tn):
+            for t in range(TT):
                 sq[t] = float32(0.0)
             for k in range(wpg):
                 w = qw[row, g * wpg + k]
@@ -214,10 +216,11 @@ def matmul_q8(out, x, qw, sc, group):
                     v = (w >> int32(8 * s)) & int32(255)
                     qv = float32(v - ((v & int32(128)) << int32(1)))
                     j = g * group + k * 4 + s
-                    for t in range(tn):
-                        sq[t] += qv * x[t0 + t, j]
+                    for t in range(TT):
+                        if t < tn:
+                            sq[t] += qv * x[t0 + t, j]
             s_g = sc[row, g]
-            for t in range(tn):
+            for t in range(TT):
                 acc[t] += s_g * sq[t]
     _reduce_rows_store(acc, sm, out, row, t0, tn, lane, r, nl)
 
@@ -236,8 +239,9 @@ def matmul_dense(out, x, w):
     if row < out.shape[1]:
         for j in range(lane, w.shape[1], nl):
             wv = float32(w[row, j])
-            for t in range(tn):
-                acc[t] += wv * x[t0 + t, j]
+            for t in range(TT):
+                if t < tn:
+                    acc[t] += wv * x[t0 + t, j]
     _reduce_rows_store(acc, sm, out, row, t0, tn, lane, r, nl)
 
 

@@ -226,6 +226,39 @@ def test_compile_ptx_all_kernels(cc):
     assert n >= 14
 
 
+def _fresh_cuda_backend(monkeypatch):
+    from engine import backend
+    monkeypatch.setattr(backend, "_cache", {})
+    monkeypatch.delitem(sys.modules, "engine.kernels.cuda", raising=False)
+    return backend
+
+
+@needs_numba_cuda
+def test_backend_cuda_unavailable_without_gpu(monkeypatch):
+    """--backend cuda on a machine without a GPU: BackendUnavailable with a one-line reason and a way out."""
+    from numba import cuda
+
+    from engine.errors import BackendUnavailable
+    if cuda.is_available():
+        pytest.skip("a GPU is available here")
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
+    backend = _fresh_cuda_backend(monkeypatch)
+    with pytest.raises(BackendUnavailable, match="no usable NVIDIA GPU.*--backend cpu") as e:
+        backend.get_backend("cuda")
+    assert "\n" not in str(e.value)
+
+
+def test_backend_cuda_unavailable_without_numba_cuda(monkeypatch):
+    import importlib.util as iu
+
+    from engine.errors import BackendUnavailable
+    real = iu.find_spec
+    monkeypatch.setattr(iu, "find_spec", lambda name, *a: None if name == "numba_cuda" else real(name, *a))
+    backend = _fresh_cuda_backend(monkeypatch)
+    with pytest.raises(BackendUnavailable, match="needs numba-cuda.*cuda"):
+        backend.get_backend("cuda")
+
+
 if __name__ == "__main__":
     if "--worker" in sys.argv:
         print(json.dumps(worker(sys.argv[sys.argv.index("--worker") + 1:] or None)))
