@@ -42,11 +42,11 @@ def parse_variant(text: str) -> tuple[str, int]:
     return mode, int(k or 3)
 
 
-def verify_cost(engine: Engine, sizes=(1, 4, 8), ctx_len: int = 200, repeats: int = 20) -> dict[int, float]:
+def verify_cost(model, kv_dtype: str = "f16", sizes=(1, 2, 4, 8), ctx_len: int = 200, repeats: int = 20
+                ) -> dict[int, float]:
     """Median ms of one forward over T tokens at position ctx_len (cache rolled back after each pass)."""
-    model = engine.model
     rng = np.random.default_rng(0)
-    cache = model.new_cache(ctx_len + max(sizes) + 1, engine.args.kv_dtype)
+    cache = model.new_cache(ctx_len + max(sizes) + 1, kv_dtype)
     model.forward(rng.integers(10, 1000, ctx_len).astype(np.int32), 0, cache)
     times: dict[int, list[float]] = {t: [] for t in sizes}
     for t in sizes:  # warm-up: compile each batch shape once
@@ -98,7 +98,10 @@ def main(argv=None) -> int:
     ap.add_argument("--chats", type=int, default=len(CHAT_PROMPTS), help="how many built-in chat prompts")
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2, help="A-B-A-B: rounds over all variants")
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-verify-cost", action="store_true")
+    ap.add_argument("--verify-only", action="store_true", help="only the verify-pass cost")
     ap.add_argument("--json", default=None, help="write all figures here")
     a = ap.parse_args(argv)
 
@@ -107,19 +110,23 @@ def main(argv=None) -> int:
         variants.insert(0, ("off", 0))
     k_max = max(k for _, k in variants)
     t0 = time.perf_counter()
-    engine = Engine.load(EngineArgs(model=a.model, prefix_reuse=False, max_context=2048,
-                                    draft_tokens=min(max(k_max, 1), 15)))
+    engine = Engine.load(EngineArgs(model=a.model, prefix_reuse=False, max_context=2048, backend=a.backend,
+                                    threads=a.threads, draft_tokens=min(max(k_max, 1), 15)))
     print(f"# model {engine.name} ({engine.description}); loaded in {time.perf_counter() - t0:.1f} s; "
-          "greedy; prefix reuse off", flush=True)
+          f"backend {a.backend}; greedy; prefix reuse off", flush=True)
     result: dict = {"model": engine.name, "max_new": a.max_new, "repeats": a.repeats}
 
     if not a.no_verify_cost:
-        cost = verify_cost(engine)
+        cost = verify_cost(engine.model, engine.args.kv_dtype)
         result["verify_cost_ms"] = cost
         base = cost[1]
         print("\n## verify pass cost (forward over T tokens at position 200, median of 20)")
         for t, ms in cost.items():
             print(f"  T={t}: {ms:7.2f} ms  = {ms / base:4.2f}x T=1")
+    if a.verify_only:
+        if a.json:
+            Path(a.json).write_text(json.dumps(result, indent=1))
+        return 0
 
     work = load_workloads(a.workloads, CHAT_PROMPTS[:a.chats])
     runs: dict[tuple[str, str], list] = {}

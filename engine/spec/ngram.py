@@ -87,6 +87,11 @@ def unavailable_reason(model_path: str | None) -> str | None:
 
 
 def make_drafter(model=None, model_path: str | None = None, *, n_min: int = 1, n_max: int = 3,
-                 **_options) -> NgramDrafter:
-    """Registry entry (see engine.spec.base)."""
-    return NgramDrafter(n_min=n_min, n_max=n_max)
+                 adaptive: bool = True, **_options):
+    """Registry entry (see engine.spec.base). adaptive: draft only as many tokens as pay for their verify
+    cost (engine.spec.adaptive); False: always the longest match up to --draft-tokens."""
+    drafter = NgramDrafter(n_min=n_min, n_max=n_max)
+    if not adaptive:
+        return drafter
+    from .adaptive import AdaptiveLength
+    return AdaptiveLength(drafter)

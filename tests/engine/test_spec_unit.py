@@ -244,7 +244,8 @@ def test_registry_modes():
             with pytest.raises(ConfigError, match="no drafter for this model"):
                 make_drafter(mode)
     assert make_drafter("off") is None
-    assert isinstance(make_drafter("ngram", n_max=4), NgramDrafter)
+    assert isinstance(make_drafter("ngram", n_max=4, adaptive=False), NgramDrafter)
+    assert isinstance(make_drafter("ngram").inner, NgramDrafter)
     with pytest.raises(ConfigError, match="--spec 'bogus'"):
         make_drafter("bogus")
 
@@ -330,3 +331,79 @@ def test_round_sampled_distribution_matches_target():
     df += 1
     assert df >= 10
     assert chi2_pvalue(stat, df) > 1e-3, (stat, df)
+
+
+# ---------------------------------------------------------------- adaptive draft length
+
+from engine.spec.adaptive import AdaptiveLength  # noqa: E402
+
+
+def adaptive_with(costs, acc, n_pos=8):
+    a = AdaptiveLength(NgramDrafter())
+    a.cost_ms = dict(costs)
+    a.tries = [100.0] * n_pos
+    a.hits = [100.0 * acc] * n_pos
+    return a
+
+
+def test_adaptive_choice_follows_costs_and_acceptance():
+    cheap = {1: 10.0, 2: 10.5, 4: 11.5, 8: 13.0}
+    assert adaptive_with(cheap, 0.9).choose_k(7) == 7  # cheap verify, good drafts: draft all
+    assert adaptive_with(cheap, 0.02).choose_k(7) == 0  # the drafts are never right: plain steps
+    dear = {1: 10.0, 2: 14.0, 4: 22.0, 8: 38.0}
+    assert adaptive_with(dear, 0.5).choose_k(7) == 1  # 1.5 tok / 14 ms beats 1 / 10 and 1.75 / 18
+    assert adaptive_with(dear, 0.3).choose_k(7) == 0
+    assert adaptive_with({}, 0.0).choose_k(7) == 7  # costs unknown: explore at full length,
+    assert adaptive_with({8: 20.0}, 0.0).choose_k(7) == 0  # then measure a plain step
+    assert adaptive_with({1: 10.0, 8: 17.0}, 0.9).cost(4) == pytest.approx(13.0)  # interpolated
+
+
+def test_adaptive_probes_one_deeper_now_and_then():
+    a = adaptive_with({1: 10.0, 2: 14.0, 8: 38.0}, 0.01)
+    a.probe_every = 4
+    assert [a.choose_k(5) for _ in range(8)] == [0, 0, 0, 1, 0, 0, 0, 1]
+    a = adaptive_with({1: 10.0, 2: 14.0, 4: 22.0, 8: 38.0}, 0.5)
+    a.probe_every = 3
+    assert [a.choose_k(5) for _ in range(6)] == [1, 1, 2, 1, 1, 2]
+
+
+def test_adaptive_unseen_positions_inherit_acceptance():
+    a = adaptive_with({1: 10.0, 8: 17.0}, 0.9, n_pos=1)
+    assert a.acceptance(3) == pytest.approx(a.acceptance(0)) and a.acceptance(0) > 0.88
+    assert a.choose_k(7) == 7
+
+
+class SimClock:
+    """A model that advances a fake clock by a verify cost c(T) = base + slope (T - 1) per forward."""
+
+    def __init__(self, model, base, slope):
+        self.now, self.model, self.base, self.slope = 0.0, model, base, slope
+
+    def __call__(self):
+        return self.now
+
+    def forward(self, tokens, pos0, cache, *, all_logits=False):
+        self.now += (self.base + self.slope * (len(tokens) - 1)) / 1e3
+        return self.model.forward(tokens, pos0, cache, all_logits=all_logits)
+
+    @property
+    def calls(self):
+        return self.model.calls
+
+
+@pytest.mark.parametrize("good_drafts", [True, False])
+def test_adaptive_end_to_end_lossless_and_adapts(good_drafts):
+    # Good: n-gram drafts on the near-certain counting pattern -> full-length drafts stay.
+    # Bad: random drafts (right 1 time in 12) with a verify that costs 40% of a step per token -> it stops
+    # drafting except for the occasional probe.
+    sim = SimClock(FakeModel(noise=0.2), base=10.0, slope=4.0)
+    want = plain_decode(sim, PROMPT, FakeChooser(), 120)
+    inner = NgramDrafter() if good_drafts else ListDrafter([0] * 200, corrupt=1.0)
+    drafter = AdaptiveLength(inner, clock=sim)
+    got, stats = spec_decode(sim, PROMPT, FakeChooser(), 120, drafter, 5)
+    assert got == want
+    late = sim.calls[-20:]  # T of the last forwards
+    if good_drafts:
+        assert late.count(6) >= 15 and stats.accepted > 80, late
+    else:
+        assert sum(t > 1 for t in late) <= 4, late

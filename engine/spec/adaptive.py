@@ -1,0 +1,120 @@
+"""Adaptive draft length: a drafter wrapper that drafts only as many tokens as pay for their verify cost.
+
+Speculation is lossless whatever is drafted, but not free: a verify pass over T = k+1 tokens costs c(T), more
+than a plain step c(1) on a CPU. With a_j the conditional acceptance of draft j (given d_1..d_{j-1} were
+accepted), a round with k drafts yields E(k) = 1 + a_1 + a_1 a_2 + ... + a_1..a_k tokens on average, so the
+best k maximises E(k) / (c(k+1) + k * draft cost) and may be 0 (a plain step) on text the drafter cannot
+predict. Everything is measured online by the wrapper itself, from the calls the round already makes:
+`propose` (drafts, draft time) then `observe` (the kept tokens: accepted = len(tokens) - 1; the time since
+`propose` returned = the verify pass). Estimates are exponential moving averages, so they follow the text
+(a counting list vs free prose) and the machine. `--draft-tokens N` stays the upper bound.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+from .base import Drafter, Features
+
+PRIOR_WEIGHT = 2.0  # pseudo-tries behind each position's prior
+
+
+class AdaptiveLength:
+    """Wraps any drafter; implements the same protocol (engine.spec.base.Drafter)."""
+
+    def __init__(self, inner: Drafter, decay: float = 0.9, probe_every: int = 8,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.inner = inner
+        self.name = inner.name
+        self.features_needed = inner.features_needed
+        self.decay, self.probe_every, self.clock = decay, probe_every, clock
+        self.hits: list[float] = []  # per draft position j: decayed count of accepted | tried
+        self.tries: list[float] = []  # per draft position j: decayed count of tried (d_1..d_{j-1} accepted)
+        self.cost_ms: dict[int, float] = {}  # T -> EMA of a verify pass over T tokens
+        self.draft_ms = 0.0  # EMA of drafting time per drafted token
+        self._pending: tuple[int, float] | None = None  # (n drafts, time propose returned)
+        self._rounds = 0  # rounds decided on estimates (every probe_every-th explores one draft deeper)
+
+    def reset(self) -> None:
+        """A new reply. Costs are the machine's and acceptance follows the text: both are kept (decayed)."""
+        self.inner.reset()
+        self._pending = None
+
+    # -- estimates -----------------------------------------------------------------------------------------
+    def acceptance(self, j: int) -> float:
+        """Conditional acceptance of draft position j (0-based). The prior is the previous position's estimate
+        (weight PRIOR_WEIGHT; 0.5 for the first), so a position rarely tried does not look worse than the
+        one before it: a run of right drafts tends to continue (a list, a quote, a loop)."""
+        prior = self.acceptance(j - 1) if j > 0 else 0.5
+        if j >= len(self.tries):
+            return prior
+        return (self.hits[j] + PRIOR_WEIGHT * prior) / (self.tries[j] + PRIOR_WEIGHT)
+
+    def cost(self, t: int) -> float | None:
+        """Estimated ms of a verify pass over t tokens: measured, else linear inter/extrapolation."""
+        if t in self.cost_ms:
+            return self.cost_ms[t]
+        known = sorted(self.cost_ms)
+        if len(known) < 2:
+            return None
+        lo = max((x for x in known if x < t), default=None)
+        hi = min((x for x in known if x > t), default=None)
+        if lo is None:
+            lo, hi = known[0], known[1]
+        elif hi is None:
+            lo, hi = known[-2], known[-1]
+        slope = (self.cost_ms[hi] - self.cost_ms[lo]) / (hi - lo)
+        return max(self.cost_ms[lo] + slope * (t - lo), 1e-6)
+
+    def choose_k(self, k_max: int) -> int:
+        """The draft length with the most expected tokens per ms (k_max until costs are known)."""
+        if k_max <= 0:
+            return 0
+        if not self.cost_ms:
+            return k_max  # explore: a full-length pass first ...
+        if 1 not in self.cost_ms:
+            return 0  # ... then one plain step, so the two ends of the cost line are measured
+        if len(self.cost_ms) < 2:
+            return k_max
+        best_k, best = 0, 1.0 / self.cost_ms[1]
+        expected, p = 1.0, 1.0
+        for k in range(1, k_max + 1):
+            p *= self.acceptance(k - 1)
+            expected += p
+            rate = expected / (self.cost(k + 1) + k * self.draft_ms)
+            if rate > best:
+                best_k, best = k, rate
+        self._rounds += 1
+        if best_k < k_max and self._rounds % self.probe_every == 0:
+            return best_k + 1  # explore one position deeper: its acceptance may have changed
+        return best_k
+
+    # -- the drafter protocol ------------------------------------------------------------------------------
+    def propose(self, context_tokens: Sequence[int], k: int, features: Features | None) -> list[int]:
+        k_use = self.choose_k(k)
+        t0 = self.clock()
+        drafts = list(self.inner.propose(context_tokens, k_use, features)[:k_use]) if k_use > 0 else []
+        t1 = self.clock()
+        if drafts:
+            self.draft_ms = self._ema(self.draft_ms, (t1 - t0) * 1e3 / len(drafts), self.draft_ms == 0.0)
+        self._pending = (len(drafts), t1)
+        return drafts
+
+    def observe(self, tokens: Sequence[int], features: Features | None) -> None:
+        self.inner.observe(tokens, features)
+        if self._pending is None:
+            return  # prefill, not a round
+        n, t1 = self._pending
+        self._pending = None
+        t = n + 1
+        self.cost_ms[t] = self._ema(self.cost_ms.get(t, 0.0), (self.clock() - t1) * 1e3, t not in self.cost_ms)
+        accepted = min(max(len(tokens) - 1, 0), n)
+        while len(self.tries) < n:
+            self.hits.append(0.0)
+            self.tries.append(0.0)
+        for j in range(min(accepted + 1, n)):  # positions 0..accepted were tried; 0..accepted-1 hit
+            self.tries[j] = self.tries[j] * self.decay + 1.0
+            self.hits[j] = self.hits[j] * self.decay + (1.0 if j < accepted else 0.0)
+
+    def _ema(self, old: float, new: float, first: bool) -> float:
+        return new if first else old * self.decay + new * (1.0 - self.decay)
