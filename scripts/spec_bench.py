@@ -2,7 +2,8 @@
 """Speculative decoding benchmark: plain vs speculative modes, A-B-A-B in one process, plus verify-pass cost.
 
     PYTHONPATH=. .venv/bin/python scripts/spec_bench.py                      # default model, greedy, 128 tokens
-    scripts/spec_bench.py --variants off ngram:3 ngram:5 --repeats 2 --max-new 128 --json out.json
+    scripts/spec_bench.py --variants off ngram:3 ngram:3:fixed ngram:7 --repeats 2 --max-new 128 --json out.json
+    (ngram:K = adaptive draft length up to K, what users get; ngram:K:fixed = always up to K drafts)
 
 Part 1, verify cost: one forward over T = 1, 4, 8 tokens at a realistic context position (the cost a round
 pays for k = 0, 3, 7 drafts), interleaved and repeated; median ms and the ratio to T=1 (goal: T=8 <= 1.5x).
@@ -36,10 +37,27 @@ CHAT_PROMPTS = ("Write a short story about a robot who learns to paint.",
                 "Explain how a bicycle works, step by step.")
 
 
-def parse_variant(text: str) -> tuple[str, int]:
-    """'off' | 'ngram:3' | 'mtp:2' -> (mode, draft tokens)."""
-    mode, _, k = text.partition(":")
-    return mode, int(k or 3)
+def parse_variant(text: str) -> tuple[str, int, bool]:
+    """'off' | 'ngram:3' (adaptive length, the default) | 'ngram:3:fixed' -> (mode, draft tokens, fixed)."""
+    mode, k, fixed = (text.split(":") + ["", ""])[:3]
+    return mode, int(k or 3), fixed == "fixed"
+
+
+def variant_name(mode: str, k: int, fixed: bool) -> str:
+    return mode if mode == "off" else f"{mode}:{k}" + (":fixed" if fixed else "")
+
+
+def fixed_round(engine: Engine, mode: str, k: int):
+    """A round function drafting always up to k tokens (no adaptive length), through the same spec_round."""
+    from engine.generate import Round
+    from engine.spec import make_drafter, spec_round
+    drafter = make_drafter(mode, engine.model, engine.model_path, adaptive=False)
+
+    def round_fn(ctx):
+        r, _ = spec_round(ctx.model, ctx.cache, ctx.chooser, drafter, ctx.seq, k, stop_ids=ctx.stop_ids,
+                          max_tokens=ctx.max_tokens, capacity=engine.capacity)
+        return Round(r.tokens, r.n_drafted, r.n_accepted, r.draft_ms, r.verify_ms)
+    return round_fn
 
 
 def verify_cost(model, kv_dtype: str = "f16", sizes=(1, 2, 4, 8), ctx_len: int = 200, repeats: int = 20
@@ -72,9 +90,10 @@ def load_workloads(names, chats) -> list[tuple[str, list[dict]]]:
     return out
 
 
-def run_one(engine: Engine, msgs, mode: str, k: int, max_new: int):
+def run_one(engine: Engine, msgs, mode: str, k: int, fixed: bool, max_new: int):
     req = GenerateRequest(SamplingParams(greedy=True, max_new=max_new), spec=mode, draft_tokens=k)
-    return list(engine.session().generate(msgs, req))[-1]
+    round_fn = fixed_round(engine, mode, k) if fixed and mode != "off" else None
+    return list(engine.session().generate(msgs, req, round_fn=round_fn))[-1]
 
 
 def summarise(runs) -> dict:
@@ -93,7 +112,7 @@ def summarise(runs) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="GGUF path (default: the embedded SmolLM2)")
-    ap.add_argument("--variants", nargs="+", default=["off", "ngram:3", "ngram:5"])
+    ap.add_argument("--variants", nargs="+", default=["off", "ngram:3", "ngram:3:fixed", "ngram:7"])
     ap.add_argument("--workloads", nargs="*", default=list(DEFAULT_WORKLOADS))
     ap.add_argument("--chats", type=int, default=len(CHAT_PROMPTS), help="how many built-in chat prompts")
     ap.add_argument("--max-new", type=int, default=128)
@@ -107,8 +126,8 @@ def main(argv=None) -> int:
 
     variants = [parse_variant(v) for v in a.variants]
     if variants[0][0] != "off":
-        variants.insert(0, ("off", 0))
-    k_max = max(k for _, k in variants)
+        variants.insert(0, ("off", 0, False))
+    k_max = max(v[1] for v in variants)
     t0 = time.perf_counter()
     engine = Engine.load(EngineArgs(model=a.model, prefix_reuse=False, max_context=2048, backend=a.backend,
                                     threads=a.threads, draft_tokens=min(max(k_max, 1), 15)))
@@ -132,26 +151,26 @@ def main(argv=None) -> int:
     runs: dict[tuple[str, str], list] = {}
     for rep in range(a.repeats):  # A-B-A-B: every variant once per repeat, per workload
         for wname, msgs in work:
-            for mode, k in variants:
-                name = mode if mode == "off" else f"{mode}:{k}"
-                st = run_one(engine, msgs, mode, max(k, 1), a.max_new)
+            for mode, k, fixed in variants:
+                name = variant_name(mode, k, fixed)
+                st = run_one(engine, msgs, mode, max(k, 1), fixed, a.max_new)
                 runs.setdefault((wname, name), []).append(st)
-                print(f"  [{rep + 1}/{a.repeats}] {wname:18s} {name:8s} {st.output_tokens:4d} tok "
+                print(f"  [{rep + 1}/{a.repeats}] {wname:18s} {name:13s} {st.output_tokens:4d} tok "
                       f"{st.decode_tok_s:7.1f} tok/s", file=sys.stderr, flush=True)
 
     print("\n## rounds (greedy, A-B-A-B; tok/s mean [min-max])")
-    print(f"{'workload':18s} {'variant':8s} {'out':>4s} {'tok/s':>22s} {'tok/rnd':>7s} {'accept':>6s} "
+    print(f"{'workload':18s} {'variant':13s} {'out':>4s} {'tok/s':>22s} {'tok/rnd':>7s} {'accept':>6s} "
           f"{'ms/rnd':>6s} {'draft':>5s} {'verify':>6s} {'speedup':>7s} {'same':>4s}  per-position")
     table = []
     for wname, _ in work:
         plain = summarise(runs[(wname, "off")])
-        for mode, k in variants:
-            name = mode if mode == "off" else f"{mode}:{k}"
+        for mode, k, fixed in variants:
+            name = variant_name(mode, k, fixed)
             s = summarise(runs[(wname, name)])
             s.update(workload=wname, variant=name, speedup=s["tok_s"] / plain["tok_s"] if plain["tok_s"] else 0.0,
                      identical_to_plain=s["sha"] == plain["sha"])
             table.append(s)
-            print(f"{wname:18s} {name:8s} {s['out_tokens']:4d} {s['tok_s']:7.1f} [{s['tok_s_min']:6.1f}-"
+            print(f"{wname:18s} {name:13s} {s['out_tokens']:4d} {s['tok_s']:7.1f} [{s['tok_s_min']:6.1f}-"
                   f"{s['tok_s_max']:6.1f}] {s['tokens_per_round']:7.2f} {s['acceptance']:6.2f} "
                   f"{s['draft_ms'] + s['verify_ms']:6.2f} {s['draft_ms']:5.2f} {s['verify_ms']:6.2f} "
                   f"{s['speedup']:6.2f}x {'yes' if s['identical_to_plain'] else 'NO':>4s}  {s['per_position']}")

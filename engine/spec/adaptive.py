@@ -12,25 +12,40 @@ predict. Everything is measured online by the wrapper itself, from the calls the
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+import weakref
+from typing import Any, Callable, Sequence
 
 from .base import Drafter, Features
 
 PRIOR_WEIGHT = 2.0  # pseudo-tries behind each position's prior
+
+# Verify costs are a property of the model on this machine, not of a reply: drafters of the same model share
+# one table (T -> ms), so a new reply does not start measuring from scratch.
+_COST_TABLES: "weakref.WeakKeyDictionary[Any, dict[int, float]]" = weakref.WeakKeyDictionary()
+
+
+def shared_cost_table(model: Any) -> dict[int, float]:
+    """The verify-cost table (T -> EMA ms) shared by every adaptive drafter of `model`."""
+    if model is None:
+        return {}
+    try:
+        return _COST_TABLES.setdefault(model, {})
+    except TypeError:  # not weak-referenceable
+        return {}
 
 
 class AdaptiveLength:
     """Wraps any drafter; implements the same protocol (engine.spec.base.Drafter)."""
 
     def __init__(self, inner: Drafter, decay: float = 0.9, probe_every: int = 8,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, cost_table: dict[int, float] | None = None):
         self.inner = inner
         self.name = inner.name
         self.features_needed = inner.features_needed
         self.decay, self.probe_every, self.clock = decay, probe_every, clock
         self.hits: list[float] = []  # per draft position j: decayed count of accepted | tried
         self.tries: list[float] = []  # per draft position j: decayed count of tried (d_1..d_{j-1} accepted)
-        self.cost_ms: dict[int, float] = {}  # T -> EMA of a verify pass over T tokens
+        self.cost_ms = cost_table if cost_table is not None else {}  # T -> EMA ms of a verify pass over T
         self.draft_ms = 0.0  # EMA of drafting time per drafted token
         self._pending: tuple[int, float] | None = None  # (n drafts, time propose returned)
         self._rounds = 0  # rounds decided on estimates (every probe_every-th explores one draft deeper)

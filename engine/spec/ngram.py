@@ -93,5 +93,5 @@ def make_drafter(model=None, model_path: str | None = None, *, n_min: int = 1, n
     drafter = NgramDrafter(n_min=n_min, n_max=n_max)
     if not adaptive:
         return drafter
-    from .adaptive import AdaptiveLength
-    return AdaptiveLength(drafter)
+    from .adaptive import AdaptiveLength, shared_cost_table
+    return AdaptiveLength(drafter, cost_table=shared_cost_table(model))

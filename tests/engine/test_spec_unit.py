@@ -246,6 +246,10 @@ def test_registry_modes():
     assert make_drafter("off") is None
     assert isinstance(make_drafter("ngram", n_max=4, adaptive=False), NgramDrafter)
     assert isinstance(make_drafter("ngram").inner, NgramDrafter)
+    model = FakeModel()  # adaptive drafters of one model share its measured verify costs across replies
+    a, b = make_drafter("ngram", model), make_drafter("ngram", model)
+    a.cost_ms[4] = 12.0
+    assert b.cost_ms == {4: 12.0} and make_drafter("ngram", FakeModel()).cost_ms == {}
     with pytest.raises(ConfigError, match="--spec 'bogus'"):
         make_drafter("bogus")
 
