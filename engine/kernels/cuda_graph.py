@@ -7,7 +7,8 @@ cuda.core `GraphBuilder` (numba-cuda >= 0.30.4 launches into it). Later T=1 call
 position into device buffers, replay the graph and copy the logits back: 3 host<->device operations and one
 launch per token instead of ~450 launches. The position-dependent kernels read the position from the device
 (`cuda.CAPTURE.pos_dev`), so one graph serves every position; buffers are baked in, so there is one graph per
-cache (a session keeps its cache). T > 1 (prefill, verify) and feature capture always run plainly.
+cache and run state (a session keeps its cache; a larger batch that regrows the state forces a recapture).
+T > 1 (prefill, verify) and feature capture always run plainly.
 
 Under the simulator (no graphs) the capture records the launches in a list and replays them: the same
 bookkeeping is tested without a GPU. Any failure while capturing or replaying switches the wrapper back to
@@ -40,6 +41,7 @@ class _Step:
 
     def __init__(self, model, cache):
         self.model, self.cache = model, cache
+        self.state = model.state  # the graph bakes in its buffers: holding it keeps them alive
         self.pos_dev = ck.to_device(np.zeros(1, np.int32))  # (1,) int32: the position the graph reads
         self.recording = None
         self.graph = self.stream = None
@@ -110,7 +112,7 @@ class GraphDecoder:
         if not self.enabled or toks.shape[0] != 1 or capture:
             return self.model.forward(toks, pos0, cache, all_logits=all_logits, capture=capture)
         step = self.steps.get(id(cache))
-        if step is None or step.cache is not cache:
+        if step is None or step.cache is not cache or step.state is not self.model.state:  # new cache/state
             out = self.model.forward(toks, pos0, cache, all_logits=all_logits)  # plain: warms everything
             try:
                 self.steps[id(cache)] = _Step(self.model, cache)
