@@ -80,6 +80,68 @@ def verify_cost(model, kv_dtype: str = "f16", sizes=(1, 2, 4, 8), ctx_len: int =
     return {t: statistics.median(v) for t, v in times.items()}
 
 
+def random_verify_cost(a) -> int:
+    """--random-smollm2: the verify-pass cost only (e.g. on a GPU machine the model file cannot reach)."""
+    from engine.backend import get_backend
+    from engine.model import Model
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from gpu_bench import smollm2_like
+    if a.threads:
+        import numba
+        numba.set_num_threads(a.threads)
+    margs, tensors = smollm2_like()
+    model = Model(margs, tensors, get_backend(a.backend), max_batch=16)
+    cost = verify_cost(model)
+    print(f"## verify pass cost, random SmolLM2-135M-shaped model, backend {a.backend}, threads {a.threads}")
+    for t, ms in cost.items():
+        print(f"  T={t}: {ms:7.3f} ms  = {ms / cost[1]:4.2f}x T=1")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"backend": a.backend, "verify_cost_ms": cost}, indent=1))
+    return 0
+
+
+def lossless_tiny(a) -> int:
+    """--lossless-tiny: speculation == plain decode on tiny models with this backend (e.g. cuda on a GPU)."""
+    import tempfile
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from make_tiny_models import ARCHS, make_tiny_model
+    prompts = ("Hello there, how are you today?", "def main(args):\n    for item in items:",
+               "The capital of France is Paris. The capital of")
+    bad = 0
+    with tempfile.TemporaryDirectory() as d:
+        for arch in ARCHS:
+            path = make_tiny_model(Path(d) / f"tiny-{arch}.gguf", arch, seed=0)
+            eng = Engine.load(EngineArgs(model=str(path), backend=a.backend, max_context=512, prefix_reuse=False))
+            diffs = row_step_diff(eng.model)
+            same, acc = 0, 0
+            for p in prompts:
+                msgs = [{"role": "user", "content": p}]
+                want = run_one(eng, msgs, "off", 1, False, 48)
+                for k in (1, 3, 5):
+                    got = run_one(eng, msgs, "ngram", k, True, 48)
+                    same += got.token_ids == want.token_ids
+                    acc += got.accepted
+            bad += same != 3 * len(prompts)
+            print(f"{arch}: {same}/{3 * len(prompts)} identical, {acc} drafts accepted; "
+                  f"max |verify row - step| by T: {diffs}", flush=True)
+    return 1 if bad else 0
+
+
+def row_step_diff(model, n_ctx: int = 40, sizes=(2, 4, 8)) -> dict[int, float]:
+    """Largest |logit| difference between a batched verify pass over T tokens and T single decode steps."""
+    rng = np.random.default_rng(0)
+    toks = rng.integers(3, min(1000, model.args.vocab_size), n_ctx + max(sizes)).astype(np.int32)
+    cache = model.new_cache(n_ctx + max(sizes))
+    model.forward(toks[:n_ctx], 0, cache)
+    steps = np.stack([model.forward(toks[i:i + 1], i, cache)[0].copy() for i in range(n_ctx, n_ctx + max(sizes))])
+    out = {}
+    for t in sizes:
+        cache.truncate(n_ctx)
+        rows = model.forward(toks[n_ctx:n_ctx + t], n_ctx, cache, all_logits=True)
+        out[t] = float(np.abs(rows - steps[:t]).max())
+    return out
+
+
 def load_workloads(names, chats) -> list[tuple[str, list[dict]]]:
     out = []
     for name in names:
@@ -121,9 +183,19 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-verify-cost", action="store_true")
     ap.add_argument("--verify-only", action="store_true", help="only the verify-pass cost")
+    ap.add_argument("--lossless-tiny", action="store_true",
+                    help="greedy off vs ngram k=1,3,5 on the tiny models (scripts/make_tiny_models.py) on --backend, "
+                         "and the largest |verify row - decode step| difference")
+    ap.add_argument("--random-smollm2", action="store_true",
+                    help="verify cost on a random model with SmolLM2-135M's shapes and quant types (no file needed; "
+                         "same bytes moved, so the same speed)")
     ap.add_argument("--json", default=None, help="write all figures here")
     a = ap.parse_args(argv)
 
+    if a.random_smollm2:
+        return random_verify_cost(a)
+    if a.lossless_tiny:
+        return lossless_tiny(a)
     variants = [parse_variant(v) for v in a.variants]
     if variants[0][0] != "off":
         variants.insert(0, ("off", 0, False))
