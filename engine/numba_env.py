@@ -8,9 +8,12 @@ kernel module does so at its top. What it sets, and why (measured, see REFERENCE
 - NUMBA_CACHE_DIR keyed on the flags: numba's on-disk cache index does not record optimisation flags, so a
   cache written under other flags would silently serve slower (or differently vectorized) code. We put the
   cache in a directory named after a hash of (flags, numba/llvmlite versions, CPU name + features).
-- The threading layer: "workqueue" by default. numba's OpenMP layer spin-waits; with another process busy on
-  one of the two cores its barrier collapsed decode to ~1 tok/s. workqueue threads block instead and degrade
-  gracefully. Override with NINFER_THREADING_LAYER (e.g. "omp") to compare.
+- The threading layer: OpenMP first (NUMBA_THREADING_LAYER_PRIORITY="omp tbb workqueue") with
+  OMP_WAIT_POLICY=PASSIVE. A decode step has ~150 parallel regions, so launch cost matters: measured on the
+  2-core VM under load, an empty prange cost 11 us with omp/PASSIVE, 28 us omp/ACTIVE and 340 us with
+  workqueue. ACTIVE (spinning) threads are also what collapsed decode to ~1 tok/s when another process held
+  a core: a spinning thread waits for a partner that is not scheduled. PASSIVE threads sleep instead.
+  Override with NINFER_THREADING_LAYER=workqueue|omp|tbb to compare.
 - OPENBLAS_THREAD_TIMEOUT / OMP_WAIT_POLICY: BLAS threads left spinning after a numpy matmul steal a core
   from decode; ask them to sleep quickly.
 
@@ -33,7 +36,7 @@ FLAGS = {
     "NUMBA_OPT": "3",
     "NUMBA_LOOP_VECTORIZE": "1",  # float kernels want it; int kernels switch it off per function
 }
-DEFAULT_THREADING_LAYER = "workqueue"
+THREADING_PRIORITY = "omp tbb workqueue"
 _applied = False
 
 
@@ -91,8 +94,9 @@ def apply() -> dict:
     for k, v in FLAGS.items():
         os.environ.setdefault(k, v)
     os.environ.setdefault("NUMBA_CACHE_DIR", str(cache_root() / f"numba-{flags_key()}"))
-    layer = os.environ.get("NINFER_THREADING_LAYER", DEFAULT_THREADING_LAYER)
-    os.environ.setdefault("NUMBA_THREADING_LAYER", layer)
+    os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", THREADING_PRIORITY)
+    if os.environ.get("NINFER_THREADING_LAYER"):
+        os.environ["NUMBA_THREADING_LAYER"] = os.environ["NINFER_THREADING_LAYER"]
     os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "1")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("KMP_BLOCKTIME", "0")
@@ -100,10 +104,12 @@ def apply() -> dict:
         from numba.core import config
         config.SLP_VECTORIZE = int(os.environ["NUMBA_SLP_VECTORIZE"])
         config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]
-        if config.THREADING_LAYER == "default":
-            config.THREADING_LAYER = os.environ["NUMBA_THREADING_LAYER"]
+        config.THREADING_LAYER_PRIORITY = os.environ["NUMBA_THREADING_LAYER_PRIORITY"].split()
+        if os.environ.get("NINFER_THREADING_LAYER"):
+            config.THREADING_LAYER = os.environ["NINFER_THREADING_LAYER"]
     _applied = True
-    return {k: os.environ.get(k) for k in (*FLAGS, "NUMBA_CACHE_DIR", "NUMBA_THREADING_LAYER")}
+    return {k: os.environ.get(k) for k in (*FLAGS, "NUMBA_CACHE_DIR", "NUMBA_THREADING_LAYER_PRIORITY",
+                                           "OMP_WAIT_POLICY")}
 
 
 @contextlib.contextmanager

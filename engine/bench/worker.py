@@ -155,8 +155,10 @@ def run_llama_cpp(spec, t0_wall: float) -> dict:
 
 
 def _last_logits(llm):
-    """Logits of the last evaluated position (llama-cpp-python keeps them in `scores`)."""
-    return llm.scores[llm.n_tokens - 1]
+    """Logits of the last evaluated position: the context's output buffer (without logits_all,
+    llama-cpp-python >= 0.3 computes logits for the last position of each batch only, row 0 of it)."""
+    import numpy as np
+    return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
 
 
 def main() -> int:

@@ -1,0 +1,319 @@
+"""Fast CPU kernels: row-interleaved quantized weights x int8-quantized activations (the `ref.py` contract).
+
+Only `prepare_weight`, `weight_shape`, `new_scratch`, `matmul` and `embed` differ from `cpu.py`; every other
+kernel is cpu.py's. Weights of other types (or with a row count that is not a multiple of G) keep cpu.py's
+layout and kernels, so this module is a drop-in superset.
+
+Why this layout (measured on a 2-core Zen 3, AVX2; REFERENCE.md section 8 for the Zen 4 prototype):
+- Rows are interleaved in groups of G=32: qs[group, block, j, row]. The inner loop runs over the G rows of
+  one group with a single activation value broadcast, so LLVM vectorizes it across rows (one accumulator
+  per row, no horizontal sums) and each 512-byte weight block is one contiguous read.
+- The activation row is quantized once per matmul to int8 with one f32 scale per 32-block (Q8 style), and
+  the block dot product is integer: Q4 nibbles are used as (q - 8) in -8..7 so a whole block accumulates in
+  int16 without overflow (|sum| <= 16 * 2 * 8 * 127 = 32512), i.e. 16 lanes per AVX2 register.
+  Q4_1 then is  sum_j (d q_j + m) x_j = d * sa * sum_j (q_j - 8) qa_j + (m + 8 d) * sum_j x_j,
+  with sum_j x_j the exact float block sum of x (more accurate than the quantized one).
+- Scales are stored apart, f32 per (group, block, row): they are read once per block, vectorized over rows.
+- Explicit np.int16 casts everywhere: numba otherwise promotes int16 arithmetic to int64 lanes.
+- T > 1 (prefill chunk, speculative verify): the group's block stays in L1 while all T rows use it, so every
+  weight byte comes from memory once per call ("each weight block is read once for all T").
+The loop vectorizer is what vectorizes these kernels here (the rows loop is innermost and contiguous); SLP
+(numba_env) helps the scale/accumulate tails. tests/engine/test_speed_guard.py checks the emitted assembly.
+"""
+from __future__ import annotations
+
+from .. import numba_env  # noqa: F401  (must precede the numba import: SLP flag, cache dir, threading layer)
+
+import numba
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+from numba import njit, prange
+
+from ..quant import QK, QTensor, validate
+from . import cpu
+from .cpu import (  # noqa: F401  (the rest of the kernel set is cpu.py's)
+    KV_GROUP, argmax, attention_f16, attention_int8, bias_add, kv_group, kv_store_f16, kv_store_int8,
+    residual_add, rmsnorm, rope, swiglu)
+
+G = 32  # rows per interleaved group (compile-time constant of the kernels below)
+BATCHED_MIN_T = 2  # from this many rows on, matmuls unpack each weight block once (q4_group_batched)
+I16 = np.int16
+I32 = np.int32
+F32 = np.float32
+
+
+class FastWeight:
+    """A Q4_0/Q4_1/Q8_0 weight in the interleaved layout. kind: 'q4' (both 4-bit types) | 'q8'.
+
+    q4: qs uint8 (ng, nb, 16, G): byte j of block b of row g*G+r (lo nibble = value j, hi = value j+16);
+        d f32 (ng, nb, G) block scales; m8 f32 (ng, nb, G) = m + 8 d (Q4_0: m = -8 d, so m8 = 0).
+    q8: qs int8 (ng, nb, 16, 2G): values 2i, 2i+1 of row r at [.., i, 2r], [.., i, 2r+1]; d f32 (ng, nb, G).
+    acc16/acc32 (ng, G): per-group integer accumulators (scratch, so the kernels never allocate).
+    """
+
+    def __init__(self, name, kind, shape, qs, d, m8=None):
+        self.name, self.kind, self.shape = name, kind, shape
+        self.qs, self.d, self.m8 = qs, d, m8
+        self.acc16 = np.zeros((qs.shape[0], G), np.int16)  # (ng, G) kernel scratch (4-bit)
+        self.acc32 = np.zeros((qs.shape[0], G), np.int32)  # (ng, G) kernel scratch (Q8_0)
+        self.nbytes = qs.nbytes + d.nbytes + (m8.nbytes if m8 is not None else 0)
+
+
+class FastScratch:
+    """matmul scratch for x of up to (max_t, max_n): int8 activations, their block scales and block sums."""
+
+    def __init__(self, max_t: int, max_n: int):
+        nb = (max_n + QK - 1) // QK
+        self.qa = np.zeros((max_t, nb * QK), np.int8)  # (T, n) int8 quantized activations
+        self.sa = np.zeros((max_t, nb), np.float32)  # (T, nb) their scales
+        self.xs = np.zeros((max_t, nb), np.float32)  # (T, nb) exact float block sums of x
+        self.cpu = cpu.new_scratch(max_t, max_n)  # for weights that stay in cpu.py's layout
+
+
+def _f16_field(raw: np.ndarray, off: int) -> np.ndarray:
+    """(..., B) uint8 blocks -> (...,) f32 of the half float at byte offset off."""
+    return np.ascontiguousarray(raw[..., off:off + 2]).view(np.float16)[..., 0].astype(np.float32)
+
+
+def repack(qt: QTensor) -> FastWeight:
+    """File blocks (rows, nb * bytes_per_block) -> the interleaved layout (rows % G == 0)."""
+    rows, cols = qt.shape[0], qt.shape[-1]
+    nb, ng = cols // QK, rows // G
+    raw = np.ascontiguousarray(qt.data).view(np.uint8).reshape(ng, G, nb, -1)  # (ng, G, nb, B)
+    d = np.ascontiguousarray(_f16_field(raw, 0).transpose(0, 2, 1))  # (ng, nb, G)
+    if qt.qtype == QT.Q8_0:
+        pairs = raw[..., 2:].reshape(ng, G, nb, 16, 2).transpose(0, 2, 3, 1, 4)  # (ng, nb, 16, G, 2)
+        qs = np.ascontiguousarray(pairs).view(np.int8).reshape(ng, nb, 16, 2 * G)
+        return FastWeight(qt.name, "q8", (rows, cols), qs, d)
+    if qt.qtype == QT.Q4_1:
+        m8 = np.ascontiguousarray(_f16_field(raw, 2).transpose(0, 2, 1)) + 8.0 * d
+        qs = np.ascontiguousarray(raw[..., 4:].transpose(0, 2, 3, 1))  # (ng, nb, 16, G)
+    else:  # Q4_0: x = d (q - 8)
+        m8 = np.zeros_like(d)
+        qs = np.ascontiguousarray(raw[..., 2:].transpose(0, 2, 3, 1))
+    return FastWeight(qt.name, "q4", (rows, cols), qs, d, m8.astype(np.float32))
+
+
+def prepare_weight(qt: QTensor):
+    """Interleaved layout for Q4_0/Q4_1/Q8_0 matrices with rows % G == 0; cpu.py's layout otherwise."""
+    validate(qt)
+    if qt.qtype in (QT.Q4_0, QT.Q4_1, QT.Q8_0) and len(qt.shape) == 2 and qt.shape[0] % G == 0:
+        return repack(qt)
+    return cpu.prepare_weight(qt)
+
+
+def weight_shape(w) -> tuple[int, int]:
+    """Logical (rows, cols) = (out_features, in_features) of a prepared weight."""
+    return w.shape
+
+
+def new_scratch(max_t: int, max_n: int) -> FastScratch:
+    """Scratch for `matmul` covering x of up to (max_t, max_n)."""
+    return FastScratch(max_t, max_n)
+
+
+# ------------------------------------------------------------------------------------ activation quant
+@njit(cache=True)
+def quantize_rows(qa, sa, xs, x):
+    """qa (T, n) int8, sa (T, nb) f32 scales, xs (T, nb) f32 block sums <- x (T, n) f32 (32-blocks)."""
+    t_n, n = x.shape
+    for t in range(t_n):
+        for b in range(n // QK):
+            amax = F32(0.0)
+            s = F32(0.0)
+            for j in range(QK):
+                v = x[t, b * QK + j]
+                s += v
+                amax = max(amax, abs(v))
+            sc = amax / F32(127.0)
+            inv = F32(1.0) / sc if sc > 0 else F32(0.0)
+            for j in range(QK):
+                qa[t, b * QK + j] = np.int8(np.rint(x[t, b * QK + j] * inv))
+            sa[t, b] = sc
+            xs[t, b] = s
+
+
+# ----------------------------------------------------------------------------------------- matmul kernels
+@njit(cache=True, inline="always")
+def _nib2(v, a_lo, a_hi):
+    # (lo nibble - 8) * a_lo + (hi nibble - 8) * a_hi for one byte v (as int16), all in int16
+    return I16(I16(I16(I16(v & I16(15)) - I16(8)) * a_lo) + I16(I16(I16(v >> I16(4)) - I16(8)) * a_hi))
+
+
+@njit(cache=True)
+def q4_group(out, qa, sa, xs, qs, d, m8, acc, g):
+    """Rows g*G .. g*G+G-1 of out (T, rows) for interleaved 4-bit W (see mm_q4); acc (G,) int16 scratch.
+    The j loop is unrolled by 4 in the source so each pass over the G accumulators does 256 MACs."""
+    for t in range(out.shape[0]):
+        o = out[t, g * G:(g + 1) * G]  # (G,) this group's outputs for row t
+        for r in range(G):
+            o[r] = F32(0.0)
+        for b in range(qs.shape[1]):
+            for r in range(G):
+                acc[r] = 0
+            for jj in range(0, 16, 4):
+                k = b * QK + jj
+                a0, b0 = I16(qa[t, k]), I16(qa[t, k + 16])
+                a1, b1 = I16(qa[t, k + 1]), I16(qa[t, k + 17])
+                a2, b2 = I16(qa[t, k + 2]), I16(qa[t, k + 18])
+                a3, b3 = I16(qa[t, k + 3]), I16(qa[t, k + 19])
+                for r in range(G):
+                    s = I16(_nib2(I16(qs[g, b, jj, r]), a0, b0) + _nib2(I16(qs[g, b, jj + 1, r]), a1, b1))
+                    s = I16(s + I16(_nib2(I16(qs[g, b, jj + 2, r]), a2, b2) + _nib2(I16(qs[g, b, jj + 3, r]), a3, b3)))
+                    acc[r] = I16(acc[r] + s)
+            sb = sa[t, b]
+            xsb = xs[t, b]
+            for r in range(G):
+                o[r] += d[g, b, r] * (sb * F32(acc[r])) + m8[g, b, r] * xsb
+
+
+@njit(cache=True)
+def q4_group_batched(out, qa, sa, xs, qs, d, m8, g):
+    """As q4_group for T > 1: each block is unpacked once into wbuf (32, G) int16 (values - 8), then every
+    row t only multiplies and adds (2 vector ops per 16 MACs instead of ~5). wbuf and acc are allocated
+    here on purpose (2 small allocations per group and call): LLVM then knows they alias nothing and keeps
+    the accumulators in vector registers; passed-in scratch of the same dtype defeated that (10x slower)."""
+    t_n = out.shape[0]
+    wbuf = np.empty((QK, G), np.int16)  # (32, G) the block's values - 8
+    acc = np.empty(G, np.int16)  # (G,)
+    for t in range(t_n):
+        for r in range(G):
+            out[t, g * G + r] = F32(0.0)
+    for b in range(qs.shape[1]):
+        for j in range(16):
+            for r in range(G):
+                v = I16(qs[g, b, j, r])
+                wbuf[j, r] = I16(I16(v & I16(15)) - I16(8))
+                wbuf[j + 16, r] = I16(I16(v >> I16(4)) - I16(8))
+        for t in range(t_n):
+            for r in range(G):
+                acc[r] = 0
+            for j in range(0, QK, 4):  # unrolled by 4: keeps LLVM from fully unrolling r (then it
+                k = b * QK + j  # stays scalar) and lets the loop vectorizer take the r loop
+                a0, a1, a2, a3 = I16(qa[t, k]), I16(qa[t, k + 1]), I16(qa[t, k + 2]), I16(qa[t, k + 3])
+                for r in range(G):
+                    s = I16(I16(wbuf[j, r] * a0) + I16(wbuf[j + 1, r] * a1))
+                    s = I16(s + I16(I16(wbuf[j + 2, r] * a2) + I16(wbuf[j + 3, r] * a3)))
+                    acc[r] = I16(acc[r] + s)
+            sb = sa[t, b]
+            xsb = xs[t, b]
+            o = out[t, g * G:(g + 1) * G]
+            for r in range(G):
+                o[r] += d[g, b, r] * (sb * F32(acc[r])) + m8[g, b, r] * xsb
+
+
+@njit(cache=True, inline="always")
+def _q4(out, qa, sa, xs, qs, d, m8, acc, g):
+    # one group, choosing the decode (T = 1) or the batched form
+    if out.shape[0] >= BATCHED_MIN_T:
+        q4_group_batched(out, qa, sa, xs, qs, d, m8, g)
+    else:
+        q4_group(out, qa, sa, xs, qs, d, m8, acc, g)
+
+
+@njit(cache=True, parallel=True)
+def mm_q4(out, qa, sa, xs, qs, d, m8, acc16):
+    """out (T, rows) f32 <- x @ W^T for interleaved 4-bit W; x as qa (T, n) int8 + sa, xs (T, nb) f32.
+    acc16 (ng, G) int16 scratch (decode). Each weight block is read once."""
+    for g in prange(qs.shape[0]):
+        _q4(out, qa, sa, xs, qs, d, m8, acc16[g], g)
+
+
+@njit(cache=True, parallel=True)
+def mm_q4x2(out1, out2, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2):
+    """Two matmuls of the same input (gate/up) in one parallel region: fewer thread wake-ups per step."""
+    n1 = qs1.shape[0]
+    for g in prange(n1 + qs2.shape[0]):
+        if g < n1:
+            _q4(out1, qa, sa, xs, qs1, d1, m1, acc1[g], g)
+        else:
+            _q4(out2, qa, sa, xs, qs2, d2, m2, acc2[g - n1], g - n1)
+
+
+@njit(cache=True, parallel=True)
+def mm_q4x3(out1, out2, out3, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2, qs3, d3, m3, acc3):
+    """Three matmuls of the same input (q/k/v) in one parallel region."""
+    n1, n2 = qs1.shape[0], qs2.shape[0]
+    for g in prange(n1 + n2 + qs3.shape[0]):
+        if g < n1:
+            _q4(out1, qa, sa, xs, qs1, d1, m1, acc1[g], g)
+        elif g < n1 + n2:
+            _q4(out2, qa, sa, xs, qs2, d2, m2, acc2[g - n1], g - n1)
+        else:
+            _q4(out3, qa, sa, xs, qs3, d3, m3, acc3[g - n1 - n2], g - n1 - n2)
+
+
+@njit(cache=True)
+def q8_group(out, qa, sa, qs, d, acc, g):
+    """Rows g*G .. g*G+G-1 of out (T, rows) for interleaved Q8_0 W (see mm_q8); acc (G,) int32 scratch.
+    Values 2i and 2i+1 of a row sit side by side, so LLVM turns the pair products into vpmaddwd."""
+    for t in range(out.shape[0]):
+        o = out[t, g * G:(g + 1) * G]
+        for r in range(G):
+            o[r] = F32(0.0)
+        for b in range(qs.shape[1]):
+            for r in range(G):
+                acc[r] = 0
+            for jp in range(16):
+                a0 = I32(qa[t, b * QK + 2 * jp])
+                a1 = I32(qa[t, b * QK + 2 * jp + 1])
+                for r in range(G):
+                    acc[r] += I32(qs[g, b, jp, 2 * r]) * a0 + I32(qs[g, b, jp, 2 * r + 1]) * a1
+            sb = sa[t, b]
+            for r in range(G):
+                o[r] += d[g, b, r] * (sb * F32(acc[r]))
+
+
+@njit(cache=True, parallel=True)
+def mm_q8(out, qa, sa, qs, d, acc32):
+    """out (T, rows) f32 <- x @ W^T for interleaved Q8_0 W; x as qa (T, n) int8 + sa (T, nb).
+    Products of two int8 fit int16; pairs of them still do (<= 2 * 127 * 127), the sum goes to int32."""
+    for g in prange(qs.shape[0]):
+        q8_group(out, qa, sa, qs, d, acc32[g], g)
+
+
+def matmul(out, x, w, scratch):
+    """out (T, d) f32 <- x (T, n) f32 @ W (d, n)^T. One pass over W serves all T rows."""
+    if not isinstance(w, FastWeight):
+        cpu.matmul(out, x, w, scratch.cpu)
+        return
+    t_n, n = x.shape
+    qa, sa, xs = scratch.qa[:t_n, :n], scratch.sa[:t_n, :n // QK], scratch.xs[:t_n, :n // QK]
+    quantize_rows(qa, sa, xs, x)
+    if w.kind == "q4":
+        mm_q4(out, qa, sa, xs, w.qs, w.d, w.m8, w.acc16)
+    else:
+        mm_q8(out, qa, sa, w.qs, w.d, w.acc32)
+
+
+# ------------------------------------------------------------------------------------------------ embed
+@njit(cache=True)
+def embed_q4(out, qs, d, m8, tokens):
+    """out (T, n) <- rows tokens (T,) of an interleaved 4-bit table."""
+    for t in range(tokens.shape[0]):
+        g, r = tokens[t] // G, tokens[t] % G
+        for b in range(qs.shape[1]):
+            for j in range(16):
+                v = qs[g, b, j, r]
+                out[t, b * QK + j] = d[g, b, r] * F32(I32(v & 15) - 8) + m8[g, b, r]
+                out[t, b * QK + 16 + j] = d[g, b, r] * F32(I32(v >> 4) - 8) + m8[g, b, r]
+
+
+@njit(cache=True)
+def embed_q8(out, qs, d, tokens):
+    """out (T, n) <- rows tokens (T,) of an interleaved Q8_0 table."""
+    for t in range(tokens.shape[0]):
+        g, r = tokens[t] // G, tokens[t] % G
+        for b in range(qs.shape[1]):
+            for j in range(QK):
+                out[t, b * QK + j] = d[g, b, r] * F32(qs[g, b, j // 2, 2 * r + j % 2])
+
+
+def embed(out, w, tokens):
+    """out (T, n) f32 <- rows tokens (T,) int32 of the embedding table W (vocab, n)."""
+    if not isinstance(w, FastWeight):
+        cpu.embed(out, w, tokens)
+    elif w.kind == "q4":
+        embed_q4(out, w.qs, w.d, w.m8, tokens)
+    else:
+        embed_q8(out, w.qs, w.d, tokens)

@@ -1,0 +1,361 @@
+"""One jitted call per forward pass (all layers) for llama-style models on the fast CPU layout.
+
+Why: a decode step of a 30-layer model is ~450 small kernel calls; at a few microseconds of Python and
+numba dispatch each that alone is 2-3 ms per token, as much as the matmuls. `FusedForward` stacks the
+per-layer weights by role at build time and runs embedding -> layers -> head inside numba, so Python touches
+each step once. Parallel regions (prange) remain per matmul and attention (~150 per token).
+
+Also here, because the fused step needs them in numba and they were hot spots:
+- `exp_fast`: a vectorizable exp (Cody-Waite range reduction + degree-6 polynomial, exponent bits), ~1e-7
+  relative error; numba's scalar exp is a libm call per element and blocks vectorization.
+- `attention_f16_fast`: GQA-aware attention over the f16 cache: each K/V row is converted once and used by
+  all query heads of its group; scores, softmax and the weighted V sum are separate vectorizable loops.
+- `f32_to_f16_bits`: round-to-nearest-even float -> half conversion for storing into the f16 cache.
+
+Supported: llama / qwen2 / qwen3 shapes where every layer's matrices are in the interleaved layout
+(`cpu_fast.FastWeight`) and the head too; anything else returns None from `build()` and the model keeps
+its per-kernel path. The result matches `Model.forward` (tests/engine/test_bench.py checks logits).
+"""
+from __future__ import annotations
+
+from .. import numba_env  # noqa: F401  (flags before numba)
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from ..quant import QK
+from . import cpu
+from .cpu_fast import FastWeight, embed_q4, embed_q8, mm_q4, mm_q4x2, mm_q4x3, mm_q8, quantize_rows
+
+F32 = np.float32
+_LOG2E = F32(1.4426950408889634)
+_LN2_HI = F32(0.693145751953125)
+_LN2_LO = F32(1.428606765330187e-06)
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def exp_fast(x):
+    """exp(x) for float32 x, vectorizable (no libm call); exact to ~2 ulp on [-87, 88], 0 below."""
+    x = min(max(x, F32(-87.0)), F32(88.0))
+    n = np.floor(x * _LOG2E + F32(0.5))
+    r = x - n * _LN2_HI - n * _LN2_LO  # |r| <= ln2/2
+    p = F32(1.0 / 720.0)
+    p = p * r + F32(1.0 / 120.0)
+    p = p * r + F32(1.0 / 24.0)
+    p = p * r + F32(1.0 / 6.0)
+    p = p * r + F32(0.5)
+    p = p * r + F32(1.0)
+    p = p * r + F32(1.0)
+    bits = np.int32(np.int32(np.int32(n) + np.int32(127)) << np.int32(23))
+    return p * bits.view(np.float32)
+
+
+@njit(cache=True, inline="always")
+def f32_to_f16_bits(f):
+    """float32 -> IEEE half bit pattern (uint16), round to nearest even; overflow -> inf, NaN kept."""
+    x = np.float32(f).view(np.uint32)
+    sign = np.uint32((x >> np.uint32(16)) & np.uint32(0x8000))
+    a = x & np.uint32(0x7FFFFFFF)
+    if a >= np.uint32(0x7F800000):  # inf / nan
+        h = np.uint32(0x7C00) | (np.uint32(0x200) if a > np.uint32(0x7F800000) else np.uint32(0))
+    elif a >= np.uint32(0x477FF000):  # rounds to >= 65520: overflow
+        h = np.uint32(0x7C00)
+    elif a < np.uint32(0x38800000):  # below the smallest normal half: subnormal, value / 2^-24
+        h = np.uint32(np.rint(abs(np.float32(f)) * np.float32(16777216.0)))
+    else:
+        rounded = np.uint32(a + np.uint32(0x0FFF) + ((a >> np.uint32(13)) & np.uint32(1)))
+        h = np.uint32(np.uint32(rounded - np.uint32(0x38000000)) >> np.uint32(13))
+    return np.uint16(sign | h)
+
+
+@njit(cache=True)
+def store_f16(cache_l, x3, pos0):
+    """cache_l (cap, n_kv, hd) uint16 (f16 bits) [pos0 : pos0+T] <- x3 (T, n_kv, hd) f32."""
+    for t in range(x3.shape[0]):
+        for h in range(x3.shape[1]):
+            for j in range(x3.shape[2]):
+                cache_l[pos0 + t, h, j] = f32_to_f16_bits(x3[t, h, j])
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def _h2f(h):
+    # half bits -> float32 without branches (finite values incl. subnormals): shift the exponent/mantissa
+    # into float position, rescale by 2^112, then copy the sign bit
+    u = np.uint32(h)
+    mag = F32(np.uint32((u & np.uint32(0x7FFF)) << np.uint32(13)).view(np.float32) * F32(5.192296858534828e33))
+    sign = np.uint32((u & np.uint32(0x8000)) << np.uint32(16))
+    return np.uint32(np.float32(mag).view(np.uint32) | sign).view(np.float32)
+
+
+@njit(cache=True, parallel=True, fastmath=True)
+def attention_f16_fast(out, q, kc, vc, pos0, scale, sbuf, rowbuf):
+    """out (T, H, hd) <- causal GQA softmax(q K^T scale) V over kc, vc (cap, n_kv, hd) uint16 f16 bits.
+    sbuf (n_threads, group, cap) f32 and rowbuf (n_threads, hd) f32 are per-thread scratch."""
+    t_n, n_head, hd = q.shape
+    n_kv = kc.shape[1]
+    group = n_head // n_kv
+    for tk in prange(t_n * n_kv):
+        t, kh = tk // n_kv, tk % n_kv
+        tid = numba.get_thread_id()
+        sc = sbuf[tid]
+        row = rowbuf[tid]
+        n_see = pos0 + t + 1
+        for p in range(n_see):  # scores: each K row converted once for the whole group
+            for j in range(hd):
+                row[j] = _h2f(kc[p, kh, j])
+            for gi in range(group):
+                s = F32(0.0)
+                for j in range(hd):
+                    s += q[t, kh * group + gi, j] * row[j]
+                sc[gi, p] = s * scale
+        for gi in range(group):
+            m = F32(-np.inf)
+            for p in range(n_see):
+                m = max(m, sc[gi, p])
+            tot = F32(0.0)
+            for p in range(n_see):
+                e = exp_fast(sc[gi, p] - m)
+                sc[gi, p] = e
+                tot += e
+            inv = F32(1.0) / tot
+            for p in range(n_see):
+                sc[gi, p] *= inv
+            for j in range(hd):
+                out[t, kh * group + gi, j] = F32(0.0)
+        for p in range(n_see):  # weighted V sum: each V row converted once
+            for j in range(hd):
+                row[j] = _h2f(vc[p, kh, j])
+            for gi in range(group):
+                w = sc[gi, p]
+                for j in range(hd):
+                    out[t, kh * group + gi, j] += w * row[j]
+
+
+@njit(cache=True, fastmath=True)
+def swiglu_fast(out, gate, up):
+    """out (T, f) <- silu(gate) * up with the vectorizable exp."""
+    for t in range(out.shape[0]):
+        for i in range(out.shape[1]):
+            g = gate[t, i]
+            out[t, i] = g / (F32(1.0) + exp_fast(-g)) * up[t, i]
+
+
+# ------------------------------------------------------------------------------------------- fused step
+@njit(cache=True)
+def _embed(x, tokens, emb):
+    # emb = (kind 0: q4 | 1: q8, qs4, qs8, d, m8)
+    if emb[0] == 0:
+        embed_q4(x, emb[1], emb[3], emb[4], tokens)
+    else:
+        embed_q8(x, emb[2], emb[3], tokens)
+
+
+@njit(cache=True)
+def _mm(out, xin, qa, sa, xs, w, l):
+    # out (T, rows) <- xin (T, n) @ W_l^T; w = (qs (L, ng, nb, 16, G), d (L, ng, nb, G), m8, acc16 (ng, G))
+    t_n, n = xin.shape
+    nb = n // QK
+    quantize_rows(qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], xin)
+    mm_q4(out, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], w[0][l], w[1][l], w[2][l], w[3])
+
+
+@njit(cache=True)
+def _mm2(out1, out2, xin, qa, sa, xs, w1, w2, l):
+    # two matmuls of the same input in one parallel region (gate, up)
+    t_n, n = xin.shape
+    nb = n // QK
+    quantize_rows(qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], xin)
+    mm_q4x2(out1, out2, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], w1[0][l], w1[1][l], w1[2][l], w1[3],
+            w2[0][l], w2[1][l], w2[2][l], w2[3])
+
+
+@njit(cache=True)
+def _mm3(out1, out2, out3, xin, qa, sa, xs, w1, w2, w3, l):
+    # three matmuls of the same input in one parallel region (q, k, v)
+    t_n, n = xin.shape
+    nb = n // QK
+    quantize_rows(qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], xin)
+    mm_q4x3(out1, out2, out3, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], w1[0][l], w1[1][l], w1[2][l], w1[3],
+            w2[0][l], w2[1][l], w2[2][l], w2[3], w3[0][l], w3[1][l], w3[2][l], w3[3])
+
+
+@njit(cache=True)
+def _head(logits, xin, qa, sa, xs, h):
+    # h = (kind 0: q4 | 1: q8, qs4, qs8, d, m8, acc16, acc32); xin (R, n)
+    t_n, n = xin.shape
+    nb = n // QK
+    quantize_rows(qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], xin)
+    if h[0] == 0:
+        mm_q4(logits, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], h[1], h[3], h[4], h[5])
+    else:
+        mm_q8(logits, qa[:t_n, :n], sa[:t_n, :nb], h[2], h[3], h[6])
+
+
+@njit(cache=True)
+def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg, wu, wd, bias,
+                  qk_norm, kv, attn_scr):
+    """Embedding -> all layers -> final norm -> head for tokens (T,) at positions pos0.., in one call.
+
+    bufs = (x, xb, q, k, v, att, proj, gate, up, hb (max_t, ...) f32, qa int8, sa, xs, logits (max_t, vocab));
+    norms = (attn_norm (L, d), ffn_norm (L, d), out_norm (d,), eps); rope_p = (inv_freq, neox, n_head,
+    n_kv, hd, attn_scale); bias = (has, bq (L, q_dim), bk, bv); qk_norm = (has, qn (L, hd), kn (L, hd));
+    kv = (is_int8, k16, v16 (L, cap, n_kv, hd) uint16 f16 bits, k_q, k_s, v_q, v_s (int8 cache));
+    attn_scr = (sbuf, rowbuf) per-thread attention scratch.
+    Writes logits rows for the last `rows_out` positions into bufs[13][:rows_out]."""
+    x, xb, q, k, v, att, proj, gate, up, hb, qa, sa, xs, logits = bufs
+    attn_norm, ffn_norm, out_norm, eps = norms
+    inv_freq, neox, n_head, n_kv, hd, scale = rope_p
+    t_n = tokens.shape[0]
+    xt, xbt = x[:t_n], xb[:t_n]
+    qt, kt, vt, at = q[:t_n], k[:t_n], v[:t_n], att[:t_n]
+    _embed(xt, tokens, emb)
+    for l in range(attn_norm.shape[0]):
+        cpu.rmsnorm(xbt, xt, attn_norm[l], eps)
+        _mm3(qt, kt, vt, xbt, qa, sa, xs, wq, wk, wv, l)
+        if bias[0]:
+            cpu.bias_add(qt, bias[1][l])
+            cpu.bias_add(kt, bias[2][l])
+            cpu.bias_add(vt, bias[3][l])
+        q3 = qt.reshape(t_n, n_head, hd)
+        k3 = kt.reshape(t_n, n_kv, hd)
+        v3 = vt.reshape(t_n, n_kv, hd)
+        if qk_norm[0]:
+            qh = qt.reshape(t_n * n_head, hd)
+            kh = kt.reshape(t_n * n_kv, hd)
+            cpu.rmsnorm(qh, qh, qk_norm[1][l], eps)
+            cpu.rmsnorm(kh, kh, qk_norm[2][l], eps)
+        cpu.rope(q3, pos0, inv_freq, neox)
+        cpu.rope(k3, pos0, inv_freq, neox)
+        a3 = at.reshape(t_n, n_head, hd)
+        if kv[0]:
+            cpu._quant_rows(kv[3][l], kv[4][l], k3, pos0)
+            cpu._quant_rows(kv[5][l], kv[6][l], v3, pos0)
+            cpu._attn_int8(a3, q3, kv[3][l], kv[4][l], kv[5][l], kv[6][l], pos0, scale)
+        else:
+            store_f16(kv[1][l], k3, pos0)
+            store_f16(kv[2][l], v3, pos0)
+            attention_f16_fast(a3, q3, kv[1][l], kv[2][l], pos0, scale, attn_scr[0], attn_scr[1])
+        _mm(proj[:t_n], at, qa, sa, xs, wo, l)
+        cpu.residual_add(xt, proj[:t_n])
+        cpu.rmsnorm(xbt, xt, ffn_norm[l], eps)
+        _mm2(gate[:t_n], up[:t_n], xbt, qa, sa, xs, wg, wu, l)
+        swiglu_fast(hb[:t_n], gate[:t_n], up[:t_n])
+        _mm(proj[:t_n], hb[:t_n], qa, sa, xs, wd, l)
+        cpu.residual_add(xt, proj[:t_n])
+    src = x[t_n - rows_out:t_n]
+    cpu.rmsnorm(xb[:rows_out], src, out_norm, eps)
+    _head(logits[:rows_out], xb[:rows_out], qa, sa, xs, head)
+
+
+# ------------------------------------------------------------------------------------------------ builder
+_ROLES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+def _z(dtype, ndim):
+    return np.zeros((1,) * ndim, dtype)
+
+
+class FusedForward:
+    """`model.forward` in one numba call. Build with `build(model)`; call like Model.forward."""
+
+    def __init__(self, model):
+        a = model.args
+        self.model, self.args = model, a
+        layers = model.layers
+        self.roles = {}
+        for role in _ROLES:
+            ws = [getattr(lw, role) for lw in layers]
+            stacks = [np.stack([getattr(w, f) for w in ws]) for f in ("qs", "d", "m8")]  # (L, ...) each
+            for i, w in enumerate(ws):  # the layers now view the stacks: no second copy of the weights
+                w.qs, w.d, w.m8 = stacks[0][i], stacks[1][i], stacks[2][i]
+            self.roles[role] = (stacks[0], stacks[1], stacks[2], ws[0].acc16)
+        self.emb = self._table(model.tok_embd)[:5]
+        self.head = self._table(model.output)
+        f32 = np.float32
+        self.norms = (np.stack([np.asarray(lw.attn_norm, f32) for lw in layers]),
+                      np.stack([np.asarray(lw.ffn_norm, f32) for lw in layers]),
+                      np.asarray(model.output_norm, f32), float(a.rms_eps))
+        self.rope = (np.asarray(model.inv_freq, f32), bool(a.rope_neox), a.n_head, a.n_kv_head, a.head_dim,
+                     np.float32(model.attn_scale))
+        if layers[0].bq is not None:
+            self.bias = (True, *(np.stack([np.asarray(getattr(lw, b), f32) for lw in layers]) for b in ("bq", "bk", "bv")))
+        else:
+            self.bias = (False, _z(f32, 2), _z(f32, 2), _z(f32, 2))
+        if layers[0].q_norm is not None:
+            self.qk_norm = (True, np.stack([np.asarray(lw.q_norm, f32) for lw in layers]),
+                            np.stack([np.asarray(lw.k_norm, f32) for lw in layers]))
+        else:
+            self.qk_norm = (False, _z(f32, 2), _z(f32, 2))
+        self.max_t = 0
+        self.logit_rows = 0
+        self.bufs = None
+        self.attn_cap = 0
+        self.attn_scr = None
+        self._alloc(max(1, model.state.max_t), 1)
+
+    @staticmethod
+    def _table(w):
+        z4u, z4i, z3 = _z(np.uint8, 4), _z(np.int8, 4), _z(np.float32, 3)
+        if w.kind == "q4":
+            return (0, w.qs, z4i, w.d, w.m8, w.acc16, w.acc32)
+        return (1, z4u, w.qs, w.d, z3, w.acc16, w.acc32)
+
+    def _alloc(self, max_t: int, logit_rows: int):
+        """(Re)allocate the run buffers for up to max_t tokens and logit_rows output rows (grow only)."""
+        a = self.args
+        max_t, logit_rows = max(max_t, self.max_t), max(logit_rows, self.logit_rows, 1)
+        if max_t == self.max_t and logit_rows == self.logit_rows:
+            return
+        f = np.float32
+        max_n = max(a.d_model, a.q_dim, a.d_ff)
+        self.bufs = (np.zeros((max_t, a.d_model), f), np.zeros((max_t, a.d_model), f),  # x, xb
+                     np.zeros((max_t, a.q_dim), f), np.zeros((max_t, a.kv_dim), f), np.zeros((max_t, a.kv_dim), f),
+                     np.zeros((max_t, a.q_dim), f), np.zeros((max_t, a.d_model), f),  # att, proj
+                     np.zeros((max_t, a.d_ff), f), np.zeros((max_t, a.d_ff), f), np.zeros((max_t, a.d_ff), f),
+                     np.zeros((max_t, max_n), np.int8), np.zeros((max_t, max_n // QK), f),
+                     np.zeros((max_t, max_n // QK), f), np.zeros((logit_rows, a.vocab_size), f))
+        self.max_t, self.logit_rows = max_t, logit_rows
+
+    def _attn_scratch(self, capacity: int):
+        if capacity > self.attn_cap:
+            a = self.args
+            nt = numba.config.NUMBA_NUM_THREADS
+            self.attn_scr = (np.zeros((nt, a.group, capacity), np.float32), np.zeros((nt, a.head_dim), np.float32))
+            self.attn_cap = capacity
+        return self.attn_scr
+
+    def kv_tuple(self, cache):
+        """The cache arrays in the fused step's argument form (views, no copies)."""
+        if cache.kv_dtype == "f16":
+            z4i, z4f = _z(np.int8, 4), _z(np.float32, 4)
+            return (False, cache.k.view(np.uint16), cache.v.view(np.uint16), z4i, z4f, z4i, z4f)
+        z4u = _z(np.uint16, 4)
+        return (True, z4u, z4u, cache.k_q, cache.k_s, cache.v_q, cache.v_s)
+
+    def run(self, tokens: np.ndarray, pos0: int, cache, rows_out: int) -> np.ndarray:
+        """The jitted step only (no checks, no copy): logits (rows_out, vocab) view of the internal buffer."""
+        t_n = tokens.shape[0]
+        if t_n > self.max_t or rows_out > self.logit_rows:
+            self._alloc(t_n, rows_out)
+        r = self.roles
+        fused_forward(tokens, pos0, rows_out, self.bufs, self.emb, self.head, self.norms, self.rope,
+                      r["wq"], r["wk"], r["wv"], r["wo"], r["w_gate"], r["w_up"], r["w_down"], self.bias,
+                      self.qk_norm, self.kv_tuple(cache), self._attn_scratch(cache.capacity))
+        cache.length = pos0 + t_n
+        return self.bufs[13][:rows_out]
+
+    def __call__(self, tokens, pos0: int, cache, *, all_logits: bool = False) -> np.ndarray:
+        """Same contract as Model.forward (validated there); returns a host copy of the logits."""
+        tokens = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        return self.run(tokens, pos0, cache, tokens.shape[0] if all_logits else 1).copy()
+
+
+def build(model):
+    """A FusedForward for `model` if all its matrices use the interleaved layout, else None."""
+    ws = [getattr(lw, role) for lw in model.layers for role in _ROLES] + [model.tok_embd, model.output]
+    if not all(isinstance(w, FastWeight) for w in ws):
+        return None
+    if any(getattr(lw, r).kind != "q4" for lw in model.layers for r in _ROLES):
+        return None
+    return FusedForward(model)
