@@ -60,6 +60,10 @@ def spec_round(model: Any, cache: Any, chooser: Chooser, drafter: Drafter, conte
         k = min(k, capacity - pos - 1)
     t0 = time.perf_counter()
     drafts = [int(t) for t in drafter.propose(context, k, features)][:max(k, 0)] if k > 0 else []
+    vocab = getattr(getattr(model, "args", None), "vocab_size", None)
+    if vocab is not None:  # a drafter bug must not end the reply: keep drafts up to the first invalid id
+        bad = next((i for i, t in enumerate(drafts) if not 0 <= t < vocab), None)
+        drafts = drafts if bad is None else drafts[:bad]
     t1 = time.perf_counter()
     fed = np.array([last, *drafts], dtype=np.int32)  # (k+1,)
     logits, feats = target_forward(model, fed, pos, cache, drafter.features_needed)

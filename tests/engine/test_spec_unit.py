@@ -71,6 +71,7 @@ class FakeModel:
     def forward(self, tokens, pos0, cache, *, all_logits=False):
         assert len(cache.tokens) == pos0, "cache must hold exactly pos0 tokens"
         assert pos0 + len(tokens) <= cache.capacity
+        assert all(0 <= int(t) < self.vocab for t in tokens), "token outside the vocabulary"
         self.calls.append(len(tokens))
         cache.tokens.extend(int(t) for t in tokens)
         rows = np.stack([self.next_logits(cache.tokens[:pos0 + i + 1]) for i in range(len(tokens))])
@@ -291,6 +292,17 @@ def test_round_stops_and_respects_budget_and_capacity():
     cap = len(PROMPT) + 10
     got, _ = spec_decode(model, PROMPT, FakeChooser(), 40, NgramDrafter(), 5, capacity=cap)
     assert got == plain_decode(model, PROMPT, FakeChooser(), len(got))
+
+
+def test_round_drops_out_of_vocabulary_drafts():
+    class Args:
+        vocab_size = 12
+    model = FakeModel()
+    model.args = Args()
+    want = plain_decode(model, PROMPT, FakeChooser(), 30)
+    bad = ListDrafter([0] * len(PROMPT) + [t if i % 3 else 99 for i, t in enumerate(want)])
+    got, stats = spec_decode(model, PROMPT, FakeChooser(), 30, bad, 4)
+    assert got == want and stats.accepted > 0
 
 
 def chi2_pvalue(stat, df):
