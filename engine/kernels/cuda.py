@@ -45,9 +45,13 @@ class Launch:
     threads: int = 128
     elt: int = 256
     elt_blocks: int = 1024
+    split_min_cap: int = 512  # attention over a cache of at least this capacity with few rows: split it
+    split_max_rows: int = 4  # ... when T <= this (decode, short verify blocks)
+    split_len: int = 256  # positions per split (the number of splits follows from the capacity)
 
 
-LAUNCH = Launch(lanes=2, rows=4, threads=4, elt=16, elt_blocks=1) if SIMULATOR else Launch()
+LAUNCH = (Launch(lanes=2, rows=4, threads=4, elt=16, elt_blocks=1, split_min_cap=1 << 30) if SIMULATOR
+          else Launch())
 LAUNCHES = [0]  # total kernel launches so far (a list so tests and benches can read it by reference)
 
 
@@ -252,13 +256,47 @@ def kv_store_int8(k_q, k_s, v_q, v_s, k, v, pos0):
             k_q, k_s, v_q, v_s, k, v, *_pos_args(pos0))
 
 
+_split_scratch: dict[tuple, tuple] = {}  # (device, T, H, S, hd) -> (pm, pl, pacc) partials of attention_split
+_NO_SCALE = {}  # device -> (1, 1, 1) f32 placeholder for the f16 case
+
+
+def _split_attention(out, q, k_c, k_s, v_c, v_s, pos0, scale) -> bool:
+    """Launch split attention (attention_split + attention_combine) when it pays; False when it does not."""
+    t_n, n_h, hd = q.shape
+    cap = k_c.shape[0]
+    if t_n > LAUNCH.split_max_rows or cap < LAUNCH.split_min_cap:
+        return False
+    n_s = (cap + LAUNCH.split_len - 1) // LAUNCH.split_len
+    split_len = (cap + n_s - 1) // n_s
+    dev = 0 if SIMULATOR else cuda.get_current_device().id
+    key = (dev, t_n, n_h, n_s, hd)
+    bufs = _split_scratch.get(key)
+    if bufs is None:  # allocated on the first (plain) call of a shape, reused by graph replays
+        bufs = _split_scratch[key] = (empty((t_n, n_h, n_s), "float32"), empty((t_n, n_h, n_s), "float32"),
+                                      empty((t_n, n_h, n_s, hd), "float32"))
+    has_scale = 1
+    if k_s is None:
+        has_scale = 0
+        k_s = v_s = _NO_SCALE.get(dev)
+        if k_s is None:
+            k_s = v_s = _NO_SCALE[dev] = empty((1, 1, 1), "float32")
+    _launch("attention_split", (t_n, n_h, n_s), LAUNCH.threads, *bufs, q, k_c, k_s, v_c, v_s, has_scale,
+            *_pos_args(pos0), float(scale), split_len)
+    _launch("attention_combine", (t_n, n_h), min(LAUNCH.threads, hd), out, *bufs)
+    return True
+
+
 def attention_f16(out, q, k_cache, v_cache, pos0, scale):
     """out (T, H, hd) <- causal GQA softmax(q K^T * scale) V over an f16 cache."""
+    if _split_attention(out, q, k_cache, None, v_cache, None, pos0, scale):
+        return
     _launch("attention_f16", (q.shape[0], q.shape[1]), LAUNCH.threads, out, q, k_cache, v_cache,
             *_pos_args(pos0), float(scale))
 
 
 def attention_int8(out, q, k_q, k_s, v_q, v_s, pos0, scale):
     """As attention_f16 over an int8 cache."""
+    if _split_attention(out, q, k_q, k_s, v_q, v_s, pos0, scale):
+        return
     _launch("attention_int8", (q.shape[0], q.shape[1]), LAUNCH.threads, out, q, k_q, k_s, v_q, v_s,
             *_pos_args(pos0), float(scale))

@@ -274,6 +274,90 @@ def attention_int8(out, q, k_q, k_s, v_q, v_s, pos, pos_base, scale):
         out[t, h, d] = acc[d] / ltot
 
 
+# Split attention ("flash-decoding") for few query rows over a long cache: grid (T, H, S), block s handles
+# positions [s*split_len, (s+1)*split_len) of the causal range and writes its partial softmax state (running
+# max m, sum l, unnormalised acc); attention_combine merges the S partials. Decode at 4k context otherwise
+# runs H = 9 blocks on a 80-132 SM GPU. has_scale = 1: int8 cache with scales k_s/v_s; 0: f16 (scales unused).
+def attention_split(pm, pl, pacc, q, k_c, k_s, v_c, v_s, has_scale, pos, pos_base, scale, split_len):
+    # pm, pl (T, H, S) f32; pacc (T, H, S, hd) f32; q (T, H, hd); caches (cap, n_kv, hd) f16 or int8
+    t = cuda.blockIdx.x
+    h = cuda.blockIdx.y
+    si = cuda.blockIdx.z
+    tid = cuda.threadIdx.x
+    nt = cuda.blockDim.x
+    hd = q.shape[2]
+    kvh = h // (q.shape[1] // k_c.shape[1])
+    ng = k_s.shape[2]
+    group = hd // ng
+    n_see = pos[0] + pos_base + t + 1
+    p_begin = si * split_len
+    p_end = min(n_see, p_begin + split_len)
+    qs = cuda.shared.array(MAX_HD, float32)
+    acc = cuda.shared.array(MAX_HD, float32)
+    sp = cuda.shared.array(MAX_BLOCK, float32)
+    for d in range(tid, hd, nt):
+        qs[d] = q[t, h, d]
+        acc[d] = float32(0.0)
+    cuda.syncthreads()
+    m = float32(-math.inf)
+    ltot = float32(0.0)
+    for c0 in range(p_begin, p_end, nt):
+        p = c0 + tid
+        if p < p_end:
+            dot = float32(0.0)
+            if has_scale:
+                for g in range(ng):
+                    part = float32(0.0)
+                    for d in range(g * group, (g + 1) * group):
+                        part += qs[d] * float32(k_c[p, kvh, d])
+                    dot += part * k_s[p, kvh, g]
+            else:
+                for d in range(hd):
+                    dot += qs[d] * float32(k_c[p, kvh, d])
+            sp[tid] = dot * float32(scale)
+        cuda.syncthreads()
+        cn = min(nt, p_end - c0)
+        cmax, csum = _softmax_chunk(sp, cn, m)
+        alpha = math.exp(m - cmax)
+        ltot = ltot * alpha + csum
+        for d in range(tid, hd, nt):
+            a = acc[d] * alpha
+            for i in range(cn):
+                vv = float32(v_c[c0 + i, kvh, d])
+                if has_scale:
+                    vv *= v_s[c0 + i, kvh, d // group]
+                a += sp[i] * vv
+            acc[d] = a
+        m = cmax
+        cuda.syncthreads()
+    if tid == 0:
+        pm[t, h, si] = m
+        pl[t, h, si] = ltot
+    for d in range(tid, hd, nt):
+        pacc[t, h, si, d] = acc[d]
+
+
+def attention_combine(out, pm, pl, pacc):
+    # Launch: grid (T, H), threads over hd. out (T, H, hd) <- merge of the S partials of attention_split
+    t = cuda.blockIdx.x
+    h = cuda.blockIdx.y
+    n_s = pm.shape[2]
+    mx = float32(-math.inf)
+    for si in range(n_s):
+        if pl[t, h, si] > float32(0.0):
+            mx = max(mx, pm[t, h, si])
+    den = float32(0.0)
+    for si in range(n_s):
+        if pl[t, h, si] > float32(0.0):
+            den += math.exp(pm[t, h, si] - mx) * pl[t, h, si]
+    for d in range(cuda.threadIdx.x, out.shape[2], cuda.blockDim.x):
+        a = float32(0.0)
+        for si in range(n_s):
+            if pl[t, h, si] > float32(0.0):
+                a += math.exp(pm[t, h, si] - mx) * pacc[t, h, si, d]
+        out[t, h, d] = a / den
+
+
 _f2 = float32[:, :]
 _f3 = float32[:, :, :]
 _pos = int32[:]  # (1,) device position: pos0 = pos[0] + pos_base (graph replays change pos[0] only)
@@ -290,4 +374,10 @@ KERNELS = {
     "attention_f16": (attention_f16, [(_f3, _f3, float16[:, :, :], float16[:, :, :], _pos, int64, float64)]),
     "attention_int8": (attention_int8, [(_f3, _f3, int8[:, :, :], _f3, int8[:, :, :], _f3, _pos, int64,
                                          float64)]),
+    "attention_split": (attention_split, [
+        (_f3, _f3, float32[:, :, :, :], _f3, float16[:, :, :], _f3, float16[:, :, :], _f3, int32, _pos, int64,
+         float64, int64),
+        (_f3, _f3, float32[:, :, :, :], _f3, int8[:, :, :], _f3, int8[:, :, :], _f3, int32, _pos, int64,
+         float64, int64)]),
+    "attention_combine": (attention_combine, [(_f3, _f3, _f3, float32[:, :, :, :])]),
 }

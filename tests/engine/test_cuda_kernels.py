@@ -114,9 +114,23 @@ def _checks():
     checks["rope_norm"] = rope_check(False)
     checks["rope_neox"] = rope_check(True)
 
-    def attention_check(kv_dtype, hd):
+    def attention_check(kv_dtype, hd, split=False):
         def run():
-            t_n, n_head, n_kv, cap, pos0 = 3, 4, 2, 16, 5
+            if split:  # split attention: 4 splits of 8 positions over a 32-slot cache, the last ones empty
+                saved = (ck.LAUNCH.split_min_cap, ck.LAUNCH.split_len)
+                ck.LAUNCH.split_min_cap, ck.LAUNCH.split_len = 16, 8
+                try:
+                    n0 = ck.LAUNCHES[0]
+                    body(3, 4, 2, 32, 13)
+                    assert ck.LAUNCHES[0] - n0 == 4, "expected 2 stores + split + combine"
+                    return
+                finally:
+                    ck.LAUNCH.split_min_cap, ck.LAUNCH.split_len = saved
+            n0 = ck.LAUNCHES[0]
+            body(3, 4, 2, 16, 5)
+            assert ck.LAUNCHES[0] - n0 == 3, "expected 2 stores + one attention launch"
+
+        def body(t_n, n_head, n_kv, cap, pos0):
             q = rng.standard_normal((t_n, n_head, hd)).astype(np.float32)
             k = rng.standard_normal((cap, n_kv, hd)).astype(np.float32)
             v = rng.standard_normal((cap, n_kv, hd)).astype(np.float32)
@@ -149,6 +163,7 @@ def _checks():
         return run
     for kvd in ("f16", "int8"):
         checks[f"attention_{kvd}_hd64"] = attention_check(kvd, 64)
+        checks[f"attention_split_{kvd}"] = attention_check(kvd, 32, split=True)
     checks["attention_f16_hd16"] = attention_check("f16", 16)
     return checks
 
@@ -175,7 +190,7 @@ EXPECTED = (
     [f"matmul_{q}_T{t}" for q in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "F16", "F32", "BF16") for t in (1, 5)]
     + ["matmul_Q4_1_T11"] + [f"embed_{q}" for q in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "F16", "F32")]
     + ["elementwise", "argmax", "rope_norm", "rope_neox", "attention_f16_hd64", "attention_int8_hd64",
-       "attention_f16_hd16"])
+       "attention_f16_hd16", "attention_split_f16", "attention_split_int8"])
 
 
 @pytest.fixture(scope="module")

@@ -69,6 +69,8 @@ def _check(name):
     if name.startswith("graph_"):  # decode steps replay a captured graph (a recorded launch list in the sim)
         from engine.kernels.cuda_graph import GraphDecoder
         model = GraphDecoder(model)
+        if ck.SIMULATOR:  # and decode attention is split (4 splits of 8 over the 32-slot cache) as on a GPU
+            ck.LAUNCH.split_min_cap, ck.LAUNCH.split_len = 16, 8
     n0 = ck.LAUNCHES[0]
     got, got_logits = greedy(model, PROMPT, N_NEW, kv_dtype)
     launches = (ck.LAUNCHES[0] - n0)
