@@ -190,15 +190,22 @@ def new_scratch(max_t: int, max_n: int):
 # ------------------------------------------------------------------------------------------- linear
 def matmul(out, x, w: CudaWeight, scratch):
     """out (T, d) f32 <- x (T, n) f32 @ W (d, n)^T."""
-    d, t_n = out.shape[1], x.shape[0]
+    matmul_epi(out, x, w, 0)
+
+
+def matmul_epi(out, x, w: CudaWeight, epi: int):
+    """matmul with an epilogue (cuda_fused): 0 out = xW^T; 1 out += xW^T; 2 W rows are (gate, up) pairs and
+    out (T, d/2) = silu(gate) * up."""
+    d, t_n = w.shape[0], x.shape[0]
+    assert epi != 2 or LAUNCH.rows % 2 == 0
     grid = ((d + LAUNCH.rows - 1) // LAUNCH.rows, (t_n + TT - 1) // TT)
     block = (LAUNCH.lanes, LAUNCH.rows)
     if w.fmt == Q4:
-        _launch("matmul_q4", grid, block, out, x, *w.arrays)
+        _launch("matmul_q4", grid, block, out, x, *w.arrays, epi)
     elif w.fmt == Q8:
-        _launch("matmul_q8", grid, block, out, x, *w.arrays, w.group)
+        _launch("matmul_q8", grid, block, out, x, *w.arrays, w.group, epi)
     else:
-        _launch("matmul_dense", grid, block, out, x, w.arrays[0])
+        _launch("matmul_dense", grid, block, out, x, w.arrays[0], epi)
 
 
 def embed(out, w: CudaWeight, tokens):

@@ -39,7 +39,7 @@ def _core_device():
 class _Step:
     """One captured decode step for one (model, cache)."""
 
-    def __init__(self, model, cache):
+    def __init__(self, model, cache, fwd):
         self.model, self.cache = model, cache
         self.state = model.state  # the graph bakes in its buffers: holding it keeps them alive
         self.pos_dev = ck.to_device(np.zeros(1, np.int32))  # (1,) int32: the position the graph reads
@@ -59,7 +59,7 @@ class _Step:
                 builder.begin_building()
                 ck.CAPTURE.stream = builder
             ck.CAPTURE.pos_dev = self.pos_dev
-            model.forward(tok, saved, cache)  # recorded, not executed; host-side checks only
+            fwd(tok, saved, cache)  # recorded, not executed; host-side checks only
             if builder is not None:
                 ck.CAPTURE.stream = 0
                 self.graph = builder.end_building().complete()
@@ -88,14 +88,25 @@ class _Step:
 
 
 class GraphDecoder:
-    """A cuda-backend Model whose T=1 forward passes replay a captured CUDA graph (see module docstring)."""
+    """A cuda-backend Model whose T=1 forward passes replay a captured CUDA graph (see module docstring).
+    fused=True runs every pass (captured or not) through `cuda_fused.FusedModel` when the model allows it
+    (`fused_reason` says why not otherwise); enabled=False keeps plain launches (fusion still applies)."""
 
-    def __init__(self, model, enabled: bool = True):
+    def __init__(self, model, enabled: bool = True, fused: bool = True):
         self.model = model
         self.enabled = enabled and getattr(model.be, "name", "") == "cuda"
         self.fallback_reason = None if self.enabled else "graphs off (not requested or not the cuda backend)"
         self.steps: dict[int, _Step] = {}
         self.replays = 0
+        self.runner = model  # what runs the forward pass: the fused sequence when the model allows it
+        self.fused_reason = "fusion off"
+        if fused and getattr(model.be, "name", "") == "cuda":
+            from .cuda_fused import FusedModel
+            fm = FusedModel(model)
+            self.fused_reason = fm.why_not
+            if fm.supported:
+                self.runner = fm
+        self.fused = self.runner is not model
 
     def __getattr__(self, name):  # args, new_cache, captured, state, ... come from the model
         return getattr(self.model, name)
@@ -109,13 +120,13 @@ class GraphDecoder:
     def forward(self, tokens, pos0: int, cache, *, all_logits: bool = False, capture: tuple[int, ...] = ()):
         """As `Model.forward`."""
         toks = np.asarray(tokens, dtype=np.int32).reshape(-1)
-        if not self.enabled or toks.shape[0] != 1 or capture:
-            return self.model.forward(toks, pos0, cache, all_logits=all_logits, capture=capture)
+        if not self.enabled or toks.shape[0] != 1 or capture:  # prefill, verify, features: no graph
+            return self.runner.forward(toks, pos0, cache, all_logits=all_logits, capture=capture)
         step = self.steps.get(id(cache))
         if step is None or step.cache is not cache or step.state is not self.model.state:  # new cache/state
-            out = self.model.forward(toks, pos0, cache, all_logits=all_logits)  # plain: warms everything
+            out = self.runner.forward(toks, pos0, cache, all_logits=all_logits)  # plain: warms everything
             try:
-                self.steps[id(cache)] = _Step(self.model, cache)
+                self.steps[id(cache)] = _Step(self.model, cache, self.runner.forward)
             except Exception as e:  # noqa: BLE001 - any capture problem means plain launches
                 self._disable(f"capture failed: {type(e).__name__}: {e}")
             return out
@@ -128,7 +139,7 @@ class GraphDecoder:
             logits = step.replay(int(toks[0]), pos0)
         except Exception as e:  # noqa: BLE001
             self._disable(f"replay failed: {type(e).__name__}: {e}")
-            return self.model.forward(toks, pos0, cache, all_logits=all_logits)
+            return self.runner.forward(toks, pos0, cache, all_logits=all_logits)
         cache.length = pos0 + 1
         self.model.captured = {}
         self.replays += 1

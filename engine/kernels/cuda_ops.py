@@ -96,6 +96,49 @@ def rope(x, pos, pos_base, inv_freq, neox):
         x[t, h, i1] = float32(a * s + b * c)
 
 
+def rope_qkv(q, k, v, qkv, bias, has_bias, pos, pos_base, inv_freq, neox):
+    # Fused QKV epilogue (cuda_fused): qkv (T, H*hd + 2*KV*hd) f32 = [q | k | v] columns of one matmul;
+    # (+ bias (Dtot,) when has_bias) -> q (T, H, hd) and k (T, KV, hd) rotated as `rope`, v (T, KV, hd) copied.
+    t_n, n_h, hd = q.shape
+    n_kv = k.shape[1]
+    half = hd // 2
+    pos0 = pos[0] + pos_base
+    for i in range(cuda.grid(1), t_n * (n_h + n_kv) * half, cuda.gridsize(1)):
+        p = i % half
+        hh = (i // half) % (n_h + n_kv)
+        t = i // (half * (n_h + n_kv))
+        if neox:
+            i0, i1 = p, p + half
+        else:
+            i0, i1 = 2 * p, 2 * p + 1
+        c0 = hh * hd  # q heads then k heads, contiguous in qkv
+        a = qkv[t, c0 + i0]
+        b = qkv[t, c0 + i1]
+        if has_bias:
+            a += bias[c0 + i0]
+            b += bias[c0 + i1]
+        ang = float64(pos0 + t) * float64(inv_freq[p])
+        c = math.cos(ang)
+        s = math.sin(ang)
+        ra = float32(float64(a) * c - float64(b) * s)
+        rb = float32(float64(a) * s + float64(b) * c)
+        if hh < n_h:
+            q[t, hh, i0] = ra
+            q[t, hh, i1] = rb
+        else:
+            k[t, hh - n_h, i0] = ra
+            k[t, hh - n_h, i1] = rb
+    v0 = (n_h + n_kv) * hd
+    for i in range(cuda.grid(1), t_n * n_kv * hd, cuda.gridsize(1)):
+        d = i % hd
+        h = (i // hd) % n_kv
+        t = i // (hd * n_kv)
+        val = qkv[t, v0 + h * hd + d]
+        if has_bias:
+            val += bias[v0 + h * hd + d]
+        v[t, h, d] = val
+
+
 # ---------------------------------------------------------------------------------------------- argmax
 def argmax(out, logits):
     # Launch: one block per row. out (T,) int32 <- first index of the max of logits (T, V)
@@ -380,4 +423,5 @@ KERNELS = {
         (_f3, _f3, float32[:, :, :, :], _f3, int8[:, :, :], _f3, int8[:, :, :], _f3, int32, _pos, int64,
          float64, int64)]),
     "attention_combine": (attention_combine, [(_f3, _f3, _f3, float32[:, :, :, :])]),
+    "rope_qkv": (rope_qkv, [(_f3, _f3, _f3, _f2, float32[:], int32, _pos, int64, float32[:], int32)]),
 }

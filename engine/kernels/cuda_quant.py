@@ -17,6 +17,8 @@ code runs under the CUDA simulator (which has none).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 from numba import cuda, float32, int32, int64, uint32
@@ -139,24 +141,39 @@ def _q8_value(qw, sc, group, row, j):
 
 
 @cuda.jit(device=True, inline=True)
-def _reduce_rows_store(acc, sm, out, row, t0, tn, lane, r, nl):
-    # sm (MAX_BLOCK * TT,): lane partials of each (row slot r, t); lane 0 sums them and stores out[t0+t, row]
+def _reduce_rows_store(acc, sm, red, out, row, n_rows, t0, tn, lane, r, nl, epi):
+    # sm (_SM,): lane partials of each (row slot r, t); lane 0 sums them. Epilogue `epi`:
+    #   0: out[t0+t, row] = sum   1: out[t0+t, row] += sum (residual fused; out is not an input)
+    #   2: rows come in (gate, up) pairs (even slot, odd slot): out[t0+t, row // 2] = silu(gate) * up
     base = (r * nl + lane) * TT
     for t in range(TT):
         sm[base + t] = acc[t]
     cuda.syncthreads()
-    if lane == 0 and row < out.shape[1]:
-        for t in range(tn):
-            s = float32(0.0)
-            for ln in range(nl):
-                s += sm[(r * nl + ln) * TT + t]
-            out[t0 + t, row] = s
+    if lane == 0 and row < n_rows:
+        for t in range(TT):
+            if t < tn:
+                s = float32(0.0)
+                for ln in range(nl):
+                    s += sm[(r * nl + ln) * TT + t]
+                if epi == 0:
+                    out[t0 + t, row] = s
+                elif epi == 1:
+                    out[t0 + t, row] += s
+                else:
+                    red[r * TT + t] = s
+    if epi == 2:
+        cuda.syncthreads()
+        if lane == 0 and row < n_rows and r % 2 == 0:
+            for t in range(TT):
+                if t < tn:
+                    g = red[r * TT + t]
+                    out[t0 + t, row // 2] = g / (float32(1.0) + math.exp(-g)) * red[(r + 1) * TT + t]
 
 
 # -------------------------------------------------------------------------------------------- matmul
 # Launch: block (nl lanes, nr rows), grid (ceil(d / nr), ceil(T / TT)). Lane `lane` of row slot r walks the
-# blocks lane, lane+nl, ... of weight row `row`; out (T, d) f32, x (T, n) f32.
-def matmul_q4(out, x, qw, sc, mn):
+# blocks lane, lane+nl, ... of weight row `row`; out (T, d) f32 (d/2 with epi 2), x (T, n) f32.
+def matmul_q4(out, x, qw, sc, mn, epi):
     lane = cuda.threadIdx.x
     r = cuda.threadIdx.y
     nl = cuda.blockDim.x
@@ -167,9 +184,11 @@ def matmul_q4(out, x, qw, sc, mn):
     sq = cuda.local.array(TT, float32)
     sx = cuda.local.array(TT, float32)
     sm = cuda.shared.array(_SM, float32)
+    red = cuda.shared.array(_SM, float32)
     for t in range(TT):
         acc[t] = float32(0.0)
-    if row < out.shape[1]:
+    n_rows = sc.shape[0]
+    if row < n_rows:
         for b in range(lane, sc.shape[1], nl):
             for t in range(TT):
                 sq[t] = float32(0.0)
@@ -190,10 +209,10 @@ def matmul_q4(out, x, qw, sc, mn):
             m_b = mn[row, b]
             for t in range(TT):
                 acc[t] += s_b * sq[t] + m_b * sx[t]
-    _reduce_rows_store(acc, sm, out, row, t0, tn, lane, r, nl)
+    _reduce_rows_store(acc, sm, red, out, row, n_rows, t0, tn, lane, r, nl, epi)
 
 
-def matmul_q8(out, x, qw, sc, group):
+def matmul_q8(out, x, qw, sc, group, epi):
     lane = cuda.threadIdx.x
     r = cuda.threadIdx.y
     nl = cuda.blockDim.x
@@ -203,9 +222,11 @@ def matmul_q8(out, x, qw, sc, group):
     acc = cuda.local.array(TT, float32)
     sq = cuda.local.array(TT, float32)
     sm = cuda.shared.array(_SM, float32)
+    red = cuda.shared.array(_SM, float32)
     for t in range(TT):
         acc[t] = float32(0.0)
-    if row < out.shape[1]:
+    n_rows = sc.shape[0]
+    if row < n_rows:
         wpg = group // 4  # int32 words per scale group
         for g in range(lane, sc.shape[1], nl):
             for t in range(TT):
@@ -222,10 +243,10 @@ def matmul_q8(out, x, qw, sc, group):
             s_g = sc[row, g]
             for t in range(TT):
                 acc[t] += s_g * sq[t]
-    _reduce_rows_store(acc, sm, out, row, t0, tn, lane, r, nl)
+    _reduce_rows_store(acc, sm, red, out, row, n_rows, t0, tn, lane, r, nl, epi)
 
 
-def matmul_dense(out, x, w):
+def matmul_dense(out, x, w, epi):
     lane = cuda.threadIdx.x
     r = cuda.threadIdx.y
     nl = cuda.blockDim.x
@@ -234,15 +255,17 @@ def matmul_dense(out, x, w):
     tn = min(TT, x.shape[0] - t0)
     acc = cuda.local.array(TT, float32)
     sm = cuda.shared.array(_SM, float32)
+    red = cuda.shared.array(_SM, float32)
     for t in range(TT):
         acc[t] = float32(0.0)
-    if row < out.shape[1]:
+    n_rows = w.shape[0]
+    if row < n_rows:
         for j in range(lane, w.shape[1], nl):
             wv = float32(w[row, j])
             for t in range(TT):
                 if t < tn:
                     acc[t] += wv * x[t0 + t, j]
-    _reduce_rows_store(acc, sm, out, row, t0, tn, lane, r, nl)
+    _reduce_rows_store(acc, sm, red, out, row, n_rows, t0, tn, lane, r, nl, epi)
 
 
 # --------------------------------------------------------------------------------------------- embed
@@ -272,9 +295,9 @@ _f32_2 = float32[:, :]
 _tok = int32[:]
 # name -> (python function, explicit signatures): compiled lazily by cuda.py, type-checked by compile_ptx tests
 KERNELS = {
-    "matmul_q4": (matmul_q4, [(_f32_2, _f32_2, uint32[:, :], _f32_2, _f32_2)]),
-    "matmul_q8": (matmul_q8, [(_f32_2, _f32_2, int32[:, :], _f32_2, int64)]),
-    "matmul_dense": (matmul_dense, [(_f32_2, _f32_2, _f32_2), (_f32_2, _f32_2, float16[:, :])]),
+    "matmul_q4": (matmul_q4, [(_f32_2, _f32_2, uint32[:, :], _f32_2, _f32_2, int64)]),
+    "matmul_q8": (matmul_q8, [(_f32_2, _f32_2, int32[:, :], _f32_2, int64, int64)]),
+    "matmul_dense": (matmul_dense, [(_f32_2, _f32_2, _f32_2, int64), (_f32_2, _f32_2, float16[:, :], int64)]),
     "embed_q4": (embed_q4, [(_f32_2, uint32[:, :], _f32_2, _f32_2, _tok)]),
     "embed_q8": (embed_q8, [(_f32_2, int32[:, :], _f32_2, int64, _tok)]),
     "embed_dense": (embed_dense, [(_f32_2, _f32_2, _tok), (_f32_2, float16[:, :], _tok)]),

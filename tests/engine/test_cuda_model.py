@@ -32,6 +32,7 @@ CASES = {
     "qwen2_bias": (dict(arch="qwen2", qtype="Q4_0", embd_qtype="F16", **SMALL), "f16", True),
     "llama_gqa_int8": (dict(arch="llama", seed=1), "int8", True),
     "graph_qwen2_int8": (dict(arch="qwen2", qtype="Q4_1", embd_qtype="Q8_0", seed=2, **SMALL), "int8", False),
+    "graph_llama_gqa_f16": (dict(arch="llama", qtype="Q8_0", seed=3), "f16", True),
 }
 
 
@@ -75,6 +76,7 @@ def _check(name):
     got, got_logits = greedy(model, PROMPT, N_NEW, kv_dtype)
     launches = (ck.LAUNCHES[0] - n0)
     if name.startswith("graph_"):
+        assert model.fused, model.fused_reason  # prefill and the captured steps ran the fused kernels
         assert model.fallback_reason is None, model.fallback_reason
         assert model.replays == N_NEW - 2, model.replays  # the first decode step runs plainly and captures
     assert got == want, f"greedy tokens differ: cuda {got} vs ref {want}"
