@@ -17,7 +17,7 @@ async def ready(pilot) -> None:
     await wait_for(pilot, lambda: pilot.app.session is not None)
 
 
-async def send(pilot, text: str, wait: bool = True) -> None:
+async def send(pilot, text: str, wait: bool = True, timeout: float = 10.0) -> None:
     app = pilot.app
     prompt = app.query_one("#prompt")
     prompt.load_text(text)
@@ -25,5 +25,5 @@ async def send(pilot, text: str, wait: bool = True) -> None:
     await pilot.press("enter")
     await wait_for(pilot, lambda: app.replies_started > started)
     if wait:
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.generating, timeout=timeout)
         await pilot.pause()
