@@ -19,8 +19,8 @@ cleanup() { tmux kill-session -t "$S" 2>/dev/null || true; }
 trap cleanup EXIT
 
 screen() { tmux capture-pane -p -t "$S"; }
-chatcol() { screen | cut -c1-100 | sed 's/[[:space:]]*$//' | grep -v '^$' || true; }
-panel() { screen | cut -c103- | sed 's/[[:space:]]*$//' | grep -v '^$' || true; }
+chatcol() { screen | cut -c1-100 | sed 's/[[:space:]]*$//' | grep -av '^$' || true; }
+panel() { screen | cut -c103- | sed 's/[[:space:]]*$//' | grep -av '^$' || true; }
 replies() {  # number of saved assistant messages (each is committed when its reply completes)
   "$PY" - "$NINFER_DATA_DIR/transcripts.db" <<'EOF'
 import sqlite3, sys, os
@@ -31,11 +31,17 @@ EOF
 }
 wait_replies() {  # wait until N replies are saved (timeout $2 s)
   local n=$1 t=${2:-300} i=0
-  while [ "$(replies)" -lt "$n" ]; do sleep 0.5; i=$((i + 1)); [ $i -gt $((t * 2)) ] && { echo "TIMEOUT waiting for reply $n"; screen; exit 1; }; done
+  while [ "$(replies)" -lt "$n" ]; do
+    sleep 0.5; i=$((i + 1))
+    if [ $i -gt $((t * 2)) ]; then echo "TIMEOUT waiting for reply $n"; screen; exit 1; fi
+  done
 }
 wait_text() {  # wait until the screen shows $1 (timeout $2 s)
   local t=${2:-300} i=0
-  until screen | grep -q -- "$1"; do sleep 0.5; i=$((i + 1)); [ $i -gt $((t * 2)) ] && { echo "TIMEOUT waiting for '$1'"; screen; exit 1; }; done
+  until screen | grep -q -- "$1"; do
+    sleep 0.5; i=$((i + 1))
+    if [ $i -gt $((t * 2)) ]; then echo "TIMEOUT waiting for '$1'"; screen; exit 1; fi
+  done
 }
 ask() { tmux send-keys -t "$S" -l "$1"; sleep 0.3; tmux send-keys -t "$S" Enter; }
 section() { echo; echo "=== $* ==="; }
@@ -60,8 +66,8 @@ echo "--- panel ---"; panel | sed -n '1,40p'
 
 section "2. F2 (spec cycle) + F3 (penalties)"
 tmux send-keys -t "$S" F2; sleep 0.5; tmux send-keys -t "$S" F3; sleep 0.7
-panel | grep -E "SPECULATIVE|unavailable|penalties|presence" || true
-screen | grep -E "speculative decoding|penalties (on|off)" | sed 's/[[:space:]]*$//' || true
+panel | grep -aE "SPECULATIVE|unavailable|penalties|presence" || true
+screen | grep -aE "speculative decoding|penalties (on|off)" | sed 's/[[:space:]]*$//' || true
 
 section "3. ask again and stop with Esc after ~2 s"
 ask "List ten facts about the moon, with details."
@@ -70,14 +76,14 @@ tmux send-keys -t "$S" Escape
 wait_replies 2
 sleep 0.5
 chatcol | tail -10
-panel | grep -E "finish|tokens out|last reply|acceptance|tok/round|ms/round|draft|verify" || true
+panel | grep -aE "finish|tokens out|last reply|acceptance|tok/round|ms/round|draft|verify" || true
 
 section "4. regenerate (ctrl+r)"
 tmux send-keys -t "$S" C-r
 wait_replies 3
 sleep 0.5
 chatcol | tail -12
-panel | grep -E "finish|tokens out|last reply|acceptance|tok/round" || true
+panel | grep -aE "finish|tokens out|last reply|acceptance|tok/round" || true
 
 section "5. export (ctrl+s)"
 tmux send-keys -t "$S" C-s; sleep 1
