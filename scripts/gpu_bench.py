@@ -127,21 +127,30 @@ def main(argv=None) -> int:
     prompt = np.random.default_rng(1).integers(3, a.vocab_size, o.prompt).astype(np.int32)
 
     decode(model, prompt[:8], 4)  # compile every kernel (T > 1 and T = 1 shapes)
-    n0 = ck.LAUNCHES[0]
     toks, dt, pt = decode(model, prompt, o.tokens)
-    plain_launches = ck.LAUNCHES[0] - n0
     res["plain"] = {"tok_s": round(o.tokens / dt, 1), "ms_per_token": round(1e3 * dt / o.tokens, 3),
                     "prefill_tok_s": round(len(prompt) / pt, 1),
-                    "launches_per_token": round((plain_launches - _prefill_launches(model, prompt)) / o.tokens, 1)}
+                    "launches_per_token": _step_launches(model, prompt)}
 
+    fused = GraphDecoder(model, enabled=False)  # fused kernels, plain launches
+    if fused.fused:
+        decode(fused, prompt[:8], 4)
+        ftoks, fdt, fpt = decode(fused, prompt, o.tokens)
+        res["fused"] = {"tok_s": round(o.tokens / fdt, 1), "ms_per_token": round(1e3 * fdt / o.tokens, 3),
+                        "prefill_tok_s": round(len(prompt) / fpt, 1),
+                        "launches_per_token": _step_launches(fused, prompt), "same_tokens_as_plain": ftoks == toks}
+    else:
+        res["fused"] = {"unsupported": fused.fused_reason}
+
+    for name, gd in (("graph", GraphDecoder(model)), ("graph_unfused", GraphDecoder(model, fused=False))):
+        decode(gd, prompt[:8], 4)  # capture
+        gtoks, gdt, _ = decode(gd, prompt, o.tokens)
+        step = next(iter(gd.steps.values()), None)
+        res[name] = {"tok_s": round(o.tokens / gdt, 1), "ms_per_token": round(1e3 * gdt / o.tokens, 3),
+                     "kernels_in_graph": step.kernels if step else None, "launches_per_token": 1 if step else None,
+                     "fused": gd.fused, "replays": gd.replays, "fallback_reason": gd.fallback_reason,
+                     "same_tokens_as_plain": gtoks == toks}
     g = GraphDecoder(model)
-    decode(g, prompt[:8], 4)  # capture
-    gtoks, gdt, _ = decode(g, prompt, o.tokens)
-    step = next(iter(g.steps.values()), None)
-    res["graph"] = {"tok_s": round(o.tokens / gdt, 1), "ms_per_token": round(1e3 * gdt / o.tokens, 3),
-                    "kernels_in_graph": step.kernels if step else None, "launches_per_token": 1 if step else None,
-                    "replays": g.replays, "fallback_reason": g.fallback_reason,
-                    "same_tokens_as_plain": gtoks == toks}
 
     # where one plain decode step spends GPU time: synchronize after every launch (adds ~launch latency each)
     prof: dict[str, list] = {}
@@ -202,12 +211,13 @@ def main(argv=None) -> int:
     return 0
 
 
-def _prefill_launches(model, prompt) -> int:
-    """Launches of the prefill part of `decode` (measured once on a scratch cache)."""
+def _step_launches(model, prompt) -> int:
+    """Kernel launches of one T=1 forward after a prefill (on a scratch cache)."""
     from engine.kernels import cuda as ck
-    cache = model.new_cache(len(prompt) + 1)
-    n0 = ck.LAUNCHES[0]
+    cache = model.new_cache(len(prompt) + 2)
     model.forward(prompt, 0, cache)
+    n0 = ck.LAUNCHES[0]
+    model.forward(prompt[:1], len(prompt), cache)
     return ck.LAUNCHES[0] - n0
 
 

@@ -106,7 +106,7 @@ if "_error" in b:
     print("bench   :", b["_error"])
 else:
     print("bench   : model:", b.get("model"))
-    for k in ("plain", "graph", "graph_ctx1024", "vs_ref", "tp2_p2p", "tp2_mapped", "profile_one_step_us"):
+    for k in ("plain", "fused", "graph", "graph_unfused", "graph_ctx1024", "vs_ref", "tp2_p2p", "tp2_mapped", "profile_one_step_us"):
         if k in b:
             print(f"  {k:10s}", json.dumps(b[k]))
 print("=" * 91)
