@@ -6,9 +6,15 @@ Three measurements on one GGUF model (default: the embedded SmolLM2-135M-Instruc
   greedy     the first N greedy tokens of 10 varied chat prompts, token for token
   teacher    teacher-forced top-1 agreement: both models read the same fixed text (scripts/oracle_text.txt);
              at every position the argmax of our logits is compared with llama.cpp's
-A mismatch is a *near tie* when llama.cpp's own logit gap between its choice and ours is < 0.1: both
-implementations are right to within rounding there (llama.cpp quantizes activations to 8 bits for Q4/Q8 dot
-products, we do not).
+A mismatch is a *near tie* when llama.cpp's own logit gap between its choice and ours is < 0.1.
+
+Two more figures explain the teacher-forced one (--explain):
+  floor      llama.cpp against itself: the same text read in one batch vs one token at a time. llama.cpp
+             rounds activations to 8 bits (per 32 values) before every Q4/Q8 dot product and rounds q and
+             softmax to f16 in attention; on a quantized file these roundings make its logits move by a few
+             percent with the evaluation path, which bounds how well any other implementation can agree.
+  f32        both engines on an F32 copy of the same (dequantized) weights, where llama.cpp does not round
+             activations: this isolates our forward pass from llama.cpp's activation quantization.
 
 Usage: scripts/oracle_agreement.py [MODEL] [--only tokenize|greedy|teacher] [--backend cpu] [--json FILE]
 llama-cpp-python is a test tool only: `pip install llama-cpp-python` (builds llama.cpp, ~8 min on 2 cores).
@@ -105,6 +111,26 @@ def _gap(logits: np.ndarray, a: int, b: int) -> float:
     return float(logits[a] - logits[b])
 
 
+def _llama_greedy(ref, ids, n_new, stops, prompt_one_by_one=False):
+    """llama.cpp greedy tokens (and the logits each was chosen from) after the prompt `ids`."""
+    ref.reset()
+    for part in ([[t] for t in ids] if prompt_one_by_one else [ids]):
+        ref.eval(part)
+    out, rows = [], []
+    for _ in range(n_new):
+        rows.append(np.array(ref.scores[ref.n_tokens - 1], dtype=np.float32))  # (vocab,)
+        out.append(int(np.argmax(rows[-1])))
+        if out[-1] in stops:
+            break
+        ref.eval([out[-1]])
+    return out, rows
+
+
+def _first_diff(a: list[int], b: list[int]) -> int | None:
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    return min(len(a), len(b)) if first is None and len(a) != len(b) else first
+
+
 def greedy(path, tok=None, model=None, prompts=PROMPTS, n_new: int = 32) -> dict:
     """First n_new greedy tokens of each chat prompt, ours vs llama.cpp, from the same prompt ids.
 
@@ -112,11 +138,12 @@ def greedy(path, tok=None, model=None, prompts=PROMPTS, n_new: int = 32) -> dict
     """
     if model is None:
         tok, model = load_ours(path)
-    ref = llama_cpp_model(path, n_ctx=1024, n_batch=512)
+    # llama-cpp-python keeps logits (scores) only with logits_all=True
+    ref = llama_cpp_model(path, n_ctx=1024, n_batch=512, logits_all=True)
     rows = []
     for msgs in prompts:
         ids = tok.encode_chat(msgs)
-        ours, theirs, ref_logits = [], [], []
+        ours = []
         cache = model.new_cache(len(ids) + n_new + 1)
         logits = model.forward(ids, 0, cache)[-1]
         for step in range(n_new):
@@ -125,19 +152,8 @@ def greedy(path, tok=None, model=None, prompts=PROMPTS, n_new: int = 32) -> dict
             if t in tok.stop_ids:
                 break
             logits = model.forward([t], len(ids) + step, cache)[-1]
-        ref.reset()
-        ref.eval(ids)
-        for _ in range(n_new):
-            row = np.array(ref.scores[ref.n_tokens - 1], dtype=np.float32)
-            ref_logits.append(row)
-            t = int(np.argmax(row))
-            theirs.append(t)
-            if t in tok.stop_ids:
-                break
-            ref.eval([t])
-        first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
-        if first is None and len(ours) != len(theirs):  # cannot happen: equal tokens stop equally
-            first = min(len(ours), len(theirs))
+        theirs, ref_logits = _llama_greedy(ref, ids, n_new, tok.stop_ids)
+        first = _first_diff(ours, theirs)
         row = {"prompt": msgs[-1]["content"][:40], "match": first is None, "first_diff": first,
                "n": len(theirs),
                "ours": tok.decode(ours), "llama_cpp": tok.decode(theirs)}
@@ -175,10 +191,68 @@ def teacher_forced(path, tok=None, model=None, text: str | None = None, chunk: i
             "text_matches_truth": float((a == np.array(ids[1:])).mean())}
 
 
+def llama_self_agreement(path, tok=None, text: str | None = None) -> dict:
+    """llama.cpp's own top-1 agreement between batched and one-token-at-a-time evaluation (its noise floor)."""
+    if tok is None:
+        from engine.tokenizer import Tokenizer
+        tok = Tokenizer.from_gguf(path)
+    ids = tok.encode(text if text is not None else TEXT_FILE.read_text(encoding="utf-8"))
+    n = len(ids)
+    ref = llama_cpp_model(path, n_ctx=max(512, n + 16), n_batch=512, logits_all=True)
+    ref.eval(ids)
+    batch = np.array(ref.scores[:n], dtype=np.float32)  # (n, vocab)
+    ref.reset()
+    for t in ids:
+        ref.eval([t])
+    seq = np.array(ref.scores[:n], dtype=np.float32)  # (n, vocab)
+    a, b = batch[:-1].argmax(-1), seq[:-1].argmax(-1)
+    return {"positions": n - 1, "agree": int((a == b).sum()), "rate": float((a == b).mean()),
+            "mean_abs_logit_diff": float(np.abs(batch - seq).mean())}
+
+
+def llama_greedy_self_agreement(path, tok=None, prompts=PROMPTS, n_new: int = 32) -> dict:
+    """llama.cpp greedy against itself: prompt read in one batch vs one token at a time."""
+    if tok is None:
+        from engine.tokenizer import Tokenizer
+        tok = Tokenizer.from_gguf(path)
+    ref = llama_cpp_model(path, n_ctx=1024, n_batch=512, logits_all=True)
+    same = 0
+    for msgs in prompts:
+        ids = tok.encode_chat(msgs)
+        a, _ = _llama_greedy(ref, ids, n_new, tok.stop_ids)
+        b, _ = _llama_greedy(ref, ids, n_new, tok.stop_ids, prompt_one_by_one=True)
+        same += _first_diff(a, b) is None
+    return {"prompts": len(prompts), "identical": same, "n_new": n_new}
+
+
+def write_f32_copy(path, dst) -> Path:
+    """An F32 GGUF with the same metadata and the dequantized weights of `path` (for the f32 figure)."""
+    from gguf import GGMLQuantizationType as QT
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+    from gguf.quants import dequantize
+    r = GGUFReader(path)
+    w = GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
+            continue
+        sub = f.types[-1] if f.types[0] == GGUFValueType.ARRAY else None
+        w.add_key_value(key, f.contents(), f.types[0], sub_type=sub)
+    for t in r.tensors:
+        x = np.asarray(t.data) if t.tensor_type == QT.F32 else dequantize(np.asarray(t.data), t.tensor_type)
+        w.add_tensor(t.name, np.ascontiguousarray(x.reshape(tuple(reversed(t.shape.tolist()))), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(dst)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="agreement with llama.cpp (tokenization, greedy, teacher-forced)")
     ap.add_argument("model", nargs="?", help="GGUF file (default: the embedded SmolLM2)")
-    ap.add_argument("--only", choices=("tokenize", "greedy", "teacher"), action="append")
+    ap.add_argument("--only", choices=("tokenize", "greedy", "teacher", "floor", "f32"), action="append",
+                    help="default: tokenize, greedy, teacher (+ floor, f32 with --explain)")
+    ap.add_argument("--explain", action="store_true", help="also measure llama.cpp's noise floor and the F32 copy")
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--n-new", type=int, default=32)
     ap.add_argument("--json", type=Path, help="write all figures here")
@@ -187,9 +261,9 @@ def main(argv=None) -> int:
         sys.path.insert(0, str(ROOT))
     from engine.paths import resolve_model
     path = resolve_model(args.model)
-    which = args.only or ["tokenize", "greedy", "teacher"]
+    which = args.only or ["tokenize", "greedy", "teacher"] + (["floor", "f32"] if args.explain else [])
     out: dict = {"model": str(path)}
-    tok, model = load_ours(path, args.backend) if set(which) - {"tokenize"} else (None, None)
+    tok, model = load_ours(path, args.backend) if set(which) & {"greedy", "teacher"} else (None, None)
     if "tokenize" in which:
         t0 = time.time()
         r = out["tokenize"] = tokenization(path, tok)
@@ -213,6 +287,31 @@ def main(argv=None) -> int:
               f"({r['mismatches']} mismatches, {r['near_ties']} near ties < {NEAR_TIE}); "
               f"max |logit diff| {r['max_abs_logit_diff']:.3f}, mean {r['mean_abs_logit_diff']:.4f} "
               f"[{time.time() - t0:.0f}s]")
+    if "floor" in which:
+        t0 = time.time()
+        r = out["floor"] = llama_self_agreement(path, tok)
+        print(f"llama.cpp vs itself (batch vs token by token) top-1: {r['agree']}/{r['positions']} = "
+              f"{100 * r['rate']:.2f}%, mean |logit diff| {r['mean_abs_logit_diff']:.4f} [{time.time() - t0:.0f}s]")
+        r = out["floor_greedy"] = llama_greedy_self_agreement(path, tok, n_new=args.n_new)
+        print(f"llama.cpp vs itself, greedy (prompt batched vs token by token): {r['identical']}/{r['prompts']} "
+              f"prompts identical for {r['n_new']} tokens")
+    if "f32" in which:
+        import tempfile
+        t0 = time.time()
+        with tempfile.TemporaryDirectory() as d:
+            f32 = write_f32_copy(path, Path(d) / "f32.gguf")
+            t32, m32 = load_ours(f32, args.backend)
+            r = out["f32"] = teacher_forced(f32, t32, m32)
+            print(f"F32 copy, teacher-forced top-1: {r['agree']}/{r['positions']} = {100 * r['rate']:.2f}% "
+                  f"({r['mismatches']} mismatches, {r['near_ties']} near ties); max |logit diff| "
+                  f"{r['max_abs_logit_diff']:.4f}, mean {r['mean_abs_logit_diff']:.5f} [{time.time() - t0:.0f}s]")
+            r = out["f32_greedy"] = greedy(f32, t32, m32, n_new=args.n_new)
+            print(f"F32 copy, greedy: {r['identical']}/{r['prompts']} prompts identical for {r['n_new']} tokens")
+            for row in r["rows"]:
+                if not row["match"]:
+                    print(f"  differs at token {row['first_diff']} (llama.cpp gap {row['ref_gap']:.3f}) "
+                          f"on {row['prompt']!r}")
+            del m32
     if args.json:
         args.json.write_text(json.dumps(out, indent=1, ensure_ascii=False))
     return 0
