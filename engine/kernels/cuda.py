@@ -94,7 +94,7 @@ class _Capture:
 
     @property
     def active(self) -> bool:
-        return bool(self.stream) or self.recording is not None
+        return not isinstance(self.stream, int) or self.recording is not None
 
 
 CAPTURE = _Capture()
@@ -112,15 +112,26 @@ def _pos_args(pos0) -> tuple:
     return z, int(pos0)
 
 
+_launched: set[str] = set()  # kernels launched at least once (their compile and cache load succeeded)
+
+
 def _launch(name, grid, block, *args):
     LAUNCHES[0] += 1
     k = _kern(name)
     if CAPTURE.recording is not None:
         CAPTURE.recording.append((k, grid, block, args))
-    elif CAPTURE.stream:
+    elif not isinstance(CAPTURE.stream, int):
         k[grid, block, CAPTURE.stream](*args)
-    else:
+    elif name in _launched or SIMULATOR:
         k[grid, block](*args)
+    else:  # first launch: if the on-disk kernel cache is the problem, compile without it once more
+        try:
+            k[grid, block](*args)
+        except Exception:
+            fn = (cuda_quant.KERNELS.get(name) or cuda_ops.KERNELS[name])[0]
+            k = _compiled[name] = cuda.jit(fn)
+            k[grid, block](*args)  # a real error raises again here
+        _launched.add(name)
 
 
 def _elt_grid(n: int) -> int:
