@@ -42,7 +42,7 @@ SITE=/tmp/ninfer-site
 mkdir -p "$SITE"
 if ! "$PY" -c "import gguf" 2>/dev/null; then
   ls .whl/gguf-*.whl >/dev/null 2>&1 && "$PY" -m pip install -q --no-index --no-deps --no-compile \
-    --target "$SITE" .whl/gguf-*.whl || "$PY" -m pip install -q --target "$SITE" gguf || true
+    --target "$SITE" .whl/gguf-*.whl || "$PY" -m pip install -q --retries 0 --timeout 5 --target "$SITE" gguf || true
 fi
 # numba-cuda >= 0.30.4 launches into cuda.core graph builders; an older one gets the carried wheel
 if ! "$PY" - <<'EOF' 2>/dev/null
@@ -52,7 +52,14 @@ sys.exit(0 if v >= (0, 30, 4) else 1)
 EOF
 then
   ls .whl/numba_cuda-*.whl >/dev/null 2>&1 && "$PY" -m pip install -q --no-index --no-deps --no-compile \
-    --target "$SITE" .whl/numba_cuda-*.whl || "$PY" -m pip install -q --target "$SITE" 'numba-cuda>=0.30.4,<0.31' || true
+    --target "$SITE" .whl/numba_cuda-*.whl || "$PY" -m pip install -q --retries 0 --timeout 5 --target "$SITE" 'numba-cuda>=0.30.4,<0.31' || true
+  # its .pth redirector (numba.cuda -> numba_cuda) only runs from a site dir: make $SITE one
+  printf 'import os, site\nsite.addsitedir(os.path.dirname(os.path.abspath(__file__)))\n' > "$SITE/sitecustomize.py"
+  # the carried numba-cuda must work with the image's numba / cuda-core; else keep the image's (plain launches)
+  if ! PYTHONPATH="$SITE" "$PY" -c "from numba import cuda; assert cuda.is_available()" 2>/dev/null; then
+    echo "gpu_check: carried numba-cuda does not start with this image; using the image's numba-cuda"
+    rm -rf "$SITE"/numba_cuda* "$SITE"/_numba_cuda_redirector* "$SITE/sitecustomize.py"
+  fi
 fi
 export PYTHONPATH="$SITE:$PWD:$PWD/tests/engine${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" - <<'EOF' | tee "$RES/env.txt"
