@@ -6,6 +6,7 @@ transcript store immediately.
 """
 from __future__ import annotations
 
+import time
 from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable
@@ -108,6 +109,9 @@ class ChatApp(App):
         self.last_final = None
         self._after_reply = None
         self.replies_started = 0  # for tests and scripts: a reply began
+        self._stats_shown = 0.0
+        self._stats_latest = None
+        self._stats_timer = None
 
     # -- layout ------------------------------------------------------------------------------------
     def compose(self):
@@ -240,10 +244,36 @@ class ChatApp(App):
     async def on_stream_ready(self, message: br.StreamReady) -> None:
         if message.bridge is self.bridge and self.reply_view is not None:
             await self._apply_segments(message.bridge.drain())
+            self.set_timer(1.0 / max(1.0, self.settings.stream_fps), partial(self._stream_tick, message.bridge))
+
+    async def _stream_tick(self, bridge: br.ReplyBridge) -> None:
+        """Render what arrived since the last frame, or go idle (the next delta then posts at once)."""
+        if bridge is not self.bridge or self.reply_view is None:
+            return
+        segments = bridge.drain_or_release()
+        if segments:
+            await self._apply_segments(segments)
+            self.set_timer(1.0 / max(1.0, self.settings.stream_fps), partial(self._stream_tick, bridge))
 
     def on_reply_stats(self, message: br.ReplyStats) -> None:
-        if message.bridge is self.bridge:
-            self.query_one("#stats", StatsPanel).on_step(message.stats)
+        """Throttled to stats_fps renders a second, trailing edge included (a stalled stream shows its last
+        figures); the final stats always render."""
+        if message.bridge is not self.bridge:
+            return
+        self._stats_latest = message.stats
+        if self._stats_timer is None:
+            wait = self._stats_shown + 1.0 / max(0.5, self.settings.stats_fps) - time.monotonic()
+            if wait <= 0:
+                self._show_stats()
+            else:
+                self._stats_timer = self.set_timer(wait, self._show_stats)
+
+    def _show_stats(self) -> None:
+        self._stats_timer = None
+        if self._stats_latest is not None and self.generating:
+            self._stats_shown = time.monotonic()
+            self.query_one("#stats", StatsPanel).on_step(self._stats_latest)
+        self._stats_latest = None
 
     async def on_reply_done(self, message: br.ReplyDone) -> None:
         if message.bridge is not self.bridge:

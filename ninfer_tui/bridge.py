@@ -1,8 +1,10 @@
 """Engine worker thread -> Textual messages, and the cancel event back in.
 
 The engine's generator runs in a thread. Stream text is *coalesced*: the thread appends deltas to a buffer
-and posts one `StreamReady` only when none is pending; the UI drains everything buffered when it handles it.
-So the UI handles at most one text message per frame, whatever the decode speed, and never lags behind.
+and posts one `StreamReady` only when none is pending. The UI drains the buffer, then keeps draining on a
+timer (at most `stream_fps` renders a second) and only releases the pending flag when it finds the buffer
+empty, so an idle stream shows its next token at once while a fast one costs a bounded number of renders.
+The UI never lags behind decode, and on a small CPU it leaves the cores to the engine.
 Stats messages replace older pending ones (`can_replace`), so they never queue up either.
 """
 from __future__ import annotations
@@ -95,9 +97,19 @@ class ReplyBridge:
             self.target.post_message(StreamReady(self))
 
     def drain(self) -> list[tuple[str, object]]:
-        """Everything streamed since the last drain, merged by kind, in order (UI thread)."""
+        """Everything streamed since the last drain, merged by kind, in order (UI thread).
+
+        The pending flag stays set: the UI promises to call `drain_or_release` later."""
         with self._lock:
-            out, self._segments, self._pending = self._segments, [], False
+            out, self._segments = self._segments, []
+        return out
+
+    def drain_or_release(self) -> list[tuple[str, object]]:
+        """Drain; if nothing was buffered, clear the pending flag so the next delta posts at once (atomic)."""
+        with self._lock:
+            out, self._segments = self._segments, []
+            if not out:
+                self._pending = False
         return out
 
     def run(self) -> None:

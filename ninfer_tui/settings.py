@@ -46,6 +46,8 @@ class ChatSettings:
     show_stats: bool = True
     export_format: str = "md"
     telemetry_interval: float = 1.0
+    stream_fps: float = 12.0  # answer renders per second while streaming (the engine never waits on them)
+    stats_fps: float = 4.0  # live panel renders per second while streaming
     keymap: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -66,6 +68,7 @@ class ChatSettings:
             theme=str(ui.get("theme", "ninfer-dark")), show_stats=bool(ui.get("show_stats", True)),
             export_format=str(ui.get("export_format", "md")),
             telemetry_interval=_num(ui, "telemetry_interval", 1.0),
+            stream_fps=_num(ui, "stream_fps", 12.0), stats_fps=_num(ui, "stats_fps", 4.0),
             keymap={str(k): str(v) for k, v in cfg.get("keymap", {}).items()},
         )
         out.validate()

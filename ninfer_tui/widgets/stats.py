@@ -72,18 +72,25 @@ class StatsPanel(VerticalScroll):
         self.samples.append(st.decode_tok_s)
         del self.samples[:-MAX_SPARK]
         self.query_one("#tps", Digits).update(f"{st.decode_tok_s:.1f}")
-        # one point draws differently from a flat line of several; keep the look independent of coalescing
-        self.query_one("#spark", Sparkline).data = self.samples * 2 if len(self.samples) == 1 else list(self.samples)
+        self._draw_spark()
         self._render_reply()
         self._render_thinking()
         if st.round_tokens > 1 or st.draft_ms or st.verify_ms:
             self._render_spec()
+
+    def _draw_spark(self) -> None:
+        # one point draws differently from a flat line of several; keep the look independent of coalescing
+        del self.samples[:-MAX_SPARK]
+        self.query_one("#spark", Sparkline).data = self.samples * 2 if len(self.samples) == 1 else list(self.samples)
 
     def on_final(self, final: FinalStats | None) -> None:
         self.live = False
         if final is not None:
             self.final = final
             self.query_one("#tps", Digits).update(f"{final.decode_tok_s:.1f}")
+            if final.output_tokens:
+                self.samples.append(final.decode_tok_s)  # the reply's figure ends the sparkline
+                self._draw_spark()
             if final.context_capacity:
                 self.engine_info["context_capacity"] = final.context_capacity
             self.engine_info.update(backend=final.backend, kv_dtype=final.kv_dtype)
