@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import ModelArgs
-from .errors import ConfigError, ModelFileError
+from .errors import ConfigError
 from gguf import GGMLQuantizationType as QT
 
 from .quant import QTensor, _raw_rows, block_info, dequantize

@@ -28,7 +28,7 @@ if importlib.util.find_spec("numba_cuda") is None:
 from numba import cuda  # noqa: E402
 
 from . import cuda_ops, cuda_quant  # noqa: E402
-from .cuda_quant import F16, F32, Q4, Q8, TT, CudaWeight  # noqa: E402
+from .cuda_quant import Q4, Q8, TT, CudaWeight  # noqa: E402
 from .ref import kv_group  # noqa: E402,F401  (same int8 KV grouping as the reference)
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
