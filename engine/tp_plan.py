@@ -16,11 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import GGMLQuantizationType as QT
 
 from .config import ModelArgs
 from .errors import ConfigError
-from gguf import GGMLQuantizationType as QT
-
 from .quant import QTensor, _raw_rows, block_info, dequantize
 
 
