@@ -7,7 +7,8 @@ kernel module does so at its top. What it sets, and why (measured, see REFERENCE
   accumulator per row and only become SIMD code when SLP packs those accumulators (3-5x on int kernels).
 - NUMBA_CACHE_DIR keyed on the flags: numba's on-disk cache index does not record optimisation flags, so a
   cache written under other flags would silently serve slower (or differently vectorized) code. We put the
-  cache in a directory named after a hash of (flags, numba/llvmlite versions, CPU name + features).
+  cache in a directory named after a hash of (flags, numba/llvmlite versions, CPU name + features, our
+  kernel sources - numba does not notice when a callee in another file changed).
 - The threading layer: OpenMP first (NUMBA_THREADING_LAYER_PRIORITY="omp tbb workqueue") with
   OMP_WAIT_POLICY=PASSIVE. A decode step has ~150 parallel regions, so launch cost matters: measured on the
   2-core VM under load, an empty prange cost 11 us with omp/PASSIVE, 28 us omp/ACTIVE and 340 us with
@@ -64,10 +65,24 @@ def _versions() -> str:
     return ",".join(out)
 
 
+def _kernel_sources() -> str:
+    """Hash of our kernel sources. numba invalidates a cached function when ITS file changes, not when a
+    callee in another module does; a jitted function that inlines kernels from cpu_fast.py would otherwise
+    keep running the old callee code (seen: an out-of-bounds write after a layout change)."""
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for f in sorted((here / "kernels").glob("*.py")) + [here / "quant.py"]:
+        try:
+            h.update(f.name.encode() + f.read_bytes())
+        except OSError:
+            pass
+    return h.hexdigest()[:16]
+
+
 def flags_key() -> str:
     """Short hash of everything that changes the machine code numba produces for our kernels."""
     items = [f"{k}={os.environ.get(k, v)}" for k, v in sorted(FLAGS.items())]
-    items += [_versions(), _cpu_signature(), sys.version.split()[0]]
+    items += [_versions(), _cpu_signature(), sys.version.split()[0], _kernel_sources()]
     return hashlib.sha256("\n".join(items).encode()).hexdigest()[:16]
 
 

@@ -76,10 +76,14 @@ def _f16_field(raw: np.ndarray, off: int) -> np.ndarray:
 
 
 def repack(qt: QTensor) -> FastWeight:
-    """File blocks (rows, nb * bytes_per_block) -> the interleaved layout (rows % G == 0)."""
+    """File blocks (rows, nb * bytes_per_block) -> the interleaved layout. Rows are padded with zero blocks
+    up to a multiple of G; kernels never write the padding rows to `out`."""
     rows, cols = qt.shape[0], qt.shape[-1]
-    nb, ng = cols // QK, rows // G
-    raw = np.ascontiguousarray(qt.data).view(np.uint8).reshape(ng, G, nb, -1)  # (ng, G, nb, B)
+    nb, ng = cols // QK, (rows + G - 1) // G
+    raw = np.ascontiguousarray(qt.data).view(np.uint8).reshape(rows, -1)
+    if rows % G:
+        raw = np.concatenate([raw, np.zeros((ng * G - rows, raw.shape[1]), np.uint8)])
+    raw = raw.reshape(ng, G, nb, -1)  # (ng, G, nb, B)
     d = np.ascontiguousarray(_f16_field(raw, 0).transpose(0, 2, 1))  # (ng, nb, G)
     if qt.qtype == QT.Q8_0:
         pairs = raw[..., 2:].reshape(ng, G, nb, 16, 2).transpose(0, 2, 3, 1, 4)  # (ng, nb, 16, G, 2)
@@ -95,9 +99,9 @@ def repack(qt: QTensor) -> FastWeight:
 
 
 def prepare_weight(qt: QTensor):
-    """Interleaved layout for Q4_0/Q4_1/Q8_0 matrices with rows % G == 0; cpu.py's layout otherwise."""
+    """Interleaved layout for Q4_0/Q4_1/Q8_0 matrices; cpu.py's layout for everything else."""
     validate(qt)
-    if qt.qtype in (QT.Q4_0, QT.Q4_1, QT.Q8_0) and len(qt.shape) == 2 and qt.shape[0] % G == 0:
+    if qt.qtype in (QT.Q4_0, QT.Q4_1, QT.Q8_0) and len(qt.shape) == 2:
         return repack(qt)
     return cpu.prepare_weight(qt)
 
@@ -140,31 +144,48 @@ def _nib2(v, a_lo, a_hi):
     return I16(I16(I16(I16(v & I16(15)) - I16(8)) * a_lo) + I16(I16(I16(v >> I16(4)) - I16(8)) * a_hi))
 
 
+@njit(cache=True, inline="always")
+def _copy_partial(out, tmp, t, g):
+    # the valid rows of a padded last group
+    for r in range(out.shape[1] - g * G):
+        out[t, g * G + r] = tmp[r]
+
+
+@njit(cache=True, inline="always")
+def _q4_rows(o, qa, sa, xs, qs, d, m8, acc, g, t):
+    # o (G,) <- the G outputs of group g for activation row t (decode form)
+    for r in range(G):
+        o[r] = F32(0.0)
+    for b in range(qs.shape[1]):
+        for r in range(G):
+            acc[r] = 0
+        for jj in range(0, 16, 4):
+            k = b * QK + jj
+            a0, b0 = I16(qa[t, k]), I16(qa[t, k + 16])
+            a1, b1 = I16(qa[t, k + 1]), I16(qa[t, k + 17])
+            a2, b2 = I16(qa[t, k + 2]), I16(qa[t, k + 18])
+            a3, b3 = I16(qa[t, k + 3]), I16(qa[t, k + 19])
+            for r in range(G):
+                s = I16(_nib2(I16(qs[g, b, jj, r]), a0, b0) + _nib2(I16(qs[g, b, jj + 1, r]), a1, b1))
+                s = I16(s + I16(_nib2(I16(qs[g, b, jj + 2, r]), a2, b2) + _nib2(I16(qs[g, b, jj + 3, r]), a3, b3)))
+                acc[r] = I16(acc[r] + s)
+        sb = sa[t, b]
+        xsb = xs[t, b]
+        for r in range(G):
+            o[r] += d[g, b, r] * (sb * F32(acc[r])) + m8[g, b, r] * xsb
+
+
 @njit(cache=True)
 def q4_group(out, qa, sa, xs, qs, d, m8, acc, g):
     """Rows g*G .. g*G+G-1 of out (T, rows) for interleaved 4-bit W (see mm_q4); acc (G,) int16 scratch.
     The j loop is unrolled by 4 in the source so each pass over the G accumulators does 256 MACs."""
     for t in range(out.shape[0]):
-        o = out[t, g * G:(g + 1) * G]  # (G,) this group's outputs for row t
-        for r in range(G):
-            o[r] = F32(0.0)
-        for b in range(qs.shape[1]):
-            for r in range(G):
-                acc[r] = 0
-            for jj in range(0, 16, 4):
-                k = b * QK + jj
-                a0, b0 = I16(qa[t, k]), I16(qa[t, k + 16])
-                a1, b1 = I16(qa[t, k + 1]), I16(qa[t, k + 17])
-                a2, b2 = I16(qa[t, k + 2]), I16(qa[t, k + 18])
-                a3, b3 = I16(qa[t, k + 3]), I16(qa[t, k + 19])
-                for r in range(G):
-                    s = I16(_nib2(I16(qs[g, b, jj, r]), a0, b0) + _nib2(I16(qs[g, b, jj + 1, r]), a1, b1))
-                    s = I16(s + I16(_nib2(I16(qs[g, b, jj + 2, r]), a2, b2) + _nib2(I16(qs[g, b, jj + 3, r]), a3, b3)))
-                    acc[r] = I16(acc[r] + s)
-            sb = sa[t, b]
-            xsb = xs[t, b]
-            for r in range(G):
-                o[r] += d[g, b, r] * (sb * F32(acc[r])) + m8[g, b, r] * xsb
+        if (g + 1) * G <= out.shape[1]:
+            _q4_rows(out[t, g * G:(g + 1) * G], qa, sa, xs, qs, d, m8, acc, g, t)
+        else:  # last group of a padded weight
+            tmp = np.empty(G, np.float32)
+            _q4_rows(tmp, qa, sa, xs, qs, d, m8, acc, g, t)
+            _copy_partial(out, tmp, t, g)
 
 
 @njit(cache=True)
@@ -176,9 +197,8 @@ def q4_group_batched(out, qa, sa, xs, qs, d, m8, g):
     t_n = out.shape[0]
     wbuf = np.empty((QK, G), np.int16)  # (32, G) the block's values - 8
     acc = np.empty(G, np.int16)  # (G,)
-    for t in range(t_n):
-        for r in range(G):
-            out[t, g * G + r] = F32(0.0)
+    full = (g + 1) * G <= out.shape[1]
+    part = np.zeros((0 if full else t_n, G), np.float32)  # (T, G) last group of a padded weight only
     for b in range(qs.shape[1]):
         for j in range(16):
             for r in range(G):
@@ -197,9 +217,15 @@ def q4_group_batched(out, qa, sa, xs, qs, d, m8, g):
                     acc[r] = I16(acc[r] + s)
             sb = sa[t, b]
             xsb = xs[t, b]
-            o = out[t, g * G:(g + 1) * G]
+            o = out[t, g * G:(g + 1) * G] if full else part[t]
+            if b == 0:
+                for r in range(G):
+                    o[r] = F32(0.0)
             for r in range(G):
                 o[r] += d[g, b, r] * (sb * F32(acc[r])) + m8[g, b, r] * xsb
+    if not full:
+        for t in range(t_n):
+            _copy_partial(out, part[t], t, g)
 
 
 @njit(cache=True, inline="always")
@@ -243,25 +269,35 @@ def mm_q4x3(out1, out2, out3, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2, 
             _q4(out3, qa, sa, xs, qs3, d3, m3, acc3[g - n1 - n2], g - n1 - n2)
 
 
+@njit(cache=True, inline="always")
+def _q8_rows(o, qa, sa, qs, d, acc, g, t):
+    # o (G,) <- the G outputs of group g for activation row t
+    for r in range(G):
+        o[r] = F32(0.0)
+    for b in range(qs.shape[1]):
+        for r in range(G):
+            acc[r] = 0
+        for jp in range(16):
+            a0 = I32(qa[t, b * QK + 2 * jp])
+            a1 = I32(qa[t, b * QK + 2 * jp + 1])
+            for r in range(G):
+                acc[r] += I32(qs[g, b, jp, 2 * r]) * a0 + I32(qs[g, b, jp, 2 * r + 1]) * a1
+        sb = sa[t, b]
+        for r in range(G):
+            o[r] += d[g, b, r] * (sb * F32(acc[r]))
+
+
 @njit(cache=True)
 def q8_group(out, qa, sa, qs, d, acc, g):
     """Rows g*G .. g*G+G-1 of out (T, rows) for interleaved Q8_0 W (see mm_q8); acc (G,) int32 scratch.
     Values 2i and 2i+1 of a row sit side by side, so LLVM turns the pair products into vpmaddwd."""
     for t in range(out.shape[0]):
-        o = out[t, g * G:(g + 1) * G]
-        for r in range(G):
-            o[r] = F32(0.0)
-        for b in range(qs.shape[1]):
-            for r in range(G):
-                acc[r] = 0
-            for jp in range(16):
-                a0 = I32(qa[t, b * QK + 2 * jp])
-                a1 = I32(qa[t, b * QK + 2 * jp + 1])
-                for r in range(G):
-                    acc[r] += I32(qs[g, b, jp, 2 * r]) * a0 + I32(qs[g, b, jp, 2 * r + 1]) * a1
-            sb = sa[t, b]
-            for r in range(G):
-                o[r] += d[g, b, r] * (sb * F32(acc[r]))
+        if (g + 1) * G <= out.shape[1]:
+            _q8_rows(out[t, g * G:(g + 1) * G], qa, sa, qs, d, acc, g, t)
+        else:  # last group of a padded weight
+            tmp = np.empty(G, np.float32)
+            _q8_rows(tmp, qa, sa, qs, d, acc, g, t)
+            _copy_partial(out, tmp, t, g)
 
 
 @njit(cache=True, parallel=True)

@@ -1,0 +1,159 @@
+"""ninfer-bench: variant parsing, aggregation/ratios/roofline, and one real worker run on a tiny model."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from engine.bench import report, runner
+from engine.bench.cli import main as bench_main
+from engine.bench.cli import synthetic_prompt_ids
+from engine.bench.spec import RunSpec, Variant, Workload, load_variants_toml, parse_variant
+from engine.errors import ConfigError
+
+
+# ------------------------------------------------------------------------------------------- variants
+def test_parse_variant_engine_and_run_keys():
+    v = parse_variant("fast:kv_dtype=int8,threads=1,busy=1,draft-tokens=4,spec=ngram")
+    assert v.name == "fast" and v.kind == "ours"
+    assert v.threads == 1 and v.busy is True and v.cold is False
+    assert v.engine == {"kv_dtype": "int8", "draft_tokens": 4, "spec": "ngram"}
+
+
+def test_parse_variant_peer_and_plain_name():
+    assert parse_variant("llama.cpp").kind == "llama.cpp"
+    assert parse_variant("peer:kind=llama,threads=2").kind == "llama.cpp"
+    assert parse_variant("base:") == Variant("base")
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("x:nonsense=1", "unknown key"),
+    ("x:kv_dtype=fp8", "--kv-dtype"),
+    ("x:threads", "not key=value"),
+    (":kv_dtype=int8", "give a name"),
+    ("p:kind=llama.cpp,kv_dtype=int8", "llama.cpp takes only"),
+])
+def test_parse_variant_errors_name_the_problem(text, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        parse_variant(text)
+
+
+def test_variants_toml(tmp_path):
+    f = tmp_path / "v.toml"
+    f.write_text('[variant.a]\nkv_dtype = "int8"\n[variant.peer]\nkind = "llama.cpp"\nthreads = 1\n')
+    vs = load_variants_toml(f)
+    assert [v.name for v in vs] == ["a", "peer"]
+    assert vs[0].engine == {"kv_dtype": "int8"} and vs[1].kind == "llama.cpp" and vs[1].threads == 1
+    (tmp_path / "bad.toml").write_text("[other]\n")
+    with pytest.raises(ConfigError, match=r"\[variant.NAME\]"):
+        load_variants_toml(tmp_path / "bad.toml")
+
+
+def test_runspec_json_roundtrip():
+    spec = RunSpec(parse_variant("a:kv_dtype=int8"), Workload("w", prompt_ids=[1, 2, 3], decode_tokens=5), "m.gguf", 1)
+    back = RunSpec.from_json(spec.to_json())
+    assert back == spec
+
+
+# ---------------------------------------------------------------------------------------- aggregation
+def _run(name, rep, dec, pre, sha="aa", ok=True):
+    return {"ok": ok, "variant": name, "repeat": rep, "decode_tok_s": dec, "prefill_tok_s": pre, "ttft_s": 1.0,
+            "peak_rss": 100 * 2**20, "output_sha256": sha, "tokens_per_round": 1.0}
+
+
+def test_aggregate_mean_range_ratio_and_hashes():
+    runs = [_run("ours", 0, 200, 400), _run("peer", 0, 100, 300), _run("ours", 1, 220, 420),
+            _run("peer", 1, 110, 330, sha="bb"), {"ok": False, "variant": "ours", "repeat": 2, "error": "boom"}]
+    agg = report.aggregate(runs, ["ours", "peer"])
+    assert agg["ours"]["decode_tok_s"] == {"mean": 210, "min": 200, "max": 220, "n": 2}
+    assert agg["ours"]["errors"] == ["boom"] and agg["ours"]["ok"] == 2 and agg["ours"]["runs"] == 3
+    assert agg["peer"]["sha256"] == ["aa", "bb"]
+    rat = report.ratios(agg, "peer")
+    assert rat["ours"]["decode_tok_s"] == pytest.approx(210 / 105)
+    assert rat["peer"]["decode_tok_s"] == pytest.approx(1.0)
+    text = report.table(agg, rat, "peer")
+    assert "210.0 [200.0-220.0]" in text and "2.00x" in text and "FAILED boom" in text
+    md = report.markdown_table(agg, rat, "peer")
+    assert md.startswith("| variant") and "| ours |" in md
+
+
+def test_roofline_share():
+    agg = {"ours": {"decode_tok_s": {"mean": 150.0, "min": 150.0, "max": 150.0, "n": 1}}}
+    roof = report.roofline(agg, weight_bytes=100e6, bandwidth=30e9)
+    assert roof["roofline_tok_s"] == pytest.approx(300.0)
+    assert roof["share_of_roofline"]["ours"] == pytest.approx(0.5)
+    assert report.roofline(agg, None, 1.0) == {}
+
+
+# ------------------------------------------------------------------------------------------- workloads
+def test_synthetic_prompt_has_exact_length(tiny_models):
+    for n in (1, 37, 300):
+        ids = synthetic_prompt_ids(str(tiny_models["llama"]), n)
+        assert len(ids) == n
+    assert synthetic_prompt_ids(str(tiny_models["llama"]), 50) == synthetic_prompt_ids(str(tiny_models["llama"]), 50)
+
+
+def test_busy_process_is_started_and_stopped():
+    p = runner.start_busy_process(0)
+    try:
+        time.sleep(0.2)
+        assert p.poll() is None
+    finally:
+        runner.stop_process(p)
+    assert p.poll() is not None
+
+
+def test_worker_env_threads_and_cold_cache(tmp_path):
+    env = runner.worker_env(Variant("a", threads=1), str(tmp_path))
+    assert env["NUMBA_NUM_THREADS"] == "1" and env["NINFER_CACHE_DIR"] == str(tmp_path)
+    assert "NUMBA_CACHE_DIR" not in env
+
+
+# ------------------------------------------------------------------------------------ real worker runs
+def test_worker_run_ref_backend_synthetic(tiny_models):
+    """One real subprocess run (numpy ref backend: no JIT) - figures are present and positive."""
+    model = str(tiny_models["llama"])
+    ids = synthetic_prompt_ids(model, 24)
+    spec = RunSpec(parse_variant("r:backend=ref,prefill_chunk=16,threads=1"),
+                   Workload("syn", prompt_ids=ids, prompt_tokens=24, decode_tokens=6), model, max_context=128)
+    res = runner.run_one(spec, timeout_s=300)
+    assert res["ok"], res.get("error")
+    assert res["prompt_tokens"] == 24 and res["output_tokens"] == 6
+    assert res["decode_tok_s"] > 0 and res["prefill_tok_s"] > 0 and res["ttft_s"] > 0
+    assert res["peak_rss"] > 10 * 2**20 and len(res["output_sha256"]) == 64
+    again = runner.run_one(spec, timeout_s=300)
+    assert again["output_sha256"] == res["output_sha256"]  # greedy: same ids, same text
+
+
+def test_bench_cli_messages_workload_json(tiny_models, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    md = tmp_path / "r.md"
+    rc = bench_main([str(tiny_models["llama"]), "--variant", "a:backend=ref,threads=1", "--prompt", "Hello there",
+                     "--decode-tokens", "4", "--repeats", "1", "--idle-gap", "0", "--no-warmup", "--no-roofline",
+                     "--json", str(out), "--markdown", str(md)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["prefix_reuse"] is False and doc["baseline"] == "a"
+    assert doc["runs"][0]["ok"] and doc["runs"][0]["output_tokens"] >= 1
+    assert "decode tok/s" in capsys.readouterr().out
+    assert md.read_text().startswith("| variant")
+
+
+def test_bench_cli_bad_variant_is_one_line_error(capsys):
+    assert bench_main(["--variant", "x:bogus=1", "--no-roofline"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ninfer-bench: ") and "unknown key" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(os.environ.get("NINFER_BENCH_LLAMA") != "1", reason="set NINFER_BENCH_LLAMA=1 (slow peer run)")
+@pytest.mark.slow
+def test_llama_cpp_peer_run(smollm2_path):
+    pytest.importorskip("llama_cpp")
+    ids = synthetic_prompt_ids(str(smollm2_path), 32)
+    spec = RunSpec(parse_variant("llama.cpp"), Workload("syn", prompt_ids=ids, prompt_tokens=32, decode_tokens=8),
+                   str(smollm2_path))
+    res = runner.run_one(spec)
+    assert res["ok"], res.get("error")
+    assert res["decode_tok_s"] > 0

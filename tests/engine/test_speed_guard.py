@@ -1,0 +1,241 @@
+"""CI guard for the fast CPU path without timing anything absolute.
+
+- the fast kernels match the reference (kernels/ref.py) within quantization tolerance;
+- the fused forward matches Model.forward on the same backend (logits and greedy tokens);
+- a decode step allocates nothing (numba NRT allocation counter + tracemalloc around the jitted step);
+- the integer kernels compile to SIMD code (AVX2/AVX-512 registers and multiply-add instructions).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from engine.quant import QTensor, dequantize
+
+ROOT = Path(__file__).resolve().parents[2]
+ALL_Q4 = dict(attn_q=QT.Q4_1, attn_k=QT.Q4_1, attn_v=QT.Q4_0, attn_output=QT.Q4_1, ffn_gate=QT.Q4_0,
+              ffn_up=QT.Q4_1, ffn_down=[QT.Q4_1])
+
+
+def _qtensor(rng, qtype, rows, cols) -> QTensor:
+    """Random blocks with sane f16 scales (and Q4_1 mins)."""
+    bb = {QT.Q4_1: 20, QT.Q4_0: 18, QT.Q8_0: 34}[qtype]
+    nb = cols // 32
+    raw = rng.integers(0, 256, size=(rows, nb, bb), dtype=np.uint8)
+    raw[..., 0:2] = (rng.random((rows, nb)) * 0.02).astype(np.float16)[..., None].view(np.uint8)
+    if qtype == QT.Q4_1:
+        raw[..., 2:4] = (-rng.random((rows, nb)) * 0.1).astype(np.float16)[..., None].view(np.uint8)
+    return QTensor("w", qtype, (rows, cols), raw.reshape(rows, -1))
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q8_0])
+@pytest.mark.parametrize("rows, cols", [(96, 64), (45, 96)])  # 45: a padded last row group
+@pytest.mark.parametrize("t_n", [1, 3])
+def test_fast_matmul_matches_reference(qtype, rows, cols, t_n):
+    from engine.kernels import cpu_fast
+    rng = np.random.default_rng(rows * 7 + t_n)
+    qt = _qtensor(rng, qtype, rows, cols)
+    w = cpu_fast.prepare_weight(qt)
+    assert isinstance(w, cpu_fast.FastWeight) and w.shape == (rows, cols)
+    x = rng.standard_normal((t_n, cols)).astype(np.float32)
+    out = np.full((t_n, rows), np.nan, np.float32)
+    cpu_fast.matmul(out, x, w, cpu_fast.new_scratch(4, cols))
+    ref = x @ dequantize(qt).T
+    # int8 activations: error ~ |x|/254 per element, relative to the row norm
+    tol = 0.02 * np.abs(ref).max() + 1e-6
+    np.testing.assert_allclose(out, ref, atol=tol)
+    tokens = np.array([0, rows - 1, rows // 2], np.int32)
+    emb = np.zeros((3, cols), np.float32)
+    cpu_fast.embed(emb, w, tokens)
+    np.testing.assert_allclose(emb, dequantize(qt)[tokens], rtol=1e-6, atol=1e-7)
+
+
+def test_f16_store_bits_match_numpy():
+    from engine.kernels.cpu_fast_step import store_f16
+    rng = np.random.default_rng(0)
+    vals = np.concatenate([rng.standard_normal(4000) * 10.0 ** rng.integers(-9, 6, 4000),
+                           [0.0, -0.0, 65504.0, 65520.0, 1e6, -1e6, 6e-8, 3e-8, 2.98e-8, 6.1e-5, np.inf, -np.inf]])
+    x = vals.astype(np.float32).reshape(-1, 1, 1)
+    cache = np.zeros((x.shape[0], 1, 1), np.uint16)
+    store_f16(cache, x, 0)
+    np.testing.assert_array_equal(cache.ravel(), x.ravel().astype(np.float16).view(np.uint16))
+
+
+def test_exp_fast_accuracy():
+    from numba import njit
+
+    from engine.kernels.cpu_fast_step import exp_fast
+
+    @njit
+    def run(out, x):
+        for i in range(x.shape[0]):
+            out[i] = exp_fast(x[i])
+    x = np.linspace(-80, 80, 20001).astype(np.float32)
+    out = np.empty_like(x)
+    run(out, x)
+    np.testing.assert_allclose(out, np.exp(x.astype(np.float64)), rtol=3e-6)
+
+
+def test_fast_attention_matches_reference():
+    from engine.kernels import ref
+    from engine.kernels.cpu_fast_step import attention_f16_fast
+    import numba
+    rng = np.random.default_rng(1)
+    cap, n_kv, hd, n_head, t_n, pos0 = 40, 2, 16, 6, 3, 20
+    k = rng.standard_normal((cap, n_kv, hd)).astype(np.float16)
+    v = rng.standard_normal((cap, n_kv, hd)).astype(np.float16)
+    q = rng.standard_normal((t_n, n_head, hd)).astype(np.float32)
+    want = np.zeros_like(q)
+    ref.attention_f16(want, q, k, v, pos0, 0.25)
+    got = np.zeros_like(q)
+    nt = numba.config.NUMBA_NUM_THREADS
+    attention_f16_fast(got, q, k.view(np.uint16), v.view(np.uint16), pos0, np.float32(0.25),
+                       np.zeros((nt, n_head // n_kv, cap), np.float32), np.zeros((nt, hd), np.float32))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def q4_tiny(tmp_path_factory, make_tiny):
+    """A tiny llama whose matrices are all Q4_0/Q4_1 (head Q8_0, vocab not a multiple of 32)."""
+    return make_tiny(tmp_path_factory.mktemp("q4") / "tiny-q4.gguf", "llama", seed=3, qtypes=ALL_Q4)
+
+
+@pytest.mark.parametrize("kv_dtype", ["f16", "int8"])
+def test_fused_forward_matches_model_forward(q4_tiny, kv_dtype):
+    from engine.backend import Backend
+    from engine.gguf import load_gguf
+    from engine.kernels import cpu_fast, cpu_fast_step
+    from engine.model import Model
+    mf = load_gguf(q4_tiny)
+    model = Model(mf.args, mf.tensors, Backend("cpu", cpu_fast), max_batch=8)
+    fused = cpu_fast_step.build(model)
+    assert fused is not None
+    toks = np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32)
+    c1, c2 = model.new_cache(64, kv_dtype), model.new_cache(64, kv_dtype)
+    want = model.forward(toks, 0, c1, all_logits=True)
+    got = fused(toks, 0, c2, all_logits=True)
+    assert c2.length == len(toks)
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(got, want, atol=2e-3 * scale)
+    a, b = int(want[-1].argmax()), int(got[-1].argmax())
+    for i in range(6):  # greedy decode, T = 1 steps
+        la = model.forward(np.array([a], np.int32), len(toks) + i, c1)
+        lb = fused(np.array([b], np.int32), len(toks) + i, c2)
+        np.testing.assert_allclose(lb, la, atol=2e-3 * scale)
+        assert a == b
+        a, b = int(la[0].argmax()), int(lb[0].argmax())
+
+
+def _run_py(code: str, env_extra: dict, timeout: int = 600) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), NUMBA_NUM_THREADS="2", **env_extra)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(ROOT),
+                       timeout=timeout)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+NO_ALLOC = """
+import json, sys, tracemalloc
+import numpy as np
+from engine.backend import Backend
+from engine.gguf import load_gguf
+from engine.kernels import cpu_fast, cpu_fast_step
+from engine.model import Model
+from numba import njit, prange
+from numba.core.runtime import rtsys
+
+@njit(parallel=True)
+def empty_region(a):
+    for i in prange(a.shape[0]):
+        a[i] += 1.0
+
+probe = np.zeros(64)
+empty_region(probe)
+b0 = rtsys.get_allocation_stats()
+empty_region(probe)
+per_region = rtsys.get_allocation_stats().alloc - b0.alloc  # numba's own bookkeeping per prange launch
+
+
+@njit
+def unbox_only(*args):  # the same arguments, no work: what crossing into numba costs (array wrappers)
+    return 0
+mf = load_gguf(sys.argv[1] if len(sys.argv) > 1 else {path!r})
+model = Model(mf.args, mf.tensors, Backend("cpu", cpu_fast), max_batch=8)
+fz = cpu_fast_step.build(model)
+cache = model.new_cache(64)
+fz.run(np.arange(5, dtype=np.int32), 0, cache, 1)
+tok = np.array([7], np.int32)
+fz.run(tok, 5, cache, 1)  # compile + first use
+before = rtsys.get_allocation_stats()
+tracemalloc.start()
+snap0 = tracemalloc.take_snapshot()
+for i in range(3):
+    fz.run(tok, 6 + i, cache, 1)
+snap1 = tracemalloc.take_snapshot()
+tracemalloc.stop()
+after = rtsys.get_allocation_stats()
+r = fz.roles
+args = (tok, 9, 1, fz.bufs, fz.emb, fz.head, fz.norms, fz.rope, r["wq"], r["wk"], r["wv"], r["wo"], r["w_gate"],
+        r["w_up"], r["w_down"], fz.bias, fz.qk_norm, fz.kv_tuple(cache), fz._attn_scratch(cache.capacity))
+unbox_only(*args)
+u0 = rtsys.get_allocation_stats().alloc
+unbox_only(*args)
+unbox = rtsys.get_allocation_stats().alloc - u0
+py_new = sum(s.count_diff for s in snap1.compare_to(snap0, "filename") if s.count_diff > 0
+             and "tracemalloc" not in str(s.traceback))
+print(json.dumps({{"nrt_allocs": (after.alloc - before.alloc) / 3 - unbox, "unbox": unbox,
+                  "py_blocks": py_new, "per_region": per_region,
+                  "regions": 5 * mf.args.n_layer + 1}}))
+"""
+
+
+def test_decode_step_allocates_nothing(q4_tiny):
+    """No array is allocated per decode step: beyond wrapping the argument arrays at the call boundary, the
+    only NRT allocations are numba's per-launch bookkeeping of its parallel regions (5 per layer + the
+    head) and the head's padded last row group (this vocab is not a multiple of 32); none in Python."""
+    res = _run_py(NO_ALLOC.format(path=str(q4_tiny)), {"NUMBA_NRT_STATS": "1"})
+    assert res["unbox"] > 0, res  # the probe works
+    assert res["nrt_allocs"] <= res["regions"] * res["per_region"] + 1, res
+    assert res["py_blocks"] <= 2, res  # the call's argument tuples are reused/freed; no array per step
+
+
+ASM = """
+import json, re
+import numpy as np
+from engine.kernels import cpu_fast as F
+G, ng, nb, t = F.G, 2, 3, 2
+out = np.zeros((t, ng * G), np.float32); qa = np.zeros((t, nb * 32), np.int8); sa = np.zeros((t, nb), np.float32)
+d = np.zeros((ng, nb, G), np.float32)
+F.q4_group(out, qa, sa, sa, np.zeros((ng, nb, 16, G), np.uint8), d, d, np.zeros(G, np.int16), 0)
+F.q4_group_batched(out, qa, sa, sa, np.zeros((ng, nb, 16, G), np.uint8), d, d, 0)
+F.q8_group(out, qa, sa, np.zeros((ng, nb, 16, 2 * G), np.int8), d, np.zeros(G, np.int32), 0)
+res = {{}}
+for f in (F.q4_group, F.q4_group_batched, F.q8_group):
+    asm = "\\n".join(f.inspect_asm().values())
+    res[f.__name__] = {{"wide": len(re.findall(r"%[yz]mm", asm)),
+                       "madd": len(re.findall(r"vpmull[wd]|vpmaddwd|vpmaddubsw|vpdpbusd|vpdpwssd", asm))}}
+print(json.dumps(res))
+"""
+
+
+def _has_avx2() -> bool:
+    try:
+        return " avx2" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_avx2(), reason="checks x86 AVX2+ code generation")
+def test_integer_kernels_are_vectorized(tmp_path):
+    # a fresh cache dir: numba cannot show the assembly of code loaded from its cache
+    res = _run_py(ASM.format(), {"NUMBA_CACHE_DIR": str(tmp_path / "numba")})
+    for name, r in res.items():
+        assert r["wide"] >= 16, (name, r)  # 256/512-bit registers in the hot loop
+        assert r["madd"] >= 2, (name, r)  # packed integer multiplies, not scalar imul
