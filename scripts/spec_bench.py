@@ -60,21 +60,23 @@ def fixed_round(engine: Engine, mode: str, k: int):
     return round_fn
 
 
-def verify_cost(model, kv_dtype: str = "f16", sizes=(1, 2, 4, 8), ctx_len: int = 200, repeats: int = 20
-                ) -> dict[int, float]:
-    """Median ms of one forward over T tokens at position ctx_len (cache rolled back after each pass)."""
+def verify_cost(model, kv_dtype: str = "f16", sizes=(1, 2, 4, 8), ctx_len: int = 200, repeats: int = 20,
+                forward=None) -> dict[int, float]:
+    """Median ms of one forward over T tokens at position ctx_len (cache rolled back after each pass).
+    forward: a callable like model.forward (e.g. the fused CPU step); default model.forward."""
+    forward = forward or model.forward
     rng = np.random.default_rng(0)
     cache = model.new_cache(ctx_len + max(sizes) + 1, kv_dtype)
-    model.forward(rng.integers(10, 1000, ctx_len).astype(np.int32), 0, cache)
+    forward(rng.integers(10, 1000, ctx_len).astype(np.int32), 0, cache)
     times: dict[int, list[float]] = {t: [] for t in sizes}
     for t in sizes:  # warm-up: compile each batch shape once
-        model.forward(rng.integers(10, 1000, t).astype(np.int32), ctx_len, cache, all_logits=True)
+        forward(rng.integers(10, 1000, t).astype(np.int32), ctx_len, cache, all_logits=True)
         cache.truncate(ctx_len)
     for _ in range(repeats):
         for t in sizes:  # interleaved so drift hits every size alike
             toks = rng.integers(10, 1000, t).astype(np.int32)
             t0 = time.perf_counter()
-            model.forward(toks, ctx_len, cache, all_logits=True)
+            forward(toks, ctx_len, cache, all_logits=True)
             times[t].append((time.perf_counter() - t0) * 1e3)
             cache.truncate(ctx_len)
     return {t: statistics.median(v) for t, v in times.items()}
@@ -90,9 +92,17 @@ def random_verify_cost(a) -> int:
         import numba
         numba.set_num_threads(a.threads)
     margs, tensors = smollm2_like()
-    model = Model(margs, tensors, get_backend(a.backend), max_batch=16)
-    cost = verify_cost(model)
-    print(f"## verify pass cost, random SmolLM2-135M-shaped model, backend {a.backend}, threads {a.threads}")
+    forward, label = None, a.backend
+    if a.backend == "cpu_fast":  # the interleaved int8 kernels + the fused one-call forward
+        from engine.backend import Backend
+        from engine.kernels import cpu_fast, cpu_fast_step
+        model = Model(margs, tensors, Backend("cpu", cpu_fast), max_batch=16)
+        forward = cpu_fast_step.build(model)
+        label += " (fused)" if forward is not None else " (per-kernel)"
+    else:
+        model = Model(margs, tensors, get_backend(a.backend), max_batch=16)
+    cost = verify_cost(model, forward=forward)
+    print(f"## verify pass cost, random SmolLM2-135M-shaped model, backend {label}, threads {a.threads}")
     for t, ms in cost.items():
         print(f"  T={t}: {ms:7.3f} ms  = {ms / cost[1]:4.2f}x T=1")
     if a.json:

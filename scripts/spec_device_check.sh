@@ -3,8 +3,9 @@
 #   1. verify-pass cost T=1,2,4,8 on the cuda backend (random SmolLM2-135M-shaped model: the real file is too
 #      large to travel; same shapes and quant types, so the same bytes moved and the same speed);
 #   2. lossless on the cuda backend: greedy off == ngram k=1,3,5 on the tiny models + verify-row vs step diff;
-#   3. the same verify-pass cost on the cpu backend with 2 threads (a quiet machine, unlike the shared dev box).
-#   run(command="bash scripts/spec_device_check.sh", carry=[".whl"], timeout_s=500)
+#   3./4. the same verify-pass cost on the cpu backend and the fused cpu_fast forward with 2 threads (a quiet
+#      machine, unlike the shared dev box).
+#   run(command="bash scripts/spec_device_check.sh", carry=[".whl"], timeout_s=480)
 # .whl holds gguf (and numba-cuda, platformdirs) wheels for python 3.12, see scripts/gpu_check.sh.
 set -u
 cd "$(dirname "$0")/.."
@@ -27,10 +28,13 @@ export PYTHONPATH="$SITE:$PWD"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 "$PY" -c "import numba, numpy; print('numba', numba.__version__, 'numpy', numpy.__version__)"
 echo "== 1. verify cost, cuda"
-timeout 200 "$PY" scripts/spec_bench.py --random-smollm2 --backend cuda --json "$RES/verify_cuda.json"
+timeout 150 "$PY" scripts/spec_bench.py --random-smollm2 --backend cuda --json "$RES/verify_cuda.json"
 echo "== 2. lossless, cuda, tiny models"
-timeout 150 "$PY" scripts/spec_bench.py --lossless-tiny --backend cuda
+timeout 120 "$PY" scripts/spec_bench.py --lossless-tiny --backend cuda
 echo "== 3. verify cost, cpu, 2 threads"
-NUMBA_NUM_THREADS=2 timeout 150 "$PY" scripts/spec_bench.py --random-smollm2 --backend cpu --threads 2 \
+NUMBA_NUM_THREADS=2 timeout 75 "$PY" scripts/spec_bench.py --random-smollm2 --backend cpu --threads 2 \
   --json "$RES/verify_cpu2.json"
+echo "== 4. verify cost, cpu_fast (fused forward), 2 threads"
+NUMBA_NUM_THREADS=2 timeout 90 "$PY" scripts/spec_bench.py --random-smollm2 --backend cpu_fast --threads 2 \
+  --json "$RES/verify_cpufast2.json"
 echo "== done"
