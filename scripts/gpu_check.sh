@@ -16,14 +16,19 @@
 #   3. tiny models end to end == ref greedy tokens, plain and CUDA-graph decode (test_cuda_model.py --worker)
 #   4. TP2 with both ranks on GPU 0, transports p2p and mapped == TP1 (test_tp.py --worker)
 #   5. decode benchmark of the default model (scripts/gpu_bench.py): tok/s, launches/token, graphs on/off
-# Then ONE summary block. Results also land in $OUT (or /tmp/gpu_check_out): *.json and gpu_check.log.
+# Then ONE summary block. Work files: /tmp/gpu_check_work; copied to $OUT when set: summary.txt,
+# gpu_check.log, kernels/model/tp.json, bench_full.json, env.txt (7 files).
 set -u
 cd "$(dirname "$0")/.."
-RES=${OUT:-/tmp/gpu_check_out}
+RES=/tmp/gpu_check_work  # everything; $OUT (the device tool brings back 8 files) gets the key ones at the end
+rm -rf "$RES"
 mkdir -p "$RES"
 exec > >(tee "$RES/gpu_check.log") 2>&1
 export PYTHONUNBUFFERED=1 NUMBA_NUM_THREADS=${NUMBA_NUM_THREADS:-8} NINFER_CUDA_REAL=1
-unset NUMBA_ENABLE_CUDASIM
+# GPU_CHECK_DRY=1: rehearse the whole script on a machine without a GPU, under the CUDA simulator (slow; pass
+# GPU_CHECK_BENCH_ARGS="--model tiny.gguf --tokens 2 --prompt 3 --no-tp" to keep the bench small)
+if [ "${GPU_CHECK_DRY:-0}" = 1 ]; then export NUMBA_ENABLE_CUDASIM=1; else unset NUMBA_ENABLE_CUDASIM; fi
+BENCH_ARGS=${GPU_CHECK_BENCH_ARGS:---tokens 128 --prompt 64 --long 1024}
 T0=$(date +%s)
 say() { echo "[gpu_check +$(( $(date +%s) - T0 ))s] $*"; }
 
@@ -37,7 +42,7 @@ fi
 
 say "1/5 environment"
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader \
-  || { echo "gpu_check: nvidia-smi failed: no GPU here"; exit 2; }
+  || [ "${GPU_CHECK_DRY:-0}" = 1 ] || { echo "gpu_check: nvidia-smi failed: no GPU here"; exit 2; }
 SITE=/tmp/ninfer-site
 mkdir -p "$SITE"
 if ! "$PY" -c "import gguf" 2>/dev/null; then
@@ -73,12 +78,12 @@ for p in ("numpy", "numba", "numba-cuda", "cuda-core", "cuda-bindings", "gguf"):
 from numba import cuda
 print("cuda.is_available", cuda.is_available())
 d = cuda.get_current_device()
-print("device", d.name, "cc", d.compute_capability)
+print("device", getattr(d, "name", "?"), "cc", getattr(d, "compute_capability", "?"))
 EOF
 [ "${PIPESTATUS[0]}" = 0 ] || { echo "gpu_check: numba.cuda cannot start here; see above"; exit 3; }
 
 run_step() {  # name timeout_s command...: JSON on the last stdout line goes to $RES/name.json
-  local name=$1 to=$2; shift 2
+  local name=$1 to=$(( $2 * ${GPU_CHECK_TIMEOUT_SCALE:-1} )); shift 2
   say "$name"
   timeout "$to" "$@" > "$RES/$name.out" 2> "$RES/$name.err"
   local rc=$?
@@ -88,10 +93,11 @@ run_step() {  # name timeout_s command...: JSON on the last stdout line goes to 
 run_step kernels 150 "$PY" tests/engine/test_cuda_kernels.py --worker
 run_step model 150 "$PY" tests/engine/test_cuda_model.py --worker
 run_step tp 120 "$PY" tests/engine/test_tp.py --worker
-run_step bench 240 "$PY" scripts/gpu_bench.py --tokens 128 --prompt 64 --long 1024 --json "$RES/bench_full.json"
+# shellcheck disable=SC2086
+run_step bench 240 "$PY" scripts/gpu_bench.py $BENCH_ARGS --json "$RES/bench_full.json"
 
 say "summary"
-"$PY" - "$RES" <<'EOF'
+"$PY" - "$RES" <<'EOF' | tee "$RES/summary.txt"
 import json, pathlib, sys
 res = pathlib.Path(sys.argv[1])
 def load(n):
@@ -119,3 +125,7 @@ else:
 print("=" * 91)
 EOF
 say "done"
+if [ -n "${OUT:-}" ]; then
+  cp "$RES"/summary.txt "$RES"/gpu_check.log "$RES"/kernels.json "$RES"/model.json "$RES"/tp.json \
+     "$RES"/bench_full.json "$RES"/env.txt "$OUT"/ 2>/dev/null || true
+fi
