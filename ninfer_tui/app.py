@@ -6,6 +6,7 @@ transcript store immediately.
 """
 from __future__ import annotations
 
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -26,6 +27,7 @@ from engine.errors import NinferError
 from . import bridge as br
 from .chat import ChatState
 from .export import export_to_file
+from .pacer import FramePacer
 from .screens import HelpScreen, SettingsScreen, TranscriptsScreen
 from .settings import ChatSettings, save_user_settings
 from .store import Store
@@ -109,9 +111,10 @@ class ChatApp(App):
         self.last_final = None
         self._after_reply = None
         self.replies_started = 0  # for tests and scripts: a reply began
-        self._stats_shown = 0.0
         self._stats_latest = None
-        self._stats_timer = None
+        self._frame_timer = None
+        self.pacer = FramePacer(settings.stream_fps, settings.ui_cpu_budget)
+        self._switch_default = sys.getswitchinterval()
 
     # -- layout ------------------------------------------------------------------------------------
     def compose(self):
@@ -228,6 +231,14 @@ class ChatApp(App):
         self.bridge = br.ReplyBridge(self, self.session, self.chat.engine_messages(), request)
         self.generating = True
         self.replies_started += 1
+        self.pacer.restart()
+        # a blinking cursor repaints the screen twice a second: not while the engine needs the CPU
+        self.query_one("#prompt", PromptInput).cursor_blink = False
+        # The engine thread holds the GIL inside its kernels; when the UI thread takes it between two
+        # kernels, a short switch interval hands it back sooner (Python's default is 5 ms).
+        self._switch_default = sys.getswitchinterval()
+        if self.settings.gil_switch_ms > 0:
+            sys.setswitchinterval(self.settings.gil_switch_ms / 1000.0)
         self.query_one("#stats", StatsPanel).start_reply()
         self.run_worker(self.bridge.run, thread=True, exclusive=True, group="reply", exit_on_error=False)
 
@@ -241,39 +252,35 @@ class ChatApp(App):
             else:
                 await view.mark_forced(value.reasoning_tokens, value.inserted_text)
 
-    async def on_stream_ready(self, message: br.StreamReady) -> None:
-        if message.bridge is self.bridge and self.reply_view is not None:
-            await self._apply_segments(message.bridge.drain())
-            self.set_timer(1.0 / max(1.0, self.settings.stream_fps), partial(self._stream_tick, message.bridge))
-
-    async def _stream_tick(self, bridge: br.ReplyBridge) -> None:
-        """Render what arrived since the last frame, or go idle (the next delta then posts at once)."""
-        if bridge is not self.bridge or self.reply_view is None:
-            return
-        segments = bridge.drain_or_release()
-        if segments:
-            await self._apply_segments(segments)
-            self.set_timer(1.0 / max(1.0, self.settings.stream_fps), partial(self._stream_tick, bridge))
+    # -- frames: text and live stats are rendered together, paced by the UI-thread CPU budget ----------
+    def on_stream_ready(self, message: br.StreamReady) -> None:
+        if message.bridge is self.bridge:
+            self._kick_frame()
 
     def on_reply_stats(self, message: br.ReplyStats) -> None:
-        """Throttled to stats_fps renders a second, trailing edge included (a stalled stream shows its last
-        figures); the final stats always render."""
-        if message.bridge is not self.bridge:
-            return
-        self._stats_latest = message.stats
-        if self._stats_timer is None:
-            wait = self._stats_shown + 1.0 / max(0.5, self.settings.stats_fps) - time.monotonic()
-            if wait <= 0:
-                self._show_stats()
-            else:
-                self._stats_timer = self.set_timer(wait, self._show_stats)
+        if message.bridge is self.bridge:
+            self._stats_latest = message.stats  # newer stats replace older ones, never queue
+            self._kick_frame()
 
-    def _show_stats(self) -> None:
-        self._stats_timer = None
-        if self._stats_latest is not None and self.generating:
-            self._stats_shown = time.monotonic()
-            self.query_one("#stats", StatsPanel).on_step(self._stats_latest)
-        self._stats_latest = None
+    def _kick_frame(self) -> None:
+        if self._frame_timer is None:
+            self._frame_timer = self.set_timer(self.pacer.delay(), self._frame)
+
+    async def _frame(self) -> None:
+        """Render what arrived since the last frame. While data keeps coming, frames follow each other at
+        the paced interval; when the buffer is found empty the bridge is released (next delta posts)."""
+        self._frame_timer = None
+        bridge = self.bridge
+        if bridge is None or self.reply_view is None:
+            return
+        segments = bridge.drain_or_release()
+        stats, self._stats_latest = self._stats_latest, None
+        if segments:
+            await self._apply_segments(segments)
+        if stats is not None:
+            self.query_one("#stats", StatsPanel).on_step(stats)
+        if segments or stats is not None:
+            self._frame_timer = self.set_timer(self.pacer.frame_done(), self._frame)
 
     async def on_reply_done(self, message: br.ReplyDone) -> None:
         if message.bridge is not self.bridge:
@@ -299,6 +306,8 @@ class ChatApp(App):
             detail = final.stop_reason_detail or final.finish_reason
             self.notify(f"the reply has no answer text ({detail})", severity="warning")
         self.bridge, self.generating = None, False
+        self.query_one("#prompt", PromptInput).cursor_blink = True
+        sys.setswitchinterval(self._switch_default)
         self._ready_status()
         after, self._after_reply = self._after_reply, None
         if after is not None:

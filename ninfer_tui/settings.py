@@ -46,8 +46,9 @@ class ChatSettings:
     show_stats: bool = True
     export_format: str = "md"
     telemetry_interval: float = 1.0
-    stream_fps: float = 12.0  # answer renders per second while streaming (the engine never waits on them)
-    stats_fps: float = 4.0  # live panel renders per second while streaming
+    stream_fps: float = 12.0  # at most this many renders a second while streaming
+    ui_cpu_budget: float = 0.05  # share of one core the UI thread may use while streaming (frames widen)
+    gil_switch_ms: float = 0.5  # Python's GIL switch interval while streaming (default 5 ms)
     keymap: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -68,7 +69,8 @@ class ChatSettings:
             theme=str(ui.get("theme", "ninfer-dark")), show_stats=bool(ui.get("show_stats", True)),
             export_format=str(ui.get("export_format", "md")),
             telemetry_interval=_num(ui, "telemetry_interval", 1.0),
-            stream_fps=_num(ui, "stream_fps", 12.0), stats_fps=_num(ui, "stats_fps", 4.0),
+            stream_fps=_num(ui, "stream_fps", 12.0), ui_cpu_budget=_num(ui, "ui_cpu_budget", 0.05),
+            gil_switch_ms=_num(ui, "gil_switch_ms", 0.5),
             keymap={str(k): str(v) for k, v in cfg.get("keymap", {}).items()},
         )
         out.validate()

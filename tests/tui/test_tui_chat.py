@@ -42,9 +42,9 @@ async def test_stream_is_coalesced(make_app, monkeypatch):
     seen, writes = [], []
     orig, orig_apply = ChatApp.on_stream_ready, ChatApp._apply_segments
 
-    async def counting(self, message):
+    def counting(self, message):
         seen.append(1)
-        await orig(self, message)
+        orig(self, message)
 
     async def apply(self, segments):
         writes.append(len(segments))

@@ -39,6 +39,7 @@ async def _steady(pilot):
 async def _after_reply(pilot):
     await _steady(pilot)
     await send(pilot, "What is the capital of France?")
+    pilot.app.query_one("#prompt").cursor_blink = False  # the app turns blinking back on after a reply
     pilot.app.clear_notifications()
     await pilot.pause()
 
@@ -54,6 +55,7 @@ def test_snapshot_chat_with_forced_reasoning(make_app, snap_compare):
         await send(pilot, "Think first, then answer")
         reply = pilot.app.query("ReplyView").last()
         reply.query_one(".reasoning").collapsed = False  # show the forced-close mark
+        pilot.app.query_one("#prompt").cursor_blink = False
         pilot.app.clear_notifications()
         await pilot.pause()
     assert snap_compare(_app(make_app, budget_step=3), terminal_size=SIZE, run_before=run_before)
