@@ -66,6 +66,15 @@ then
     rm -rf "$SITE"/numba_cuda* "$SITE"/_numba_cuda_redirector* "$SITE/sitecustomize.py"
   fi
 fi
+# numba-cuda 0.30 registers an overload for np.row_stack, which numpy 2.5 removed: alias it before numba loads
+cat >> "$SITE/sitecustomize.py" <<'PYEOF'
+try:
+    import numpy as _np
+    if not hasattr(_np, "row_stack"):
+        _np.row_stack = _np.vstack
+except Exception:
+    pass
+PYEOF
 export PYTHONPATH="$SITE:$PWD:$PWD/tests/engine${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" - <<'EOF' | tee "$RES/env.txt"
 import importlib.metadata as m, platform
