@@ -70,8 +70,13 @@ class Engine:
             model = build_tp_model(mf.args, mf.tensors, args, max_batch=max_batch)
         else:
             model = Model(mf.args, mf.tensors, get_backend(args.backend), max_batch=max_batch)
+            if args.backend == "cuda":  # single-token steps replay one captured CUDA graph
+                from .kernels.cuda_graph import GraphDecoder
+                model = GraphDecoder(model)
         report(Progress("compile", 2, 3, "compiling kernels"))
         _warm_up(model, args.kv_dtype)
+        if args.tp > 1:  # which all-reduce transport was chosen, and why
+            report(Progress("load", 2, 3, model.describe()))
         report(Progress("load", 3, 3, mf.describe()))
         return cls(model, tok, args, max_ctx, cap, name=path.name, model_path=str(path),
                    description=mf.describe())
