@@ -228,7 +228,8 @@ class ChatApp(App):
         prompted = self.prompted_thinking and bool(request.thinking.enabled)
         self.reply_view = ReplyView(prompted_thinking=prompted)
         await self._mount(self.reply_view)
-        self.bridge = br.ReplyBridge(self, self.session, self.chat.engine_messages(), request)
+        self.bridge = br.ReplyBridge(self, self.session, self.chat.engine_messages(), request,
+                                     threads=br.reply_threads(self.engine_args, self.settings.reserve_ui_core))
         self.generating = True
         self.replies_started += 1
         self.pacer.restart()

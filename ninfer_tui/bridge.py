@@ -75,8 +75,9 @@ def error_line(exc: BaseException) -> str:
 class ReplyBridge:
     """One reply: run `session.generate` in the calling (worker) thread and post to `target`."""
 
-    def __init__(self, target, session, messages: list[dict], request: GenerateRequest):
+    def __init__(self, target, session, messages: list[dict], request: GenerateRequest, threads: int | None = None):
         self.target = target  # a Textual App/Widget (post_message is thread-safe)
+        self.threads = threads  # CPU kernel threads for this worker thread (None: leave as is)
         self.session, self.messages, self.request = session, messages, request
         self.cancel = threading.Event()
         self._lock = threading.Lock()
@@ -116,6 +117,8 @@ class ReplyBridge:
         """Worker-thread body. Never raises: errors become ReplyDone(error=...)."""
         error = None
         try:
+            if self.threads:
+                set_worker_threads(self.threads)
             for ev in self.session.generate(self.messages, self.request, self.cancel):
                 if isinstance(ev, TextDelta):
                     self._push("answer", ev.text)
@@ -132,6 +135,35 @@ class ReplyBridge:
             if not isinstance(e, NinferError):
                 traceback.print_exc()
         self.target.post_message(ReplyDone(self, self.final, error))
+
+
+def cpu_threads() -> int:
+    """Threads the CPU kernels may use (numba's pool size; 1 without numba)."""
+    try:
+        import numba
+        return int(numba.config.NUMBA_NUM_THREADS)
+    except ImportError:
+        return 1
+
+
+def set_worker_threads(n: int) -> None:
+    """numba's thread count is per calling thread: set it in the worker thread that decodes."""
+    try:
+        import numba
+        numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+    except (ImportError, ValueError):
+        pass
+
+
+def reply_threads(args, reserve_core: bool) -> int | None:
+    """Kernel threads for replies in the TUI: the user's --threads, else all cores but one for the UI
+    (on machines with more than 2), so the UI thread never preempts a parallel kernel's worker."""
+    if args.backend != "cpu":
+        return None
+    if args.threads:
+        return args.threads
+    n = cpu_threads()
+    return n - 1 if reserve_core and n > 2 else None
 
 
 def engine_facts(engine, args) -> dict:

@@ -49,6 +49,7 @@ class ChatSettings:
     stream_fps: float = 12.0  # at most this many renders a second while streaming
     ui_cpu_budget: float = 0.05  # share of one core the UI thread may use while streaming (frames widen)
     gil_switch_ms: float = 0.5  # Python's GIL switch interval while streaming (default 5 ms)
+    reserve_ui_core: bool = True  # CPU backend, > 2 cores, no --threads: decode on all cores but one
     keymap: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -70,7 +71,7 @@ class ChatSettings:
             export_format=str(ui.get("export_format", "md")),
             telemetry_interval=_num(ui, "telemetry_interval", 1.0),
             stream_fps=_num(ui, "stream_fps", 12.0), ui_cpu_budget=_num(ui, "ui_cpu_budget", 0.05),
-            gil_switch_ms=_num(ui, "gil_switch_ms", 0.5),
+            gil_switch_ms=_num(ui, "gil_switch_ms", 0.5), reserve_ui_core=bool(ui.get("reserve_ui_core", True)),
             keymap={str(k): str(v) for k, v in cfg.get("keymap", {}).items()},
         )
         out.validate()

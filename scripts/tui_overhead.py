@@ -24,6 +24,7 @@ from engine.api import Engine  # noqa: E402
 from engine.config import EngineArgs  # noqa: E402
 from engine.events import FinalStats  # noqa: E402
 from ninfer_tui.app import ChatApp  # noqa: E402
+from ninfer_tui.bridge import reply_threads  # noqa: E402
 from ninfer_tui.settings import ChatSettings  # noqa: E402
 
 PROMPT = "Write a detailed story about a lighthouse keeper who finds a message in a bottle."
@@ -72,6 +73,7 @@ def main() -> int:
     ap.add_argument("--switch-ms", type=float, help="override the TUI's GIL switch interval while streaming")
     ap.add_argument("--budget", type=float, help="override ui_cpu_budget (share of one core)")
     ap.add_argument("--fps", type=float, help="override stream_fps")
+    ap.add_argument("--no-reserve", action="store_true", help="decode on all cores in the TUI too")
     ns = ap.parse_args()
     cfg = paths.load_config()
     args = EngineArgs(model=ns.model, backend=ns.backend, threads=ns.threads)
@@ -80,10 +82,11 @@ def main() -> int:
     print(f"loaded {engine.name} on {ns.backend} in {time.perf_counter() - t0:.1f} s")
     settings = ChatSettings.from_config(cfg)
     settings.temperature, settings.max_new, settings.spec, settings.thinking = 0.0, ns.max_new, "off", "off"
+    settings.reserve_ui_core = not ns.no_reserve
     for name, value in (("gil_switch_ms", ns.switch_ms), ("ui_cpu_budget", ns.budget), ("stream_fps", ns.fps)):
         if value is not None:
             setattr(settings, name, value)
-    print(f"threads {ns.threads or 'all'}, GIL switch {settings.gil_switch_ms} ms, UI budget "
+    print(f"threads {ns.threads or 'all'} (TUI replies: {reply_threads(args, settings.reserve_ui_core) or 'all'}), GIL switch {settings.gil_switch_ms} ms, UI budget "
           f"{settings.ui_cpu_budget:.0%}, max {settings.stream_fps:g} fps")
     headless(engine, settings)  # warm-up (first-call effects out of the comparison)
     h, t, shown, cpu = [], [], [], []
