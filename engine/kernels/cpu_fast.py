@@ -24,6 +24,10 @@ from __future__ import annotations
 
 from .. import numba_env  # noqa: F401  (must precede the numba import: SLP flag, cache dir, threading layer)
 
+import ctypes
+import ctypes.util
+import mmap
+
 import numba
 import numpy as np
 from gguf import GGMLQuantizationType as QT
@@ -102,8 +106,50 @@ def prepare_weight(qt: QTensor):
     """Interleaved layout for Q4_0/Q4_1/Q8_0 matrices; cpu.py's layout for everything else."""
     validate(qt)
     if qt.qtype in (QT.Q4_0, QT.Q4_1, QT.Q8_0) and len(qt.shape) == 2:
-        return repack(qt)
+        w = repack(qt)
+        release_pages(qt.data)
+        return w
     return cpu.prepare_weight(qt)
+
+
+def _libc():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:  # pragma: no cover - not glibc/Linux
+        return None
+
+
+_LIBC = _libc()
+_PAGE = mmap.PAGESIZE
+if _LIBC is not None and hasattr(_LIBC, "mallopt"):
+    # Fixed mmap threshold (256 KiB): glibc otherwise raises it after the first large free, and the
+    # repacking temporaries then stay in the heap and count in RSS long after they are freed.
+    _LIBC.mallopt(-3, 256 * 1024)  # M_MMAP_THRESHOLD
+
+
+def release_pages(data: np.ndarray) -> None:
+    """Drop the resident pages of a memory-mapped (read-only, file-backed) tensor once it is repacked:
+    they count in RSS otherwise. Harmless if read again (the kernel re-reads them from the page cache);
+    a no-op for arrays that do not come from a file mapping or off Linux."""
+    if _LIBC is None or not isinstance(data, np.ndarray) or data.flags.writeable or data.nbytes < 4 * _PAGE:
+        return
+    base = data
+    while isinstance(base, np.ndarray) and base.base is not None and not isinstance(base, np.memmap):
+        base = base.base
+    if not isinstance(base, (np.memmap, mmap.mmap)) and not isinstance(getattr(base, "base", None), mmap.mmap):
+        return
+    start = data.ctypes.data
+    lo = (start + _PAGE - 1) // _PAGE * _PAGE  # whole pages inside the tensor only
+    hi = (start + data.nbytes) // _PAGE * _PAGE
+    if hi > lo:
+        _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4)  # MADV_DONTNEED
+
+
+def build_fused(model):
+    """The one-call forward for `model` (cpu_fast_step.FusedForward) when all its matrices are in the
+    interleaved layout, else None (the model then calls the kernels one by one)."""
+    from .cpu_fast_step import build
+    return build(model)
 
 
 def weight_shape(w) -> tuple[int, int]:

@@ -263,11 +263,14 @@ class FusedForward:
         a = model.args
         self.model, self.args = model, a
         layers = model.layers
+        # per role: the layers' arrays stacked (L, ...); the layers' FastWeights then view the stacks, so the
+        # per-layer copies are freed role by role (a tuple of per-layer arrays avoids the copy but made
+        # numba compile a 30-way switch per access: 10x the compile time and ~500 MB more memory)
         self.roles = {}
         for role in _ROLES:
             ws = [getattr(lw, role) for lw in layers]
             stacks = [np.stack([getattr(w, f) for w in ws]) for f in ("qs", "d", "m8")]  # (L, ...) each
-            for i, w in enumerate(ws):  # the layers now view the stacks: no second copy of the weights
+            for i, w in enumerate(ws):
                 w.qs, w.d, w.m8 = stacks[0][i], stacks[1][i], stacks[2][i]
             self.roles[role] = (stacks[0], stacks[1], stacks[2], ws[0].acc16)
         self.emb = self._table(model.tok_embd)[:5]
