@@ -24,17 +24,19 @@ done
 if ! "$PY" -c "import importlib.metadata as m, sys; v = tuple(int(x) for x in m.version('numba-cuda').split('.')[:3]); sys.exit(v < (0, 30, 4))"; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/numba_cuda-*.whl
 fi
+# numpy >= 2.5 dropped np.row_stack, which numba-cuda's array typing still registers: alias it for this run
+printf 'import numpy\nif not hasattr(numpy, "row_stack"):\n    numpy.row_stack = numpy.vstack\n' > "$SITE/sitecustomize.py"
 export PYTHONPATH="$SITE:$PWD"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 "$PY" -c "import numba, numpy; print('numba', numba.__version__, 'numpy', numpy.__version__)"
 echo "== 1. verify cost, cuda"
-timeout 150 "$PY" scripts/spec_bench.py --random-smollm2 --backend cuda --json "$RES/verify_cuda.json"
+timeout 150 "$PY" scripts/spec_bench.py --random-smollm2 --backend cuda --json "$RES/verify_cuda.json"; echo "rc=$?"
 echo "== 2. lossless, cuda, tiny models"
-timeout 120 "$PY" scripts/spec_bench.py --lossless-tiny --backend cuda
+timeout 120 "$PY" scripts/spec_bench.py --lossless-tiny --backend cuda; echo "rc=$?"
 echo "== 3. verify cost, cpu, 2 threads"
 NUMBA_NUM_THREADS=2 timeout 75 "$PY" scripts/spec_bench.py --random-smollm2 --backend cpu --threads 2 \
-  --json "$RES/verify_cpu2.json"
+  --json "$RES/verify_cpu2.json"; echo "rc=$?"
 echo "== 4. verify cost, cpu_fast (fused forward), 2 threads"
 NUMBA_NUM_THREADS=2 timeout 90 "$PY" scripts/spec_bench.py --random-smollm2 --backend cpu_fast --threads 2 \
-  --json "$RES/verify_cpufast2.json"
+  --json "$RES/verify_cpufast2.json"; echo "rc=$?"
 echo "== done"
