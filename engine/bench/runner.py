@@ -49,6 +49,7 @@ def worker_env(v: Variant, cold_dir: str | None) -> dict:
     n = str(v.threads)
     env.update(NUMBA_NUM_THREADS=n, OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(v.env)
     if cold_dir:
         env["NINFER_CACHE_DIR"] = cold_dir
         env.pop("NUMBA_CACHE_DIR", None)

@@ -11,7 +11,8 @@ Written on the command line as `--variant NAME:key=val,key=val` or in a TOML fil
     kind = "llama.cpp"
 
 Run-level keys a variant may also set: `busy=1` (run it while another process spins on one core), `cold=1`
-(empty numba/repack caches: a cold start), `threads=N`.
+(empty numba/repack caches: a cold start), `threads=N`, and `env.NAME=value` (an environment variable of
+the run, e.g. `env.NINFER_THREADING_LAYER=workqueue` or `env.GOMP_SPINCOUNT=10000`).
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ class Variant:
     busy: bool = False
     cold: bool = False
     engine: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)  # extra environment variables of this variant's runs
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -78,13 +80,16 @@ def _from_mapping(name: str, items: dict) -> Variant:
     if kind in ("llama", "llamacpp", "llama-cpp"):
         kind = "llama.cpp"
     run = {k: items.pop(k) for k in list(items) if k in RUN_KEYS}
+    env = {k[4:]: str(items.pop(k)) for k in list(items) if k.startswith("env.")}
+    if isinstance(items.get("env"), dict):  # TOML: env = { NAME = "value" }
+        env.update({k: str(v) for k, v in items.pop("env").items()})
     for k in ("busy", "cold"):
         if k in run:
             run[k] = bool(run[k])
     engine = {k: (tuple(v) if isinstance(v, list) else v) for k, v in items.items()}
     if kind != "ours" and engine:
         raise ConfigError(f"variant {name!r}: llama.cpp takes only threads/busy/cold, not {', '.join(sorted(engine))}")
-    return Variant(name=name, kind=kind, engine=engine, **run)
+    return Variant(name=name, kind=kind, engine=engine, env=env, **run)
 
 
 def parse_variant(text: str) -> Variant:
@@ -98,7 +103,9 @@ def parse_variant(text: str) -> Variant:
         key, eq, val = part.partition("=")
         if not eq:
             raise ConfigError(f"--variant {text!r}: {part!r} is not key=value")
-        items[key.strip().replace("-", "_")] = _coerce(val)
+        key = key.strip()
+        items[key if key.startswith("env.") else key.replace("-", "_")] = val.strip() if key.startswith("env.") \
+            else _coerce(val)
     if not rest and name.lower() in ("llama.cpp", "llama", "llamacpp"):
         items["kind"] = "llama.cpp"
     return _from_mapping(name, items)

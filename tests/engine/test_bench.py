@@ -22,6 +22,13 @@ def test_parse_variant_engine_and_run_keys():
     assert v.engine == {"kv_dtype": "int8", "draft_tokens": 4, "spec": "ngram"}
 
 
+def test_parse_variant_env_keys():
+    v = parse_variant("wq:env.NINFER_THREADING_LAYER=workqueue,env.GOMP_SPINCOUNT=1000,kv_dtype=int8")
+    assert v.env == {"NINFER_THREADING_LAYER": "workqueue", "GOMP_SPINCOUNT": "1000"}
+    assert v.engine == {"kv_dtype": "int8"}
+    assert runner.worker_env(v, None)["GOMP_SPINCOUNT"] == "1000"
+
+
 def test_parse_variant_peer_and_plain_name():
     assert parse_variant("llama.cpp").kind == "llama.cpp"
     assert parse_variant("peer:kind=llama,threads=2").kind == "llama.cpp"
