@@ -181,6 +181,21 @@ def summarise(runs) -> dict:
                 same_tokens=len({r.token_ids for r in runs}) == 1)
 
 
+def modelled_speedup(st, k: int, cost: dict[int, float]) -> float | None:
+    """Plain decode time / speculative time for the same tokens, if every drafting round drafted k tokens
+    (true for the fixed-length n-gram drafter, which drafts k or nothing) and c(T) is interpolated in `cost`."""
+    known = sorted(cost)
+    if k + 1 not in cost:
+        lo = max((t for t in known if t < k + 1), default=None)
+        hi = min((t for t in known if t > k + 1), default=None)
+        if lo is None or hi is None:
+            return None
+        cost = dict(cost, **{k + 1: cost[lo] + (cost[hi] - cost[lo]) * (k + 1 - lo) / (hi - lo)})
+    drafting = st.drafted / k
+    spec = (st.rounds - drafting) * cost[1] + drafting * cost[k + 1]
+    return st.output_tokens * cost[1] / spec if spec > 0 else None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="GGUF path (default: the embedded SmolLM2)")
@@ -200,6 +215,9 @@ def main(argv=None) -> int:
                     help="verify cost on a random model with SmolLM2-135M's shapes and quant types (no file needed; "
                          "same bytes moved, so the same speed)")
     ap.add_argument("--json", default=None, help="write all figures here")
+    ap.add_argument("--cost-json", nargs="*", default=[],
+                    help="verify-cost tables (--verify-only/--random-smollm2 --json output, e.g. from a quiet "
+                         "machine or a GPU): also print the speedup each fixed-length variant would have there")
     a = ap.parse_args(argv)
 
     if a.random_smollm2:
@@ -257,6 +275,18 @@ def main(argv=None) -> int:
                   f"{s['draft_ms'] + s['verify_ms']:6.2f} {s['draft_ms']:5.2f} {s['verify_ms']:6.2f} "
                   f"{s['speedup']:6.2f}x {'yes' if s['identical_to_plain'] else 'NO':>4s}  {s['per_position']}")
     result["rounds"] = table
+    for cj in a.cost_json:
+        cost = {int(t): ms for t, ms in json.loads(Path(cj).read_text())["verify_cost_ms"].items()}
+        print(f"\n## modelled speedup with the verify costs of {cj} "
+              f"(T: x T=1 = {', '.join(f'{t}: {ms / cost[1]:.2f}' for t, ms in sorted(cost.items()))})")
+        for wname, _ in work:
+            for mode, k, fixed in variants:
+                if not fixed or mode == "off":
+                    continue  # adaptive lengths depend on the costs of the machine they ran on
+                st = runs[(wname, variant_name(mode, k, fixed))][-1]
+                m = modelled_speedup(st, k, cost)
+                if m is not None:
+                    print(f"  {wname:18s} {variant_name(mode, k, fixed):13s} {m:5.2f}x")
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1))
     bad = [t for t in table if not t["identical_to_plain"]]
