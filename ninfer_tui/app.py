@@ -15,6 +15,7 @@ from typing import Callable, Iterable
 from textual import on, work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.reactive import reactive
 from textual.screen import Screen
@@ -278,8 +279,9 @@ class ChatApp(App):
         stats, self._stats_latest = self._stats_latest, None
         if segments:
             await self._apply_segments(segments)
-        if stats is not None:
-            self.query_one("#stats", StatsPanel).on_step(stats)
+        panel = self._panel()
+        if stats is not None and panel is not None:
+            panel.on_step(stats)
         if segments or stats is not None:
             self._frame_timer = self.set_timer(self.pacer.frame_done(), self._frame)
 
@@ -483,9 +485,17 @@ class ChatApp(App):
         self.notify("editing: Enter resends as a new branch (the old one is kept)", timeout=4)
 
     def _poll_gpu(self) -> None:
+        panel = self._panel()
+        if panel is None:  # shutting down: the chat screen is gone
+            return
         tel = self.telemetry
-        samples = tel.sample() if tel is not None else []
-        self.query_one("#stats", StatsPanel).on_gpu(samples, tel.reason if tel else "")
+        panel.on_gpu(tel.sample() if tel is not None else [], tel.reason if tel else "")
+
+    def _panel(self) -> StatsPanel | None:
+        try:
+            return self.screen_stack[0].query_one("#stats", StatsPanel) if self.screen_stack else None
+        except NoMatches:
+            return None
 
     def on_unmount(self) -> None:
         if self.bridge is not None:

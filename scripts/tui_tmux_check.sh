@@ -46,6 +46,9 @@ wait_text() {  # wait until the screen shows $1 (timeout $2 s)
 ask() { tmux send-keys -t "$S" -l "$1"; sleep 0.3; tmux send-keys -t "$S" Enter; }
 section() { echo; echo "=== $* ==="; }
 
+mkdir -p "$NINFER_CONFIG_DIR"
+printf '[thinking]\nbudget_step = 16\n' > "$NINFER_CONFIG_DIR/config.toml"  # F6 -> a 16-token budget
+
 tmux new-session -d -s "$S" -x $W -y $H \
   "cd '$ROOT' && PYTHONPATH='$ROOT' '$PY' -m ninfer_tui --max-new 64 --temperature 0 $* ; sleep 600"
 T0=$(date +%s)
@@ -91,7 +94,15 @@ screen | grep -o "exported to [^ ]*" | head -1 || true
 f=$(ls "$NINFER_DATA_DIR"/exports/* 2>/dev/null | head -1)
 if [ -n "$f" ]; then echo "--- $f (head) ---"; head -24 "$f"; else echo "NO EXPORT FILE"; fi
 
-section "6. transcripts (--list, outside the TUI)"
+section "6. thinking budget (F6: prompted thinking, budget 16) on a new chat (ctrl+n)"
+tmux send-keys -t "$S" C-n; sleep 0.5; tmux send-keys -t "$S" F6; sleep 0.5
+ask "Why is the sky blue?"
+wait_replies 4
+sleep 0.5
+chatcol | tail -12
+panel | grep -aE "THINKING|reasoning|close forced" || true
+
+section "7. transcripts (--list, outside the TUI)"
 PYTHONPATH=$ROOT "$PY" -m ninfer_tui --list
 tmux send-keys -t "$S" C-q; sleep 1
 echo; echo "tmux check done (work dir $WORK)"

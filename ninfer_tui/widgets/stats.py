@@ -175,7 +175,9 @@ class StatsPanel(VerticalScroll):
         if st is None:
             self._set("thinking", "THINKING")
             return
-        mode = st.thinking + (" (prompted)" if self.prompted_thinking and st.thinking_params().enabled else "")
+        enabled = st.thinking_params().enabled  # a budget turns "auto" thinking on
+        mode = {True: "on", False: "off", None: "auto"}[enabled]
+        mode += " (prompted)" if self.prompted_thinking and enabled else ""
         used = self.step.reasoning_tokens if self.live and self.step else (
             self.final.reasoning_tokens if self.final else 0)
         lines = [f"THINKING      {mode}", f"reasoning     {used}/{st.budget_label()} tok"]

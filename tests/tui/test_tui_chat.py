@@ -192,3 +192,18 @@ async def test_new_chat_while_generating_stops_first(make_app):
         await wait_for(pilot, lambda: not app.generating and app.chat.conv_id is None)
         assert len(app.query(ReplyView)) == 0
         assert app.store.branch(conv)[-1].content == "a b "  # the stopped reply went to its own chat
+
+
+async def test_reply_finishes_while_a_modal_screen_is_open(make_app):
+    script = Script(answer="one two three four", hold_after=2)
+    app = make_app(script)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "go", wait=False)
+        await wait_for(pilot, lambda: app.query(ReplyView).last().text == "one two ")
+        await pilot.press("f1")
+        script.release.set()
+        await wait_for(pilot, lambda: not app.generating)
+        await pilot.press("escape")
+        assert app.chat.path[-1].content == "one two three four"
+        assert "tokens out" in str(app.query_one("#reply").render())
