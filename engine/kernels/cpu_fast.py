@@ -283,23 +283,19 @@ def _q4(out, qa, sa, xs, qs, d, m8, acc, g):
         q4_group(out, qa, sa, xs, qs, d, m8, acc, g)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)
 def mm_q4(out, qa, sa, xs, qs, d, m8, acc16):
     """out (T, rows) f32 <- x @ W^T for interleaved 4-bit W; x as qa (T, n) int8 + sa, xs (T, nb) f32.
-    acc16 (ng, G) int16 scratch (decode). Each weight block is read once."""
-    for g in prange(qs.shape[0]):
-        _q4(out, qa, sa, xs, qs, d, m8, acc16[g], g)
+    acc16 (ng, G) int16 scratch (decode). Each weight block is read once. Runs as mm_q4x3 with two empty
+    weights: one parallel kernel to compile instead of three (cold start)."""
+    mm_q4x3(out, out, out, qa, sa, xs, qs, d, m8, acc16, qs[:0], d[:0], m8[:0], acc16[:0],
+            qs[:0], d[:0], m8[:0], acc16[:0])
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)
 def mm_q4x2(out1, out2, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2):
     """Two matmuls of the same input (gate/up) in one parallel region: fewer thread wake-ups per step."""
-    n1 = qs1.shape[0]
-    for g in prange(n1 + qs2.shape[0]):
-        if g < n1:
-            _q4(out1, qa, sa, xs, qs1, d1, m1, acc1[g], g)
-        else:
-            _q4(out2, qa, sa, xs, qs2, d2, m2, acc2[g - n1], g - n1)
+    mm_q4x3(out1, out2, out2, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2, qs2[:0], d2[:0], m2[:0], acc2[:0])
 
 
 @njit(cache=True, parallel=True)

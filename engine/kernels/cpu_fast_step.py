@@ -22,7 +22,8 @@ from .. import numba_env  # noqa: F401  (flags before numba)
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 from ..quant import QK
 from . import cpu
@@ -192,6 +193,29 @@ def _head(logits, xin, qa, sa, xs, h):
         mm_q8(logits, qa[:t_n, :n], sa[:t_n, :nb], h[2], h[3], h[6])
 
 
+def _attend(a3, q3, k3, v3, kv, l, pos0, scale, scr):
+    """Store k3, v3 (T, n_kv, hd) into layer l of the cache and attend: a3 (T, H, hd) <- attn(q3 (T, H, hd)).
+    kv = (k16, v16) for an f16 cache, (k_q, k_s, v_q, v_s) for int8; chosen at compile time by the tuple's
+    type, so a session compiles only the attention of its own cache dtype (cold start)."""
+    raise NotImplementedError  # numba-only, see the overload below
+
+
+@overload(_attend)
+def _attend_impl(a3, q3, k3, v3, kv, l, pos0, scale, scr):
+    if isinstance(kv, types.UniTuple) and kv.count == 2:
+        def f16(a3, q3, k3, v3, kv, l, pos0, scale, scr):
+            store_f16(kv[0][l], k3, pos0)
+            store_f16(kv[1][l], v3, pos0)
+            attention_f16_fast(a3, q3, kv[0][l], kv[1][l], pos0, scale, scr[0], scr[1])
+        return f16
+
+    def int8(a3, q3, k3, v3, kv, l, pos0, scale, scr):
+        cpu._quant_rows(kv[0][l], kv[1][l], k3, pos0)
+        cpu._quant_rows(kv[2][l], kv[3][l], v3, pos0)
+        cpu._attn_int8(a3, q3, kv[0][l], kv[1][l], kv[2][l], kv[3][l], pos0, scale)
+    return int8
+
+
 @njit(cache=True)
 def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg, wu, wd, bias,
                   qk_norm, kv, attn_scr):
@@ -200,7 +224,7 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
     bufs = (x, xb, q, k, v, att, proj, gate, up, hb (max_t, ...) f32, qa int8, sa, xs, logits (max_t, vocab));
     norms = (attn_norm (L, d), ffn_norm (L, d), out_norm (d,), eps); rope_p = (inv_freq, neox, n_head,
     n_kv, hd, attn_scale); bias = (has, bq (L, q_dim), bk, bv); qk_norm = (has, qn (L, hd), kn (L, hd));
-    kv = (is_int8, k16, v16 (L, cap, n_kv, hd) uint16 f16 bits, k_q, k_s, v_q, v_s (int8 cache));
+    kv = (k16, v16) (L, cap, n_kv, hd) uint16 f16 bits, or (k_q, k_s, v_q, v_s) for an int8 cache;
     attn_scr = (sbuf, rowbuf) per-thread attention scratch.
     Writes logits rows for the last `rows_out` positions into bufs[13][:rows_out]."""
     x, xb, q, k, v, att, proj, gate, up, hb, qa, sa, xs, logits = bufs
@@ -228,14 +252,7 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
         cpu.rope(q3, pos0, inv_freq, neox)
         cpu.rope(k3, pos0, inv_freq, neox)
         a3 = at.reshape(t_n, n_head, hd)
-        if kv[0]:
-            cpu._quant_rows(kv[3][l], kv[4][l], k3, pos0)
-            cpu._quant_rows(kv[5][l], kv[6][l], v3, pos0)
-            cpu._attn_int8(a3, q3, kv[3][l], kv[4][l], kv[5][l], kv[6][l], pos0, scale)
-        else:
-            store_f16(kv[1][l], k3, pos0)
-            store_f16(kv[2][l], v3, pos0)
-            attention_f16_fast(a3, q3, kv[1][l], kv[2][l], pos0, scale, attn_scr[0], attn_scr[1])
+        _attend(a3, q3, k3, v3, kv, l, pos0, scale, attn_scr)
         _mm(proj[:t_n], at, qa, sa, xs, wo, l)
         cpu.residual_add(xt, proj[:t_n])
         cpu.rmsnorm(xbt, xt, ffn_norm[l], eps)
@@ -331,10 +348,8 @@ class FusedForward:
     def kv_tuple(self, cache):
         """The cache arrays in the fused step's argument form (views, no copies)."""
         if cache.kv_dtype == "f16":
-            z4i, z4f = _z(np.int8, 4), _z(np.float32, 4)
-            return (False, cache.k.view(np.uint16), cache.v.view(np.uint16), z4i, z4f, z4i, z4f)
-        z4u = _z(np.uint16, 4)
-        return (True, z4u, z4u, cache.k_q, cache.k_s, cache.v_q, cache.v_s)
+            return (cache.k.view(np.uint16), cache.v.view(np.uint16))
+        return (cache.k_q, cache.k_s, cache.v_q, cache.v_s)
 
     def run(self, tokens: np.ndarray, pos0: int, cache, rows_out: int) -> np.ndarray:
         """The jitted step only (no checks, no copy): logits (rows_out, vocab) view of the internal buffer."""
