@@ -158,7 +158,7 @@ def set_worker_threads(n: int) -> None:
 def reply_threads(args, reserve_core: bool) -> int | None:
     """Kernel threads for replies in the TUI: the user's --threads, else all cores but one for the UI
     (on machines with more than 2), so the UI thread never preempts a parallel kernel's worker."""
-    if args.backend != "cpu":
+    if not args.backend.startswith("cpu"):  # cpu and its variants; the GPU backends ignore it
         return None
     if args.threads:
         return args.threads
