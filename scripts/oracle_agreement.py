@@ -16,7 +16,7 @@ Two more figures explain the teacher-forced one (--explain):
   f32        both engines on an F32 copy of the same (dequantized) weights, where llama.cpp does not round
              activations: this isolates our forward pass from llama.cpp's activation quantization.
 
-Usage: scripts/oracle_agreement.py [MODEL] [--only tokenize|greedy|teacher] [--backend cpu] [--json FILE]
+Usage: scripts/oracle_agreement.py [MODEL] [--explain] [--only tokenize|greedy|teacher|floor|f32] [--json FILE]
 llama-cpp-python is a test tool only: `pip install llama-cpp-python` (builds llama.cpp, ~8 min on 2 cores).
 """
 from __future__ import annotations
