@@ -107,7 +107,7 @@ def q4_tiny(tmp_path_factory, make_tiny):
     return make_tiny(tmp_path_factory.mktemp("q4") / "tiny-q4.gguf", "llama", seed=3, qtypes=ALL_Q4)
 
 
-@pytest.mark.parametrize("kv_dtype", ["f16", "int8"])
+@pytest.mark.parametrize("kv_dtype", ["f16", pytest.param("int8", marks=pytest.mark.slow)])  # int8: +1 compile
 def test_fused_forward_matches_model_forward(q4_tiny, kv_dtype):
     from engine.backend import Backend
     from engine.gguf import load_gguf
