@@ -11,8 +11,8 @@ Why this layout (measured on a 2-core Zen 3, AVX2; REFERENCE.md section 8 for th
 - The activation row is quantized once per matmul to int8 with one f32 scale per 32-block (Q8 style), and
   the block dot product is integer: Q4 nibbles are used as (q - 8) in -8..7 so a whole block accumulates in
   int16 without overflow (|sum| <= 16 * 2 * 8 * 127 = 32512), i.e. 16 lanes per AVX2 register.
-  Q4_1 then is  sum_j (d q_j + m) x_j = d * sa * sum_j (q_j - 8) qa_j + (m + 8 d) * sum_j x_j,
-  with sum_j x_j the exact float block sum of x (more accurate than the quantized one).
+  Q4_1 then is  sum_j (d q_j + m) x_j ~ d * sa * sum_j (q_j - 8) qa_j + (m + 8 d) * sa * sum_j qa_j,
+  i.e. exactly the dot with the quantized row, as llama.cpp computes it (see quantize_rows).
 - Scales are stored apart, f32 per (group, block, row): they are read once per block, vectorized over rows.
 - Explicit np.int16 casts everywhere: numba otherwise promotes int16 arithmetic to int64 lanes.
 - T > 1 (prefill chunk, speculative verify): the group's block stays in L1 while all T rows use it, so every
@@ -70,7 +70,7 @@ class FastScratch:
         nb = (max_n + QK - 1) // QK
         self.qa = np.zeros((max_t, nb * QK), np.int8)  # (T, n) int8 quantized activations
         self.sa = np.zeros((max_t, nb), np.float32)  # (T, nb) their scales
-        self.xs = np.zeros((max_t, nb), np.float32)  # (T, nb) exact float block sums of x
+        self.xs = np.zeros((max_t, nb), np.float32)  # (T, nb) block sums of the quantized rows (scaled)
         self.cpu = cpu.new_scratch(max_t, max_n)  # for weights that stay in cpu.py's layout
 
 
@@ -163,24 +163,36 @@ def new_scratch(max_t: int, max_n: int) -> FastScratch:
 
 
 # ------------------------------------------------------------------------------------ activation quant
+@njit(cache=True, inline="always")
+def _f16_round(v):
+    # float32 -> the nearest float16 value (as float32), ties to even; normal f16 range (scales here)
+    u = np.float32(v).view(np.uint32)
+    u = np.uint32(u + np.uint32(0x0FFF) + ((u >> np.uint32(13)) & np.uint32(1)))
+    return np.uint32(u & np.uint32(0xFFFFE000)).view(np.float32)
+
+
 @njit(cache=True)
 def quantize_rows(qa, sa, xs, x):
-    """qa (T, n) int8, sa (T, nb) f32 scales, xs (T, nb) f32 block sums <- x (T, n) f32 (32-blocks)."""
+    """qa (T, n) int8, sa (T, nb) f32 scales, xs (T, nb) f32 <- x (T, n) f32 in 32-blocks, the way llama.cpp
+    quantizes activations (Q8_1): d = amax / 127, q = round-half-even(x * 127 / amax), the scale kept as
+    f16, and xs = f16(d * sum(q)), the block sum of the *quantized* row. With these the 4-bit dot
+    d_w * d * sum((q_w - 8) q) + (m + 8 d_w) * xs equals llama.cpp's Q4_1 x Q8_1 dot, so greedy tokens
+    follow llama.cpp's (measured by scripts/oracle_agreement.py)."""
     t_n, n = x.shape
     for t in range(t_n):
         for b in range(n // QK):
             amax = F32(0.0)
-            s = F32(0.0)
             for j in range(QK):
-                v = x[t, b * QK + j]
-                s += v
-                amax = max(amax, abs(v))
-            sc = amax / F32(127.0)
-            inv = F32(1.0) / sc if sc > 0 else F32(0.0)
+                amax = max(amax, abs(x[t, b * QK + j]))
+            d = amax / F32(127.0)
+            inv = F32(127.0) / amax if amax > 0 else F32(0.0)
+            isum = 0
             for j in range(QK):
-                qa[t, b * QK + j] = np.int8(np.rint(x[t, b * QK + j] * inv))
-            sa[t, b] = sc
-            xs[t, b] = s
+                q = np.int8(np.rint(x[t, b * QK + j] * inv))
+                qa[t, b * QK + j] = q
+                isum += np.int32(q)
+            sa[t, b] = _f16_round(d)
+            xs[t, b] = _f16_round(d * F32(isum))
 
 
 # ----------------------------------------------------------------------------------------- matmul kernels
