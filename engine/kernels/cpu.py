@@ -99,7 +99,7 @@ def new_scratch(max_t: int, max_n: int) -> CpuScratch:
 _ROWS = 16
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _row_q8_0(buf, r, qs, scale):
     for b in range(qs.shape[1]):
         d = scale[r, b]
@@ -107,7 +107,7 @@ def _row_q8_0(buf, r, qs, scale):
             buf[b * 32 + j] = np.float32(qs[r, b, j]) * d
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _row_q4(buf, r, qs, scale, mins, offset):
     # value = scale * q + mins (Q4_1, offset=0) or scale * (q - 8) (Q4_0, offset=8; mins unused).
     # Nibbles: lo = values 0..15, hi = 16..31 of a block.
@@ -120,7 +120,7 @@ def _row_q4(buf, r, qs, scale, mins, offset):
             buf[b * 32 + 16 + j] = np.float32(q >> 4) * d + m
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _row_q4_k(buf, r, qs, sc, mn):
     # qs (d, nb, 128): 64-value chunk c = sub-blocks 2c (lo nibbles of bytes 32c..32c+31) and 2c+1 (hi)
     for b in range(qs.shape[1]):
@@ -133,7 +133,7 @@ def _row_q4_k(buf, r, qs, sc, mn):
                 buf[base + 32 + j] = np.float32(q >> 4) * s1 - m1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _row_q6_k(buf, r, ql, qh, sc):
     # per 128-value half h, l in 0..31: values l, l+32, l+64, l+96 take 4 low bits from ql[l], ql[l+32],
     # ql[l] >> 4, ql[l+32] >> 4 and 2 high bits from qh[l] bits 0-1, 2-3, 4-5, 6-7; scale j per 16 values
@@ -149,29 +149,19 @@ def _row_q6_k(buf, r, ql, qh, sc):
                 buf[base + 96 + j] = sc[r, b, k + 6] * np.float32(np.int32((c >> 4) | ((hb >> 6) << 4)) - 32)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _dots(out, x, buf, r):
-    # out[t, r] <- buf (n,) . x[t] for every row t; four rows of x at a time so each buf load feeds 4 FMAs
-    t_n, n = x.shape
-    t = 0
-    while t + 4 <= t_n:
-        s0 = s1 = s2 = s3 = np.float32(0.0)
-        for i in range(n):
-            b = buf[i]
-            s0 += b * x[t, i]
-            s1 += b * x[t + 1, i]
-            s2 += b * x[t + 2, i]
-            s3 += b * x[t + 3, i]
-        out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = s0, s1, s2, s3
-        t += 4
-    for tt in range(t, t_n):
+    # out[t, r] <- buf (n,) . x[t] for every row t. Every row takes the same loop (the same vectorized
+    # summation order), so a row of a T-token pass is bitwise equal to a one-token step: speculative
+    # verification and chunked prefill then agree exactly with plain decode. buf stays in L1 across rows.
+    for t in range(x.shape[0]):
         s = np.float32(0.0)
-        for i in range(n):
-            s += buf[i] * x[tt, i]
-        out[tt, r] = s
+        for i in range(x.shape[1]):
+            s += buf[i] * x[t, i]
+        out[t, r] = s
 
 
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def _mm_q8_0(out, x, qs, scale):
     # out (T, d) <- x (T, n) @ W^T; W = scale (d, nb) * qs (d, nb, 32) int8
     d_rows = qs.shape[0]
@@ -182,7 +172,7 @@ def _mm_q8_0(out, x, qs, scale):
             _dots(out, x, buf, r)
 
 
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def _mm_q4(out, x, qs, scale, mins, offset):
     d_rows = qs.shape[0]
     for c in prange((d_rows + _ROWS - 1) // _ROWS):
@@ -192,7 +182,7 @@ def _mm_q4(out, x, qs, scale, mins, offset):
             _dots(out, x, buf, r)
 
 
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def _mm_q4_k(out, x, qs, sc, mn):
     d_rows = qs.shape[0]
     for c in prange((d_rows + _ROWS - 1) // _ROWS):
@@ -202,7 +192,7 @@ def _mm_q4_k(out, x, qs, sc, mn):
             _dots(out, x, buf, r)
 
 
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def _mm_q6_k(out, x, ql, qh, sc):
     d_rows = ql.shape[0]
     for c in prange((d_rows + _ROWS - 1) // _ROWS):
@@ -212,7 +202,7 @@ def _mm_q6_k(out, x, ql, qh, sc):
             _dots(out, x, buf, r)
 
 
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def _mm_dense(out, x, w):
     # out (T, d) <- x (T, n) @ w (d, n)^T
     for r in prange(w.shape[0]):
@@ -237,25 +227,25 @@ def matmul(out, x, w, scratch):
 
 
 # Embedding lookups: the same row helpers, writing straight into the output rows.
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _embed_q8_0(out, tokens, qs, scale):
     for t in range(tokens.shape[0]):
         _row_q8_0(out[t], tokens[t], qs, scale)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _embed_q4(out, tokens, qs, scale, mins, offset):
     for t in range(tokens.shape[0]):
         _row_q4(out[t], tokens[t], qs, scale, mins, offset)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _embed_q4_k(out, tokens, qs, sc, mn):
     for t in range(tokens.shape[0]):
         _row_q4_k(out[t], tokens[t], qs, sc, mn)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _embed_q6_k(out, tokens, ql, qh, sc):
     for t in range(tokens.shape[0]):
         _row_q6_k(out[t], tokens[t], ql, qh, sc)
@@ -278,7 +268,7 @@ def embed(out, w, tokens):
         out[:] = w.arrays[0][tokens]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def bias_add(out, b):
     """out (T, n) += b (n,) f32."""
     for t in range(out.shape[0]):
@@ -286,7 +276,7 @@ def bias_add(out, b):
             out[t, i] += b[i]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def residual_add(out, x):
     """out (T, n) += x (T, n)."""
     for t in range(out.shape[0]):
@@ -295,7 +285,7 @@ def residual_add(out, x):
 
 
 # ------------------------------------------------------------------------------------------ elementwise
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rmsnorm(out, x, w, eps):
     """out (R, n) <- x (R, n) / sqrt(mean(x^2) + eps) * w (n,)."""
     n = x.shape[1]
@@ -308,7 +298,7 @@ def rmsnorm(out, x, w, eps):
             out[r, i] = x[r, i] * inv * w[i]
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, nogil=True, fastmath=True)
 def swiglu(out, gate, up):
     """out (T, f) <- silu(gate (T, f)) * up (T, f)."""
     for t in range(out.shape[0]):
@@ -317,7 +307,7 @@ def swiglu(out, gate, up):
             out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * up[t, i]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rope(x, pos0, inv_freq, neox):
     """Rotate x (T, H, hd) in place, row t at position pos0 + t (pairs: halves if neox, else adjacent)."""
     t_n, n_head, hd = x.shape
@@ -333,7 +323,7 @@ def rope(x, pos0, inv_freq, neox):
                 x[t, h, ib] = a * s + b * c
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def argmax(out, logits):
     """out (T,) int32 <- index of the largest value of each row of logits (T, vocab) (first on ties)."""
     for t in range(logits.shape[0]):
@@ -352,7 +342,7 @@ def kv_store_f16(k_cache, v_cache, k, v, pos0):
     v_cache[pos0:pos0 + t_n] = v
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _quant_rows(q, s, x, pos0):
     # q (cap, n_kv, hd) int8, s (cap, n_kv, hd//g) f32 [pos0+t] <- x (T, n_kv, hd); see ref.quantize_kv_int8
     group = x.shape[2] // s.shape[2]
@@ -377,14 +367,14 @@ def kv_store_int8(k_q, k_s, v_q, v_s, k, v, pos0):
     _quant_rows(v_q, v_s, v, pos0)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _h2f(h):
     # IEEE half bits (uint16) -> float32; exact for finite values incl. subnormals
     f = np.uint32((np.uint32(h) & np.uint32(0x7FFF)) << np.uint32(13)).view(np.float32) * _F16_DENORM_SCALE
     return -f if (h & 0x8000) else f
 
 
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def _attn_f16(out, q, k_c, v_c, pos0, scale):
     # out (T, H, hd) <- causal GQA attention of q (T, H, hd) over cache positions 0..pos0+t;
     # k_c, v_c (cap, n_kv, hd) uint16 = f16 bits. Two passes per (t, h): scores, then softmax-weighted V.
@@ -410,7 +400,7 @@ def _attn_f16(out, q, k_c, v_c, pos0, scale):
                 acc[j] += w * _h2f(v_c[p, kh, j])
 
 
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def _attn_int8(out, q, k_q, k_s, v_q, v_s, pos0, scale):
     # As _attn_f16 over int8 quants (cap, n_kv, hd) with f32 scales (cap, n_kv, hd // g) per g values.
     t_n, n_head, hd = q.shape
@@ -441,7 +431,7 @@ def _attn_int8(out, q, k_q, k_s, v_q, v_s, pos0, scale):
                     acc[gi * g + j] += w * np.float32(v_q[p, kh, gi * g + j])
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _softmax_inplace(sc):
     m = sc[0]
     for p in range(1, sc.shape[0]):

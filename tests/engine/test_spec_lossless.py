@@ -106,13 +106,6 @@ def verify_rows_vs_steps(model, n_ctx=40, sizes=(2, 4, 8)):
     return worst
 
 
-# Known: engine/kernels/cpu.py `_dots` sums 4 activation rows at a time in another order than the 1-row tail
-# (fastmath), so T>=4 rows differ from decode steps by ~1e-6 (tiny) / ~2e-3 (SmolLM2). The fused cpu_fast
-# forward and the cuda backend are bitwise equal (measured). Strict again once the per-kernel path is fixed.
-ROWS_XFAIL = pytest.mark.xfail(strict=False, reason="cpu.py 4-row dot: summation order differs from T=1")
-
-
-@ROWS_XFAIL
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_verify_rows_equal_decode_steps(tiny_engines, arch):
     """Byte-identical output with and without speculation needs the verify pass to compute each row exactly
@@ -223,7 +216,6 @@ def smol_engine(smollm2_path):
     return Engine.load(EngineArgs(model=str(smollm2_path), max_context=1024, prefix_reuse=False))
 
 
-@ROWS_XFAIL
 def test_smollm2_verify_rows_equal_decode_steps(smol_engine):
     worst = verify_rows_vs_steps(smol_engine.model)
     assert all(d == 0.0 for d in worst.values()), worst
