@@ -70,8 +70,11 @@ def _transcript_commands(ns) -> int:
     store = Store()
     try:
         if ns.list:
-            for c in store.list_conversations():
+            convs = store.list_conversations()
+            for c in convs:
                 print(f"{c.id:6d}  {c.n_messages:4d} msgs  {c.title}")
+            if not convs:
+                print(f"no saved conversations yet in {store.path}", file=sys.stderr)
             return 0
         if ns.import_file:
             try:
