@@ -9,14 +9,18 @@ kernel module does so at its top. What it sets, and why (measured, see REFERENCE
   cache written under other flags would silently serve slower (or differently vectorized) code. We put the
   cache in a directory named after a hash of (flags, numba/llvmlite versions, CPU name + features, our
   kernel sources - numba does not notice when a callee in another file changed).
-- The threading layer: OpenMP first (NUMBA_THREADING_LAYER_PRIORITY="omp tbb workqueue") with
-  OMP_WAIT_POLICY=PASSIVE. A decode step has ~150 parallel regions, so launch cost matters: measured on the
-  2-core VM under load, an empty prange cost 11 us with omp/PASSIVE, 28 us omp/ACTIVE and 340 us with
-  workqueue. ACTIVE (spinning) threads are also what collapsed decode to ~1 tok/s when another process held
-  a core: a spinning thread waits for a partner that is not scheduled. PASSIVE threads sleep instead.
-  Override with NINFER_THREADING_LAYER=workqueue|omp|tbb to compare.
-- OPENBLAS_THREAD_TIMEOUT / OMP_WAIT_POLICY: BLAS threads left spinning after a numpy matmul steal a core
-  from decode; ask them to sleep quickly.
+- The threading layer: OpenMP first (NUMBA_THREADING_LAYER_PRIORITY="omp tbb workqueue") with a short
+  spin before sleeping (GOMP_SPINCOUNT=10000, ~10-30 us). A decode step has ~150 parallel regions, so the
+  wake-up of the second thread is paid 150 times per token. Measured (SmolLM2, 2-core VM, decode step):
+    workqueue                          20.5 ms   (its launch alone cost ~340 us under load)
+    omp, OMP_WAIT_POLICY=PASSIVE       16.7 ms   (a futex wake-up per region; 1 thread alone: 12.0 ms)
+    omp, GOMP_SPINCOUNT=10000           6.5 ms   (the worker is still spinning when the next region starts)
+    omp, ACTIVE (spin forever)          7.5 ms, but with another process busy on one core: 47 ms (collapse:
+                                        the spinner waits for a partner that is not scheduled)
+  A bounded spin keeps the quiet speed and, with a busy core, falls back to sleeping within ~20 us.
+  Override with NINFER_THREADING_LAYER=workqueue|omp|tbb, GOMP_SPINCOUNT or OMP_WAIT_POLICY to compare.
+- OPENBLAS_THREAD_TIMEOUT: BLAS threads left spinning after a numpy matmul steal a core from decode; ask
+  them to sleep quickly.
 
 Nothing here overrides a value the user already exported, except the cache directory when it is unset.
 `loop_vectorize_off()` is the per-function switch used while compiling integer kernels (LLVM's loop
@@ -113,7 +117,8 @@ def apply() -> dict:
     if os.environ.get("NINFER_THREADING_LAYER"):
         os.environ["NUMBA_THREADING_LAYER"] = os.environ["NINFER_THREADING_LAYER"]
     os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "1")
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ.setdefault("GOMP_SPINCOUNT", "10000")
     os.environ.setdefault("KMP_BLOCKTIME", "0")
     if "numba" in sys.modules and not _applied:
         from numba.core import config
@@ -124,7 +129,7 @@ def apply() -> dict:
             config.THREADING_LAYER = os.environ["NINFER_THREADING_LAYER"]
     _applied = True
     return {k: os.environ.get(k) for k in (*FLAGS, "NUMBA_CACHE_DIR", "NUMBA_THREADING_LAYER_PRIORITY",
-                                           "OMP_WAIT_POLICY")}
+                                           "GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
 
 
 @contextlib.contextmanager

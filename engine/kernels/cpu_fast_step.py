@@ -307,6 +307,7 @@ class FusedForward:
                             np.stack([np.asarray(lw.k_norm, f32) for lw in layers]))
         else:
             self.qk_norm = (False, _z(f32, 2), _z(f32, 2))
+        self.guard = ContentionGuard()
         self.max_t = 0
         self.logit_rows = 0
         self.bufs = None
@@ -357,9 +358,14 @@ class FusedForward:
         if t_n > self.max_t or rows_out > self.logit_rows:
             self._alloc(t_n, rows_out)
         r = self.roles
+        guard = self.guard if t_n == 1 else None
+        if guard is not None:
+            guard.before()
         fused_forward(tokens, pos0, rows_out, self.bufs, self.emb, self.head, self.norms, self.rope,
                       r["wq"], r["wk"], r["wv"], r["wo"], r["w_gate"], r["w_up"], r["w_down"], self.bias,
                       self.qk_norm, self.kv_tuple(cache), self._attn_scratch(cache.capacity))
+        if guard is not None:
+            guard.after()
         cache.length = pos0 + t_n
         return self.bufs[13][:rows_out]
 
@@ -367,6 +373,54 @@ class FusedForward:
         """Same contract as Model.forward (validated there); returns a host copy of the logits."""
         tokens = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
         return self.run(tokens, pos0, cache, tokens.shape[0] if all_logits else 1).copy()
+
+
+class ContentionGuard:
+    """Decode steps fall back to one thread while another process holds a core, and retry two later.
+
+    Our threads spin briefly between the ~150 parallel regions of a step (numba_env: GOMP_SPINCOUNT), which
+    makes the quiet step 2.5x faster than sleeping threads; but when another process is busy on one of the
+    two cores the second thread gets the CPU late and every region waits for it: measured 6.5 -> 47 ms per
+    step. One thread on the free core then does better (12 ms). The guard times each decode step: a step
+    slower than COLLAPSE x the best recent multi-thread step switches this thread to 1 numba thread for
+    HOLD steps, then the full count is tried again (one slow step per HOLD while the load lasts)."""
+
+    COLLAPSE = 2.5
+    HOLD = 64
+    WINDOW = 256  # multi-thread steps over which the best time is remembered (context grows slowly)
+
+    def __init__(self):
+        self.full = None  # the thread count the caller set (read at each step: --threads may change it)
+        self.best = float("inf")
+        self.age = 0
+        self.hold = 0
+        self.t0 = 0.0
+        self.fallbacks = 0  # how many times it fell back (stats, tests)
+
+    def before(self):
+        import time
+        if self.hold > 0:
+            self.hold -= 1
+            if self.hold == 0:
+                numba.set_num_threads(self.full)
+        else:
+            self.full = numba.get_num_threads()
+        self.t0 = time.perf_counter()
+
+    def after(self):
+        import time
+        dt = time.perf_counter() - self.t0
+        if self.hold > 0 or not self.full or self.full < 2:
+            return
+        self.age += 1
+        if self.age > self.WINDOW:
+            self.best, self.age = dt, 0
+        if dt < self.best:
+            self.best = dt
+        elif dt > self.COLLAPSE * self.best:
+            self.fallbacks += 1
+            self.hold = self.HOLD
+            numba.set_num_threads(1)
 
 
 def build(model):
