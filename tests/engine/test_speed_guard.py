@@ -240,3 +240,33 @@ def test_integer_kernels_are_vectorized(tmp_path):
     for name, r in res.items():
         assert r["wide"] >= 16, (name, r)  # 256/512-bit registers in the hot loop
         assert r["madd"] >= 2, (name, r)  # packed integer multiplies, not scalar imul
+
+
+def test_contention_guard_falls_back_to_one_thread_and_retries(monkeypatch):
+    import time
+
+    import numba
+
+    from engine.kernels.cpu_fast_step import ContentionGuard
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs 2 numba threads")
+    numba.set_num_threads(2)
+    g = ContentionGuard()
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    def step(dt):
+        g.before()
+        clock[0] += dt
+        g.after()
+    try:
+        for dt in (0.010, 0.011, 0.0105, 0.02):  # normal jitter (2x) is not a collapse
+            step(dt)
+        assert numba.get_num_threads() == 2 and g.fallbacks == 0
+        step(0.05)  # 5x the best step: another process holds a core
+        assert numba.get_num_threads() == 1 and g.fallbacks == 1
+        for _ in range(g.HOLD):
+            step(0.012)
+        assert numba.get_num_threads() == 2  # tried again after HOLD steps
+    finally:
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
