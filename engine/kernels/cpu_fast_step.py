@@ -133,6 +133,79 @@ def attention_f16_fast(out, q, kc, vc, pos0, scale, sbuf, rowbuf):
                     out[t, kh * group + gi, j] += w * row[j]
 
 
+SPLITS = 4  # decode attention: positions split in this many chunks per KV head (balanced over threads)
+
+
+@njit(cache=True, parallel=True, fastmath=True)
+def attention_f16_decode(out, q, kc, vc, pos0, scale, sbuf, rowbuf, part):
+    """attention_f16_fast for one query row (T = 1), split over positions ("flash decoding"): a KV head
+    alone is too little parallel work for 2 threads (3 heads -> a 2:1 split). Each (head, chunk) item
+    keeps its max, sum and weighted V sum in part (n_kv, SPLITS, group, hd + 2) f32; a serial merge
+    rescales them into out (1, H, hd)."""
+    _, n_head, hd = q.shape
+    n_kv = kc.shape[1]
+    group = n_head // n_kv
+    n_see = pos0 + 1
+    step = (n_see + SPLITS - 1) // SPLITS
+    for it in prange(n_kv * SPLITS):
+        kh, c = it // SPLITS, it % SPLITS
+        lo, hi = c * step, min(n_see, (c + 1) * step)
+        tid = numba.get_thread_id()
+        sc = sbuf[tid]
+        row = rowbuf[tid]
+        pc = part[kh, c]  # (group, hd + 2): [0:hd] weighted V sum, [hd] max, [hd + 1] sum
+        for gi in range(group):
+            for j in range(hd + 2):
+                pc[gi, j] = F32(0.0)
+            pc[gi, hd] = F32(-np.inf)
+        if lo >= hi:
+            continue
+        for p in range(lo, hi):
+            for j in range(hd):
+                row[j] = _h2f(kc[p, kh, j])
+            for gi in range(group):
+                acc = F32(0.0)
+                for j in range(hd):
+                    acc += q[0, kh * group + gi, j] * row[j]
+                sc[gi, p - lo] = acc * scale
+        for gi in range(group):
+            m = F32(-np.inf)
+            for p in range(hi - lo):
+                m = max(m, sc[gi, p])
+            tot = F32(0.0)
+            for p in range(hi - lo):
+                e = exp_fast(sc[gi, p] - m)
+                sc[gi, p] = e
+                tot += e
+            pc[gi, hd] = m
+            pc[gi, hd + 1] = tot
+        for p in range(lo, hi):
+            for j in range(hd):
+                row[j] = _h2f(vc[p, kh, j])
+            for gi in range(group):
+                w = sc[gi, p - lo]
+                for j in range(hd):
+                    pc[gi, j] += w * row[j]
+    for kh in range(n_kv):  # merge the chunks
+        for gi in range(group):
+            m = F32(-np.inf)
+            for c in range(SPLITS):
+                m = max(m, part[kh, c, gi, hd])
+            tot = F32(0.0)
+            o = out[0, kh * group + gi]
+            for j in range(hd):
+                o[j] = F32(0.0)
+            for c in range(SPLITS):
+                if part[kh, c, gi, hd + 1] > 0:
+                    f = exp_fast(part[kh, c, gi, hd] - m)
+                    tot += f * part[kh, c, gi, hd + 1]
+                    for j in range(hd):
+                        o[j] += f * part[kh, c, gi, j]
+            inv = F32(1.0) / tot
+            for j in range(hd):
+                o[j] *= inv
+
+
 @njit(cache=True, fastmath=True)
 def swiglu_fast(out, gate, up):
     """out (T, f) <- silu(gate) * up with the vectorizable exp."""
@@ -206,7 +279,10 @@ def _attend_impl(a3, q3, k3, v3, kv, l, pos0, scale, scr):
         def f16(a3, q3, k3, v3, kv, l, pos0, scale, scr):
             store_f16(kv[0][l], k3, pos0)
             store_f16(kv[1][l], v3, pos0)
-            attention_f16_fast(a3, q3, kv[0][l], kv[1][l], pos0, scale, scr[0], scr[1])
+            if q3.shape[0] == 1:
+                attention_f16_decode(a3, q3, kv[0][l], kv[1][l], pos0, scale, scr[0], scr[1], scr[2])
+            else:
+                attention_f16_fast(a3, q3, kv[0][l], kv[1][l], pos0, scale, scr[0], scr[1])
         return f16
 
     def int8(a3, q3, k3, v3, kv, l, pos0, scale, scr):
@@ -225,7 +301,7 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
     norms = (attn_norm (L, d), ffn_norm (L, d), out_norm (d,), eps); rope_p = (inv_freq, neox, n_head,
     n_kv, hd, attn_scale); bias = (has, bq (L, q_dim), bk, bv); qk_norm = (has, qn (L, hd), kn (L, hd));
     kv = (k16, v16) (L, cap, n_kv, hd) uint16 f16 bits, or (k_q, k_s, v_q, v_s) for an int8 cache;
-    attn_scr = (sbuf, rowbuf) per-thread attention scratch.
+    attn_scr = (sbuf, rowbuf, part) attention scratch (per thread; per split for decode).
     Writes logits rows for the last `rows_out` positions into bufs[13][:rows_out]."""
     x, xb, q, k, v, att, proj, gate, up, hb, qa, sa, xs, logits = bufs
     attn_norm, ffn_norm, out_norm, eps = norms
@@ -342,7 +418,8 @@ class FusedForward:
         if capacity > self.attn_cap:
             a = self.args
             nt = numba.config.NUMBA_NUM_THREADS
-            self.attn_scr = (np.zeros((nt, a.group, capacity), np.float32), np.zeros((nt, a.head_dim), np.float32))
+            self.attn_scr = (np.zeros((nt, a.group, capacity), np.float32), np.zeros((nt, a.head_dim), np.float32),
+                             np.zeros((a.n_kv_head, SPLITS, a.group, a.head_dim + 2), np.float32))
             self.attn_cap = capacity
         return self.attn_scr
 

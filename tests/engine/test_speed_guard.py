@@ -270,3 +270,24 @@ def test_contention_guard_falls_back_to_one_thread_and_retries(monkeypatch):
         assert numba.get_num_threads() == 2  # tried again after HOLD steps
     finally:
         numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+
+
+@pytest.mark.parametrize("pos0", [0, 2, 37])  # fewer positions than splits, uneven chunks
+def test_split_decode_attention_matches_reference(pos0):
+    import numba
+
+    from engine.kernels import ref
+    from engine.kernels.cpu_fast_step import SPLITS, attention_f16_decode
+    rng = np.random.default_rng(pos0)
+    cap, n_kv, hd, n_head = 40, 2, 16, 6
+    k = rng.standard_normal((cap, n_kv, hd)).astype(np.float16)
+    v = rng.standard_normal((cap, n_kv, hd)).astype(np.float16)
+    q = rng.standard_normal((1, n_head, hd)).astype(np.float32)
+    want = np.zeros_like(q)
+    ref.attention_f16(want, q, k, v, pos0, 0.25)
+    got = np.zeros_like(q)
+    nt = numba.config.NUMBA_NUM_THREADS
+    attention_f16_decode(got, q, k.view(np.uint16), v.view(np.uint16), pos0, np.float32(0.25),
+                         np.zeros((nt, 3, cap), np.float32), np.zeros((nt, hd), np.float32),
+                         np.zeros((n_kv, SPLITS, 3, hd + 2), np.float32))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
