@@ -458,11 +458,13 @@ class ContentionGuard:
     Our threads spin briefly between the ~150 parallel regions of a step (numba_env: GOMP_SPINCOUNT), which
     makes the quiet step 2.5x faster than sleeping threads; but when another process is busy on one of the
     two cores the second thread gets the CPU late and every region waits for it: measured 6.5 -> 47 ms per
-    step. One thread on the free core then does better (12 ms). The guard times each decode step: a step
-    slower than COLLAPSE x the best recent multi-thread step switches this thread to 1 numba thread for
-    HOLD steps, then the full count is tried again (one slow step per HOLD while the load lasts)."""
+    step. One thread on the free core then does better (12 ms). The guard times each decode step: STRIKES
+    steps in a row slower than COLLAPSE x the best recent multi-thread step switch this thread to 1 numba
+    thread for HOLD steps, then the full count is tried again (a few slow steps per HOLD while the load
+    lasts; a single hiccup - GC, another process waking up - does not trigger it)."""
 
     COLLAPSE = 2.5
+    STRIKES = 2
     HOLD = 64
     WINDOW = 256  # multi-thread steps over which the best time is remembered (context grows slowly)
 
@@ -472,6 +474,7 @@ class ContentionGuard:
         self.age = 0
         self.hold = 0
         self.t0 = 0.0
+        self.slow = 0  # consecutive slow multi-thread steps
         self.fallbacks = 0  # how many times it fell back (stats, tests)
 
     def before(self):
@@ -494,9 +497,10 @@ class ContentionGuard:
             self.best, self.age = dt, 0
         if dt < self.best:
             self.best = dt
-        elif dt > self.COLLAPSE * self.best:
+        self.slow = self.slow + 1 if dt > self.COLLAPSE * self.best else 0
+        if self.slow >= self.STRIKES:
             self.fallbacks += 1
-            self.hold = self.HOLD
+            self.hold, self.slow = self.HOLD, 0
             numba.set_num_threads(1)
 
 
