@@ -163,7 +163,7 @@ def new_scratch(max_t: int, max_n: int) -> FastScratch:
 
 
 # ------------------------------------------------------------------------------------ activation quant
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _f16_round(v):
     # float32 -> the nearest float16 value (as float32), ties to even; normal f16 range (scales here)
     u = np.float32(v).view(np.uint32)
@@ -171,7 +171,7 @@ def _f16_round(v):
     return np.uint32(u & np.uint32(0xFFFFE000)).view(np.float32)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def quantize_rows(qa, sa, xs, x):
     """qa (T, n) int8, sa (T, nb) f32 scales, xs (T, nb) f32 <- x (T, n) f32 in 32-blocks, the way llama.cpp
     quantizes activations (Q8_1): d = amax / 127, q = round-half-even(x * 127 / amax), the scale kept as
@@ -196,20 +196,20 @@ def quantize_rows(qa, sa, xs, x):
 
 
 # ----------------------------------------------------------------------------------------- matmul kernels
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _nib2(v, a_lo, a_hi):
     # (lo nibble - 8) * a_lo + (hi nibble - 8) * a_hi for one byte v (as int16), all in int16
     return I16(I16(I16(I16(v & I16(15)) - I16(8)) * a_lo) + I16(I16(I16(v >> I16(4)) - I16(8)) * a_hi))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _copy_partial(out, tmp, t, g):
     # the valid rows of a padded last group
     for r in range(out.shape[1] - g * G):
         out[t, g * G + r] = tmp[r]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _q4_rows(o, qa, sa, xs, qs, d, m8, acc, g, t):
     # o (G,) <- the G outputs of group g for activation row t (decode form)
     for r in range(G):
@@ -233,7 +233,7 @@ def _q4_rows(o, qa, sa, xs, qs, d, m8, acc, g, t):
             o[r] += d[g, b, r] * (sb * F32(acc[r])) + m8[g, b, r] * xsb
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def q4_group(out, qa, sa, xs, qs, d, m8, acc, g):
     """Rows g*G .. g*G+G-1 of out (T, rows) for interleaved 4-bit W (see mm_q4); acc (G,) int16 scratch.
     The j loop is unrolled by 4 in the source so each pass over the G accumulators does 256 MACs."""
@@ -246,7 +246,7 @@ def q4_group(out, qa, sa, xs, qs, d, m8, acc, g):
             _copy_partial(out, tmp, t, g)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def q4_group_batched(out, qa, sa, xs, qs, d, m8, g):
     """As q4_group for T > 1: each block is unpacked once into wbuf (32, G) int16 (values - 8), then every
     row t only multiplies and adds (2 vector ops per 16 MACs instead of ~5). wbuf and acc are allocated
@@ -286,7 +286,7 @@ def q4_group_batched(out, qa, sa, xs, qs, d, m8, g):
             _copy_partial(out, part[t], t, g)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _q4(out, qa, sa, xs, qs, d, m8, acc, g):
     # one group, choosing the decode (T = 1) or the batched form
     if out.shape[0] >= BATCHED_MIN_T:
@@ -295,7 +295,7 @@ def _q4(out, qa, sa, xs, qs, d, m8, acc, g):
         q4_group(out, qa, sa, xs, qs, d, m8, acc, g)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def mm_q4(out, qa, sa, xs, qs, d, m8, acc16):
     """out (T, rows) f32 <- x @ W^T for interleaved 4-bit W; x as qa (T, n) int8 + sa, xs (T, nb) f32.
     acc16 (ng, G) int16 scratch (decode). Each weight block is read once. Runs as mm_q4x3 with two empty
@@ -304,13 +304,13 @@ def mm_q4(out, qa, sa, xs, qs, d, m8, acc16):
             qs[:0], d[:0], m8[:0], acc16[:0])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def mm_q4x2(out1, out2, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2):
     """Two matmuls of the same input (gate/up) in one parallel region: fewer thread wake-ups per step."""
     mm_q4x3(out1, out2, out2, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2, qs2[:0], d2[:0], m2[:0], acc2[:0])
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def mm_q4x3(out1, out2, out3, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2, qs3, d3, m3, acc3):
     """Three matmuls of the same input (q/k/v) in one parallel region."""
     n1, n2 = qs1.shape[0], qs2.shape[0]
@@ -323,7 +323,7 @@ def mm_q4x3(out1, out2, out3, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2, 
             _q4(out3, qa, sa, xs, qs3, d3, m3, acc3[g - n1 - n2], g - n1 - n2)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _q8_rows(o, qa, sa, qs, d, acc, g, t):
     # o (G,) <- the G outputs of group g for activation row t
     for r in range(G):
@@ -341,7 +341,7 @@ def _q8_rows(o, qa, sa, qs, d, acc, g, t):
             o[r] += d[g, b, r] * (sb * F32(acc[r]))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def q8_group(out, qa, sa, qs, d, acc, g):
     """Rows g*G .. g*G+G-1 of out (T, rows) for interleaved Q8_0 W (see mm_q8); acc (G,) int32 scratch.
     Values 2i and 2i+1 of a row sit side by side, so LLVM turns the pair products into vpmaddwd."""
@@ -354,7 +354,7 @@ def q8_group(out, qa, sa, qs, d, acc, g):
             _copy_partial(out, tmp, t, g)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def mm_q8(out, qa, sa, qs, d, acc32):
     """out (T, rows) f32 <- x @ W^T for interleaved Q8_0 W; x as qa (T, n) int8 + sa (T, nb).
     Products of two int8 fit int16; pairs of them still do (<= 2 * 127 * 127), the sum goes to int32."""
@@ -377,7 +377,7 @@ def matmul(out, x, w, scratch):
 
 
 # ------------------------------------------------------------------------------------------------ embed
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def embed_q4(out, qs, d, m8, tokens):
     """out (T, n) <- rows tokens (T,) of an interleaved 4-bit table."""
     for t in range(tokens.shape[0]):
@@ -389,7 +389,7 @@ def embed_q4(out, qs, d, m8, tokens):
                 out[t, b * QK + 16 + j] = d[g, b, r] * F32(I32(v >> 4) - 8) + m8[g, b, r]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def embed_q8(out, qs, d, tokens):
     """out (T, n) <- rows tokens (T,) of an interleaved Q8_0 table."""
     for t in range(tokens.shape[0]):

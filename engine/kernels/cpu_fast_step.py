@@ -8,8 +8,9 @@ each step once. Parallel regions (prange) remain per matmul and attention (~150 
 Also here, because the fused step needs them in numba and they were hot spots:
 - `exp_fast`: a vectorizable exp (Cody-Waite range reduction + degree-6 polynomial, exponent bits), ~1e-7
   relative error; numba's scalar exp is a libm call per element and blocks vectorization.
-- `attention_f16_fast`: GQA-aware attention over the f16 cache: each K/V row is converted once and used by
-  all query heads of its group; scores, softmax and the weighted V sum are separate vectorizable loops.
+- `attention_f16_split`: GQA-aware attention over the f16 cache, split over positions: each K/V row is
+  converted once for all query heads of its group; scores, softmax and the weighted V sum are separate
+  vectorizable loops; rows of a verify pass equal decode steps bit for bit.
 - `f32_to_f16_bits`: round-to-nearest-even float -> half conversion for storing into the f16 cache.
 
 Supported: llama / qwen2 / qwen3 shapes where every layer's matrices are in the interleaved layout
@@ -35,7 +36,7 @@ _LN2_HI = F32(0.693145751953125)
 _LN2_LO = F32(1.428606765330187e-06)
 
 
-@njit(cache=True, fastmath=True, inline="always")
+@njit(cache=True, nogil=True, fastmath=True, inline="always")
 def exp_fast(x):
     """exp(x) for float32 x, vectorizable (no libm call); exact to ~2 ulp on [-87, 88], 0 below."""
     x = min(max(x, F32(-87.0)), F32(88.0))
@@ -52,7 +53,7 @@ def exp_fast(x):
     return p * bits.view(np.float32)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def f32_to_f16_bits(f):
     """float32 -> IEEE half bit pattern (uint16), round to nearest even; overflow -> inf, NaN kept."""
     x = np.float32(f).view(np.uint32)
@@ -70,7 +71,7 @@ def f32_to_f16_bits(f):
     return np.uint16(sign | h)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def store_f16(cache_l, x3, pos0):
     """cache_l (cap, n_kv, hd) uint16 (f16 bits) [pos0 : pos0+T] <- x3 (T, n_kv, hd) f32."""
     for t in range(x3.shape[0]):
@@ -79,7 +80,7 @@ def store_f16(cache_l, x3, pos0):
                 cache_l[pos0 + t, h, j] = f32_to_f16_bits(x3[t, h, j])
 
 
-@njit(cache=True, fastmath=True, inline="always")
+@njit(cache=True, nogil=True, fastmath=True, inline="always")
 def _h2f(h):
     # half bits -> float32 without branches (finite values incl. subnormals): shift the exponent/mantissa
     # into float position, rescale by 2^112, then copy the sign bit
@@ -89,71 +90,30 @@ def _h2f(h):
     return np.uint32(np.float32(mag).view(np.uint32) | sign).view(np.float32)
 
 
-@njit(cache=True, parallel=True, fastmath=True)
-def attention_f16_fast(out, q, kc, vc, pos0, scale, sbuf, rowbuf):
-    """out (T, H, hd) <- causal GQA softmax(q K^T scale) V over kc, vc (cap, n_kv, hd) uint16 f16 bits.
-    sbuf (n_threads, group, cap) f32 and rowbuf (n_threads, hd) f32 are per-thread scratch."""
-    t_n, n_head, hd = q.shape
-    n_kv = kc.shape[1]
-    group = n_head // n_kv
-    for tk in prange(t_n * n_kv):
-        t, kh = tk // n_kv, tk % n_kv
-        tid = numba.get_thread_id()
-        sc = sbuf[tid]
-        row = rowbuf[tid]
-        n_see = pos0 + t + 1
-        for p in range(n_see):  # scores: each K row converted once for the whole group
-            for j in range(hd):
-                row[j] = _h2f(kc[p, kh, j])
-            for gi in range(group):
-                s = F32(0.0)
-                for j in range(hd):
-                    s += q[t, kh * group + gi, j] * row[j]
-                sc[gi, p] = s * scale
-        for gi in range(group):
-            m = F32(-np.inf)
-            for p in range(n_see):
-                m = max(m, sc[gi, p])
-            tot = F32(0.0)
-            for p in range(n_see):
-                e = exp_fast(sc[gi, p] - m)
-                sc[gi, p] = e
-                tot += e
-            inv = F32(1.0) / tot
-            for p in range(n_see):
-                sc[gi, p] *= inv
-            for j in range(hd):
-                out[t, kh * group + gi, j] = F32(0.0)
-        for p in range(n_see):  # weighted V sum: each V row converted once
-            for j in range(hd):
-                row[j] = _h2f(vc[p, kh, j])
-            for gi in range(group):
-                w = sc[gi, p]
-                for j in range(hd):
-                    out[t, kh * group + gi, j] += w * row[j]
-
-
 SPLITS = 4  # decode attention: positions split in this many chunks per KV head (balanced over threads)
 
 
-@njit(cache=True, parallel=True, fastmath=True)
-def attention_f16_decode(out, q, kc, vc, pos0, scale, sbuf, rowbuf, part):
-    """attention_f16_fast for one query row (T = 1), split over positions ("flash decoding"): a KV head
-    alone is too little parallel work for 2 threads (3 heads -> a 2:1 split). Each (head, chunk) item
-    keeps its max, sum and weighted V sum in part (n_kv, SPLITS, group, hd + 2) f32; a serial merge
-    rescales them into out (1, H, hd)."""
-    _, n_head, hd = q.shape
+@njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def attention_f16_split(out, q, kc, vc, pos0, scale, sbuf, rowbuf, part):
+    """out (T, H, hd) <- causal GQA attention over kc, vc (cap, n_kv, hd) uint16 f16 bits, each row split
+    over positions ("flash decoding"): one KV head alone is too little parallel work for 2 threads in
+    decode (3 heads -> a 2:1 split). Work item (t, head, chunk) keeps its max, sum and weighted V sum in
+    part (T, n_kv, SPLITS, group, hd + 2); a merge per row rescales them into out. Row t is computed
+    exactly as a one-row call at pos0 + t would (chunks depend only on its own length): a verify pass over
+    T drafted tokens gives bit-identical rows to T decode steps, which lossless speculation needs."""
+    t_n, n_head, hd = q.shape
     n_kv = kc.shape[1]
     group = n_head // n_kv
-    n_see = pos0 + 1
-    step = (n_see + SPLITS - 1) // SPLITS
-    for it in prange(n_kv * SPLITS):
-        kh, c = it // SPLITS, it % SPLITS
+    for it in prange(t_n * n_kv * SPLITS):
+        t, rest = it // (n_kv * SPLITS), it % (n_kv * SPLITS)
+        kh, c = rest // SPLITS, rest % SPLITS
+        n_see = pos0 + t + 1
+        step = (n_see + SPLITS - 1) // SPLITS
         lo, hi = c * step, min(n_see, (c + 1) * step)
         tid = numba.get_thread_id()
         sc = sbuf[tid]
         row = rowbuf[tid]
-        pc = part[kh, c]  # (group, hd + 2): [0:hd] weighted V sum, [hd] max, [hd + 1] sum
+        pc = part[t, kh, c]  # (group, hd + 2): [0:hd] weighted V sum, [hd] max, [hd + 1] sum
         for gi in range(group):
             for j in range(hd + 2):
                 pc[gi, j] = F32(0.0)
@@ -166,7 +126,7 @@ def attention_f16_decode(out, q, kc, vc, pos0, scale, sbuf, rowbuf, part):
             for gi in range(group):
                 acc = F32(0.0)
                 for j in range(hd):
-                    acc += q[0, kh * group + gi, j] * row[j]
+                    acc += q[t, kh * group + gi, j] * row[j]
                 sc[gi, p - lo] = acc * scale
         for gi in range(group):
             m = F32(-np.inf)
@@ -186,27 +146,28 @@ def attention_f16_decode(out, q, kc, vc, pos0, scale, sbuf, rowbuf, part):
                 w = sc[gi, p - lo]
                 for j in range(hd):
                     pc[gi, j] += w * row[j]
-    for kh in range(n_kv):  # merge the chunks
-        for gi in range(group):
-            m = F32(-np.inf)
-            for c in range(SPLITS):
-                m = max(m, part[kh, c, gi, hd])
-            tot = F32(0.0)
-            o = out[0, kh * group + gi]
-            for j in range(hd):
-                o[j] = F32(0.0)
-            for c in range(SPLITS):
-                if part[kh, c, gi, hd + 1] > 0:
-                    f = exp_fast(part[kh, c, gi, hd] - m)
-                    tot += f * part[kh, c, gi, hd + 1]
-                    for j in range(hd):
-                        o[j] += f * part[kh, c, gi, j]
-            inv = F32(1.0) / tot
-            for j in range(hd):
-                o[j] *= inv
+    for t in range(t_n):  # merge the chunks of each row
+        for kh in range(n_kv):
+            for gi in range(group):
+                m = F32(-np.inf)
+                for c in range(SPLITS):
+                    m = max(m, part[t, kh, c, gi, hd])
+                tot = F32(0.0)
+                o = out[t, kh * group + gi]
+                for j in range(hd):
+                    o[j] = F32(0.0)
+                for c in range(SPLITS):
+                    if part[t, kh, c, gi, hd + 1] > 0:
+                        f = exp_fast(part[t, kh, c, gi, hd] - m)
+                        tot += f * part[t, kh, c, gi, hd + 1]
+                        for j in range(hd):
+                            o[j] += f * part[t, kh, c, gi, j]
+                inv = F32(1.0) / tot
+                for j in range(hd):
+                    o[j] *= inv
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, nogil=True, fastmath=True)
 def swiglu_fast(out, gate, up):
     """out (T, f) <- silu(gate) * up with the vectorizable exp."""
     for t in range(out.shape[0]):
@@ -216,7 +177,7 @@ def swiglu_fast(out, gate, up):
 
 
 # ------------------------------------------------------------------------------------------- fused step
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _embed(x, tokens, emb):
     # emb = (kind 0: q4 | 1: q8, qs4, qs8, d, m8)
     if emb[0] == 0:
@@ -225,7 +186,7 @@ def _embed(x, tokens, emb):
         embed_q8(x, emb[2], emb[3], tokens)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _mm(out, xin, qa, sa, xs, w, l):
     # out (T, rows) <- xin (T, n) @ W_l^T; w = (qs (L, ng, nb, 16, G), d (L, ng, nb, G), m8, acc16 (ng, G))
     t_n, n = xin.shape
@@ -234,7 +195,7 @@ def _mm(out, xin, qa, sa, xs, w, l):
     mm_q4(out, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], w[0][l], w[1][l], w[2][l], w[3])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _mm2(out1, out2, xin, qa, sa, xs, w1, w2, l):
     # two matmuls of the same input in one parallel region (gate, up)
     t_n, n = xin.shape
@@ -244,7 +205,7 @@ def _mm2(out1, out2, xin, qa, sa, xs, w1, w2, l):
             w2[0][l], w2[1][l], w2[2][l], w2[3])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _mm3(out1, out2, out3, xin, qa, sa, xs, w1, w2, w3, l):
     # three matmuls of the same input in one parallel region (q, k, v)
     t_n, n = xin.shape
@@ -254,7 +215,7 @@ def _mm3(out1, out2, out3, xin, qa, sa, xs, w1, w2, w3, l):
             w2[0][l], w2[1][l], w2[2][l], w2[3], w3[0][l], w3[1][l], w3[2][l], w3[3])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _head(logits, xin, qa, sa, xs, h):
     # h = (kind 0: q4 | 1: q8, qs4, qs8, d, m8, acc16, acc32); xin (R, n)
     t_n, n = xin.shape
@@ -279,10 +240,7 @@ def _attend_impl(a3, q3, k3, v3, kv, l, pos0, scale, scr):
         def f16(a3, q3, k3, v3, kv, l, pos0, scale, scr):
             store_f16(kv[0][l], k3, pos0)
             store_f16(kv[1][l], v3, pos0)
-            if q3.shape[0] == 1:
-                attention_f16_decode(a3, q3, kv[0][l], kv[1][l], pos0, scale, scr[0], scr[1], scr[2])
-            else:
-                attention_f16_fast(a3, q3, kv[0][l], kv[1][l], pos0, scale, scr[0], scr[1])
+            attention_f16_split(a3, q3, kv[0][l], kv[1][l], pos0, scale, scr[0], scr[1], scr[2])
         return f16
 
     def int8(a3, q3, k3, v3, kv, l, pos0, scale, scr):
@@ -292,7 +250,7 @@ def _attend_impl(a3, q3, k3, v3, kv, l, pos0, scale, scr):
     return int8
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg, wu, wd, bias,
                   qk_norm, kv, attn_scr):
     """Embedding -> all layers -> final norm -> head for tokens (T,) at positions pos0.., in one call.
@@ -388,7 +346,7 @@ class FusedForward:
         self.logit_rows = 0
         self.bufs = None
         self.attn_cap = 0
-        self.attn_scr = None
+        self.attn_scr = (None, None, np.zeros((0,)))
         self._alloc(max(1, model.state.max_t), 1)
 
     @staticmethod
@@ -415,11 +373,12 @@ class FusedForward:
         self.max_t, self.logit_rows = max_t, logit_rows
 
     def _attn_scratch(self, capacity: int):
-        if capacity > self.attn_cap:
+        """(sbuf (threads, group, capacity), rowbuf (threads, hd), part (max_t, n_kv, SPLITS, group, hd + 2))."""
+        if capacity > self.attn_cap or self.attn_scr[2].shape[0] < self.max_t:
             a = self.args
             nt = numba.config.NUMBA_NUM_THREADS
             self.attn_scr = (np.zeros((nt, a.group, capacity), np.float32), np.zeros((nt, a.head_dim), np.float32),
-                             np.zeros((a.n_kv_head, SPLITS, a.group, a.head_dim + 2), np.float32))
+                             np.zeros((self.max_t, a.n_kv_head, SPLITS, a.group, a.head_dim + 2), np.float32))
             self.attn_cap = capacity
         return self.attn_scr
 

@@ -85,7 +85,7 @@ def test_exp_fast_accuracy():
 
 def test_fast_attention_matches_reference():
     from engine.kernels import ref
-    from engine.kernels.cpu_fast_step import attention_f16_fast
+    from engine.kernels.cpu_fast_step import SPLITS, attention_f16_split
     import numba
     rng = np.random.default_rng(1)
     cap, n_kv, hd, n_head, t_n, pos0 = 40, 2, 16, 6, 3, 20
@@ -96,8 +96,9 @@ def test_fast_attention_matches_reference():
     ref.attention_f16(want, q, k, v, pos0, 0.25)
     got = np.zeros_like(q)
     nt = numba.config.NUMBA_NUM_THREADS
-    attention_f16_fast(got, q, k.view(np.uint16), v.view(np.uint16), pos0, np.float32(0.25),
-                       np.zeros((nt, n_head // n_kv, cap), np.float32), np.zeros((nt, hd), np.float32))
+    attention_f16_split(got, q, k.view(np.uint16), v.view(np.uint16), pos0, np.float32(0.25),
+                        np.zeros((nt, n_head // n_kv, cap), np.float32), np.zeros((nt, hd), np.float32),
+                        np.zeros((t_n, n_kv, SPLITS, n_head // n_kv, hd + 2), np.float32))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
@@ -132,6 +133,24 @@ def test_fused_forward_matches_model_forward(q4_tiny, kv_dtype):
         np.testing.assert_allclose(lb, la, atol=2e-3 * scale)
         assert a == b
         a, b = int(la[0].argmax()), int(lb[0].argmax())
+
+
+def test_fused_verify_rows_equal_decode_steps(q4_tiny):
+    """Lossless speculation: a T-row pass must give each row bit-identical to a one-token step."""
+    from engine.backend import Backend
+    from engine.gguf import load_gguf
+    from engine.kernels import cpu_fast, cpu_fast_step
+    from engine.model import Model
+    mf = load_gguf(q4_tiny)
+    model = Model(mf.args, mf.tensors, Backend("cpu", cpu_fast), max_batch=8)
+    fused = getattr(model, "fused", None) or cpu_fast_step.build(model)
+    toks = np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77, 4, 9], np.int32)
+    cache = model.new_cache(64)
+    fused(toks[:8], 0, cache)
+    steps = np.concatenate([fused(toks[8 + i:9 + i], 8 + i, cache) for i in range(5)])
+    cache.truncate(8)
+    rows = fused(toks[8:13], 8, cache, all_logits=True)
+    np.testing.assert_array_equal(rows, steps)
 
 
 def _run_py(code: str, env_extra: dict, timeout: int = 600) -> dict:
@@ -281,7 +300,7 @@ def test_split_decode_attention_matches_reference(pos0):
     import numba
 
     from engine.kernels import ref
-    from engine.kernels.cpu_fast_step import SPLITS, attention_f16_decode
+    from engine.kernels.cpu_fast_step import SPLITS, attention_f16_split
     rng = np.random.default_rng(pos0)
     cap, n_kv, hd, n_head = 40, 2, 16, 6
     k = rng.standard_normal((cap, n_kv, hd)).astype(np.float16)
@@ -291,7 +310,7 @@ def test_split_decode_attention_matches_reference(pos0):
     ref.attention_f16(want, q, k, v, pos0, 0.25)
     got = np.zeros_like(q)
     nt = numba.config.NUMBA_NUM_THREADS
-    attention_f16_decode(got, q, k.view(np.uint16), v.view(np.uint16), pos0, np.float32(0.25),
-                         np.zeros((nt, 3, cap), np.float32), np.zeros((nt, hd), np.float32),
-                         np.zeros((n_kv, SPLITS, 3, hd + 2), np.float32))
+    attention_f16_split(got, q, k.view(np.uint16), v.view(np.uint16), pos0, np.float32(0.25),
+                        np.zeros((nt, 3, cap), np.float32), np.zeros((nt, hd), np.float32),
+                        np.zeros((1, n_kv, SPLITS, 3, hd + 2), np.float32))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
