@@ -75,6 +75,9 @@ class Backend:
 
 
 _cache: dict[str, Backend] = {}
+# backend name -> kernel module: "cpu" runs cpu_fast (interleaved int8-dot matmuls + a fused forward; all
+# other kernels are cpu.py's, and weight types it does not repack keep cpu.py's layout)
+_MODULES = {"cpu": "cpu_fast"}
 
 
 def get_backend(name: str = "cpu") -> Backend:
@@ -83,7 +86,7 @@ def get_backend(name: str = "cpu") -> Backend:
         raise ConfigError(f"--backend {name!r} is not one of {', '.join(BACKENDS)}")
     if name not in _cache:
         try:
-            module = importlib.import_module(f"engine.kernels.{name}")
+            module = importlib.import_module(f"engine.kernels.{_MODULES.get(name, name)}")
         except ImportError as e:  # e.g. cuda without numba-cuda installed, or no GPU driver
             raise BackendUnavailable(f"backend {name!r} cannot be loaded here ({e}); "
                                      "use --backend cpu, or install the 'cuda' extra on a GPU machine") from e

@@ -103,6 +103,9 @@ class Model:
         self.inv_freq = be.to_device(inv.astype(np.float32))  # (hd/2,) f32
         self.attn_scale = 1.0 / math.sqrt(a.head_dim)
         self.state = RunState(be, a, max_batch)
+        # a backend may run the whole forward in one call (engine/kernels/cpu_fast_step.py); None otherwise
+        build_fused = getattr(getattr(be, "module", None), "build_fused", None)
+        self.fused = build_fused(self) if build_fused is not None else None
         self.captured: dict[int, np.ndarray] = {}  # layer -> (T, d) host copy of its output (see forward)
 
     def new_cache(self, capacity: int, kv_dtype: str = "f16") -> KVCache:
@@ -130,6 +133,9 @@ class Model:
         bad = tokens[(tokens < 0) | (tokens >= a.vocab_size)]
         if bad.size:
             raise InputError(f"token id {int(bad[0])} is outside the vocabulary (0..{a.vocab_size - 1})")
+        if self.fused is not None and not capture:
+            self.captured = {}
+            return self.fused.run(tokens, pos0, cache, t_n if all_logits else 1).copy()
         if t_n > self.state.max_t:
             self.state = RunState(be, a, t_n)
         s = self.state

@@ -31,6 +31,11 @@ TINY = {
 TOKENS = np.array([5, 17, 3, 90, 41, 41, 0, 77, 12, 64, 8], np.int32)
 
 
+# The cpu backend quantizes activations to int8 per 32 values before each Q4/Q8 matmul, as llama.cpp does
+# (engine/kernels/cpu_fast.py): on these random tiny models that moves logits by up to ~6% of their range (a layout bug moves them by ~100%).
+CPU_TOL = 8e-2
+
+
 def _close(got, want, tol=5e-3):
     scale = np.abs(want).max()
     err = np.abs(got - want).max()
@@ -49,8 +54,9 @@ def test_tiny_model_matches_reference(name, backend):
     got2 = model.forward(TOKENS[7:10], 7, cache, all_logits=True)
     got3 = model.forward(TOKENS[10:], 10, cache)
     assert got1.shape == (7, 96) and got3.shape == (1, 96) and cache.length == 11
-    _close(np.concatenate([got1, got2, got3]), want)
-    assert np.array_equal(np.argmax(got2, -1), np.argmax(want[7:10], -1))
+    _close(np.concatenate([got1, got2, got3]), want, CPU_TOL if backend == "cpu" else 5e-3)
+    if backend == "ref":  # int8 activations may flip near-ties of a random model
+        assert np.array_equal(np.argmax(got2, -1), np.argmax(want[7:10], -1))
 
 
 @pytest.mark.parametrize("kv_dtype", ["f16", "int8"])
@@ -66,7 +72,7 @@ def test_chunked_prefill_equals_token_by_token(kv_dtype):
     _close(np.array(rows), full, 5e-4)
     _close(np.concatenate(parts), full, 5e-4)
     if kv_dtype == "int8":
-        _close(full, reference_logits(a, tensors, TOKENS), 3e-2)
+        _close(full, reference_logits(a, tensors, TOKENS), CPU_TOL)
 
 
 def test_truncate_and_rerun():
@@ -122,7 +128,7 @@ def test_tiny_gguf_matches_reference(tiny_models, arch, kv_dtype):
     model = Model(mf.args, mf.tensors, get_backend("cpu"), max_batch=4)
     cache = model.new_cache(32, kv_dtype)
     got = np.concatenate([model.forward(toks[i:i + 4], i, cache, all_logits=True) for i in range(0, len(toks), 4)])
-    _close(got, want, 5e-3 if kv_dtype == "f16" else 3e-2)
+    _close(got, want, CPU_TOL)
     if kv_dtype == "f16":
         assert np.mean(np.argmax(got, -1) == np.argmax(want, -1)) >= 0.9
 
@@ -157,7 +163,7 @@ def test_smollm2_cache_modes(smol):
     top2 = np.sort(full, -1)[:, -2:]
     clear = top2[:, 1] - top2[:, 0] > 0.3  # near-ties may flip under any rounding change
     assert np.array_equal(np.argmax(full8, -1)[clear], np.argmax(full, -1)[clear]) and clear.sum() >= len(toks) // 2
-    _close(full8, full, 3e-2)
+    _close(full8, full, 5e-2)
 
 
 def test_smollm2_greedy_answer(smol):
