@@ -412,55 +412,61 @@ class FusedForward:
 
 
 class ContentionGuard:
-    """Decode steps fall back to one thread while another process holds a core, and retry two later.
+    """Decode steps run with all threads or with one, whichever is currently faster (measured).
 
     Our threads spin briefly between the ~150 parallel regions of a step (numba_env: GOMP_SPINCOUNT), which
     makes the quiet step 2.5x faster than sleeping threads; but when another process is busy on one of the
     two cores the second thread gets the CPU late and every region waits for it: measured 6.5 -> 47 ms per
-    step. One thread on the free core then does better (12 ms). The guard times each decode step: STRIKES
-    steps in a row slower than COLLAPSE x the best recent multi-thread step switch this thread to 1 numba
-    thread for HOLD steps, then the full count is tried again (a few slow steps per HOLD while the load
-    lasts; a single hiccup - GC, another process waking up - does not trigger it)."""
+    step, while one thread alone on the free core takes ~12 ms. The guard keeps a moving average of the
+    step time of the mode in use and uses the faster one; the last PROBE steps of every PERIOD run the
+    other mode (the first of them is not counted: the thread team changes size; the last one replaces
+    that mode's figure, so a load that came or went is seen within one period). Cost in a steady state: about
+    one step in PERIOD runs in the slower mode."""
 
-    COLLAPSE = 2.5
-    STRIKES = 2
-    HOLD = 64
-    WINDOW = 256  # multi-thread steps over which the best time is remembered (context grows slowly)
+    PERIOD = 32
+    PROBE = 2
+    ALPHA = 0.3  # weight of the newest step in a moving average
 
     def __init__(self):
-        self.full = None  # the thread count the caller set (read at each step: --threads may change it)
-        self.best = float("inf")
-        self.age = 0
-        self.hold = 0
+        self.full = None  # the caller's thread count, read at the first step
+        self.avg = {}  # thread count -> moving average of its step time (s)
+        self.best = None
+        self.mode = None  # thread count of the current step
+        self.counted = False
+        self.step = 0
         self.t0 = 0.0
-        self.slow = 0  # consecutive slow multi-thread steps
-        self.fallbacks = 0  # how many times it fell back (stats, tests)
+        self.fallbacks = 0  # times one thread became the faster mode (stats, tests)
 
     def before(self):
         import time
-        if self.hold > 0:
-            self.hold -= 1
-            if self.hold == 0:
-                numba.set_num_threads(self.full)
-        else:
-            self.full = numba.get_num_threads()
+        if self.full is None:
+            self.full = self.best = numba.get_num_threads()
+        if self.full < 2:
+            self.mode = None
+            return
+        probing = self.step % self.PERIOD >= self.PERIOD - self.PROBE
+        mode = (1 if self.best == self.full else self.full) if probing else self.best
+        self.counted = mode == self.mode
+        if mode != self.mode:
+            numba.set_num_threads(mode)
+        self.mode = mode
+        self.step += 1
         self.t0 = time.perf_counter()
 
     def after(self):
         import time
-        dt = time.perf_counter() - self.t0
-        if self.hold > 0 or not self.full or self.full < 2:
+        if self.mode is None:
             return
-        self.age += 1
-        if self.age > self.WINDOW:
-            self.best, self.age = dt, 0
-        if dt < self.best:
-            self.best = dt
-        self.slow = self.slow + 1 if dt > self.COLLAPSE * self.best else 0
-        if self.slow >= self.STRIKES:
-            self.fallbacks += 1
-            self.hold, self.slow = self.HOLD, 0
-            numba.set_num_threads(1)
+        dt = time.perf_counter() - self.t0
+        if self.counted:  # the preferred mode averages; a probe of the other mode stands for itself
+            old = self.avg.get(self.mode)
+            a = self.ALPHA if self.mode == self.best else 1.0
+            self.avg[self.mode] = dt if old is None else (1 - a) * old + a * dt
+        if len(self.avg) == 2:
+            best = min(self.avg, key=self.avg.get)
+            if best != self.best:
+                self.fallbacks += best == 1
+                self.best = best
 
 
 def build(model):

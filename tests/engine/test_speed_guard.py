@@ -261,7 +261,7 @@ def test_integer_kernels_are_vectorized(tmp_path):
         assert r["madd"] >= 2, (name, r)  # packed integer multiplies, not scalar imul
 
 
-def test_contention_guard_falls_back_to_one_thread_and_retries(monkeypatch):
+def test_contention_guard_uses_the_faster_thread_count(monkeypatch):
     import time
 
     import numba
@@ -273,24 +273,27 @@ def test_contention_guard_falls_back_to_one_thread_and_retries(monkeypatch):
     g = ContentionGuard()
     clock = [0.0]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    cost = {2: 0.007, 1: 0.012}  # quiet: two threads are faster
 
-    def step(dt):
-        g.before()
-        clock[0] += dt
-        g.after()
+    def run(n):
+        used = []
+        for _ in range(n):
+            g.before()
+            used.append(numba.get_num_threads())
+            clock[0] += cost[numba.get_num_threads()]
+            g.after()
+        return used
     try:
-        for dt in (0.010, 0.011, 0.0105, 0.02):  # normal jitter (2x) is not a collapse
-            step(dt)
-        assert numba.get_num_threads() == 2 and g.fallbacks == 0
-        step(0.05)  # one hiccup: ignored
-        step(0.010)
-        assert numba.get_num_threads() == 2 and g.fallbacks == 0
-        step(0.05)  # 5x the best step, twice: another process holds a core
-        step(0.05)
-        assert numba.get_num_threads() == 1 and g.fallbacks == 1
-        for _ in range(g.HOLD):
-            step(0.012)
-        assert numba.get_num_threads() == 2  # tried again after HOLD steps
+        used = run(3 * g.PERIOD)
+        assert g.best == 2 and used.count(1) <= 3 * g.PROBE  # only the probes ran on one thread
+        cost[2] = 0.047  # another process now holds a core: two threads collapse
+        run(2 * g.PERIOD)
+        assert g.best == 1 and g.fallbacks == 1
+        used = run(g.PERIOD)
+        assert used.count(2) <= g.PROBE
+        cost[2] = 0.007  # the load is gone: back to two threads within a period or two
+        run(3 * g.PERIOD)
+        assert g.best == 2
     finally:
         numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 
