@@ -418,7 +418,7 @@ class ContentionGuard:
     makes the quiet step 2.5x faster than sleeping threads; but when another process is busy on one of the
     two cores the second thread gets the CPU late and every region waits for it: measured 6.5 -> 47 ms per
     step, while one thread alone on the free core takes ~12 ms. The guard keeps a moving average of the
-    step time of the mode in use and uses the faster one; the last PROBE steps of every PERIOD run the
+    step time of the mode in use and uses the faster one; the first PROBE steps of every PERIOD run the
     other mode (the first of them is not counted: the thread team changes size; the last one replaces
     that mode's figure, so a load that came or went is seen within one period). Cost in a steady state: about
     one step in PERIOD runs in the slower mode."""
@@ -444,7 +444,7 @@ class ContentionGuard:
         if self.full < 2:
             self.mode = None
             return
-        probing = self.step % self.PERIOD >= self.PERIOD - self.PROBE
+        probing = self.step % self.PERIOD < self.PROBE  # at the start: a reply learns both modes at once
         mode = (1 if self.best == self.full else self.full) if probing else self.best
         self.counted = mode == self.mode
         if mode != self.mode:
