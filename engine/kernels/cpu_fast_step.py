@@ -397,6 +397,8 @@ class FusedForward:
         guard = self.guard if t_n == 1 else None
         if guard is not None:
             guard.before()
+        else:
+            self.guard.full_threads()  # prefill / verify: all threads, whatever the decode guard chose
         fused_forward(tokens, pos0, rows_out, self.bufs, self.emb, self.head, self.norms, self.rope,
                       r["wq"], r["wk"], r["wv"], r["wo"], r["w_gate"], r["w_up"], r["w_down"], self.bias,
                       self.qk_norm, self.kv_tuple(cache), self._attn_scratch(cache.capacity))
@@ -452,6 +454,12 @@ class ContentionGuard:
         self.mode = mode
         self.step += 1
         self.t0 = time.perf_counter()
+
+    def full_threads(self):
+        """Before a multi-row pass (prefill, verify): the caller's thread count, not the decode choice."""
+        if self.full is not None and self.mode is not None and self.mode != self.full:
+            numba.set_num_threads(self.full)
+            self.mode = self.full
 
     def after(self):
         import time
