@@ -44,8 +44,19 @@ async def _after_reply(pilot):
     await pilot.pause()
 
 
+def _pinned(run_before):
+    """The sparkline's shape depends on how many live samples the coalesced stream delivered (timing, load):
+    pin it to a flat line so the snapshot shows only the layout. Its data is tested in test_tui_keys_panel."""
+    async def run(pilot):
+        await run_before(pilot)
+        for spark in pilot.app.screen_stack[0].query("#spark"):
+            spark.data = [50.0, 50.0]
+        await pilot.pause()
+    return run
+
+
 def test_snapshot_chat_after_reply(make_app, snap_compare):
-    assert snap_compare(_app(make_app), terminal_size=SIZE, run_before=_after_reply)
+    assert snap_compare(_app(make_app), terminal_size=SIZE, run_before=_pinned(_after_reply))
 
 
 def test_snapshot_chat_with_forced_reasoning(make_app, snap_compare):
@@ -58,7 +69,7 @@ def test_snapshot_chat_with_forced_reasoning(make_app, snap_compare):
         pilot.app.query_one("#prompt").cursor_blink = False
         pilot.app.clear_notifications()
         await pilot.pause()
-    assert snap_compare(_app(make_app, budget_step=3), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(_app(make_app, budget_step=3), terminal_size=SIZE, run_before=_pinned(run_before))
 
 
 def test_snapshot_help(make_app, snap_compare):
@@ -66,7 +77,7 @@ def test_snapshot_help(make_app, snap_compare):
         await _steady(pilot)
         pilot.app.clear_notifications()
         await pilot.press("f1")
-    assert snap_compare(_app(make_app), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(_app(make_app), terminal_size=SIZE, run_before=_pinned(run_before))
 
 
 def test_snapshot_settings(make_app, snap_compare):
@@ -74,7 +85,7 @@ def test_snapshot_settings(make_app, snap_compare):
         await _steady(pilot)
         pilot.app.clear_notifications()
         await pilot.press("f9")
-    assert snap_compare(_app(make_app), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(_app(make_app), terminal_size=SIZE, run_before=_pinned(run_before))
 
 
 def test_snapshot_transcripts(make_app, snap_compare):
@@ -85,4 +96,4 @@ def test_snapshot_transcripts(make_app, snap_compare):
         await wait_for(pilot, lambda: pilot.app.screen.query("DataTable"))
         pilot.app.screen.query_one("#search").cursor_blink = False
         await pilot.pause()
-    assert snap_compare(_app(make_app), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(_app(make_app), terminal_size=SIZE, run_before=_pinned(run_before))
