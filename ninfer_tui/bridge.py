@@ -192,7 +192,9 @@ def engine_facts(engine, args) -> dict:
     if not threads and args.backend != "cuda":
         try:
             import numba
-            threads = numba.get_num_threads()
+            # the pool size replies run with; get_num_threads() is per calling thread and the engine's
+            # contention guard may have lowered it on whichever thread decoded last
+            threads = numba.config.NUMBA_NUM_THREADS
         except ImportError:
             threads = "auto"
     return {
