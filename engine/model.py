@@ -63,6 +63,22 @@ class RunState:
         self.logits = None  # (rows, vocab) f32, allocated on first use (all_logits needs T rows)
 
 
+
+def check_forward_args(tokens, pos0: int, cache, vocab_size: int) -> np.ndarray:
+    """The forward() contract, shared by every model wrapper (plain, fused CUDA, TP): tokens (T,) int32 in
+    the vocabulary, T >= 1, a cache holding exactly pos0 tokens with room for T more."""
+    tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
+    if tokens.shape[0] == 0:
+        raise InputError("forward() needs at least one token")
+    if cache.length != pos0:
+        raise ValueError(f"cache holds {cache.length} tokens but pos0 is {pos0}; truncate it first")
+    cache.check_room(pos0 + tokens.shape[0])
+    bad = tokens[(tokens < 0) | (tokens >= vocab_size)]
+    if bad.size:
+        raise InputError(f"token id {int(bad[0])} is outside the vocabulary (0..{vocab_size - 1})")
+    return tokens
+
+
 class Model:
     """Weights prepared for a backend + preallocated run state. See `forward`.
 
@@ -123,16 +139,8 @@ class Model:
         `self.captured[layer]` (for drafters).
         """
         a, be = self.args, self.be
-        tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
+        tokens = check_forward_args(tokens, pos0, cache, a.vocab_size)
         t_n = tokens.shape[0]
-        if t_n == 0:
-            raise InputError("forward() needs at least one token")
-        if cache.length != pos0:
-            raise ValueError(f"cache holds {cache.length} tokens but pos0 is {pos0}; truncate it first")
-        cache.check_room(pos0 + t_n)
-        bad = tokens[(tokens < 0) | (tokens >= a.vocab_size)]
-        if bad.size:
-            raise InputError(f"token id {int(bad[0])} is outside the vocabulary (0..{a.vocab_size - 1})")
         if self.fused is not None and not capture:
             self.captured = {}
             return self.fused.run(tokens, pos0, cache, t_n if all_logits else 1).copy()

@@ -27,10 +27,11 @@ import os
 import numpy as np
 
 from .config import EngineArgs, ModelArgs
-from .errors import ConfigError, InputError
+from .errors import ConfigError
 from .kv_cache import KVCache
 from .model import Model, RunState
 from .tp_plan import ff_unit, plan_shards, shard_args, shard_tensors
+from .model import check_forward_args
 
 log = logging.getLogger("ninfer.tp")
 
@@ -256,16 +257,8 @@ class TPModel:
                 capture: tuple[int, ...] = ()) -> np.ndarray:
         """As `Model.forward`: logits (T or 1, vocab) f32 on the host, gathered from the vocab shards."""
         a = self.args
-        tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
+        tokens = check_forward_args(tokens, pos0, cache, a.vocab_size)
         t_n = tokens.shape[0]
-        if t_n == 0:
-            raise InputError("forward() needs at least one token")
-        if cache.length != pos0:
-            raise ValueError(f"cache holds {cache.length} tokens but pos0 is {pos0}; truncate it first")
-        cache.check_room(pos0 + t_n)
-        bad = tokens[(tokens < 0) | (tokens >= a.vocab_size)]
-        if bad.size:
-            raise InputError(f"token id {int(bad[0])} is outside the vocabulary (0..{a.vocab_size - 1})")
         if t_n > self.ranks[0].model.state.max_t:
             for rk in self.ranks:
                 with rk.ctx():

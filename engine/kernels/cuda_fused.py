@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InputError
-from ..model import RunState
+from ..model import RunState, check_forward_args
 from . import cuda as ck
 from .cuda_quant import CudaWeight
 
@@ -84,16 +83,8 @@ class FusedModel:
     def forward(self, tokens, pos0: int, cache, *, all_logits: bool = False, capture: tuple[int, ...] = ()):
         """As `Model.forward`."""
         m, a, be = self.model, self.model.args, ck
-        tokens = np.asarray(tokens, dtype=np.int32).reshape(-1)
+        tokens = check_forward_args(tokens, pos0, cache, a.vocab_size)
         t_n = tokens.shape[0]
-        if t_n == 0:
-            raise InputError("forward() needs at least one token")
-        if cache.length != pos0:
-            raise ValueError(f"cache holds {cache.length} tokens but pos0 is {pos0}; truncate it first")
-        cache.check_room(pos0 + t_n)
-        bad = tokens[(tokens < 0) | (tokens >= a.vocab_size)]
-        if bad.size:
-            raise InputError(f"token id {int(bad[0])} is outside the vocabulary (0..{a.vocab_size - 1})")
         if t_n > m.state.max_t:
             m.state = RunState(m.be, a, t_n)
             self.qkv = ck.zeros((t_n, self.d_qkv), "float32")
