@@ -171,3 +171,107 @@ def test_bad_ids_and_text(tiny_toks):
         tok.decode([tok.vocab_size])
     with pytest.raises(InputError):
         tok.encode(b"bytes")  # type: ignore[arg-type]
+
+
+def _reference_token_bytes(text: str, ttype: int) -> bytes:
+    """The per-character definition of a token's bytes (the tokenizer computes it with str.translate)."""
+    from engine.tokenizer import BYTE, CONTROL, UNKNOWN, UNUSED, USER_DEFINED, byte_decoder
+    if ttype in (CONTROL, USER_DEFINED, UNKNOWN):
+        return text.encode("utf-8")
+    if ttype == UNUSED:
+        return b""
+    if ttype == BYTE and len(text) == 6 and text.startswith("<0x"):
+        return bytes([int(text[3:5], 16)])
+    try:
+        return bytes(byte_decoder()[c] for c in text)
+    except KeyError:
+        return text.encode("utf-8")
+
+
+def test_token_bytes_match_the_per_character_definition(tiny_toks, request):
+    for tok in _all(tiny_toks, request):
+        for i in range(tok.vocab_size):
+            assert tok.token_bytes(i) == _reference_token_bytes(tok.tokens[i], tok.types[i]), i
+    odd = ["", "é", "a b", "\x00", "\xad", "\uffff", "Ġhello", "日本", "ĠĊ", "\u0100", "x\u00adz", "<0x0A>"]
+    from engine.tokenizer import _token_bytes
+    for text in odd:
+        for ttype in range(1, 7):
+            assert _token_bytes(text, ttype) == _reference_token_bytes(text, ttype), (text, ttype)
+
+
+def test_duplicated_token_string_keeps_its_first_id():
+    tok = Tokenizer(["a", "b", "ab", "a", "<|im_end|>"], [1, 1, 1, 1, 3], ["a b"], "gpt2", None, None)
+    assert tok.encode("ab") == [2] and tok.encode("a") == [0] and 4 in tok.stop_ids
+
+
+CACHE_CORPUS = CORPUS + ["<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "<think>x</think> <tool_call>",
+                         "\x00\x01 tabs\t\tand \u200b zero-width, ﬁ ligature, Å vs Å", "a" * 500 + " " + "ab " * 50]
+
+
+def _cache_files(root):
+    return sorted((root / "tokenizers").glob("*.json"))
+
+
+def test_cached_tokenizer_encodes_like_a_fresh_build(tiny_models, tmp_path, monkeypatch, request):
+    from engine import tokenizer_cache
+    monkeypatch.setenv("NINFER_CACHE_DIR", str(tmp_path))
+    paths = list(tiny_models.values())
+    try:
+        paths.append(request.getfixturevalue("smollm2_path"))
+    except pytest.skip.Exception:
+        pass
+    for n, path in enumerate(paths, 1):
+        mf = load_gguf(path)
+        first = Tokenizer.from_gguf(mf)  # builds and stores
+        assert len(_cache_files(tmp_path)) == n
+        loads = []
+        real_load = tokenizer_cache.load
+        monkeypatch.setattr(tokenizer_cache, "load", lambda k: loads.append(real_load(k)) or loads[-1])
+        cached = Tokenizer.from_gguf(mf)
+        monkeypatch.setattr(tokenizer_cache, "load", real_load)
+        assert loads and loads[0] is not None  # served from the cache
+        assert cached._tk.to_str() == first._tk.to_str()
+        for text in CACHE_CORPUS:
+            for special in (True, False):
+                assert cached.encode(text, parse_special=special) == first.encode(text, parse_special=special)
+        assert cached.stop_ids == first.stop_ids and cached.special_ids == first.special_ids
+
+
+def test_cache_key_changes_with_the_vocabulary(tiny_models):
+    from engine import tokenizer_cache
+    keys = {tokenizer_cache.key([load_gguf(p).reader.raw("tokenizer.ggml.tokens"), b"gpt2"])
+            for p in tiny_models.values()}
+    assert len(keys) == len(tiny_models)
+    k = tokenizer_cache.key([b"ab", b"c"])
+    assert k != tokenizer_cache.key([b"a", b"bc"]) and k == tokenizer_cache.key([b"ab", b"c"])
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "garbage", "empty", "valid_json_wrong_digest"])
+def test_damaged_cache_file_is_rebuilt(tiny_models, tmp_path, monkeypatch, damage):
+    monkeypatch.setenv("NINFER_CACHE_DIR", str(tmp_path))
+    mf = load_gguf(tiny_models["qwen3"])
+    fresh = Tokenizer.from_gguf(mf)
+    (f,) = _cache_files(tmp_path)
+    raw = f.read_bytes()
+    if damage == "truncate":
+        f.write_bytes(raw[:len(raw) // 2])
+    elif damage == "flip":
+        f.write_bytes(raw[:-100] + bytes([raw[-100] ^ 1]) + raw[-99:])
+    elif damage == "garbage":
+        f.write_bytes(b"\xff\xfe not json at all")
+    elif damage == "empty":
+        f.write_bytes(b"")
+    else:
+        f.write_bytes(b"0" * 64 + raw[64:])
+    again = Tokenizer.from_gguf(mf)
+    for text in CACHE_CORPUS:
+        assert again.encode(text) == fresh.encode(text)
+    assert f.read_bytes() == raw  # rewritten whole
+
+
+def test_unwritable_cache_dir_still_loads(tiny_models, tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("NINFER_CACHE_DIR", str(blocker))
+    tok = Tokenizer.from_gguf(load_gguf(tiny_models["llama"]))
+    assert tok.decode(tok.encode(CORPUS[0])) == CORPUS[0]
