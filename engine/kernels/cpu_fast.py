@@ -74,32 +74,15 @@ class FastScratch:
         self.cpu = cpu.new_scratch(max_t, max_n)  # for weights that stay in cpu.py's layout
 
 
-def _f16_field(raw: np.ndarray, off: int) -> np.ndarray:
-    """(..., B) uint8 blocks -> (...,) f32 of the half float at byte offset off."""
-    return np.ascontiguousarray(raw[..., off:off + 2]).view(np.float16)[..., 0].astype(np.float32)
-
-
 def repack(qt: QTensor) -> FastWeight:
-    """File blocks (rows, nb * bytes_per_block) -> the interleaved layout. Rows are padded with zero blocks
-    up to a multiple of G; kernels never write the padding rows to `out`."""
+    """File blocks (rows, nb * bytes_per_block) -> the interleaved layout, in one jitted pass
+    (engine/kernels/cpu_repack.py). Rows are padded with zero blocks up to a multiple of G; kernels never
+    write the padding rows to `out`."""
+    from .cpu_repack import repack_arrays
     rows, cols = qt.shape[0], qt.shape[-1]
-    nb, ng = cols // QK, (rows + G - 1) // G
     raw = np.ascontiguousarray(qt.data).view(np.uint8).reshape(rows, -1)
-    if rows % G:
-        raw = np.concatenate([raw, np.zeros((ng * G - rows, raw.shape[1]), np.uint8)])
-    raw = raw.reshape(ng, G, nb, -1)  # (ng, G, nb, B)
-    d = np.ascontiguousarray(_f16_field(raw, 0).transpose(0, 2, 1))  # (ng, nb, G)
-    if qt.qtype == QT.Q8_0:
-        pairs = raw[..., 2:].reshape(ng, G, nb, 16, 2).transpose(0, 2, 3, 1, 4)  # (ng, nb, 16, G, 2)
-        qs = np.ascontiguousarray(pairs).view(np.int8).reshape(ng, nb, 16, 2 * G)
-        return FastWeight(qt.name, "q8", (rows, cols), qs, d)
-    if qt.qtype == QT.Q4_1:
-        m8 = np.ascontiguousarray(_f16_field(raw, 2).transpose(0, 2, 1)) + 8.0 * d
-        qs = np.ascontiguousarray(raw[..., 4:].transpose(0, 2, 3, 1))  # (ng, nb, 16, G)
-    else:  # Q4_0: x = d (q - 8)
-        m8 = np.zeros_like(d)
-        qs = np.ascontiguousarray(raw[..., 2:].transpose(0, 2, 3, 1))
-    return FastWeight(qt.name, "q4", (rows, cols), qs, d, m8.astype(np.float32))
+    qs, d, m8 = repack_arrays(raw, QT(qt.qtype).name.lower(), cols)
+    return FastWeight(qt.name, "q8" if qt.qtype == QT.Q8_0 else "q4", (rows, cols), qs, d, m8)
 
 
 def prepare_weight(qt: QTensor):
