@@ -74,7 +74,7 @@ class Engine:
                 from .kernels.cuda_graph import GraphDecoder
                 model = GraphDecoder(model)
         report(Progress("compile", 2, 3, "compiling kernels"))
-        _warm_up(model, args.kv_dtype)
+        _warm_up(model, args.kv_dtype, lambda msg: report(Progress("compile", 2, 3, msg)))
         if args.tp > 1:  # which all-reduce transport was chosen, and why
             report(Progress("load", 2, 3, model.describe()))
         report(Progress("load", 3, 3, mf.describe()))
@@ -231,10 +231,22 @@ def _set_threads(n: int) -> None:
         raise ConfigError(f"--threads {n}: {e}") from None
 
 
-def _warm_up(model, kv_dtype: str = "f16") -> None:
-    """Compile the kernels now (one decode step and a 2-token step on a scratch cache), not at first token."""
+def _warm_up(model, kv_dtype: str = "f16", say: Callable[[str], None] | None = None) -> None:
+    """Compile the kernels now (one decode step and a 2-token step on a scratch cache), not at first token.
+
+    The fast CPU step on a cold numba cache is compiled in tiers (engine/compile_bg.py): the model serves
+    with the step's kernels called one by one while a helper process compiles the one-call fused step;
+    NINFER_COMPILE_BG=0 compiles the fused step here instead (the old way, for A-B comparisons)."""
     t0 = time.perf_counter()
+    import os
+
     import numpy as np
+    fused = getattr(model, "fused", None)
+    if fused is not None and os.environ.get("NINFER_COMPILE_BG") != "0":
+        from .kernels.cpu_fast_step import FusedForward
+        if isinstance(fused, FusedForward):
+            from .compile_tier import start
+            model.fused = start(fused, kv_dtype, say)
     cache = model.new_cache(4, kv_dtype)
     model.forward(np.array([0, 0], np.int32), 0, cache)
     model.forward(np.array([0], np.int32), 2, cache)

@@ -1,0 +1,249 @@
+"""Tier 0 of the fast CPU forward: `fused_forward`'s kernels called one by one from Python.
+
+Why: on a cold start (empty numba cache) a large part of the one-call fused step's compile time (about a
+quarter, measured) is its final link, where numba optimizes and codegens every kernel it calls once more. The same kernels called
+from Python skip that link, and each is cached on its own, so half of them can be compiled by a helper
+process (engine/compile_bg.py) while this process compiles the other half. The result is bit-identical to
+`fused_forward`: same compiled kernels, same arguments, same order (tests/engine/test_compile_bg.py), so
+the engine can switch to the fused step between any two steps once it is in the cache.
+
+`LeafForward.forward` mirrors `cpu_fast_step.fused_forward` line by line (keep them in step). Each call
+site is compiled for the exact types numba infers inside `fused_forward` (the int8 activation slices
+qa/sa/xs are non-contiguous 'A' arrays there), so the fused step later finds every kernel in the cache.
+Costs ~10 Python->numba calls per layer (about 1-2 ms per decode step on a 30-layer model): only until
+the fused step is ready. f16 KV cache only (the int8 cache compiles the fused step in the foreground).
+Not under kernels/: numba_env keys the cache directory on the kernel sources, and nothing here is jitted.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from .kernels import cpu
+from .kernels.cpu_fast import embed_q4, embed_q8, mm_q4x3, mm_q8, quantize_rows
+from .kernels.cpu_fast_step import attention_f16_split, store_f16, swiglu_fast
+
+# kernels the helper process compiles (the rest are compiled here, meanwhile): about half the work each
+CHILD_KERNELS = (attention_f16_split, store_f16, mm_q8, swiglu_fast, embed_q4, embed_q8)
+HELPER_WAIT_S = 600.0  # a helper alive but stuck this long: compile its kernels here
+
+
+def _sig(args, a_idx):
+    """numba argument types of a call; positions in a_idx as layout 'A' (slices numba types so)."""
+    tys = [numba.typeof(a) for a in args]
+    for i in a_idx:
+        tys[i] = tys[i].copy(layout="A")
+    return tuple(tys)
+
+
+class LeafForward:
+    """`fused_forward` as Python calls of its kernels over a FusedForward's buffers and weights."""
+
+    def __init__(self, ff):
+        self.ff = ff
+        self.eps = {}  # call site -> compiled entry point
+        self.record = None  # list of (dispatcher, signature) while planning
+
+    def _call(self, site, disp, args, a_idx=()):
+        if self.record is not None:
+            sig = _sig(args, a_idx)
+            if (disp, sig) not in self.record:
+                self.record.append((disp, sig))
+            return
+        ep = self.eps.get(site)
+        if ep is None:  # first call at this site: a cache hit when the helper process compiled it
+            ep = self.eps[site] = disp.compile(_sig(args, a_idx))
+        ep(*args)
+
+    def plan(self, kv) -> list:
+        """[(dispatcher, signature)] of every kernel call of a forward over the cache arrays kv, in order,
+        without compiling or running anything."""
+        self.record = []
+        try:
+            ff = self.ff
+            tok = ff.bufs[0][:1, 0].astype("int32")
+            self.forward(tok, 0, kv, 1, ff._attn_scratch(1))
+            return self.record
+        finally:
+            self.record = None
+
+    def compile(self, kv, skip=()) -> None:
+        """Compile (or load from the cache) every kernel of a forward except the dispatchers in skip."""
+        for disp, sig in self.plan(kv):
+            if disp not in skip:
+                disp.compile(sig)
+
+    def forward(self, tokens, pos0, kv, rows_out, attn_scr):
+        ff = self.ff
+        c = self._call
+        x, xb, q, k, v, att, proj, gate, up, hb, qa, sa, xs, logits = ff.bufs
+        attn_norm, ffn_norm, out_norm, eps = ff.norms
+        inv_freq, neox, n_head, n_kv, hd, scale = ff.rope
+        r = ff.roles
+        wq, wk, wv, wo, wg, wu, wd = (r[n] for n in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"))
+        bias, qk_norm, emb = ff.bias, ff.qk_norm, ff.emb
+        t_n = tokens.shape[0]
+        xt, xbt = x[:t_n], xb[:t_n]
+        qt, kt, vt, at = q[:t_n], k[:t_n], v[:t_n], att[:t_n]
+        if emb[0] == 0:
+            c("embed_q4", embed_q4, (xt, emb[1], emb[3], emb[4], tokens))
+        else:
+            c("embed_q8", embed_q8, (xt, emb[2], emb[3], tokens))
+        for l in range(attn_norm.shape[0]):
+            c("norm1", cpu.rmsnorm, (xbt, xt, attn_norm[l], eps))
+            self._mm("qkv", qt, kt, vt, xbt, wq, wk, wv, l)
+            if bias[0]:
+                c("bias_q", cpu.bias_add, (qt, bias[1][l]))
+                c("bias_k", cpu.bias_add, (kt, bias[2][l]))
+                c("bias_v", cpu.bias_add, (vt, bias[3][l]))
+            q3 = qt.reshape(t_n, n_head, hd)
+            k3 = kt.reshape(t_n, n_kv, hd)
+            v3 = vt.reshape(t_n, n_kv, hd)
+            if qk_norm[0]:
+                qh = qt.reshape(t_n * n_head, hd)
+                kh = kt.reshape(t_n * n_kv, hd)
+                c("qnorm", cpu.rmsnorm, (qh, qh, qk_norm[1][l], eps))
+                c("knorm", cpu.rmsnorm, (kh, kh, qk_norm[2][l], eps))
+            c("rope_q", cpu.rope, (q3, pos0, inv_freq, neox))
+            c("rope_k", cpu.rope, (k3, pos0, inv_freq, neox))
+            a3 = at.reshape(t_n, n_head, hd)
+            # cpu_fast_step._attend, f16 cache
+            c("store_k", store_f16, (kv[0][l], k3, pos0))
+            c("store_v", store_f16, (kv[1][l], v3, pos0))
+            c("attn", attention_f16_split, (a3, q3, kv[0][l], kv[1][l], pos0, scale, *attn_scr))
+            self._mm("o", proj[:t_n], None, None, at, wo, None, None, l)
+            c("resid1", cpu.residual_add, (xt, proj[:t_n]))
+            c("norm2", cpu.rmsnorm, (xbt, xt, ffn_norm[l], eps))
+            self._mm("gu", gate[:t_n], up[:t_n], None, xbt, wg, wu, None, l)
+            c("swiglu", swiglu_fast, (hb[:t_n], gate[:t_n], up[:t_n]))
+            self._mm("down", proj[:t_n], None, None, hb[:t_n], wd, None, None, l)
+            c("resid2", cpu.residual_add, (xt, proj[:t_n]))
+        src = x[t_n - rows_out:t_n]
+        c("norm_out", cpu.rmsnorm, (xb[:rows_out], src, out_norm, eps))
+        self._head(logits[:rows_out], xb[:rows_out], ff.head)
+
+    def _quant(self, site, xin):
+        ff = self.ff
+        qa, sa, xs = ff.bufs[10], ff.bufs[11], ff.bufs[12]
+        t_n, n = xin.shape
+        nb = n // 32
+        args = (qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb])
+        self._call("quant_" + site, quantize_rows, (*args, xin), (0, 1, 2))
+        return args
+
+    def _mm(self, site, o1, o2, o3, xin, w1, w2, w3, l):
+        """cpu_fast_step._mm3 / _mm2 / _mm: up to three matmuls of xin as one mm_q4x3 call."""
+        qa, sa, xs = self._quant(site, xin)
+        ws = [(w[0][l], w[1][l], w[2][l], w[3]) for w in (w1, w2, w3) if w is not None]
+        if len(ws) == 1:
+            o2 = o3 = o1
+        elif len(ws) == 2:
+            o3 = o2
+        while len(ws) < 3:  # empty weights, as in _mm / _mm2
+            ws.append(tuple(a[:0] for a in ws[-1]))
+        self._call("mm_" + site, mm_q4x3, (o1, o2, o3, qa, sa, xs, *ws[0], *ws[1], *ws[2]), (3, 4, 5))
+
+    def _head(self, logits, xin, h):
+        qa, sa, xs = self._quant("head", xin)
+        if h[0] == 0:
+            w = (h[1], h[3], h[4], h[5])
+            e = tuple(a[:0] for a in w)
+            self._call("mm_head", mm_q4x3, (logits, logits, logits, qa, sa, xs, *w, *e, *e), (3, 4, 5))
+        else:
+            self._call("head_q8", mm_q8, (logits, qa, sa, h[2], h[3], h[6]), (1, 2))
+
+
+def fused_signature(ff, kv, rows_out: int = 1) -> tuple:
+    """The argument types `FusedForward.run` calls `fused_forward` with (the same for every T)."""
+    r = ff.roles
+    args = (np.zeros(1, np.int32), 0, rows_out, ff.bufs, ff.emb, ff.head, ff.norms, ff.rope, r["wq"], r["wk"],
+            r["wv"], r["wo"], r["w_gate"], r["w_up"], r["w_down"], ff.bias, ff.qk_norm, kv, ff._attn_scratch(1))
+    return tuple(numba.typeof(a) for a in args)
+
+
+
+class TieredForward:
+    """`FusedForward.run` while the fused step is compiled elsewhere: the kernel-by-kernel step until the
+    helper (engine/compile_bg.Helper) reports the fused step cached, then the fused step, switched between
+    two calls. Same results either way (bit-identical), same ContentionGuard."""
+
+    def __init__(self, ff, kv, helper):
+        self.ff, self.helper = ff, helper
+        self.leaf = LeafForward(ff)
+        self.sig = fused_signature(ff, kv)
+        self.fused_ready = False
+        self.note: str | None = None  # why the fused step stays off (helper failed), once
+        self.steps = {"kernels": 0, "fused": 0}
+
+    def _switch(self) -> None:
+        from .compile_bg import load_cached, log
+        from .kernels.cpu_fast_step import fused_forward
+        h = self.helper
+        if h.fused_done.is_set():
+            if load_cached(fused_forward, self.sig) is not None:
+                self.fused_ready = True
+                return
+            self.note = "the helper's fused step is not in the numba cache"
+        elif h.failure is not None:
+            self.note = h.failure
+        else:
+            return
+        log.warning("background compile of the fused decode step failed (%s); this run keeps the "
+                    "kernel-by-kernel step (same results, ~10%% slower decode)", self.note)
+
+    def run(self, tokens: np.ndarray, pos0: int, cache, rows_out: int) -> np.ndarray:
+        if not self.fused_ready and self.note is None:
+            self._switch()
+        ff = self.ff
+        if self.fused_ready:
+            self.steps["fused"] += 1
+            return ff.run(tokens, pos0, cache, rows_out)
+        self.steps["kernels"] += 1
+        t_n = tokens.shape[0]
+        if t_n > ff.max_t or rows_out > ff.logit_rows:
+            ff._alloc(t_n, rows_out)
+        guard = ff.guard if t_n == 1 else None
+        if guard is not None:
+            guard.before()
+        else:
+            ff.guard.full_threads()
+        self.leaf.forward(tokens, pos0, ff.kv_tuple(cache), rows_out, ff._attn_scratch(cache.capacity))
+        if guard is not None:
+            guard.after()
+        cache.length = pos0 + t_n
+        return ff.bufs[13][:rows_out]
+
+    def __call__(self, tokens, pos0: int, cache, *, all_logits: bool = False) -> np.ndarray:
+        tokens = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        return self.run(tokens, pos0, cache, tokens.shape[0] if all_logits else 1).copy()
+
+
+def start(ff, kv_dtype: str, report=None, argv=None):
+    """Prepare `ff` (a FusedForward) for its first step. Returns ff itself when the fused step is in the
+    numba cache (warm start) or the cache is int8 (compiled here, as before); else a TieredForward whose
+    kernels are compiled (half of them by a helper process, which then compiles the fused step)."""
+    from .compile_bg import Helper, install_cache_lock, load_cached
+    from .kernels.cpu_fast_step import fused_forward
+    report = report or (lambda msg: None)
+    cache = ff.model.new_cache(4, kv_dtype)
+    kv = ff.kv_tuple(cache)
+    sig = fused_signature(ff, kv)
+    if kv_dtype != "f16" or load_cached(fused_forward, sig) is not None:
+        return ff
+    install_cache_lock()
+    leaf = LeafForward(ff)
+    plan = leaf.plan(kv)
+    child = [(d, s) for d, s in plan if d in CHILD_KERNELS]
+    helper = Helper(child, [(fused_forward, sig)], argv=argv)
+    report("compiling kernels (first start only: a helper process compiles half of them)")
+    leaf.compile(kv, skip=CHILD_KERNELS)
+    helper.leaves_done.wait(HELPER_WAIT_S)  # set on "leaves" or when the helper ended
+    tiered = TieredForward(ff, kv, helper)
+    tiered.leaf = leaf
+    if helper.failure is None:
+        helper.go()
+        report("compiling the fast decode step in the background (first start only)")
+    else:
+        report(f"background compile unavailable ({helper.failure}); compiling the rest here")
+    leaf.compile(kv)  # the helper's kernels: loaded from the cache (or compiled here if it failed)
+    return tiered

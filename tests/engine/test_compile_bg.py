@@ -1,0 +1,165 @@
+"""Tiered first start (engine/compile_bg.py, engine/compile_tier.py), without timing anything absolute:
+
+- the kernel-by-kernel step (tier 0) gives logits bit-identical to the fused step;
+- a tiered model serves tokens before the helper process compiled the fused step, switches once it has,
+  and its greedy tokens equal the fused step's;
+- a helper that fails leaves the kernel-by-kernel step working and says so once;
+- (slow) a cold Engine.load in a fresh numba cache dir: tiered, helper finishes, the next load is warm.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+ROOT = Path(__file__).resolve().parents[2]
+ALL_Q4 = dict(attn_q=QT.Q4_1, attn_k=QT.Q4_1, attn_v=QT.Q4_0, attn_output=QT.Q4_1, ffn_gate=QT.Q4_0,
+              ffn_up=QT.Q4_1, ffn_down=[QT.Q4_1])
+TOKS = np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32)
+
+
+@pytest.fixture(scope="module")
+def q4_path(tmp_path_factory, make_tiny):
+    return make_tiny(tmp_path_factory.mktemp("q4bg") / "tiny-q4.gguf", "llama", seed=3, qtypes=ALL_Q4)
+
+
+def _model(path):
+    from engine.backend import Backend
+    from engine.gguf import load_gguf
+    from engine.kernels import cpu_fast
+    from engine.model import Model
+    mf = load_gguf(path)
+    return Model(mf.args, mf.tensors, Backend("cpu", cpu_fast), max_batch=8)
+
+
+def _greedy(fwd, model, n=8):
+    """Prefill TOKS, then n greedy one-token steps through fwd (FusedForward-like); tokens and all logits."""
+    cache = model.new_cache(64)
+    logits = [fwd(TOKS, 0, cache, all_logits=True)]
+    toks = [int(logits[0][-1].argmax())]
+    for i in range(n):
+        logits.append(fwd(np.array([toks[-1]], np.int32), len(TOKS) + i, cache))
+        toks.append(int(logits[-1][0].argmax()))
+    return toks, logits
+
+
+def _helper(model, argv=None):
+    from engine.compile_bg import Helper
+    from engine.kernels.cpu_fast_step import fused_forward
+    from engine.compile_tier import CHILD_KERNELS, LeafForward, fused_signature
+    ff = model.fused
+    kv = ff.kv_tuple(model.new_cache(4))
+    plan = LeafForward(ff).plan(kv)
+    return Helper([p for p in plan if p[0] in CHILD_KERNELS], [(fused_forward, fused_signature(ff, kv))], argv=argv)
+
+
+def test_kernel_by_kernel_step_is_bit_identical_to_fused(q4_path):
+    from engine.compile_tier import TieredForward
+    model = _model(q4_path)
+    want_toks, want = _greedy(model.fused, model)
+
+    class Never:  # a helper that has not finished yet: TieredForward stays on the kernel-by-kernel step
+        failure = None
+        fused_done = type("E", (), {"is_set": staticmethod(lambda: False)})()
+
+    kv = model.fused.kv_tuple(model.new_cache(4))
+    tiered = TieredForward(model.fused, kv, Never())
+    got_toks, got = _greedy(tiered, model)
+    assert tiered.steps["fused"] == 0 and tiered.steps["kernels"] == len(got)
+    assert got_toks == want_toks
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_tiered_serves_first_then_switches_to_fused(q4_path):
+    from engine.compile_tier import TieredForward
+    model = _model(q4_path)
+    want_toks, want = _greedy(model.fused, model, n=12)
+    helper = _helper(model)
+    try:
+        kv = model.fused.kv_tuple(model.new_cache(4))
+        tiered = TieredForward(model.fused, kv, helper)
+        cache = model.new_cache(64)
+        toks = [int(tiered(TOKS, 0, cache, all_logits=True)[-1].argmax())]
+        for i in range(4):  # the helper waits for go(): these steps cannot be the fused ones
+            toks.append(int(tiered(np.array([toks[-1]], np.int32), len(TOKS) + i, cache)[0].argmax()))
+        assert tiered.steps == {"kernels": 5, "fused": 0} and not helper.fused_done.is_set()
+        assert helper.leaves_done.wait(300) and helper.failure is None
+        helper.go()
+        assert helper.fused_done.wait(300), helper.failure
+        for i in range(4, 12):
+            toks.append(int(tiered(np.array([toks[-1]], np.int32), len(TOKS) + i, cache)[0].argmax()))
+        assert tiered.steps == {"kernels": 5, "fused": 8} and tiered.note is None
+        assert toks == want_toks
+        assert helper.ended.wait(60) and helper.proc.returncode == 0
+    finally:
+        helper.stop()
+
+
+def test_failing_helper_keeps_kernel_path_and_says_so_once(q4_path, caplog):
+    from engine.compile_tier import TieredForward
+    model = _model(q4_path)
+    want_toks, _ = _greedy(model.fused, model)
+    helper = _helper(model, argv=[sys.executable, "-c", "import sys; sys.stdin.buffer.read(1); sys.exit(3)"])
+    assert helper.ended.wait(60)
+    assert "status 3" in helper.failure or "could not start" in helper.failure
+    kv = model.fused.kv_tuple(model.new_cache(4))
+    tiered = TieredForward(model.fused, kv, helper)
+    with caplog.at_level(logging.WARNING, logger="ninfer.compile"):
+        got_toks, _ = _greedy(tiered, model)
+    assert got_toks == want_toks
+    assert tiered.steps["fused"] == 0 and tiered.note
+    assert len([r for r in caplog.records if "background compile" in r.getMessage()]) == 1
+
+
+_COLD_SCRIPT = r"""
+import json, sys, time
+from engine.api import Engine
+from engine.config import EngineArgs
+from engine.compile_tier import TieredForward
+msgs = []
+eng = Engine.load(EngineArgs(model=sys.argv[1], max_context=256), progress=lambda p: msgs.append(p.message))
+m = eng.model
+tiered = isinstance(m.fused, TieredForward)
+import numpy as np
+def run():
+    cache = m.new_cache(64)
+    toks = [int(m.forward(np.arange(1, 12, dtype=np.int32), 0, cache)[0].argmax())]
+    for i in range(6):
+        toks.append(int(m.forward(np.array([toks[-1]], np.int32), 11 + i, cache)[0].argmax()))
+    return toks
+first = run()
+switched = None
+if tiered:
+    assert m.fused.helper.fused_done.wait(900), m.fused.helper.failure
+    second = run()
+    switched = m.fused.fused_ready
+    assert second == first, (first, second)
+print(json.dumps({"tiered": tiered, "switched": switched, "tokens": first, "messages": msgs}))
+"""
+
+
+@pytest.mark.slow
+def test_cold_start_is_tiered_and_next_start_is_warm(q4_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), NUMBA_NUM_THREADS="2")
+    with tempfile.TemporaryDirectory() as d:
+        env["NINFER_CACHE_DIR"] = d
+        outs = []
+        for _ in range(2):
+            r = subprocess.run([sys.executable, "-c", _COLD_SCRIPT, str(q4_path)], env=env, cwd=ROOT,
+                               capture_output=True, text=True, timeout=1800)
+            assert r.returncode == 0, r.stderr[-3000:]
+            outs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    cold, warm = outs
+    assert cold["tiered"] and cold["switched"]
+    assert any("background" in m for m in cold["messages"])
+    assert not warm["tiered"]
+    assert warm["tokens"] == cold["tokens"]
