@@ -275,3 +275,13 @@ def test_unwritable_cache_dir_still_loads(tiny_models, tmp_path, monkeypatch):
     monkeypatch.setenv("NINFER_CACHE_DIR", str(blocker))
     tok = Tokenizer.from_gguf(load_gguf(tiny_models["llama"]))
     assert tok.decode(tok.encode(CORPUS[0])) == CORPUS[0]
+
+
+def test_cache_compacts_merges_only_when_unambiguous():
+    import json
+
+    from engine.tokenizer_cache import _compact
+    plain = json.dumps({"model": {"merges": [["a", "b"], ["ab", "c"]]}})
+    assert json.loads(_compact(plain))["model"]["merges"] == ["a b", "ab c"]
+    spaced = json.dumps({"model": {"merges": [["a", "b c"], ["ab", "c"]]}})
+    assert _compact(spaced) == spaced
