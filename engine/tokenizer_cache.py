@@ -3,7 +3,7 @@ building the BPE (measured on SmolLM2, 49k tokens / 48k merges, 2-core VM under 
 filter and build vs ~0.1-0.25 s for `Tokenizer.from_str` of the cached JSON).
 
 Key: sha256 of the model's vocabulary, merges and token types as stored in the file, the pre-tokenizer name,
-the source of engine/tokenizer.py (the build code) and the `tokenizers` version; so a changed model or build
+the sources of engine/tokenizer.py and this file (the build and the format) and the `tokenizers` version; so a changed model or build
 can never be served an old tokenizer. A file is `<sha256 of the JSON>\n<JSON>`, written to a temporary file
 and renamed into place; any problem reading it (missing, truncated, corrupt, unparsable) means "rebuild",
 never an error. Lives in the user cache directory (NINFER_CACHE_DIR overrides), next to the numba cache.
@@ -31,7 +31,7 @@ def key(parts: Iterable[bytes | memoryview]) -> str:
     for p in parts:
         model.update(len(p).to_bytes(8, "little"))
         model.update(p)
-    code = hashlib.sha256(Path(__file__).with_name("tokenizer.py").read_bytes())
+    code = hashlib.sha256(Path(__file__).with_name("tokenizer.py").read_bytes() + Path(__file__).read_bytes())
     code.update(tokenizers.__version__.encode())
     return f"{model.hexdigest()[:32]}-{code.hexdigest()[:16]}"
 
