@@ -223,6 +223,8 @@ def main(argv=None) -> int:
     ap.add_argument("--greedy", action="store_true", help="also greedy 32-token prefixes on the 10 prompts")
     ap.add_argument("--floor", action="store_true", help="llama.cpp against itself (batch vs one by one, FA)")
     ap.add_argument("--tokens", type=int, default=0, help="use only the first N tokens of the text")
+    ap.add_argument("--sensitivity", action="store_true",
+                    help="also compare each variant with itself computed with f32 instead of f64 sums")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -245,6 +247,11 @@ def main(argv=None) -> int:
             print(f"llama.cpp {name} vs batch: top-1 {100 * r['rate']:.2f}% ({r['mismatches']} mismatches, "
                   f"{r['near_ties']} near ties), mean |diff| {r['mean_abs_diff']:.4f} [{time.time() - t0:.0f}s]",
                   flush=True)
+    llama_greedy = []
+    if args.greedy:
+        lref = oa.llama_cpp_model(path, n_ctx=1024, n_batch=512, logits_all=True)
+        llama_greedy = [oa._llama_greedy(lref, tok.encode_chat(m), 32, tok.stop_ids)[0] for m in oa.PROMPTS]
+        del lref
     emu = Emulator(path)
     off = [s for s in args.off.split(",") if s]
     variants = [("all on", ())]
@@ -252,19 +259,24 @@ def main(argv=None) -> int:
         variants += [(f"{r} off", (r,)) for r in ROUNDINGS] + [("all off", ROUNDINGS)]
     elif off:
         variants = [("off: " + ",".join(off), tuple(off))]
+    global SUM32
     for name, off_set in variants:
         on = tuple(r for r in ROUNDINGS if r not in off_set)
         t0 = time.time()
-        r = compare(emu.forward(ids, on), ref)
-        line = (f"{name:12s} top-1 {100 * r['rate']:.2f}% ({r['mismatches']} mismatches, {r['near_ties']} near "
-                f"ties) mean |diff| {r['mean_abs_diff']:.4f}")
+        SUM32 = False
+        mine = emu.forward(ids, on)
+        r = compare(mine, ref)
+        line = (f"{name:12s} vs llama.cpp: top-1 {100 * r['rate']:.2f}% ({r['mismatches']} mismatches, "
+                f"{r['near_ties']} near ties), mean |diff| {r['mean_abs_diff']:.4f}")
+        if args.sensitivity:  # the same emulation with f32 (BLAS-order) sums: last-bit changes only
+            SUM32 = True
+            r = compare(emu.forward(ids, on), mine)
+            SUM32 = False
+            line += f"; f64 vs f32 sums: top-1 {100 * r['rate']:.2f}%, mean |diff| {r['mean_abs_diff']:.4f}"
         if args.greedy:
-            import llama_cpp  # noqa: F401  (oracle model below)
-            lref = oa.llama_cpp_model(path, n_ctx=1024, n_batch=512, logits_all=True)
             same = 0
-            for msgs in oa.PROMPTS:
+            for msgs, theirs in zip(oa.PROMPTS, llama_greedy):
                 p = tok.encode_chat(msgs)
-                theirs, _ = oa._llama_greedy(lref, p, 32, tok.stop_ids)
                 same += oa._first_diff(emu.greedy(p, 32, tok.stop_ids, on), theirs) is None
             line += f"; greedy {same}/10"
         print(line + f" [{time.time() - t0:.0f}s]", flush=True)

@@ -9,10 +9,14 @@ Three measurements on one GGUF model (default: the embedded SmolLM2-135M-Instruc
 A mismatch is a *near tie* when llama.cpp's own logit gap between its choice and ours is < 0.1.
 
 Two more figures explain the teacher-forced one (--explain):
-  floor      llama.cpp against itself: the same text read in one batch vs one token at a time. llama.cpp
-             rounds activations to 8 bits (per 32 values) before every Q4/Q8 dot product and rounds q and
-             softmax to f16 in attention; on a quantized file these roundings make its logits move by a few
-             percent with the evaluation path, which bounds how well any other implementation can agree.
+  floor      llama.cpp against itself: the same text read in one batch vs one token at a time (both with
+             llama-cpp-python's defaults: flash_attn=False, n_batch = n_ubatch = 512, f16 KV cache).
+             llama.cpp rounds activations to 8 bits per 32 values (Q8_1) before every Q4_1 matmul; its
+             batched and one-token attention kernels (f16 K.q, softmax.V) sum in different orders, and the
+             last-bit differences flip 8-bit roundings in the next matmul, which cascade through the layers.
+             Result: llama.cpp agrees with itself on ~96.5% of positions (mean |logit diff| ~0.16), the same
+             distance as ours; scripts/llama_bitexact.py shows the first differing op, scripts/llama_numerics.py
+             shows the same cascade in a numpy emulation (f64 vs f32 sums).
   f32        both engines on an F32 copy of the same (dequantized) weights, where llama.cpp does not round
              activations: this isolates our forward pass from llama.cpp's activation quantization.
 
@@ -257,6 +261,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n-new", type=int, default=32)
     ap.add_argument("--json", type=Path, help="write all figures here")
     args = ap.parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # figures appear as they are measured, also into a file
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from engine.paths import resolve_model
