@@ -62,6 +62,32 @@ class TensorInfo:
     data_offset: int
 
 
+class StringArray:
+    """Read-only sequence view of a GGUF string array: element i decoded on access (invalid UTF-8 ->
+    U+FFFD); iterating decodes all of them in one pass. Element offsets are found once, on first access."""
+
+    def __init__(self, file: "GGUFFile", f: Field):
+        self._file, self._f = file, f
+        self._starts: np.ndarray | None = None  # (count + 1,) byte offsets of the elements' length prefixes
+
+    def __len__(self) -> int:
+        return self._f.count
+
+    def __getitem__(self, i: int) -> str:
+        n = self._f.count
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"string index {i} out of range ({n})")
+        if self._starts is None:
+            self._starts = self._file.string_starts(self._f)
+        a, b = int(self._starts[i]) + 8, int(self._starts[i + 1])
+        return str(self._file._buf[a:b], "utf-8", "replace")
+
+    def __iter__(self):
+        return iter(self._file.strings(self._f))
+
+
 class GGUFFile:
     """Parsed header of a GGUF file over `data`, an np.memmap of the whole file (read-only)."""
 
@@ -134,6 +160,25 @@ class GGUFFile:
             off += 8
             append(buf[off:off + n].decode("utf-8", "replace"))
             off += n
+        return out
+
+    def lazy_strings(self, key: str) -> "StringArray | None":
+        """A string array field as a sequence that decodes each element when it is read (None if the key is
+        absent, not a string array, or empty): the tokenizer reads a few of 49k token strings at start."""
+        f = self.fields.get(key)
+        if f is None or f.type != VT.ARRAY or f.sub != VT.STRING or f.count == 0:
+            return None
+        return StringArray(self, f)
+
+    def string_starts(self, f: Field) -> np.ndarray:
+        """(count + 1,) int64: offset of each element's length prefix in a string array, then its end."""
+        buf, unpack = self._buf, _U64.unpack_from
+        out = np.empty(f.count + 1, np.int64)
+        off = f.start
+        for i in range(f.count):
+            out[i] = off
+            off += 8 + unpack(buf, off)[0]
+        out[f.count] = off
         return out
 
     def raw(self, key: str) -> memoryview | None:

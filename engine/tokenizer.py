@@ -16,7 +16,7 @@ import unicodedata
 from datetime import datetime
 from functools import lru_cache, partial
 from itertools import repeat
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from .errors import InputError, ModelFileError
 
@@ -106,12 +106,13 @@ class IncrementalDecoder:
 class Tokenizer:
     """Encode/decode text for one model; chat template rendering. Build with `Tokenizer.from_gguf`."""
 
-    def __init__(self, tokens: list[str], types: list[int], merges: list[str] | Callable[[], list[str]],
+    def __init__(self, tokens: Sequence[str], types: list[int], merges: list[str] | Callable[[], list[str]],
                  pre: str, bos_id: int | None, eos_id: int | None, eot_id: int | None = None,
                  chat_template: str | None = None, add_bos: bool = False, source: str = "model",
                  cache_key: str | None = None):
-        """merges: the list, or a function returning it (called only when the tokenizer is built, not
-        when it comes from the cache); cache_key: engine.tokenizer_cache key of this vocabulary (None: no
+        """tokens: any sequence (engine.gguf_reader.StringArray decodes a token when it is read); merges:
+        the list, or a function returning it (called only when the tokenizer is built, not when it comes
+        from the cache); cache_key: engine.tokenizer_cache key of this vocabulary (None: no
         cache)."""
         if pre not in PRE_TOKENIZERS:
             raise ModelFileError(f"{source}: pre-tokenizer {pre!r} is not supported; supported: "
@@ -128,14 +129,12 @@ class Tokenizer:
         # Raw bytes per id, filled on first use: computing all of them cost ~0.1 s of every start.
         self._bytes: list[bytes | None] = [None] * len(tokens)
 
-        # Built from the end so that a duplicated string keeps its first id.
-        vocab = dict(zip(reversed(tokens), range(len(tokens) - 1, -1, -1)))
         tk = None
         if cache_key is not None:
             from . import tokenizer_cache
             tk = tokenizer_cache.load(cache_key)
         if tk is None:
-            tk = _build_hf(vocab, tokens, types, merges() if callable(merges) else merges, pre)
+            tk = _build_hf(list(tokens), types, merges() if callable(merges) else merges, pre)
             if cache_key is not None:
                 tokenizer_cache.store(cache_key, tk)
         self._tk = tk
@@ -143,7 +142,9 @@ class Tokenizer:
 
         self.special_ids = frozenset(i for i, ty in enumerate(types) if ty == CONTROL)
         stops = {i for i in (eos_id, eot_id) if i is not None}
-        stops |= {vocab[t] for t in _EOT_TEXTS if t in vocab and types[vocab[t]] == CONTROL}
+        # token_to_id: the BPE vocabulary, where a duplicated string maps to its first id.
+        stops |= {i for i in map(tk.token_to_id, _EOT_TEXTS) if i is not None and i < len(types)
+                  and types[i] == CONTROL}
         self.stop_ids = frozenset(stops)
         self.bos_token = tokens[bos_id] if bos_id is not None and 0 <= bos_id < len(tokens) else ""
         self.eos_token = tokens[eos_id] if eos_id is not None and 0 <= eos_id < len(tokens) else ""
@@ -160,10 +161,13 @@ class Tokenizer:
         if kind != "gpt2":
             raise ModelFileError(f"{src}: tokenizer model {kind!r} is not supported (only byte-level BPE, "
                                  "'gpt2'); use a llama3/qwen/smollm style model")
-        tokens = model.field("tokenizer.ggml.tokens")
+        reader = getattr(model, "reader", None)
+        tokens = reader.lazy_strings("tokenizer.ggml.tokens") if hasattr(reader, "lazy_strings") else None
+        if tokens is None:
+            tokens = model.field("tokenizer.ggml.tokens")
         pre = model.field("tokenizer.ggml.pre", "gpt2")
         keys = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type")
-        raw = [model.reader.raw(k) for k in keys] if hasattr(getattr(model, "reader", None), "raw") else None
+        raw = [reader.raw(k) for k in keys] if hasattr(reader, "raw") else None
         if raw is not None and raw[1] is not None and len(raw[1]) > 0:
             # The merges are decoded only if the cached tokenizer cannot be used (~0.1 s).
             from . import tokenizer_cache
@@ -285,12 +289,13 @@ def validate_messages(messages: Any) -> None:
             raise InputError(f"message {i} ({role}) needs a string 'content', got {type(content).__name__}")
 
 
-def _build_hf(vocab: dict[str, int], tokens: list[str], types: list[int], merges: list[str], pre: str):
+def _build_hf(tokens: list[str], types: list[int], merges: list[str], pre: str):
     """The HF byte-level BPE with llama.cpp's pre-tokenizer splits and the file's added tokens."""
     from tokenizers import AddedToken, Regex
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import models, pre_tokenizers
 
+    vocab = dict(zip(reversed(tokens), range(len(tokens) - 1, -1, -1)))  # a duplicated string keeps its first id
     pairs = [(a, b) for a, sep, b in map(str.partition, merges, repeat(" "))
              if sep and a in vocab and b in vocab and a + b in vocab]
     tk = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))

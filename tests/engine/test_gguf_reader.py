@@ -121,3 +121,21 @@ def test_damage_raises_format_error(tmp_path, tiny_models, where):
     p.write_bytes(bytes(raw))
     with pytest.raises(GGUFFormatError):
         GGUFFile(p)
+
+
+def test_lazy_strings_read_like_the_decoded_list(tiny_models, request):
+    paths = list(tiny_models.values())
+    try:
+        paths.append(request.getfixturevalue("smollm2_path"))
+    except pytest.skip.Exception:
+        pass
+    for path in paths:
+        f = GGUFFile(path)
+        for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+            lazy, full = f.lazy_strings(key), f.value(key)
+            assert len(lazy) == len(full) and list(lazy) == full
+            assert [lazy[i] for i in range(len(full))] == full
+            assert [lazy[-i] for i in range(1, len(full) + 1)] == full[::-1]
+            with pytest.raises(IndexError):
+                lazy[len(full)]
+        assert f.lazy_strings("tokenizer.ggml.token_type") is None and f.lazy_strings("nope") is None
