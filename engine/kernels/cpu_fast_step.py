@@ -5,13 +5,7 @@ numba dispatch each that alone is 2-3 ms per token, as much as the matmuls. `Fus
 per-layer weights by role at build time and runs embedding -> layers -> head inside numba, so Python touches
 each step once. Parallel regions (prange) remain per matmul and attention (~150 per token).
 
-Also here, because the fused step needs them in numba and they were hot spots:
-- `exp_fast`: a vectorizable exp (Cody-Waite range reduction + degree-6 polynomial, exponent bits), ~1e-7
-  relative error; numba's scalar exp is a libm call per element and blocks vectorization.
-- `attention_f16_split`: GQA-aware attention over the f16 cache, split over positions: each K/V row is
-  converted once for all query heads of its group; scores, softmax and the weighted V sum are separate
-  vectorizable loops; rows of a verify pass equal decode steps bit for bit.
-- `f32_to_f16_bits`: round-to-nearest-even float -> half conversion for storing into the f16 cache.
+The attention kernel, `exp_fast` and the f16 store live in cpu_attn.py (re-exported here).
 
 Supported: llama / qwen2 / qwen3 shapes where every layer's matrices are in the interleaved layout
 (`cpu_fast.FastWeight`) and the head too; anything else returns None from `build()` and the model keeps
@@ -23,148 +17,15 @@ from .. import numba_env  # noqa: F401  (flags before numba)
 
 import numba
 import numpy as np
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import overload
 
 from ..quant import QK
 from . import cpu
-from .cpu_fast import FastWeight, embed_q4, embed_q8, mm_q4x3, mm_q8, quantize_rows
+from .cpu_attn import SPLITS, attention_f16_split, exp_fast, f32_to_f16_bits, store_f16  # noqa: F401
+from .cpu_fast import FastWeight, embed_q4, embed_q8, mm_q4, mm_q4x2, mm_q4x3, mm_q8, quantize_rows
 
 F32 = np.float32
-_LOG2E = F32(1.4426950408889634)
-_LN2_HI = F32(0.693145751953125)
-_LN2_LO = F32(1.428606765330187e-06)
-
-
-@njit(cache=True, nogil=True, fastmath=True, inline="always")
-def exp_fast(x):
-    """exp(x) for float32 x, vectorizable (no libm call); exact to ~2 ulp on [-87, 88], 0 below."""
-    x = min(max(x, F32(-87.0)), F32(88.0))
-    n = np.floor(x * _LOG2E + F32(0.5))
-    r = x - n * _LN2_HI - n * _LN2_LO  # |r| <= ln2/2
-    p = F32(1.0 / 720.0)
-    p = p * r + F32(1.0 / 120.0)
-    p = p * r + F32(1.0 / 24.0)
-    p = p * r + F32(1.0 / 6.0)
-    p = p * r + F32(0.5)
-    p = p * r + F32(1.0)
-    p = p * r + F32(1.0)
-    bits = np.int32(np.int32(np.int32(n) + np.int32(127)) << np.int32(23))
-    return p * bits.view(np.float32)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def f32_to_f16_bits(f):
-    """float32 -> IEEE half bit pattern (uint16), round to nearest even; overflow -> inf, NaN kept."""
-    x = np.float32(f).view(np.uint32)
-    sign = np.uint32((x >> np.uint32(16)) & np.uint32(0x8000))
-    a = x & np.uint32(0x7FFFFFFF)
-    if a >= np.uint32(0x7F800000):  # inf / nan
-        h = np.uint32(0x7C00) | (np.uint32(0x200) if a > np.uint32(0x7F800000) else np.uint32(0))
-    elif a >= np.uint32(0x477FF000):  # rounds to >= 65520: overflow
-        h = np.uint32(0x7C00)
-    elif a < np.uint32(0x38800000):  # below the smallest normal half: subnormal, value / 2^-24
-        h = np.uint32(np.rint(abs(np.float32(f)) * np.float32(16777216.0)))
-    else:
-        rounded = np.uint32(a + np.uint32(0x0FFF) + ((a >> np.uint32(13)) & np.uint32(1)))
-        h = np.uint32(np.uint32(rounded - np.uint32(0x38000000)) >> np.uint32(13))
-    return np.uint16(sign | h)
-
-
-@njit(cache=True, nogil=True)
-def store_f16(cache_l, x3, pos0):
-    """cache_l (cap, n_kv, hd) uint16 (f16 bits) [pos0 : pos0+T] <- x3 (T, n_kv, hd) f32."""
-    for t in range(x3.shape[0]):
-        for h in range(x3.shape[1]):
-            for j in range(x3.shape[2]):
-                cache_l[pos0 + t, h, j] = f32_to_f16_bits(x3[t, h, j])
-
-
-@njit(cache=True, nogil=True, fastmath=True, inline="always")
-def _h2f(h):
-    # half bits -> float32 without branches (finite values incl. subnormals): shift the exponent/mantissa
-    # into float position, rescale by 2^112, then copy the sign bit
-    u = np.uint32(h)
-    mag = F32(np.uint32((u & np.uint32(0x7FFF)) << np.uint32(13)).view(np.float32) * F32(5.192296858534828e33))
-    sign = np.uint32((u & np.uint32(0x8000)) << np.uint32(16))
-    return np.uint32(np.float32(mag).view(np.uint32) | sign).view(np.float32)
-
-
-SPLITS = 4  # decode attention: positions split in this many chunks per KV head (balanced over threads)
-
-
-@njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def attention_f16_split(out, q, kc, vc, pos0, scale, sbuf, rowbuf, part):
-    """out (T, H, hd) <- causal GQA attention over kc, vc (cap, n_kv, hd) uint16 f16 bits, each row split
-    over positions ("flash decoding"): one KV head alone is too little parallel work for 2 threads in
-    decode (3 heads -> a 2:1 split). Work item (t, head, chunk) keeps its max, sum and weighted V sum in
-    part (T, n_kv, SPLITS, group, hd + 2); a merge per row rescales them into out. Row t is computed
-    exactly as a one-row call at pos0 + t would (chunks depend only on its own length): a verify pass over
-    T drafted tokens gives bit-identical rows to T decode steps, which lossless speculation needs."""
-    t_n, n_head, hd = q.shape
-    n_kv = kc.shape[1]
-    group = n_head // n_kv
-    for it in prange(t_n * n_kv * SPLITS):
-        t, rest = it // (n_kv * SPLITS), it % (n_kv * SPLITS)
-        kh, c = rest // SPLITS, rest % SPLITS
-        n_see = pos0 + t + 1
-        step = (n_see + SPLITS - 1) // SPLITS
-        lo, hi = c * step, min(n_see, (c + 1) * step)
-        tid = numba.get_thread_id()
-        sc = sbuf[tid]
-        row = rowbuf[tid]
-        pc = part[t, kh, c]  # (group, hd + 2): [0:hd] weighted V sum, [hd] max, [hd + 1] sum
-        for gi in range(group):
-            for j in range(hd + 2):
-                pc[gi, j] = F32(0.0)
-            pc[gi, hd] = F32(-np.inf)
-        if lo >= hi:
-            continue
-        for p in range(lo, hi):
-            for j in range(hd):
-                row[j] = _h2f(kc[p, kh, j])
-            for gi in range(group):
-                acc = F32(0.0)
-                for j in range(hd):
-                    acc += q[t, kh * group + gi, j] * row[j]
-                sc[gi, p - lo] = acc * scale
-        for gi in range(group):
-            m = F32(-np.inf)
-            for p in range(hi - lo):
-                m = max(m, sc[gi, p])
-            tot = F32(0.0)
-            for p in range(hi - lo):
-                e = exp_fast(sc[gi, p] - m)
-                sc[gi, p] = e
-                tot += e
-            pc[gi, hd] = m
-            pc[gi, hd + 1] = tot
-        for p in range(lo, hi):
-            for j in range(hd):
-                row[j] = _h2f(vc[p, kh, j])
-            for gi in range(group):
-                w = sc[gi, p - lo]
-                for j in range(hd):
-                    pc[gi, j] += w * row[j]
-    for t in range(t_n):  # merge the chunks of each row
-        for kh in range(n_kv):
-            for gi in range(group):
-                m = F32(-np.inf)
-                for c in range(SPLITS):
-                    m = max(m, part[t, kh, c, gi, hd])
-                tot = F32(0.0)
-                o = out[t, kh * group + gi]
-                for j in range(hd):
-                    o[j] = F32(0.0)
-                for c in range(SPLITS):
-                    if part[t, kh, c, gi, hd + 1] > 0:
-                        f = exp_fast(part[t, kh, c, gi, hd] - m)
-                        tot += f * part[t, kh, c, gi, hd + 1]
-                        for j in range(hd):
-                            o[j] += f * part[t, kh, c, gi, j]
-                inv = F32(1.0) / tot
-                for j in range(hd):
-                    o[j] *= inv
 
 
 @njit(cache=True, nogil=True, fastmath=True)
@@ -177,11 +38,7 @@ def swiglu_fast(out, gate, up):
 
 
 # ------------------------------------------------------------------------------------------- fused step
-# The helpers below are inlined into fused_forward (numba IR) and call mm_q4x3 directly: numba links a
-# callee's whole LLVM module into every jitted caller and optimizes + codegens it again, so each wrapper
-# level (_mm -> mm_q4 -> mm_q4x3) recompiled the big parallel matmul once more (cold compile of the
-# fused step 287 -> 264 s on a loaded 2-core VM, same run). Same kernels and arguments as mm_q4 / mm_q4x2.
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _embed(x, tokens, emb):
     # emb = (kind 0: q4 | 1: q8, qs4, qs8, d, m8)
     if emb[0] == 0:
@@ -190,29 +47,26 @@ def _embed(x, tokens, emb):
         embed_q8(x, emb[2], emb[3], tokens)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _mm(out, xin, qa, sa, xs, w, l):
     # out (T, rows) <- xin (T, n) @ W_l^T; w = (qs (L, ng, nb, 16, G), d (L, ng, nb, G), m8, acc16 (ng, G))
     t_n, n = xin.shape
     nb = n // QK
     quantize_rows(qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], xin)
-    qs, d, m8, acc = w[0][l], w[1][l], w[2][l], w[3]
-    mm_q4x3(out, out, out, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], qs, d, m8, acc,
-            qs[:0], d[:0], m8[:0], acc[:0], qs[:0], d[:0], m8[:0], acc[:0])
+    mm_q4(out, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], w[0][l], w[1][l], w[2][l], w[3])
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _mm2(out1, out2, xin, qa, sa, xs, w1, w2, l):
     # two matmuls of the same input in one parallel region (gate, up)
     t_n, n = xin.shape
     nb = n // QK
     quantize_rows(qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], xin)
-    qs2, d2, m2, acc2 = w2[0][l], w2[1][l], w2[2][l], w2[3]
-    mm_q4x3(out1, out2, out2, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], w1[0][l], w1[1][l], w1[2][l], w1[3],
-            qs2, d2, m2, acc2, qs2[:0], d2[:0], m2[:0], acc2[:0])
+    mm_q4x2(out1, out2, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], w1[0][l], w1[1][l], w1[2][l], w1[3],
+            w2[0][l], w2[1][l], w2[2][l], w2[3])
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _mm3(out1, out2, out3, xin, qa, sa, xs, w1, w2, w3, l):
     # three matmuls of the same input in one parallel region (q, k, v)
     t_n, n = xin.shape
@@ -222,16 +76,14 @@ def _mm3(out1, out2, out3, xin, qa, sa, xs, w1, w2, w3, l):
             w2[0][l], w2[1][l], w2[2][l], w2[3], w3[0][l], w3[1][l], w3[2][l], w3[3])
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _head(logits, xin, qa, sa, xs, h):
     # h = (kind 0: q4 | 1: q8, qs4, qs8, d, m8, acc16, acc32); xin (R, n)
     t_n, n = xin.shape
     nb = n // QK
     quantize_rows(qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], xin)
     if h[0] == 0:
-        qs, d, m8, acc = h[1], h[3], h[4], h[5]
-        mm_q4x3(logits, logits, logits, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], qs, d, m8, acc,
-                qs[:0], d[:0], m8[:0], acc[:0], qs[:0], d[:0], m8[:0], acc[:0])
+        mm_q4(logits, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], h[1], h[3], h[4], h[5])
     else:
         mm_q8(logits, qa[:t_n, :n], sa[:t_n, :nb], h[2], h[3], h[6])
 
