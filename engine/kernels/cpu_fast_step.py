@@ -23,7 +23,7 @@ from numba.extending import overload
 from ..quant import QK
 from . import cpu
 from .cpu_attn import SPLITS, attention_f16_split, exp_fast, f32_to_f16_bits, store_f16  # noqa: F401
-from .cpu_fast import FastWeight, embed_q4, embed_q8, mm_q4, mm_q4x2, mm_q4x3, mm_q8, quantize_rows
+from .cpu_fast import FastWeight, embed_q4, embed_q8, mm_q4x3, mm_q8, quantize_rows
 
 F32 = np.float32
 
@@ -38,7 +38,11 @@ def swiglu_fast(out, gate, up):
 
 
 # ------------------------------------------------------------------------------------------- fused step
-@njit(cache=True, nogil=True)
+# The helpers below are inlined into fused_forward (numba IR) and call mm_q4x3 directly: numba links a
+# callee's whole LLVM module into every jitted caller and optimizes + codegens it again, so each wrapper
+# level (_mm -> mm_q4 -> mm_q4x3) recompiled the big parallel matmul once more (cold compile of the
+# fused step 287 -> 264 s on a loaded 2-core VM, same run). Same kernels and arguments as mm_q4 / mm_q4x2.
+@njit(cache=True, nogil=True, inline="always")
 def _embed(x, tokens, emb):
     # emb = (kind 0: q4 | 1: q8, qs4, qs8, d, m8)
     if emb[0] == 0:
@@ -47,26 +51,29 @@ def _embed(x, tokens, emb):
         embed_q8(x, emb[2], emb[3], tokens)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _mm(out, xin, qa, sa, xs, w, l):
     # out (T, rows) <- xin (T, n) @ W_l^T; w = (qs (L, ng, nb, 16, G), d (L, ng, nb, G), m8, acc16 (ng, G))
     t_n, n = xin.shape
     nb = n // QK
     quantize_rows(qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], xin)
-    mm_q4(out, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], w[0][l], w[1][l], w[2][l], w[3])
+    qs, d, m8, acc = w[0][l], w[1][l], w[2][l], w[3]
+    mm_q4x3(out, out, out, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], qs, d, m8, acc,
+            qs[:0], d[:0], m8[:0], acc[:0], qs[:0], d[:0], m8[:0], acc[:0])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _mm2(out1, out2, xin, qa, sa, xs, w1, w2, l):
     # two matmuls of the same input in one parallel region (gate, up)
     t_n, n = xin.shape
     nb = n // QK
     quantize_rows(qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], xin)
-    mm_q4x2(out1, out2, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], w1[0][l], w1[1][l], w1[2][l], w1[3],
-            w2[0][l], w2[1][l], w2[2][l], w2[3])
+    qs2, d2, m2, acc2 = w2[0][l], w2[1][l], w2[2][l], w2[3]
+    mm_q4x3(out1, out2, out2, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], w1[0][l], w1[1][l], w1[2][l], w1[3],
+            qs2, d2, m2, acc2, qs2[:0], d2[:0], m2[:0], acc2[:0])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _mm3(out1, out2, out3, xin, qa, sa, xs, w1, w2, w3, l):
     # three matmuls of the same input in one parallel region (q, k, v)
     t_n, n = xin.shape
@@ -76,14 +83,16 @@ def _mm3(out1, out2, out3, xin, qa, sa, xs, w1, w2, w3, l):
             w2[0][l], w2[1][l], w2[2][l], w2[3], w3[0][l], w3[1][l], w3[2][l], w3[3])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _head(logits, xin, qa, sa, xs, h):
     # h = (kind 0: q4 | 1: q8, qs4, qs8, d, m8, acc16, acc32); xin (R, n)
     t_n, n = xin.shape
     nb = n // QK
     quantize_rows(qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], xin)
     if h[0] == 0:
-        mm_q4(logits, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], h[1], h[3], h[4], h[5])
+        qs, d, m8, acc = h[1], h[3], h[4], h[5]
+        mm_q4x3(logits, logits, logits, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], qs, d, m8, acc,
+                qs[:0], d[:0], m8[:0], acc[:0], qs[:0], d[:0], m8[:0], acc[:0])
     else:
         mm_q8(logits, qa[:t_n, :n], sa[:t_n, :nb], h[2], h[3], h[6])
 
