@@ -9,14 +9,16 @@ one-call fused step, whose kernels are now all in the cache, and the engine swit
 steps. Measured on the 2-core VM: see docs/design.md (start-up).
 
 Protocol (one line each on the helper's stdout): "leaves" when its kernels are in the cache, then it waits
-for a line on stdin ("go", or end of file when the engine has exited: it then still finishes, so the next
-start is warm), compiles the fused step and prints "fused". Any other end is a failure: the engine keeps
-the kernel-by-kernel step and says so once. numba writes a cache entry's data file and index each by
-atomic rename; `install_cache_lock` also serializes the index read-modify-write across processes (two
-writers could otherwise pick the same data file name for different signatures).
+for "go" on stdin, compiles the fused step and prints "fused". Any other end is a failure: the engine
+keeps the kernel-by-kernel step and says so once. An engine process that exits first ends its helper
+(atexit; a helper whose engine died reads end of file at "go" and exits): what was compiled stays cached,
+so the next start only compiles the rest. numba writes a cache entry's data file and index each by atomic
+rename, so a killed helper leaves no half entry; `install_cache_lock` also serializes the index
+read-modify-write across processes (two writers could otherwise give two signatures one data file).
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -109,6 +111,7 @@ class Helper:
             self._fail(f"could not start it ({e})")
             return
         threading.Thread(target=self._read, name="ninfer-compile-helper", daemon=True).start()
+        atexit.register(self.stop)
 
     def _fail(self, why: str) -> None:
         if self.failure is None and not self.fused_done.is_set():
@@ -139,7 +142,7 @@ class Helper:
                 self.proc.stdin.flush()
 
     def stop(self) -> None:
-        """End the helper now (tests; an engine that exits just lets it finish the cache)."""
+        """End the helper now (at exit: no process outlives the engine)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
@@ -153,7 +156,8 @@ def main() -> int:
     for ref, sig in job["leaves"]:
         _resolve(ref).compile(sig)
     _say("leaves")
-    sys.stdin.buffer.readline()  # "go", or end of file (the engine exited): finish the cache anyway
+    if not sys.stdin.buffer.readline():  # end of file: the engine is gone
+        return 0
     for ref, sig in job["fused"]:
         _resolve(ref).compile(sig)
     _say("fused")

@@ -16,6 +16,8 @@ Not under kernels/: numba_env keys the cache directory on the kernel sources, an
 """
 from __future__ import annotations
 
+import time
+
 import numba
 import numpy as np
 
@@ -174,14 +176,18 @@ class TieredForward:
         self.fused_ready = False
         self.note: str | None = None  # why the fused step stays off (helper failed), once
         self.steps = {"kernels": 0, "fused": 0}
+        self.timings: dict[str, float] = {}  # start-up phases (s), for benchmarks and reports
+        self._t0 = time.perf_counter()
 
     def _switch(self) -> None:
         from .compile_bg import load_cached, log
         from .kernels.cpu_fast_step import fused_forward
         h = self.helper
         if h.fused_done.is_set():
+            t = time.perf_counter()
             if load_cached(fused_forward, self.sig) is not None:
                 self.fused_ready = True
+                self.timings.update(switch_after_s=t - self._t0, fused_load_s=time.perf_counter() - t)
                 return
             self.note = "the helper's fused step is not in the numba cache"
         elif h.failure is not None:
@@ -236,10 +242,13 @@ def start(ff, kv_dtype: str, report=None, argv=None):
     child = [(d, s) for d, s in plan if d in CHILD_KERNELS]
     helper = Helper(child, [(fused_forward, sig)], argv=argv)
     report("compiling kernels (first start only: a helper process compiles half of them)")
+    t0 = time.perf_counter()
     leaf.compile(kv, skip=CHILD_KERNELS)
+    t1 = time.perf_counter()
     helper.leaves_done.wait(HELPER_WAIT_S)  # set on "leaves" or when the helper ended
     tiered = TieredForward(ff, kv, helper)
     tiered.leaf = leaf
+    tiered.timings.update(own_kernels_s=t1 - t0, helper_wait_s=time.perf_counter() - t1)
     if helper.failure is None:
         helper.go()
         report("compiling the fast decode step in the background (first start only)")
