@@ -6,15 +6,16 @@ Why a process: numba compiles with the GIL held and on one core; this machine cl
 compiles half of the step's kernels while the helper compiles the other half, then runs the step as those
 kernels called one by one (engine/compile_tier.py, bit-identical). The helper goes on to compile the
 one-call fused step, whose kernels are now all in the cache, and the engine switches to it between two
-steps. Measured on the 2-core VM: see docs/design.md (start-up).
+steps.
 
 Protocol (one line each on the helper's stdout): "leaves" when its kernels are in the cache, then it waits
 for "go" on stdin, compiles the fused step and prints "fused". Any other end is a failure: the engine
-keeps the kernel-by-kernel step and says so once. An engine process that exits first ends its helper
-(atexit; a helper whose engine died reads end of file at "go" and exits): what was compiled stays cached,
-so the next start only compiles the rest. numba writes a cache entry's data file and index each by atomic
-rename, so a killed helper leaves no half entry; `install_cache_lock` also serializes the index
-read-modify-write across processes (two writers could otherwise give two signatures one data file).
+keeps the kernel-by-kernel step and says so once. An engine that exits during its own load ends the helper
+(atexit; a helper whose engine died reads end of file at "go" and exits); after "go" the helper finishes
+the fused step alone and exits (a one-shot `ninfer --prompt` run leaves a warm cache for the next start).
+numba writes a cache entry's data file and index each by atomic rename, so a killed helper leaves no half
+entry; `install_cache_lock` also serializes the index read-modify-write across processes (two writers
+could otherwise give two signatures one data file).
 """
 from __future__ import annotations
 
@@ -111,7 +112,8 @@ class Helper:
             self._fail(f"could not start it ({e})")
             return
         threading.Thread(target=self._read, name="ninfer-compile-helper", daemon=True).start()
-        atexit.register(self.stop)
+        self._go_sent = False
+        atexit.register(self._at_exit)
 
     def _fail(self, why: str) -> None:
         if self.failure is None and not self.fused_done.is_set():
@@ -140,9 +142,14 @@ class Helper:
             with contextlib.suppress(OSError, ValueError):
                 self.proc.stdin.write(b"go\n")
                 self.proc.stdin.flush()
+                self._go_sent = True
+
+    def _at_exit(self) -> None:
+        if not self._go_sent:  # still compiling kernels for an engine that is gone
+            self.stop()
 
     def stop(self) -> None:
-        """End the helper now (at exit: no process outlives the engine)."""
+        """End the helper now."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()

@@ -163,3 +163,19 @@ def test_cold_start_is_tiered_and_next_start_is_warm(q4_path):
     assert any("background" in m for m in cold["messages"])
     assert not warm["tiered"]
     assert warm["tokens"] == cold["tokens"]
+
+
+def test_engine_exit_during_load_ends_the_helper():
+    """An engine process that exits before its helper was told to go leaves no helper process behind."""
+    code = (
+        "import sys\n"
+        "from engine.compile_bg import Helper\n"
+        "h = Helper([], [], argv=[sys.executable, '-c', 'import sys, time; sys.stdin.buffer.read(1); time.sleep(120)'])\n"
+        "print(h.proc.pid, flush=True)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    pid = int(r.stdout.split()[0])
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
