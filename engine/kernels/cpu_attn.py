@@ -177,17 +177,79 @@ def _weighted_sum(acc, s, vc, kh, lo, hi):
 
 
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
-def _softmax_part(s, n):
-    """s[:n] <- exp(s - max) in place; returns (max, sum)."""
-    m = F32(-np.inf)
-    for p in range(n):
-        m = max(m, s[p])
-    tot = F32(0.0)
-    for p in range(n):
-        e = exp_fast(s[p] - m)
-        s[p] = e
-        tot += e
-    return m, tot
+def _softmax_rows(pc, s, n):
+    """s[g, :n] <- exp(s[g, :n] - max) in place; pc[g, hd] <- max, pc[g, hd + 1] <- sum, for every head g."""
+    hd = pc.shape[1] - 2
+    for g in range(s.shape[0]):
+        sg = s[g]
+        m = F32(-np.inf)
+        for p in range(n):
+            m = max(m, sg[p])
+        tot = F32(0.0)
+        for p in range(n):
+            e = exp_fast(sg[p] - m)
+            sg[p] = e
+            tot += e
+        pc[g, hd] = m
+        pc[g, hd + 1] = tot
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _work_item(it, n_kv, pos0):
+    """Work item it -> (row t, kv head, chunk c, positions lo:hi). Chunks depend only on the row's own
+    length pos0 + t + 1, so a row of a T-row pass is computed exactly like a one-row step."""
+    t, rest = it // (n_kv * SPLITS), it % (n_kv * SPLITS)
+    kh, c = rest // SPLITS, rest % SPLITS
+    n_see = pos0 + t + 1
+    step = (n_see + SPLITS - 1) // SPLITS
+    return t, kh, c, c * step, min(n_see, (c + 1) * step)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _clear_part(pc):
+    """pc (group, hd + 2) <- empty chunk: zero V sum, max -inf, sum 0 (the merge skips it)."""
+    hd = pc.shape[1] - 2
+    for g in range(pc.shape[0]):
+        for j in range(hd + 2):
+            pc[g, j] = F32(0.0)
+        pc[g, hd] = F32(-np.inf)
+
+
+# ------------------------------------------------------------------------------------ int8 attention
+@njit(cache=True, nogil=True, fastmath=True, inline="always")
+def _scores_q8(s, qg, kq, ks, kh, lo, hi, scale):
+    """s[g, p - lo] <- scale * qg[g] . dequant(K[p, kh]) for lo <= p < hi; per scale group a partial dot."""
+    group, hd = qg.shape
+    n_g = ks.shape[2]
+    gs = hd // n_g
+    for p in range(lo, hi):
+        kr, sr = kq[p, kh], ks[p, kh]
+        for g in range(group):
+            qv = qg[g]
+            a = F32(0.0)
+            for gi in range(n_g):
+                part = F32(0.0)
+                for j in range(gi * gs, (gi + 1) * gs):
+                    part += qv[j] * F32(kr[j])
+                a += part * sr[gi]
+            s[g, p - lo] = a * scale
+
+
+@njit(cache=True, nogil=True, fastmath=True, inline="always")
+def _weighted_sum_q8(acc, s, vq, vs, kh, lo, hi):
+    """acc[g, :hd] += sum over lo <= p < hi of s[g, p - lo] * dequant(V[p, kh])."""
+    group = s.shape[0]
+    n_g = vs.shape[2]
+    gs = vq.shape[2] // n_g
+    for p in range(lo, hi):
+        vr, sr = vq[p, kh], vs[p, kh]
+        for g in range(group):
+            w = s[g, p - lo]
+            ag = acc[g]
+            for gi in range(n_g):
+                ws = w * sr[gi]
+                for j in range(gi * gs, (gi + 1) * gs):
+                    ag[j] += ws * F32(vr[j])
 
 
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
@@ -229,23 +291,33 @@ def attention_f16_split(out, q, kc, vc, pos0, scale, sbuf, rowbuf, part):
     n_kv = kc.shape[1]
     group = n_head // n_kv
     for it in prange(t_n * n_kv * SPLITS):
-        t, rest = it // (n_kv * SPLITS), it % (n_kv * SPLITS)
-        kh, c = rest // SPLITS, rest % SPLITS
-        n_see = pos0 + t + 1
-        step = (n_see + SPLITS - 1) // SPLITS
-        lo, hi = c * step, min(n_see, (c + 1) * step)
+        t, kh, c, lo, hi = _work_item(it, n_kv, pos0)
         sc = sbuf[numba.get_thread_id()]
         pc = part[t, kh, c]  # (group, hd + 2): [0:hd] weighted V sum, [hd] max, [hd + 1] sum
-        for gi in range(group):
-            for j in range(hd + 2):
-                pc[gi, j] = F32(0.0)
-            pc[gi, hd] = F32(-np.inf)
+        _clear_part(pc)
         if lo >= hi:
             continue
         _scores(sc, q[t, kh * group:(kh + 1) * group], kc, kh, lo, hi, scale)
-        for gi in range(group):
-            m, tot = _softmax_part(sc[gi], hi - lo)
-            pc[gi, hd] = m
-            pc[gi, hd + 1] = tot
+        _softmax_rows(pc, sc, hi - lo)
         _weighted_sum(pc, sc, vc, kh, lo, hi)
     _merge_parts(out, part[:t_n])  # part has rows for the largest T seen; only t_n are filled
+
+
+@njit(cache=True, nogil=True, parallel=True, fastmath=True)
+def attention_int8_split(out, q, kq, ks, vq, vs, pos0, scale, sbuf, rowbuf, part):
+    """As attention_f16_split over an int8 cache: kq, vq (cap, n_kv, hd) int8, ks, vs (cap, n_kv, hd // g)
+    f32 scales, one per g values (ref.quantize_kv_int8). Same chunks, scratch and merge: no allocation."""
+    t_n, n_head, hd = q.shape
+    n_kv = kq.shape[1]
+    group = n_head // n_kv
+    for it in prange(t_n * n_kv * SPLITS):
+        t, kh, c, lo, hi = _work_item(it, n_kv, pos0)
+        sc = sbuf[numba.get_thread_id()]
+        pc = part[t, kh, c]
+        _clear_part(pc)
+        if lo >= hi:
+            continue
+        _scores_q8(sc, q[t, kh * group:(kh + 1) * group], kq, ks, kh, lo, hi, scale)
+        _softmax_rows(pc, sc, hi - lo)
+        _weighted_sum_q8(pc, sc, vq, vs, kh, lo, hi)
+    _merge_parts(out, part[:t_n])

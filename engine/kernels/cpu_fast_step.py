@@ -22,7 +22,8 @@ from numba.extending import overload
 
 from ..quant import QK
 from . import cpu
-from .cpu_attn import SPLITS, attention_f16_split, exp_fast, f32_to_f16_bits, store_f16  # noqa: F401
+from .cpu_attn import (SPLITS, attention_f16_split, attention_int8_split, exp_fast,  # noqa: F401
+                       f32_to_f16_bits, store_f16)
 from .cpu_fast import FastWeight, embed_q4, embed_q8, mm_q4x3, mm_q8, quantize_rows
 
 F32 = np.float32
@@ -116,7 +117,7 @@ def _attend_impl(a3, q3, k3, v3, kv, l, pos0, scale, scr):
     def int8(a3, q3, k3, v3, kv, l, pos0, scale, scr):
         cpu._quant_rows(kv[0][l], kv[1][l], k3, pos0)
         cpu._quant_rows(kv[2][l], kv[3][l], v3, pos0)
-        cpu._attn_int8(a3, q3, kv[0][l], kv[1][l], kv[2][l], kv[3][l], pos0, scale)
+        attention_int8_split(a3, q3, kv[0][l], kv[1][l], kv[2][l], kv[3][l], pos0, scale, scr[0], scr[1], scr[2])
     return int8
 
 

@@ -41,3 +41,23 @@ def test_split_attention_matches_reference_at_model_shapes(pos0, t_n):
                                  np.zeros((nt, n_head // n_kv, cap), np.float32), np.zeros((nt, hd), np.float32),
                                  part)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("pos0,t_n", [(597, 3), (2, 2)])
+def test_split_int8_attention_matches_reference(pos0, t_n):
+    rng = np.random.default_rng(pos0 + 1)
+    cap, n_kv, hd, n_head = 640, 3, 64, 9
+    group = ref.kv_group(hd)
+    k = (rng.standard_normal((cap, n_kv, hd)) * 2).astype(np.float32)
+    v = rng.standard_normal((cap, n_kv, hd)).astype(np.float32)
+    kq, ks = ref.quantize_kv_int8(k, group)
+    vq, vs = ref.quantize_kv_int8(v, group)
+    q = rng.standard_normal((t_n, n_head, hd)).astype(np.float32)
+    want = np.zeros_like(q)
+    ref.attention_int8(want, q, kq, ks, vq, vs, pos0, 0.125)
+    got = np.zeros_like(q)
+    nt = numba.config.NUMBA_NUM_THREADS
+    cpu_attn.attention_int8_split(got, q, kq, ks, vq, vs, pos0, np.float32(0.125),
+                                  np.zeros((nt, n_head // n_kv, cap), np.float32), np.zeros((nt, hd), np.float32),
+                                  np.zeros((t_n, n_kv, cpu_attn.SPLITS, n_head // n_kv, hd + 2), np.float32))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
