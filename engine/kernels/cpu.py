@@ -25,9 +25,9 @@ from gguf import GGMLQuantizationType as QT
 from numba import njit, prange
 
 from ..quant import QTensor, _q4k_scales, block_info, dequantize, validate
+from .cpu_attn import h2f as _h2f  # half bits -> float32: F16C where the CPU has it
 from .ref import KV_GROUP, kv_group  # noqa: F401  (re-exported: same constants in every kernel module)
 
-_F16_DENORM_SCALE = np.float32(2.0 ** 112)  # half -> float: shift the bits into place, then rescale
 
 
 class CpuWeight:
@@ -365,13 +365,6 @@ def kv_store_int8(k_q, k_s, v_q, v_s, k, v, pos0):
     """k_q, v_q (cap, n_kv, hd) int8 and k_s, v_s (cap, n_kv, hd//g) f32 [pos0 : pos0+T] <- k, v (T, n_kv, hd)."""
     _quant_rows(k_q, k_s, k, pos0)
     _quant_rows(v_q, v_s, v, pos0)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _h2f(h):
-    # IEEE half bits (uint16) -> float32; exact for finite values incl. subnormals
-    f = np.uint32((np.uint32(h) & np.uint32(0x7FFF)) << np.uint32(13)).view(np.float32) * _F16_DENORM_SCALE
-    return -f if (h & 0x8000) else f
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=True)
