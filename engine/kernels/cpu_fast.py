@@ -33,6 +33,7 @@ from .. import numba_env  # noqa: F401  (must precede the numba import: SLP flag
 import ctypes
 import ctypes.util
 import mmap
+import os
 
 import numba
 import numpy as np
@@ -51,7 +52,9 @@ def _host_features() -> str:
 
 
 G = 32  # rows per interleaved group (compile-time constant of the kernels below)
-HAVE_AVX2 = "+avx2" in _host_features()  # cpu_avx2's vpmaddubsw kernels (else the generic ones below)
+# cpu_avx2's vpmaddubsw kernels, else the generic ones below; NINFER_CPU_GENERIC=1 forces the generic ones
+# (tests; run with a fresh NUMBA_CACHE_DIR: numba's cache does not see this switch)
+HAVE_AVX2 = "+avx2" in _host_features() and os.environ.get("NINFER_CPU_GENERIC", "") in ("", "0")
 BATCHED_MIN_T = 2  # from this many rows on, matmuls unpack each weight block once (q4_group_batched)
 I16 = np.int16
 I32 = np.int32
@@ -431,7 +434,7 @@ def q8_group_avx2(out, qa, sa, qs, d, acc, g):
 def q8_group_batched(out, qa, sa, qs, d, g):
     """As q8_group for T > 1 (a verify pass's logits): each block is sign-extended once (cpu_avx2.unpack_q8,
     2 KiB, L1), then every row t only does the pair multiply-adds (vpmaddwd) on it. Same int32 block sums
-    and float order as q8_group, so each row equals a one-row call bit for bit. AVX2 only (mm_q8)."""
+    and float order as q8_group, so each row equals a one-row call bit for bit. AVX2 only."""
     t_n = out.shape[0]
     full = (g + 1) * G <= out.shape[1]
     buf = np.empty(cpu_avx2.UNBUF8, np.uint8)
@@ -456,8 +459,16 @@ def q8_group_batched(out, qa, sa, qs, d, g):
             _copy_partial(out, part[t], t, g)
 
 
+@njit(cache=True, nogil=True)
+def q8_group_batched_generic(out, qa, sa, qs, d, g):
+    """q8_group_batched without AVX2: row by row (q8_group)."""
+    q8_group(out, qa, sa, qs, d, np.empty(G, np.int32), g)
+
+
 if HAVE_AVX2:
     q8_group_generic, q8_group = q8_group, q8_group_avx2
+else:
+    q8_group_batched = q8_group_batched_generic
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -465,7 +476,7 @@ def mm_q8(out, qa, sa, qs, d, acc32):
     """out (T, rows) f32 <- x @ W^T for interleaved Q8_0 W; x as qa (T, n) int8 + sa (T, nb).
     Products of two int8 fit int16; pairs of them still do (<= 2 * 127 * 127), the sum goes to int32."""
     for g in prange(qs.shape[0]):
-        if HAVE_AVX2 and out.shape[0] >= BATCHED_MIN_T:
+        if out.shape[0] >= BATCHED_MIN_T:
             q8_group_batched(out, qa, sa, qs, d, g)
         else:
             q8_group(out, qa, sa, qs, d, acc32[g], g)

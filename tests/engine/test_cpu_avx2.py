@@ -1,0 +1,114 @@
+"""The AVX2 block kernels (engine/kernels/cpu_avx2.py) against cpu_fast's generic kernels, bit for bit, and
+the generic fallback path (NINFER_CPU_GENERIC=1) against the reference.
+
+Bit-identity is the contract that lets a verify pass (T rows, batched kernels) reproduce decode steps
+(T = 1 kernels) exactly: both compute the same integer block sums and the same float expression."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from engine.quant import QTensor
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _weight(rng, qtype, rows, cols):
+    bb = {QT.Q4_1: 20, QT.Q4_0: 18, QT.Q8_0: 34}[qtype]
+    nb = cols // 32
+    raw = rng.integers(0, 256, size=(rows, nb, bb), dtype=np.uint8)
+    raw[..., 0:2] = (rng.random((rows, nb)) * 0.02).astype(np.float16)[..., None].view(np.uint8)
+    if qtype == QT.Q4_1:
+        raw[..., 2:4] = (-rng.random((rows, nb)) * 0.1).astype(np.float16)[..., None].view(np.uint8)
+    from engine.kernels import cpu_fast
+    return cpu_fast.prepare_weight(QTensor("w", qtype, (rows, cols), raw.reshape(rows, -1)))
+
+
+def _quantized(rng, t_n, cols, extreme):
+    from engine.kernels import cpu_fast
+    x = rng.standard_normal((t_n, cols)).astype(np.float32)
+    if extreme:  # every activation +-127 after quantization: the int16 accumulator bounds
+        x = np.sign(x).astype(np.float32)
+    nb = cols // 32
+    qa, sa, xs = np.zeros((t_n, cols), np.int8), np.zeros((t_n, nb), np.float32), np.zeros((t_n, nb), np.float32)
+    cpu_fast.quantize_rows(qa, sa, xs, x)
+    return qa, sa, xs
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q8_0])
+@pytest.mark.parametrize("rows, cols", [(64, 96), (45, 128)])  # 45: a padded last row group
+@pytest.mark.parametrize("extreme", [False, True])
+def test_avx2_kernels_equal_generic_bitwise(qtype, rows, cols, extreme):
+    from engine.kernels import cpu_fast as F
+    if not F.HAVE_AVX2:
+        pytest.skip("host without AVX2 (or NINFER_CPU_GENERIC set)")
+    rng = np.random.default_rng(rows + cols + extreme)
+    w = _weight(rng, qtype, rows, cols)
+    if extreme and qtype != QT.Q8_0:
+        w.qs[:] = 0xFF if qtype == QT.Q4_1 else 0x00  # nibbles all 15 (largest unsigned) resp. 0 (q - 8 = -8)
+    t_n = 5
+    qa, sa, xs = _quantized(rng, t_n, cols, extreme)
+    want = np.full((t_n, rows), np.nan, np.float32)
+    got1, gotb = want.copy(), want.copy()
+    for g in range(w.qs.shape[0]):
+        if w.kind == "q4":
+            F.q4_group_generic(want, qa, sa, xs, w.qs, w.d, w.m8, w.acc16[g], g)
+            F.q4_group(got1, qa, sa, xs, w.qs, w.d, w.m8, w.acc16[g], g)
+            F.q4_group_batched(gotb, qa, sa, xs, w.qs, w.d, w.m8, g)
+        else:
+            F.q8_group_generic(want, qa, sa, w.qs, w.d, w.acc32[g], g)
+            F.q8_group(got1, qa, sa, w.qs, w.d, w.acc32[g], g)
+            F.q8_group_batched(gotb, qa, sa, w.qs, w.d, g)
+    assert np.isfinite(want).all()
+    np.testing.assert_array_equal(got1, want)
+    np.testing.assert_array_equal(gotb, want)
+
+
+GENERIC = """
+import json
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+from engine.kernels import cpu_fast
+import test_cpu_avx2 as T
+res = {"avx2": cpu_fast.HAVE_AVX2, "out": [], "x": []}
+rng = np.random.default_rng(0)
+for qtype in (QT.Q4_1, QT.Q8_0):
+    for t_n in (1, 3):
+        w = T._weight(rng, qtype, 45, 96)
+        x = rng.standard_normal((t_n, 96)).astype(np.float32)
+        out = np.full((t_n, 45), np.nan, np.float32)
+        cpu_fast.matmul(out, x, w, cpu_fast.new_scratch(4, 96))
+        res["out"].append(out.tolist())
+        res["x"].append(x.tolist())
+print(json.dumps(res))
+"""
+
+
+def test_generic_fallback_path(tmp_path):
+    """NINFER_CPU_GENERIC=1 (what a host without AVX2 runs) gives the same matmul results as the AVX2 path."""
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests' / 'engine'}", NUMBA_NUM_THREADS="2",
+               NINFER_CPU_GENERIC="1", NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    p = subprocess.run([sys.executable, "-c", GENERIC], capture_output=True, text=True, env=env, cwd=str(ROOT),
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    generic = json.loads(p.stdout.strip().splitlines()[-1])
+    assert generic["avx2"] is False
+    from engine.kernels import cpu_fast
+    rng = np.random.default_rng(0)
+    i = 0
+    for qtype in (QT.Q4_1, QT.Q8_0):
+        for t_n in (1, 3):
+            w = _weight(rng, qtype, 45, 96)
+            x = rng.standard_normal((t_n, 96)).astype(np.float32)
+            np.testing.assert_array_equal(x, np.array(generic["x"][i], np.float32))
+            out = np.full((t_n, 45), np.nan, np.float32)
+            cpu_fast.matmul(out, x, w, cpu_fast.new_scratch(4, 96))
+            np.testing.assert_array_equal(out, np.array(generic["out"][i], np.float32))
+            i += 1
