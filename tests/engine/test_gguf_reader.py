@@ -139,3 +139,19 @@ def test_lazy_strings_read_like_the_decoded_list(tiny_models, request):
             with pytest.raises(IndexError):
                 lazy[len(full)]
         assert f.lazy_strings("tokenizer.ggml.token_type") is None and f.lazy_strings("nope") is None
+
+
+def test_unknown_tensor_type_is_one_clear_error(tmp_path, tiny_models):
+    from engine.errors import ModelFileError
+    from engine.gguf import load_gguf
+    raw = bytearray(tiny_models["llama"].read_bytes())
+    f = GGUFFile(tiny_models["llama"])
+    name = f.tensors[0].name.encode()
+    at = raw.index(len(name).to_bytes(8, "little") + name) + 8 + len(name)  # -> n_dims, dims, type, offset
+    n_dims = int.from_bytes(raw[at:at + 4], "little")
+    raw[at + 4 + 8 * n_dims:at + 8 + 8 * n_dims] = (999).to_bytes(4, "little")
+    p = tmp_path / "unknown-type.gguf"
+    p.write_bytes(bytes(raw))
+    with pytest.raises(ModelFileError, match="unknown tensor type") as ei:
+        load_gguf(p)
+    assert "\n" not in str(ei.value) and str(p) in str(ei.value)
