@@ -21,8 +21,9 @@ Why this layout (measured on a 2-core Zen 3, AVX2; REFERENCE.md section 8 for th
   kernels of cpu_avx2.py (LLVM IR: vpmaddubsw on unsigned nibbles, 32 multiply-adds per instruction; the
   batched forms unpack each block once into a 1-2 KiB L1 buffer). They compute the same integer block
   sums and the same float expression in the same order as the generic kernels (kept as *_generic), so
-  results are bit-identical, and batched rows equal one-row calls. Measured (scripts/matmul_bench.py, one
-  layer of SmolLM2): T=1 1.3x, T=8 2.2x, T=64 2.1x faster; Q8_0 head T=1 1.5x, T=8 3.7x.
+  results are bit-identical, and batched rows equal one-row calls. Measured (scripts/matmul_bench.py,
+  SmolLM2 layers, 1 thread on a loaded machine, two runs): T=1 1.3-1.75x, T=8 2.2x, T=64 2.1x faster;
+  Q8_0 head T=1 1.5-1.8x, T=8 3.5-3.7x, T=64 4.1x.
 The loop vectorizer is what vectorizes these kernels here (the rows loop is innermost and contiguous); SLP
 (numba_env) helps the scale/accumulate tails. tests/engine/test_speed_guard.py checks the emitted assembly.
 """
