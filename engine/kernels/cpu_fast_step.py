@@ -212,6 +212,10 @@ class FusedForward:
                             np.stack([np.asarray(lw.k_norm, f32) for lw in layers]))
         else:
             self.qk_norm = (False, _z(f32, 2), _z(f32, 2))
+        # Launch numba's thread pool now: fused_forward is not itself parallel, so when it (or a kernel) is
+        # loaded from the on-disk cache nothing launches the pool before its parallel regions run (seen: a
+        # warm start without --threads segfaulted in the first step; with set_num_threads it did not).
+        numba.get_num_threads()
         self.guard = ContentionGuard()
         self.max_t = 0
         self.logit_rows = 0
