@@ -98,7 +98,7 @@ def main() -> None:
     old = load_old_attention(a.base)
     eng = Engine.load(EngineArgs(max_context=max(a.ctx) + 8, threads=a.threads))
     model = eng.model
-    ff = model.fused
+    ff = getattr(model.fused, "ff", model.fused)  # the FusedForward under a tiered-compile wrapper
     if ff is None:
         raise SystemExit("the default model did not get a fused CPU step")
     margs = model.args
