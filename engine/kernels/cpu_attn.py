@@ -222,16 +222,15 @@ def _scores_q8(s, qg, kq, ks, kh, lo, hi, scale):
     group, hd = qg.shape
     n_g = ks.shape[2]
     gs = hd // n_g
-    for p in range(lo, hi):
-        kr, sr = kq[p, kh], ks[p, kh]
-        for g in range(group):
-            qv = qg[g]
+    for g in range(group):  # head outer: its q row stays in registers over the positions
+        qv = qg[g]
+        for p in range(lo, hi):
             a = F32(0.0)
             for gi in range(n_g):
                 part = F32(0.0)
-                for j in range(gi * gs, (gi + 1) * gs):
-                    part += qv[j] * F32(kr[j])
-                a += part * sr[gi]
+                for j in range(gs):
+                    part += qv[gi * gs + j] * F32(kq[p, kh, gi * gs + j])
+                a += part * ks[p, kh, gi]
             s[g, p - lo] = a * scale
 
 
@@ -241,15 +240,14 @@ def _weighted_sum_q8(acc, s, vq, vs, kh, lo, hi):
     group = s.shape[0]
     n_g = vs.shape[2]
     gs = vq.shape[2] // n_g
-    for p in range(lo, hi):
-        vr, sr = vq[p, kh], vs[p, kh]
-        for g in range(group):
+    for g in range(group):
+        ag = acc[g]
+        for p in range(lo, hi):
             w = s[g, p - lo]
-            ag = acc[g]
             for gi in range(n_g):
-                ws = w * sr[gi]
-                for j in range(gi * gs, (gi + 1) * gs):
-                    ag[j] += ws * F32(vr[j])
+                ws = w * vs[p, kh, gi]
+                for j in range(gs):
+                    ag[gi * gs + j] += ws * F32(vq[p, kh, gi * gs + j])
 
 
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
