@@ -14,7 +14,7 @@ Two more figures explain the teacher-forced one (--explain):
              llama.cpp rounds activations to 8 bits per 32 values (Q8_1) before every Q4_1 matmul; its
              batched and one-token attention kernels (f16 K.q, softmax.V) sum in different orders, and the
              last-bit differences flip 8-bit roundings in the next matmul, which cascade through the layers.
-             Result: llama.cpp agrees with itself on ~96.5% of positions (mean |logit diff| ~0.16), the same
+             Result: llama.cpp agrees with itself on 96.65% of positions (mean |logit diff| 0.160), the same
              distance as ours; scripts/llama_bitexact.py shows the first differing op, scripts/llama_numerics.py
              shows the same cascade in a numpy emulation (f64 vs f32 sums).
   f32        both engines on an F32 copy of the same (dequantized) weights, where llama.cpp does not round
