@@ -20,8 +20,9 @@ every variant, all roundings on included, lands at 96.3-97.5% top-1 / mean |logi
 llama.cpp, like our engine; and each variant differs from *itself computed with f32 instead of f64 sums*
 by as much (95.9-97.3%, 0.15-0.16) -- except with `act` off (100%, 0.002). The 8-bit activation rounding
 turns last-bit differences into whole quanta that cascade through the 30 layers, so no set of roundings
-closes the gap: only bit-exact summation order would (see scripts/llama_bitexact.py). `--table` switches the roundings off one at a time (and all together) and prints, for each
-variant, teacher-forced top-1 agreement, mean |logit diff| and greedy 32-token prefixes against llama.cpp.
+closes the gap: only bit-exact summation order would (see scripts/llama_bitexact.py).
+
+`--table` switches the roundings off one at a time (and all together) and prints, for each variant, teacher-forced top-1 agreement, mean |logit diff| and greedy 32-token prefixes against llama.cpp.
 
 Usage: scripts/llama_numerics.py [MODEL] [--table] [--off act,kv,...] [--greedy] [--floor]
 """
