@@ -22,7 +22,9 @@ by as much (95.9-97.3%, 0.15-0.16) -- except with `act` off (100%, 0.002). The 8
 turns last-bit differences into whole quanta that cascade through the 30 layers, so no set of roundings
 closes the gap: only bit-exact summation order would (see scripts/llama_bitexact.py).
 
-`--table` switches the roundings off one at a time (and all together) and prints, for each variant, teacher-forced top-1 agreement, mean |logit diff| and greedy 32-token prefixes against llama.cpp.
+`--table` switches the roundings off one at a time (and all together) and prints, for each variant,
+teacher-forced top-1 agreement and mean |logit diff| against llama.cpp (`--greedy`: also 32-token
+greedy prefixes, slow: the emulation has no KV cache).
 
 Usage: scripts/llama_numerics.py [MODEL] [--table] [--off act,kv,...] [--greedy] [--floor]
 """
