@@ -102,6 +102,29 @@ def cache_root() -> Path:
         return Path.home() / ".cache" / "ninfer-chat"
 
 
+STALE_DAYS = 30  # a flag-keyed cache dir unused this long belongs to an old version/flag set: remove it
+
+
+def prune_stale(root: Path, current: Path, days: float = STALE_DAYS) -> list[Path]:
+    """Remove `numba-*` siblings of the current cache dir not used for `days` (every kernel change or
+    upgrade makes a new dir, so without this they pile up). The current dir's mtime is refreshed so a
+    dir in use is never stale. Best effort: any error leaves things as they are. Returns what was removed."""
+    import shutil
+    import time
+    removed = []
+    try:
+        if current.is_dir():
+            os.utime(current)
+        cutoff = time.time() - days * 86400
+        for d in root.glob("numba-*"):
+            if d != current and d.is_dir() and d.stat().st_mtime < cutoff:
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(d)
+    except OSError:
+        pass
+    return removed
+
+
 def apply() -> dict:
     """Set the flags, the cache dir and the threading layer in os.environ (idempotent); returns them.
 
@@ -112,7 +135,11 @@ def apply() -> dict:
     global _applied
     for k, v in FLAGS.items():
         os.environ.setdefault(k, v)
-    os.environ.setdefault("NUMBA_CACHE_DIR", str(cache_root() / f"numba-{flags_key()}"))
+    if "NUMBA_CACHE_DIR" not in os.environ:
+        current = cache_root() / f"numba-{flags_key()}"
+        os.environ["NUMBA_CACHE_DIR"] = str(current)
+        if not _applied:
+            prune_stale(current.parent, current)
     os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", THREADING_PRIORITY)
     if os.environ.get("NINFER_THREADING_LAYER"):
         os.environ["NUMBA_THREADING_LAYER"] = os.environ["NINFER_THREADING_LAYER"]
