@@ -44,7 +44,7 @@ from numba import njit, prange
 from ..quant import QK, QTensor, validate
 from . import cpu, cpu_avx2
 from .cpu import (  # noqa: F401  (the rest of the kernel set is cpu.py's)
-    KV_GROUP, argmax, attention_f16, attention_int8, bias_add, kv_group, kv_store_f16, kv_store_int8,
+    KV_GROUP, argmax, bias_add, kv_group, kv_store_f16, kv_store_int8,
     residual_add, rmsnorm, rope, swiglu)
 
 def _host_features() -> str:
@@ -528,3 +528,28 @@ def embed(out, w, tokens):
         embed_q4(out, w.qs, w.d, w.m8, tokens)
     else:
         embed_q8(out, w.qs, w.d, tokens)
+
+
+def _split_scratch(q, k_cache):
+    """(scores, rowbuf, part) scratch of the split attention kernels for q (T, H, hd) over k_cache (cap, n_kv,
+    hd); made per call: tensor-parallel shards may run concurrently, so nothing is shared."""
+    from .cpu_attn import SPLITS
+    t_n, n_head, hd = q.shape
+    cap, n_kv = k_cache.shape[:2]
+    nt = numba.config.NUMBA_NUM_THREADS
+    return (np.zeros((nt, n_head // n_kv, cap), np.float32), np.zeros((nt, hd), np.float32),
+            np.zeros((t_n, n_kv, SPLITS, n_head // n_kv, hd + 2), np.float32))
+
+
+def attention_f16(out, q, k_cache, v_cache, pos0, scale):
+    """ref.attention_f16's contract, computed by the fused step's split kernel (cpu_attn), so every path of
+    the cpu backend (fused step, per-kernel forward, tensor-parallel shards) gets bit-identical attention."""
+    from .cpu_attn import attention_f16_split
+    attention_f16_split(out, q, k_cache.view(np.uint16), v_cache.view(np.uint16), pos0, F32(scale),
+                        *_split_scratch(q, k_cache))
+
+
+def attention_int8(out, q, k_q, k_s, v_q, v_s, pos0, scale):
+    """ref.attention_int8's contract through the fused step's split kernel (see attention_f16)."""
+    from .cpu_attn import attention_int8_split
+    attention_int8_split(out, q, k_q, k_s, v_q, v_s, pos0, F32(scale), *_split_scratch(q, k_q))
