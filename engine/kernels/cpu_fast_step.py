@@ -296,9 +296,10 @@ class ContentionGuard:
     two cores the second thread gets the CPU late and every region waits for it: measured 6.5 -> 47 ms per
     step, while one thread alone on the free core takes ~12 ms. The guard keeps a moving average of the
     step time of the mode in use and uses the faster one; the first PROBE steps of every PERIOD run the
-    other mode (the first of them is not counted: the thread team changes size; the last one replaces
-    that mode's figure, so a load that came or went is seen within one period). Cost in a steady state: about
-    one step in PERIOD runs in the slower mode."""
+    other mode, and the fastest of them replaces that mode's figure (so a load that came or went is seen
+    within one period). The fastest, not the last: under contention a single probe step often lands on the
+    busy core (measured: 9.6 then 57.9 ms), and one unlucky sample kept two collapsing threads for a whole
+    period (28 instead of ~90 tok/s). Cost in a steady state: about one step in PERIOD runs in the slower mode."""
 
     PERIOD = 32
     PROBE = 2
@@ -310,6 +311,7 @@ class ContentionGuard:
         self.best = None
         self.mode = None  # thread count of the current step
         self.counted = False
+        self.probe_min = float("inf")  # fastest step of the current probe window
         self.step = 0
         self.t0 = 0.0
         self.fallbacks = 0  # times one thread became the faster mode (stats, tests)
@@ -322,6 +324,8 @@ class ContentionGuard:
             self.mode = None
             return
         probing = self.step % self.PERIOD < self.PROBE  # at the start: a reply learns both modes at once
+        if self.step % self.PERIOD == 0:
+            self.probe_min = float("inf")
         mode = (1 if self.best == self.full else self.full) if probing else self.best
         self.counted = mode == self.mode
         if mode != self.mode:
@@ -341,10 +345,12 @@ class ContentionGuard:
         if self.mode is None:
             return
         dt = time.perf_counter() - self.t0
-        if self.counted:  # the preferred mode averages; a probe of the other mode stands for itself
+        if self.mode != self.best:  # a probe: the fastest step of this probe window stands for the mode
+            self.probe_min = min(self.probe_min, dt)
+            self.avg[self.mode] = self.probe_min
+        elif self.counted:  # the preferred mode averages (not over the step that resized the team)
             old = self.avg.get(self.mode)
-            a = self.ALPHA if self.mode == self.best else 1.0
-            self.avg[self.mode] = dt if old is None else (1 - a) * old + a * dt
+            self.avg[self.mode] = dt if old is None else (1 - self.ALPHA) * old + self.ALPHA * dt
         if len(self.avg) == 2:
             best = min(self.avg, key=self.avg.get)
             if best != self.best:

@@ -294,6 +294,21 @@ def test_contention_guard_uses_the_faster_thread_count(monkeypatch):
         cost[2] = 0.007  # the load is gone: back to two threads within a period or two
         run(3 * g.PERIOD)
         assert g.best == 2
+        # under contention one probe step may land on the busy core: the window's fastest step counts
+        cost[2] = 0.047
+        cost_1 = cost[1]
+        probe_costs = iter([cost_1, 0.058])  # the window's last probe step is the unlucky one
+
+        def one_thread_cost():
+            return next(probe_costs, cost_1)
+        used = []
+        for i in range(g.PERIOD):
+            g.before()
+            n = numba.get_num_threads()
+            used.append(n)
+            clock[0] += one_thread_cost() if n == 1 else cost[2]
+            g.after()
+        assert g.best == 1 and used[g.PROBE + 2:].count(2) == 0  # switched right after the probe window
     finally:
         numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 
