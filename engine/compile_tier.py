@@ -205,19 +205,8 @@ class TieredForward:
             self.steps["fused"] += 1
             return ff.run(tokens, pos0, cache, rows_out)
         self.steps["kernels"] += 1
-        t_n = tokens.shape[0]
-        if t_n > ff.max_t or rows_out > ff.logit_rows:
-            ff._alloc(t_n, rows_out)
-        guard = ff.guard if t_n == 1 else None
-        if guard is not None:
-            guard.before()
-        else:
-            ff.guard.full_threads()
-        self.leaf.forward(tokens, pos0, ff.kv_tuple(cache), rows_out, ff._attn_scratch(cache.capacity))
-        if guard is not None:
-            guard.after()
-        cache.length = pos0 + t_n
-        return ff.bufs[13][:rows_out]
+        return ff.guarded(tokens.shape[0], pos0, cache, rows_out,
+                          lambda kv, scratch: self.leaf.forward(tokens, pos0, kv, rows_out, scratch))
 
     def __call__(self, tokens, pos0: int, cache, *, all_logits: bool = False) -> np.ndarray:
         tokens = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)

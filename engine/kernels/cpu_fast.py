@@ -209,6 +209,20 @@ def _copy_partial(out, tmp, t, g):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _batched_target(out, g):
+    """(full, part) for a batched AVX2 group kernel: a full group accumulates straight into out's rows (zeroed
+    here); the padded last group into part (T, G), copied out by _copy_partial afterwards."""
+    t_n = out.shape[0]
+    full = (g + 1) * G <= out.shape[1]
+    part = np.zeros((0 if full else t_n, G), np.float32)
+    if full:
+        for t in range(t_n):
+            for r in range(G):
+                out[t, g * G + r] = F32(0.0)
+    return full, part
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _q4_rows(o, qa, sa, xs, qs, d, m8, acc, g, t):
     # o (G,) <- the G outputs of group g for activation row t (decode form)
     for r in range(G):
@@ -312,16 +326,9 @@ def q4_group_avx2(out, qa, sa, xs, qs, d, m8, acc, g):
 def q4_group_batched_avx2(out, qa, sa, xs, qs, d, m8, g):
     """q4_group_batched with the AVX2 kernels: each block's nibbles are unpacked once (1 KiB, L1) and
     every activation row runs vpmaddubsw on them (cpu_avx2.unpack_q4 / blk_q4u). Bit-identical."""
-    t_n, rows = out.shape
-    full = (g + 1) * G <= rows
+    t_n = out.shape[0]
+    full, part = _batched_target(out, g)
     buf = np.empty(cpu_avx2.UNBUF, np.uint8)
-    part = np.zeros((0 if full else t_n, G), np.float32)  # (T, G) last group of a padded weight only
-    for t in range(t_n):
-        for r in range(G):
-            if full:
-                out[t, g * G + r] = F32(0.0)
-            else:
-                part[t, r] = F32(0.0)
     for b in range(qs.shape[1]):
         cpu_avx2.unpack_q4(buf, qs, g * qs.strides[0] + b * qs.strides[1])
         dm = (g * d.strides[0] + b * d.strides[1]) // 4
@@ -437,15 +444,8 @@ def q8_group_batched(out, qa, sa, qs, d, g):
     2 KiB, L1), then every row t only does the pair multiply-adds (vpmaddwd) on it. Same int32 block sums
     and float order as q8_group, so each row equals a one-row call bit for bit. AVX2 only."""
     t_n = out.shape[0]
-    full = (g + 1) * G <= out.shape[1]
+    full, part = _batched_target(out, g)
     buf = np.empty(cpu_avx2.UNBUF8, np.uint8)
-    part = np.zeros((0 if full else t_n, G), np.float32)  # (T, G) last group of a padded weight only
-    for t in range(t_n):
-        for r in range(G):
-            if full:
-                out[t, g * G + r] = F32(0.0)
-            else:
-                part[t, r] = F32(0.0)
     for b in range(qs.shape[1]):
         cpu_avx2.unpack_q8(buf, qs, g * qs.strides[0] + b * qs.strides[1])
         dm = (g * d.strides[0] + b * d.strides[1]) // 4

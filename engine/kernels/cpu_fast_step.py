@@ -265,18 +265,26 @@ class FusedForward:
 
     def run(self, tokens: np.ndarray, pos0: int, cache, rows_out: int) -> np.ndarray:
         """The jitted step only (no checks, no copy): logits (rows_out, vocab) view of the internal buffer."""
-        t_n = tokens.shape[0]
+        r = self.roles
+
+        def step(kv, scratch):
+            fused_forward(tokens, pos0, rows_out, self.bufs, self.emb, self.head, self.norms, self.rope,
+                          r["wq"], r["wk"], r["wv"], r["wo"], r["w_gate"], r["w_up"], r["w_down"], self.bias,
+                          self.qk_norm, kv, scratch)
+        return self.guarded(tokens.shape[0], pos0, cache, rows_out, step)
+
+    def guarded(self, t_n: int, pos0: int, cache, rows_out: int, step) -> np.ndarray:
+        """Buffers sized, the decode thread guard around `step(kv, attention scratch)` (one-token steps; a
+        prefill / verify pass gets all threads, whatever the guard chose), the cache length set to pos0 + t_n.
+        Shared by this step and the tiered start's kernel-by-kernel step (engine/compile_tier.py)."""
         if t_n > self.max_t or rows_out > self.logit_rows:
             self._alloc(t_n, rows_out)
-        r = self.roles
         guard = self.guard if t_n == 1 else None
         if guard is not None:
             guard.before()
         else:
-            self.guard.full_threads()  # prefill / verify: all threads, whatever the decode guard chose
-        fused_forward(tokens, pos0, rows_out, self.bufs, self.emb, self.head, self.norms, self.rope,
-                      r["wq"], r["wk"], r["wv"], r["wo"], r["w_gate"], r["w_up"], r["w_down"], self.bias,
-                      self.qk_norm, self.kv_tuple(cache), self._attn_scratch(cache.capacity))
+            self.guard.full_threads()
+        step(self.kv_tuple(cache), self._attn_scratch(cache.capacity))
         if guard is not None:
             guard.after()
         cache.length = pos0 + t_n
