@@ -15,20 +15,14 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from engine.quant import QTensor
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _weight(rng, qtype, rows, cols):
-    bb = {QT.Q4_1: 20, QT.Q4_0: 18, QT.Q8_0: 34}[qtype]
-    nb = cols // 32
-    raw = rng.integers(0, 256, size=(rows, nb, bb), dtype=np.uint8)
-    raw[..., 0:2] = (rng.random((rows, nb)) * 0.02).astype(np.float16)[..., None].view(np.uint8)
-    if qtype == QT.Q4_1:
-        raw[..., 2:4] = (-rng.random((rows, nb)) * 0.1).astype(np.float16)[..., None].view(np.uint8)
     from engine.kernels import cpu_fast
-    return cpu_fast.prepare_weight(QTensor("w", qtype, (rows, cols), raw.reshape(rows, -1)))
+    from test_speed_guard import _qtensor  # random blocks with sane scales
+    return cpu_fast.prepare_weight(_qtensor(rng, qtype, rows, cols))
 
 
 def _quantized(rng, t_n, cols, extreme):
