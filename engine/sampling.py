@@ -12,8 +12,15 @@ Order (one `TokenChooser` per reply):
 `accept(token)` must follow every `choose` with the token actually taken (plain decode: the chosen one;
 speculative verify: the chosen one at each verified position, in order). Nothing is ever rolled back.
 
-Cost: no full sort of the vocabulary per token. top-k uses argpartition; top-p without top-k widens a
-partition (64, 512, ... candidates) until it covers top_p of the mass, which is exact.
+Candidate order (what `candidates` returns and the draw walks): processed logit descending, ties by the lower
+token id; with no truncation at all (top_k off, top_p 1, min_p 0) every allowed token in id order. Banned
+tokens are never candidates. Top-k keeps the lowest ids among tokens tied at the k-th value.
+
+Cost: no full sort, copy or vocabulary-sized temporary per token. The chain runs in `engine.sampling_fast`
+(jitted): penalties and bans live in a per-chooser penalty row (updated in `accept`, bans set for one call)
+subtracted while scanning, so the caller's logits are read once and never written; top-k keeps a small sorted
+buffer in that one scan; top-p without top-k computes the exact normaliser over the vocabulary into a
+per-chooser work row and sorts only the tokens above a widening threshold that covers top_p of the mass.
 """
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ import numpy as np
 from .config import SamplingParams
 
 _NEG_INF = np.float32(-np.inf)
+_NO_PEN = np.zeros(0, np.float32)  # "no penalty row": the scans skip the subtraction
 
 
 class TokenChooser:
@@ -36,90 +44,120 @@ class TokenChooser:
         self.rng = rng
         self.thinking = thinking  # engine.thinking.ThinkingState | None
         self.counts = np.zeros(vocab_size, np.int32)  # (vocab,) occurrences in this reply
-        self._seen: list[int] = []  # distinct tokens seen, so penalties touch only those
         self.n_accepted = 0
+        p = params
+        self._penalised = bool(p.presence_penalty or p.frequency_penalty)
+        # (vocab,) f32 presence + frequency * count for every token seen so far (0 elsewhere); +inf on banned
+        # tokens for the duration of one choose.
+        self._pen = np.zeros(vocab_size, np.float32)
+        self._args = (float(p.temperature), int(p.top_k), float(p.top_p), float(p.min_p))
+        from . import sampling_fast as sf  # numba loads on first use, not when the UI imports the engine
+        self._scan, self._select = sf.top_scan, sf.select
+        if p.is_greedy:  # argmax = top-1: (1,) i64 / f32 buffers
+            self._ids, self._vals = np.zeros(1, np.int64), np.empty(1, np.float32)
+        else:
+            self._ids, self._vals, self._p, self._work = _buffers(vocab_size, p.top_k)
 
     # -- the chain -------------------------------------------------------------------------------------------
     def choose(self, logits_row: np.ndarray) -> int:
         """logits_row (vocab,) float32 -> token id. Does not change state except the generator's."""
         th = self.thinking
+        ban = ()
         if th is not None:
             forced = th.force()
             if forced is not None:
                 return forced
-        x = self._processed(logits_row)
-        tok = self._pick(x)
+            ban = th.ban()
+        x = _row(logits_row)
+        if ban:
+            idx = np.fromiter(ban, np.int64, len(ban))  # (n_ban,)
+            saved = self._pen[idx]
+            self._pen[idx] = np.inf
+            try:
+                tok = self._pick(x, self._pen)
+            finally:
+                self._pen[idx] = saved
+        else:
+            tok = self._pick(x, self._pen if self._penalised else _NO_PEN)
         if th is not None:
             tok = th.redirect(tok)
         return tok
 
     def accept(self, token: int) -> None:
         """Advance: count the token for penalties and feed the thinking state machine."""
-        if self.counts[token] == 0:
-            self._seen.append(token)
         self.counts[token] += 1
+        if self._penalised:
+            p = self.params
+            self._pen[token] = p.presence_penalty + p.frequency_penalty * int(self.counts[token])
         self.n_accepted += 1
         if self.thinking is not None:
             self.thinking.accept(token)
 
     # -- steps -----------------------------------------------------------------------------------------------
     def _processed(self, logits_row: np.ndarray) -> np.ndarray:
-        p = self.params
-        x = np.array(logits_row, dtype=np.float32, copy=True).reshape(-1)  # (vocab,)
-        if self._seen and (p.presence_penalty or p.frequency_penalty):
-            ids = np.fromiter(self._seen, np.int64, len(self._seen))  # (n_seen,)
-            x[ids] -= np.float32(p.presence_penalty) + np.float32(p.frequency_penalty) * self.counts[ids]
+        """The processed logits (penalties, bans) as a new array: what `choose` scans, for tests and inspection
+        (`choose` itself never materialises it)."""
+        x = _row(logits_row) - self._pen  # (vocab,)
         if self.thinking is not None:
             ban = self.thinking.ban()
             if ban:
                 x[list(ban)] = _NEG_INF
         return x
 
-    def _pick(self, x: np.ndarray) -> int:
-        p = self.params
-        if p.is_greedy:
-            return int(np.argmax(x))
-        cand, probs = candidates(x, p.temperature, p.top_k, p.top_p, p.min_p)
-        u = self.rng.random()
-        cdf = np.cumsum(probs)
-        i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
-        return int(cand[min(i, len(cand) - 1)])
+    def _pick(self, x: np.ndarray, pen: np.ndarray) -> int:
+        if self.params.is_greedy:  # the first index of the largest value (np.argmax's; 0 if all are -inf)
+            if pen is _NO_PEN:
+                return int(np.argmax(x))  # SIMD, ~2x the jitted scan; and nothing to compile
+            return int(self._ids[0]) if self._scan(x, pen, 1, self._ids, self._vals) else 0
+        n = self._select(x, pen, *self._args, self._work, self._ids, self._vals, self._p)
+        if n <= 0:
+            raise ValueError("every token is banned or the logits are not finite")
+        return int(self._ids[_draw(self._p, n, self.rng.random())])
+
+
+def _draw(p: np.ndarray, n: int, u: float) -> int:
+    """One uniform u in [0, 1) -> index into p[:n] by inverse CDF in candidate order: the first j whose
+    cumulative mass exceeds u * total. A plain loop for the usual few candidates (numpy's cumsum/searchsorted
+    calls cost ~5 us), numpy for many; both sum in order, so they agree."""
+    if n > 64:
+        cdf = np.cumsum(p[:n])  # (n,)
+        return min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), n - 1)
+    ps = p[:n].tolist()
+    total = 0.0
+    for q in ps:
+        total += q
+    target, acc = u * total, 0.0
+    for j, q in enumerate(ps):
+        acc += q
+        if acc > target:
+            return j
+    return n - 1
+
+
+def _row(logits_row: np.ndarray) -> np.ndarray:
+    """(vocab,) contiguous float32 view of a logits row (a copy only if it is not one already)."""
+    return np.ascontiguousarray(logits_row, dtype=np.float32).reshape(-1)
+
+
+def _buffers(vocab: int, top_k: int):
+    """Candidate buffers for `sampling_fast.select`: ids (cap,) i64, vals (cap,) f32, probs (cap,) f64, and the
+    exp work row (vocab,) f32 the threshold path needs (empty on the small top-k path, which does not)."""
+    from .sampling_fast import KMAX
+    k = top_k if 0 < top_k < vocab else 0
+    cap = k if 0 < k <= KMAX else vocab
+    work = np.empty(0 if 0 < k <= KMAX else vocab, np.float32)
+    return np.empty(cap, np.int64), np.empty(cap, np.float32), np.empty(cap, np.float64), work
 
 
 def candidates(x: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float
                ) -> tuple[np.ndarray, np.ndarray]:
-    """Processed logits x (vocab,) -> (token ids (n,), probabilities (n,)) after temperature, top-k, top-p and
-    min-p, renormalised (sorted by probability only when top-p needed it). Model-free, exact, and testable by hand."""
-    z = x / np.float32(temperature)  # (vocab,)
-    vocab = z.shape[0]
-    k = top_k if 0 < top_k < vocab else vocab
-    m = float(np.max(z))
-    if not np.isfinite(m):
+    """Processed logits x (vocab,) -> (token ids (n,) int64, probabilities (n,) float64 summing to 1) after
+    temperature, top-k, top-p and min-p, renormalised, in the candidate order of the module docstring.
+    Model-free, exact, and testable by hand (the same jitted code `TokenChooser.choose` runs)."""
+    from .sampling_fast import select
+    x = _row(x)
+    ids, vals, probs, work = _buffers(x.shape[0], int(top_k))
+    n = select(x, _NO_PEN, float(temperature), int(top_k), float(top_p), float(min_p), work, ids, vals, probs)
+    if n <= 0:
         raise ValueError("every token is banned or the logits are not finite")
-    if k < vocab:
-        ids = np.argpartition(-z, k - 1)[:k]  # (k,) the top-k, unordered
-        norm = float(np.sum(np.exp(z[ids] - m)))
-    elif top_p < 1.0:
-        # Exact top-p without a full sort: widen the partition until it holds top_p of the whole mass.
-        norm = float(np.sum(np.exp(z - m)))
-        n = 64
-        while True:
-            ids = np.argpartition(-z, n - 1)[:n] if n < vocab else np.arange(vocab)
-            if n >= vocab or float(np.sum(np.exp(z[ids] - m))) >= top_p * norm:
-                break
-            n = min(vocab, n * 8)
-    else:
-        ids = np.flatnonzero(z > _NEG_INF)  # everything that is allowed
-        norm = float(np.sum(np.exp(z[ids] - m)))
-    probs = np.exp(z[ids] - m) / norm  # (n,) true probabilities over the top-k set (or the vocabulary)
-    if top_p < 1.0:
-        # Sort only the candidates; keep the smallest prefix whose mass reaches top_p (the token that
-        # crosses the line is kept).
-        order = np.argsort(-probs, kind="stable")
-        ids, probs = ids[order], probs[order]
-        keep = int(np.searchsorted(np.cumsum(probs), top_p, side="left")) + 1
-        ids, probs = ids[:max(1, min(keep, len(ids)))], probs[:max(1, min(keep, len(ids)))]
-    if min_p > 0.0:
-        mask = probs >= np.float32(min_p) * probs.max()  # the top token always survives
-        ids, probs = ids[mask], probs[mask]
-    return ids, probs / probs.sum()
+    return ids[:n].copy(), probs[:n].copy()
