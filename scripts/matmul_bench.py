@@ -91,9 +91,9 @@ class Bufs:
 
 
 def stack(layers):
-    """Per role: (qs, d, m8) stacked over layers (L, ...) plus one acc16, as FusedForward holds them."""
+    """Per role: (qs, d, m) stacked over layers (L, ...) plus one acc16, as FusedForward holds them."""
     return tuple((np.stack([w[r].qs for w in layers]), np.stack([w[r].d for w in layers]),
-                  np.stack([w[r].m8 for w in layers]), layers[0][r].acc16) for r in SHAPES)
+                  np.stack([w[r].m for w in layers]), layers[0][r].acc16) for r in SHAPES)
 
 
 def make_sweep(m):

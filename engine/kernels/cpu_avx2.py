@@ -1,19 +1,22 @@
 """AVX2 block kernels for the interleaved 4-bit layout of cpu_fast.py, written as LLVM IR (numba intrinsics).
 
 Why IR: the int8 x 4-bit dot wants vpmaddubsw (32 multiply-adds per instruction, u8 x s8 -> s16 pair
-sums); LLVM does not form it from numba's scalar code, which ends at vpmullw + vpaddw (16 per two
-instructions) plus a zero-extension and a -8 per nibble. Here the nibbles stay unsigned (0..15):
-    sum_j (q_j - 8) a_j = sum_j q_j a_j - 8 * sum_j a_j,
-both integers exact, so every block sum equals cpu_fast's generic kernels' and the float tail below is the
-same expression in the same order: results are bit-identical to the generic path (tests compare).
+sums); LLVM does not form it from numba's scalar code. Here the nibbles stay unsigned (0..15), as in the
+file, and a block's integer sum S = sum_j q_j a_j is exact, so every kernel here and cpu_fast's generic ones
+compute the same S and then the same float expression in the same order: results are bit-identical
+(tests compare), and S * d * sb + m * xs is llama.cpp's Q4_1 x Q8_1 formula.
 
-Layout of one block of a 32-row group (cpu_fast.FastWeight): qs[j, r], j < 16, low nibble = value j of
-row r, high nibble = value j + 16. Bytes of two consecutive j are interleaved in registers (vpunpck*bw)
-so each 16-bit lane holds (value j, value j+1) of one row, multiplied by the broadcast activation pair.
-A 16-bit accumulator takes 8 pairs (|sum| <= 8 * 2 * 15 * 127 = 30480): one for the low nibbles
-(values 0..15) and one for the high (16..31), widened to int32 once per block.
-vpunpck works per 128-bit lane: register A holds rows 0-7 and 16-23, register B rows 8-15 and 24-31.
+Layout of one 512-byte block of a 32-row group (cpu_fast.FastWeight 'q4', written by cpu_repack): 16
+vectors of 32 bytes, vector 2k + h (k < 8: values 4k..4k+3; h: rows 16h..16h+15). Byte 4r + e of it holds
+value 4k + e of row 16h + r in its low nibble and of row 16h + 8 + r in its high nibble. So `x & 15` and
+`x >> 4 & 15` are each 8 rows x 4 values; vpmaddubsw against the broadcast activations a[4k..4k+3] gives
+two 16-bit lanes per row, and one vpmaddwd by 1 at the end of the block turns them into the row's int32 sum,
+rows already in order: no byte shuffles and no widening. A 16-bit lane takes the 8 quads of a block
+(|sum| <= 8 * 2 * 15 * 128 = 30720). Per block and row: 16 bytes of nibbles + f16 scale + f16 min = the
+file's 20 bytes.
 
+The decode form (grp_q4) runs all blocks of a group in one call with the 32 outputs in registers; the
+batched form unpacks each block once (unpack_q4, 1 KiB in L1) and every activation row reuses it (blk_q4u).
 Only used when the host has AVX2 (cpu_fast.HAVE_AVX2); cpu_fast's generic kernels serve the others.
 """
 from __future__ import annotations
@@ -28,13 +31,8 @@ G = 32
 I8, I16, I32, I64, F = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
 V32I8, V16I16, V8I32, V16I32 = ir.VectorType(I8, 32), ir.VectorType(I16, 16), ir.VectorType(I32, 8), ir.VectorType(I32, 16)
 V32I32, V32F = ir.VectorType(I32, 32), ir.VectorType(F, 32)
-UNBUF = 1024  # bytes of one unpacked block: 8 pairs x (lo A, lo B, hi A, hi B) x 32 bytes
-
-# per 128-bit lane: bytes 0-7 of x0 and x1 interleaved (punpcklbw), resp. bytes 8-15 (punpckhbw)
-_LO = [i for half in (0, 16) for k in range(8) for i in (half + k, 32 + half + k)]
-_HI = [i for half in (8, 24) for k in range(8) for i in (half + k, 32 + half + k)]
-# A = rows [0..7, 16..23], B = rows [8..15, 24..31] (as int32 lanes after widening) -> rows 0..31
-_ROWS = list(range(0, 8)) + list(range(16, 24)) + list(range(8, 16)) + list(range(24, 32))
+V32I16, V32H = ir.VectorType(I16, 32), ir.VectorType(ir.HalfType(), 32)
+UNBUF = 1024  # bytes of one unpacked block: 16 vectors x (low, high nibbles) x 32 bytes
 
 
 def _const(vt, vals):
@@ -60,105 +58,122 @@ def _splat(builder, x, vt):
     return builder.shuffle_vector(v, ir.Constant(vt, None), _const(ir.VectorType(I32, vt.count), 0))
 
 
-def _nibbles(builder, x0, x1):
-    """Bytes of rows for j and j+1 -> (lo A, lo B, hi A, hi B): u8 pairs (value j, value j+1) resp.
-    (value j+16, value j+17) of the rows of register A / B."""
-    mask, four = _const(V32I8, 15), _const(V32I8, 4)
-    out = []
-    for sel in (_LO, _HI):
-        u = builder.shuffle_vector(x0, x1, _const(ir.VectorType(I32, 32), sel))
-        out.append((builder.and_(u, mask), builder.and_(builder.lshr(u, four), mask)))
-    (la, ha), (lb, hb) = out
-    return la, lb, ha, hb
+def _halves(builder, p):
+    """32 f16 bit patterns at p (i16*) -> <32 x float> (vcvtph2ps with F16C)."""
+    return builder.fpext(builder.bitcast(_vload(builder, p, V32I16), V32H), V32F)
 
 
-def _dot_tail(builder, nib_of, a, o, d, m8, sb, xsb):
-    """The shared part: nib_of(jp) -> 4 nibble vectors of pair jp; a = activation pointer (i8*, 32);
-    o += d * (sb * isum) + m8 * xsb over the 32 rows (o, d, m8 float* to 32 contiguous rows)."""
+def _split(builder, x):
+    """32 bytes of a block vector -> (low nibbles, high nibbles), each 32 unsigned bytes."""
+    mask = _const(V32I8, 15)
+    return builder.and_(x, mask), builder.and_(builder.lshr(x, _const(V32I8, 4)), mask)
+
+
+def _isum(builder, nib_of, a):
+    """<32 x i32> S of the 32 rows in order: nib_of(v) -> (low, high) nibbles of block vector v (< 16);
+    a = the block's 32 int8 activations (i8*)."""
     madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8])
     pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
-    radd = _fn(builder, "llvm.vector.reduce.add.v8i32", I32, [V8I32])
-    a16 = builder.bitcast(a, I16.as_pointer())
-    zero = _const(V16I16, 0)
-    acc = [zero] * 4  # lo A, lo B, hi A, hi B
-    for jp in range(8):
-        al = builder.bitcast(_splat(builder, builder.load(builder.gep(a16, [ir.Constant(I64, jp)]), align=1), V16I16), V32I8)
-        ah = builder.bitcast(_splat(builder, builder.load(builder.gep(a16, [ir.Constant(I64, 8 + jp)]), align=1), V16I16), V32I8)
-        nib = nib_of(jp)
-        for i in range(4):
-            acc[i] = builder.add(acc[i], builder.call(madd, [nib[i], al if i < 2 else ah]))
-    # 8 * sum(a): pair sums of 8 * a (|.| <= 2032), then int32
-    s8 = builder.call(madd, [_const(V32I8, 8), _vload(builder, a, V32I8)])
-    asum8 = builder.call(radd, [builder.call(pmaddwd, [s8, _const(V16I16, 1)])])
-    sa_ = builder.add(builder.sext(acc[0], V16I32), builder.sext(acc[2], V16I32))
-    sb_ = builder.add(builder.sext(acc[1], V16I32), builder.sext(acc[3], V16I32))
-    isum = builder.shuffle_vector(sa_, sb_, _const(ir.VectorType(I32, 32), _ROWS))
-    isum = builder.sub(isum, _splat(builder, asum8, V32I32))
-    # same expression and order as the generic kernels: o + (d * (sb * f(isum)) + m8 * xsb)
+    a32 = builder.bitcast(a, I32.as_pointer())
+    acc = [_const(V16I16, 0)] * 4  # rows 0-7, 8-15, 16-23, 24-31 (two lanes per row)
+    for k in range(8):
+        av = builder.bitcast(_splat(builder, builder.load(builder.gep(a32, [ir.Constant(I64, k)]), align=1), V8I32), V32I8)
+        for h in range(2):
+            lo, hi = nib_of(2 * k + h)
+            acc[2 * h] = builder.add(acc[2 * h], builder.call(madd, [lo, av]))
+            acc[2 * h + 1] = builder.add(acc[2 * h + 1], builder.call(madd, [hi, av]))
+    s = [builder.call(pmaddwd, [x, _const(V16I16, 1)]) for x in acc]
+    lo16 = builder.shuffle_vector(s[0], s[1], _const(ir.VectorType(I32, 16), list(range(16))))
+    hi16 = builder.shuffle_vector(s[2], s[3], _const(ir.VectorType(I32, 16), list(range(16))))
+    return builder.shuffle_vector(lo16, hi16, _const(ir.VectorType(I32, 32), list(range(32))))
+
+
+def _block_term(builder, isum, d, m, sb, xsb):
+    """d * (sb * S) + m * xsb over the 32 rows (<32 x float>); d, m i16* to the rows' f16 bits; the generic
+    kernels' expression and order (cpu_fast._q4_term)."""
     t = builder.fmul(_splat(builder, sb, V32F), builder.sitofp(isum, V32F))
-    t = builder.fmul(_vload(builder, d, V32F), t)
-    u = builder.fmul(_vload(builder, m8, V32F), _splat(builder, xsb, V32F))
-    t = builder.fadd(t, u)
-    op = builder.bitcast(o, V32F.as_pointer())
-    builder.store(builder.fadd(builder.load(op, align=4), t), op, align=4)
+    t = builder.fmul(_halves(builder, d), t)
+    u = builder.fmul(_halves(builder, m), _splat(builder, xsb, V32F))
+    return builder.fadd(t, u)
+
+
+def _check_f16(*arrs):
+    return all(isinstance(a, types.Array) and a.dtype == types.uint16 for a in arrs)
 
 
 @intrinsic
-def blk_q4(typingctx, o, o_off, qs, qs_off, qa, qa_off, d, dm_off, m8, sb, xsb):
-    """o[o_off : o_off + 32] += one block's contribution for 32 rows: qs[qs_off:] the block's 512 bytes,
-    qa[qa_off:] its 32 int8 activations, d/m8[dm_off:] the rows' scales, sb/xsb f32 (see _dot_tail)."""
-    sig = types.void(o, o_off, qs, qs_off, qa, qa_off, d, dm_off, m8, sb, xsb)
+def grp_q4(typingctx, o, o_off, qs, qs_off, qa, qa_off, sa, xs, s_off, x_off, d, m, dm_off, nb):
+    """o[o_off : o_off + 32] <- the 32 rows' dot products with one activation row over nb blocks:
+    qs[qs_off:] the group's blocks (512 bytes each), qa[qa_off:] the int8 activations (32 per block),
+    sa[s_off:] / xs[x_off:] their block scales and scaled sums (f32, one per block), d/m[dm_off:] the rows' f16 scales
+    and mins (uint16, 32 per block). The outputs stay in registers across blocks; summed in block order."""
+    if not _check_f16(d, m):
+        return None
+    sig = types.void(o, o_off, qs, qs_off, qa, qa_off, sa, xs, s_off, x_off, d, m, dm_off, nb)
 
     def codegen(context, builder, signature, args):
-        o_, oo, qs_, qo, qa_, ao, d_, do, m8_, sb_, xsb_ = args
+        o_, oo, qs_, qo, qa_, ao, sa_, xs_, so, xo, d_, m_, do, nb_ = args
         ty = signature.args
-        q = _ptr(context, builder, ty[2], qs_, qo)
+        q0 = _ptr(context, builder, ty[2], qs_, qo)
+        a0 = _ptr(context, builder, ty[4], qa_, ao)
+        sp, xp = _ptr(context, builder, ty[6], sa_, so), _ptr(context, builder, ty[7], xs_, xo)
+        dp, mp = _ptr(context, builder, ty[10], d_, do), _ptr(context, builder, ty[11], m_, do)
+        accp = cgutils.alloca_once_value(builder, _const(V32F, 0.0))
+        with cgutils.for_range(builder, nb_) as loop:
+            b = loop.index
+            q = builder.gep(q0, [builder.mul(b, ir.Constant(b.type, 512))])
 
-        def nib_of(jp):
-            x0 = _vload(builder, builder.gep(q, [ir.Constant(I64, 64 * jp)]), V32I8)
-            x1 = _vload(builder, builder.gep(q, [ir.Constant(I64, 64 * jp + 32)]), V32I8)
-            return _nibbles(builder, x0, x1)
-        _dot_tail(builder, nib_of, _ptr(context, builder, ty[4], qa_, ao), _ptr(context, builder, ty[0], o_, oo),
-                  _ptr(context, builder, ty[6], d_, do), _ptr(context, builder, ty[8], m8_, do), sb_, xsb_)
+            def nib_of(v):
+                return _split(builder, _vload(builder, builder.gep(q, [ir.Constant(I64, 32 * v)]), V32I8))
+            isum = _isum(builder, nib_of, builder.gep(a0, [builder.mul(b, ir.Constant(b.type, 32))]))
+            off = builder.mul(b, ir.Constant(b.type, G))
+            term = _block_term(builder, isum, builder.gep(dp, [off]), builder.gep(mp, [off]),
+                               builder.load(builder.gep(sp, [b])), builder.load(builder.gep(xp, [b])))
+            builder.store(builder.fadd(builder.load(accp), term), accp)
+        op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
+        builder.store(builder.load(accp), op, align=4)
         return context.get_dummy_value()
     return sig, codegen
 
 
 @intrinsic
 def unpack_q4(typingctx, buf, qs, qs_off):
-    """buf[0:UNBUF] (uint8) <- the nibble vectors of the block at qs[qs_off:], as blk_q4u reads them: for a
-    multi-row matmul each block is unpacked once and used by every activation row."""
+    """buf[0:UNBUF] (uint8) <- the low and high nibbles of the block at qs[qs_off:], as blk_q4u reads them:
+    for a multi-row matmul each block is unpacked once and used by every activation row."""
     sig = types.void(buf, qs, qs_off)
 
     def codegen(context, builder, signature, args):
         buf_, qs_, qo = args
         q = _ptr(context, builder, signature.args[1], qs_, qo)
         b = _ptr(context, builder, signature.args[0], buf_, ir.Constant(I64, 0))
-        for jp in range(8):
-            x0 = _vload(builder, builder.gep(q, [ir.Constant(I64, 64 * jp)]), V32I8)
-            x1 = _vload(builder, builder.gep(q, [ir.Constant(I64, 64 * jp + 32)]), V32I8)
-            for i, v in enumerate(_nibbles(builder, x0, x1)):
-                p = builder.bitcast(builder.gep(b, [ir.Constant(I64, 128 * jp + 32 * i)]), V32I8.as_pointer())
-                builder.store(v, p, align=1)
+        for v in range(16):
+            for i, x in enumerate(_split(builder, _vload(builder, builder.gep(q, [ir.Constant(I64, 32 * v)]), V32I8))):
+                p = builder.bitcast(builder.gep(b, [ir.Constant(I64, 64 * v + 32 * i)]), V32I8.as_pointer())
+                builder.store(x, p, align=1)
         return context.get_dummy_value()
     return sig, codegen
 
 
 @intrinsic
-def blk_q4u(typingctx, o, o_off, buf, qa, qa_off, d, dm_off, m8, sb, xsb):
-    """blk_q4 from a block unpacked by unpack_q4 into buf."""
-    sig = types.void(o, o_off, buf, qa, qa_off, d, dm_off, m8, sb, xsb)
+def blk_q4u(typingctx, o, o_off, buf, qa, qa_off, d, m, dm_off, sb, xsb):
+    """o[o_off : o_off + 32] += one block's d * (sb * S) + m * xsb for 32 rows, from a block unpacked by
+    unpack_q4 into buf; qa[qa_off:] the block's 32 int8 activations, d/m[dm_off:] f16 scales and mins."""
+    if not _check_f16(d, m):
+        return None
+    sig = types.void(o, o_off, buf, qa, qa_off, d, m, dm_off, sb, xsb)
 
     def codegen(context, builder, signature, args):
-        o_, oo, buf_, qa_, ao, d_, do, m8_, sb_, xsb_ = args
+        o_, oo, buf_, qa_, ao, d_, m_, do, sb_, xsb_ = args
         ty = signature.args
         b = _ptr(context, builder, ty[2], buf_, ir.Constant(I64, 0))
 
-        def nib_of(jp):
-            return [builder.load(builder.bitcast(builder.gep(b, [ir.Constant(I64, 128 * jp + 32 * i)]),
-                                                 V32I8.as_pointer()), align=1) for i in range(4)]
-        _dot_tail(builder, nib_of, _ptr(context, builder, ty[3], qa_, ao), _ptr(context, builder, ty[0], o_, oo),
-                  _ptr(context, builder, ty[5], d_, do), _ptr(context, builder, ty[7], m8_, do), sb_, xsb_)
+        def nib_of(v):
+            return [_vload(builder, builder.gep(b, [ir.Constant(I64, 64 * v + 32 * i)]), V32I8) for i in range(2)]
+        isum = _isum(builder, nib_of, _ptr(context, builder, ty[3], qa_, ao))
+        term = _block_term(builder, isum, _ptr(context, builder, ty[5], d_, do), _ptr(context, builder, ty[6], m_, do),
+                           sb_, xsb_)
+        op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
+        builder.store(builder.fadd(builder.load(op, align=4), term), op, align=4)
         return context.get_dummy_value()
     return sig, codegen
 
@@ -171,7 +186,8 @@ UNBUF8 = 2048  # bytes of one sign-extended Q8_0 block: 16 pairs x 64 int16
 
 
 def _q8_tail(builder, w_of, a, o, d, sb):
-    """w_of(jp) -> <64 x i16> weights of pair jp; o += d * (sb * isum) over 32 rows (q8_group's order)."""
+    """w_of(jp) -> <64 x i16> weights of pair jp; o += d * (sb * isum) over 32 rows (q8_group's order);
+    d i16* to the rows' f16 scale bits."""
     pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
     acc = [_const(V8I32, 0)] * 4  # rows 0-7, 8-15, 16-23, 24-31
     a16 = ir.VectorType(I16, 2)
@@ -186,14 +202,17 @@ def _q8_tail(builder, w_of, a, o, d, sb):
                                   builder.shuffle_vector(acc[2], acc[3], _const(ir.VectorType(I32, 16), list(range(16)))),
                                   _const(ir.VectorType(I32, 32), list(range(32))))
     t = builder.fmul(_splat(builder, sb, V32F), builder.sitofp(isum, V32F))
-    t = builder.fmul(_vload(builder, d, V32F), t)
+    t = builder.fmul(_halves(builder, d), t)
     op = builder.bitcast(o, V32F.as_pointer())
     builder.store(builder.fadd(builder.load(op, align=4), t), op, align=4)
 
 
 @intrinsic
 def blk_q8(typingctx, o, o_off, qs, qs_off, qa, qa_off, d, d_off, sb):
-    """o[o_off : o_off + 32] += d * (sb * sum_j w_j a_j) for one Q8_0 block of 32 rows (1 KiB at qs[qs_off:])."""
+    """o[o_off : o_off + 32] += d * (sb * sum_j w_j a_j) for one Q8_0 block of 32 rows (1 KiB at qs[qs_off:]);
+    d[d_off:] the rows' scales (uint16 f16 bits)."""
+    if not _check_f16(d):
+        return None
     sig = types.void(o, o_off, qs, qs_off, qa, qa_off, d, d_off, sb)
 
     def codegen(context, builder, signature, args):
@@ -228,6 +247,8 @@ def unpack_q8(typingctx, buf, qs, qs_off):
 @intrinsic
 def blk_q8u(typingctx, o, o_off, buf, qa, qa_off, d, d_off, sb):
     """blk_q8 from a block unpacked by unpack_q8 into buf."""
+    if not _check_f16(d):
+        return None
     sig = types.void(o, o_off, buf, qa, qa_off, d, d_off, sb)
 
     def codegen(context, builder, signature, args):

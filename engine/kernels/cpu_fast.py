@@ -5,15 +5,18 @@ kernel is cpu.py's. Weights of other types (or with a row count that is not a mu
 layout and kernels, so this module is a drop-in superset.
 
 Why this layout (measured on a 2-core Zen 3, AVX2; REFERENCE.md section 8 for the Zen 4 prototype):
-- Rows are interleaved in groups of G=32: qs[group, block, j, row]. The inner loop runs over the G rows of
-  one group with a single activation value broadcast, so LLVM vectorizes it across rows (one accumulator
-  per row, no horizontal sums) and each 512-byte weight block is one contiguous read.
+- Rows are interleaved in groups of G=32: qs[group, block, 16, G] holds one block (32 values) of all G rows
+  of a group. The kernels keep one accumulator per row in vector lanes (no per-block horizontal sums) and
+  each 512-byte weight block is one contiguous read.
 - The activation row is quantized once per matmul to int8 with one f32 scale per 32-block (Q8 style), and
-  the block dot product is integer: Q4 nibbles are used as (q - 8) in -8..7 so a whole block accumulates in
-  int16 without overflow (|sum| <= 16 * 2 * 8 * 127 = 32512), i.e. 16 lanes per AVX2 register.
-  Q4_1 then is  sum_j (d q_j + m) x_j ~ d * sa * sum_j (q_j - 8) qa_j + (m + 8 d) * sa * sum_j qa_j,
-  i.e. exactly the dot with the quantized row, as llama.cpp computes it (see quantize_rows).
-- Scales are stored apart, f32 per (group, block, row): they are read once per block, vectorized over rows.
+  the block dot product is integer: S = sum_j q_j qa_j over the unsigned nibbles, and Q4_1 is
+  sum_j (d q_j + m) x_j ~ d * (sa * S) + m * xs (xs: the block sum of the quantized row), exactly
+  llama.cpp's Q4_1 x Q8_1 dot (see quantize_rows). The generic kernels accumulate (q - 8) qa in int16
+  (|sum| <= 32 * 8 * 127 = 32512, 16 lanes per AVX2 register) and add 8 sum_j qa_j: the same integer S.
+- Scales and mins are stored apart, as the file's f16 bits per (group, block, row): read once per block,
+  vectorized over rows (vcvtph2ps), so the weight stream is the file's bytes (Q4_1: 20 per row and block).
+- Within a block, bytes are ordered for cpu_avx2's vpmaddubsw (see its docstring): a byte holds the same
+  value of two rows 8 apart, four consecutive values of a row are adjacent.
 - Explicit np.int16 casts everywhere: numba otherwise promotes int16 arithmetic to int64 lanes.
 - T > 1 (prefill chunk, speculative verify): the group's block stays in L1 while all T rows use it, so every
   weight byte comes from memory once per call ("each weight block is read once for all T").
@@ -23,7 +26,10 @@ Why this layout (measured on a 2-core Zen 3, AVX2; REFERENCE.md section 8 for th
   sums and the same float expression in the same order as the generic kernels (kept as *_generic), so
   results are bit-identical, and batched rows equal one-row calls. Measured (scripts/matmul_bench.py,
   SmolLM2 layers, 1 thread on a loaded machine, two runs): T=1 1.3-1.75x, T=8 2.2x, T=64 2.1x faster;
-  Q8_0 head T=1 1.5-1.8x, T=8 3.5-3.7x, T=64 4.1x.
+  Q8_0 head T=1 1.5-1.8x, T=8 3.5-3.7x, T=64 4.1x. The decode (T = 1) layer is compute-bound per thread
+  (a layer alone in cache was no faster than 30 streaming ones); the byte order above (no shuffles, no
+  widening) and outputs kept in registers across a group's blocks made it 0.18-0.22 -> 0.14-0.15 ms per
+  layer on one thread (three alternating runs).
 The loop vectorizer is what vectorizes these kernels here (the rows loop is innermost and contiguous); SLP
 (numba_env) helps the scale/accumulate tails. tests/engine/test_speed_guard.py checks the emitted assembly.
 """
@@ -43,6 +49,7 @@ from numba import njit, prange
 
 from ..quant import QK, QTensor, validate
 from . import cpu, cpu_avx2
+from .cpu_attn import h2f
 from .cpu import (  # noqa: F401  (the rest of the kernel set is cpu.py's)
     KV_GROUP, argmax, bias_add, kv_group, kv_store_f16, kv_store_int8,
     residual_add, rmsnorm, rope, swiglu)
@@ -66,17 +73,18 @@ class FastWeight:
     """A Q4_0/Q4_1/Q8_0 weight in the interleaved layout. kind: 'q4' (both 4-bit types) | 'q8'.
 
     q4: qs uint8 (ng, nb, 16, G): byte j of block b of row g*G+r (lo nibble = value j, hi = value j+16);
-        d f32 (ng, nb, G) block scales; m8 f32 (ng, nb, G) = m + 8 d (Q4_0: m = -8 d, so m8 = 0).
-    q8: qs int8 (ng, nb, 16, 2G): values 2i, 2i+1 of row r at [.., i, 2r], [.., i, 2r+1]; d f32 (ng, nb, G).
+        d uint16 (ng, nb, G) block scales and m uint16 (ng, nb, G) block mins, both f16 bits as in the file
+        (Q4_0 has no min: m = -8 d, exact in f16, so the kernels' m + 8 d is 0).
+    q8: qs int8 (ng, nb, 16, 2G): values 2i, 2i+1 of row r at [.., i, 2r], [.., i, 2r+1]; d uint16 (ng, nb, G).
     acc16/acc32 (ng, G): per-group integer accumulators (scratch, so the kernels never allocate).
     """
 
-    def __init__(self, name, kind, shape, qs, d, m8=None):
+    def __init__(self, name, kind, shape, qs, d, m=None):
         self.name, self.kind, self.shape = name, kind, shape
-        self.qs, self.d, self.m8 = qs, d, m8
+        self.qs, self.d, self.m = qs, d, m
         self.acc16 = np.zeros((qs.shape[0], G), np.int16)  # (ng, G) kernel scratch (4-bit)
         self.acc32 = np.zeros((qs.shape[0], G), np.int32)  # (ng, G) kernel scratch (Q8_0)
-        self.nbytes = qs.nbytes + d.nbytes + (m8.nbytes if m8 is not None else 0)
+        self.nbytes = qs.nbytes + d.nbytes + (m.nbytes if m is not None else 0)
 
 
 class FastScratch:
@@ -93,12 +101,14 @@ class FastScratch:
 def repack(qt: QTensor) -> FastWeight:
     """File blocks (rows, nb * bytes_per_block) -> the interleaved layout, in one jitted pass
     (engine/kernels/cpu_repack.py). Rows are padded with zero blocks up to a multiple of G; kernels never
-    write the padding rows to `out`."""
+    write the padding rows to `out`. None for a Q4_0 weight whose -8 d overflows f16 (|d| > 8188)."""
     from .cpu_repack import repack_arrays
     rows, cols = qt.shape[0], qt.shape[-1]
     raw = np.ascontiguousarray(qt.data).view(np.uint8).reshape(rows, -1)
-    qs, d, m8 = repack_arrays(raw, QT(qt.qtype).name.lower(), cols)
-    return FastWeight(qt.name, "q8" if qt.qtype == QT.Q8_0 else "q4", (rows, cols), qs, d, m8)
+    arrays = repack_arrays(raw, QT(qt.qtype).name.lower(), cols)
+    if arrays is None:
+        return None
+    return FastWeight(qt.name, "q8" if qt.qtype == QT.Q8_0 else "q4", (rows, cols), *arrays)
 
 
 def prepare_weight(qt: QTensor):
@@ -106,8 +116,9 @@ def prepare_weight(qt: QTensor):
     validate(qt)
     if qt.qtype in (QT.Q4_0, QT.Q4_1, QT.Q8_0) and len(qt.shape) == 2:
         w = repack(qt)
-        release_pages(qt.data)
-        return w
+        if w is not None:
+            release_pages(qt.data)
+            return w
     return cpu.prepare_weight(qt)
 
 
@@ -196,9 +207,25 @@ def quantize_rows(qa, sa, xs, x):
 
 # ----------------------------------------------------------------------------------------- matmul kernels
 @njit(cache=True, nogil=True, inline="always")
-def _nib2(v, a_lo, a_hi):
-    # (lo nibble - 8) * a_lo + (hi nibble - 8) * a_hi for one byte v (as int16), all in int16
-    return I16(I16(I16(I16(v & I16(15)) - I16(8)) * a_lo) + I16(I16(I16(v >> I16(4)) - I16(8)) * a_hi))
+def _snib(x, a):
+    # ((low nibble - 8) * a, (high nibble - 8) * a) for one byte x (as int16), in int16
+    return I16(I16(I16(x & I16(15)) - I16(8)) * a), I16(I16(I16(x >> I16(4)) - I16(8)) * a)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _act_sum8(qa, t, b):
+    # 8 * sum of block b's int8 activations of row t: turns sum (q - 8) a into sum q a
+    s = I32(0)
+    for j in range(QK):
+        s += I32(qa[t, b * QK + j])
+    return I32(8) * s
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _q4_term(dbits, mbits, sb, xsb, s):
+    # one block's contribution to one output: d * (sb * S) + m * xsb, S = sum_j q_j a_j (nibbles 0..15);
+    # cpu_avx2._block_term computes the same expression in the same order
+    return h2f(dbits) * (sb * F32(s)) + h2f(mbits) * xsb
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -223,44 +250,45 @@ def _batched_target(out, g):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _q4_rows(o, qa, sa, xs, qs, d, m8, acc, g, t):
-    # o (G,) <- the G outputs of group g for activation row t (decode form)
+def _q4_rows(o, qa, sa, xs, qs, d, m, acc, g, t):
+    # o (G,) <- the G outputs of group g for activation row t (decode form). Layout: cpu_avx2's docstring
+    # (vector 2k + h, byte 4r + e: value 4k + e of rows 16h + r (low nibble) and 16h + 8 + r (high)).
     for r in range(G):
         o[r] = F32(0.0)
     for b in range(qs.shape[1]):
         for r in range(G):
             acc[r] = 0
-        for jj in range(0, 16, 4):
-            k = b * QK + jj
-            a0, b0 = I16(qa[t, k]), I16(qa[t, k + 16])
-            a1, b1 = I16(qa[t, k + 1]), I16(qa[t, k + 17])
-            a2, b2 = I16(qa[t, k + 2]), I16(qa[t, k + 18])
-            a3, b3 = I16(qa[t, k + 3]), I16(qa[t, k + 19])
-            for r in range(G):
-                s = I16(_nib2(I16(qs[g, b, jj, r]), a0, b0) + _nib2(I16(qs[g, b, jj + 1, r]), a1, b1))
-                s = I16(s + I16(_nib2(I16(qs[g, b, jj + 2, r]), a2, b2) + _nib2(I16(qs[g, b, jj + 3, r]), a3, b3)))
-                acc[r] = I16(acc[r] + s)
-        sb = sa[t, b]
-        xsb = xs[t, b]
+        for k in range(8):
+            kk = b * QK + 4 * k
+            a0, a1, a2, a3 = I16(qa[t, kk]), I16(qa[t, kk + 1]), I16(qa[t, kk + 2]), I16(qa[t, kk + 3])
+            for h in range(2):
+                for r in range(8):
+                    l0, h0 = _snib(I16(qs[g, b, 2 * k + h, 4 * r]), a0)
+                    l1, h1 = _snib(I16(qs[g, b, 2 * k + h, 4 * r + 1]), a1)
+                    l2, h2 = _snib(I16(qs[g, b, 2 * k + h, 4 * r + 2]), a2)
+                    l3, h3 = _snib(I16(qs[g, b, 2 * k + h, 4 * r + 3]), a3)
+                    acc[16 * h + r] = I16(acc[16 * h + r] + I16(I16(l0 + l1) + I16(l2 + l3)))
+                    acc[16 * h + 8 + r] = I16(acc[16 * h + 8 + r] + I16(I16(h0 + h1) + I16(h2 + h3)))
+        a8 = _act_sum8(qa, t, b)
         for r in range(G):
-            o[r] += d[g, b, r] * (sb * F32(acc[r])) + m8[g, b, r] * xsb
+            o[r] += _q4_term(d[g, b, r], m[g, b, r], sa[t, b], xs[t, b], I32(acc[r]) + a8)
 
 
 @njit(cache=True, nogil=True)
-def q4_group(out, qa, sa, xs, qs, d, m8, acc, g):
-    """Rows g*G .. g*G+G-1 of out (T, rows) for interleaved 4-bit W (see mm_q4); acc (G,) int16 scratch.
-    The j loop is unrolled by 4 in the source so each pass over the G accumulators does 256 MACs."""
+def q4_group(out, qa, sa, xs, qs, d, m, acc, g):
+    """Rows g*G .. g*G+G-1 of out (T, rows) for interleaved 4-bit W (see mm_q4); acc (G,) int16 scratch:
+    sum_j (q_j - 8) a_j fits int16 (|.| <= 32 * 8 * 127), plus 8 sum_j a_j afterwards."""
     for t in range(out.shape[0]):
         if (g + 1) * G <= out.shape[1]:
-            _q4_rows(out[t, g * G:(g + 1) * G], qa, sa, xs, qs, d, m8, acc, g, t)
+            _q4_rows(out[t, g * G:(g + 1) * G], qa, sa, xs, qs, d, m, acc, g, t)
         else:  # last group of a padded weight
             tmp = np.empty(G, np.float32)
-            _q4_rows(tmp, qa, sa, xs, qs, d, m8, acc, g, t)
+            _q4_rows(tmp, qa, sa, xs, qs, d, m, acc, g, t)
             _copy_partial(out, tmp, t, g)
 
 
 @njit(cache=True, nogil=True)
-def q4_group_batched(out, qa, sa, xs, qs, d, m8, g):
+def q4_group_batched(out, qa, sa, xs, qs, d, m, g):
     """As q4_group for T > 1: each block is unpacked once into wbuf (32, G) int16 (values - 8), then every
     row t only multiplies and adds (2 vector ops per 16 MACs instead of ~5). wbuf and acc are allocated
     here on purpose (2 small allocations per group and call): LLVM then knows they alias nothing and keeps
@@ -271,11 +299,13 @@ def q4_group_batched(out, qa, sa, xs, qs, d, m8, g):
     full = (g + 1) * G <= out.shape[1]
     part = np.zeros((0 if full else t_n, G), np.float32)  # (T, G) last group of a padded weight only
     for b in range(qs.shape[1]):
-        for j in range(16):
-            for r in range(G):
-                v = I16(qs[g, b, j, r])
-                wbuf[j, r] = I16(I16(v & I16(15)) - I16(8))
-                wbuf[j + 16, r] = I16(I16(v >> I16(4)) - I16(8))
+        for k in range(8):
+            for h in range(2):
+                for r in range(8):
+                    for e in range(4):
+                        v = I16(qs[g, b, 2 * k + h, 4 * r + e])
+                        wbuf[4 * k + e, 16 * h + r] = I16(I16(v & I16(15)) - I16(8))
+                        wbuf[4 * k + e, 16 * h + 8 + r] = I16(I16(v >> I16(4)) - I16(8))
         for t in range(t_n):
             for r in range(G):
                 acc[r] = 0
@@ -286,44 +316,40 @@ def q4_group_batched(out, qa, sa, xs, qs, d, m8, g):
                     s = I16(I16(wbuf[j, r] * a0) + I16(wbuf[j + 1, r] * a1))
                     s = I16(s + I16(I16(wbuf[j + 2, r] * a2) + I16(wbuf[j + 3, r] * a3)))
                     acc[r] = I16(acc[r] + s)
-            sb = sa[t, b]
-            xsb = xs[t, b]
+            a8 = _act_sum8(qa, t, b)
             o = out[t, g * G:(g + 1) * G] if full else part[t]
             if b == 0:
                 for r in range(G):
                     o[r] = F32(0.0)
             for r in range(G):
-                o[r] += d[g, b, r] * (sb * F32(acc[r])) + m8[g, b, r] * xsb
+                o[r] += _q4_term(d[g, b, r], m[g, b, r], sa[t, b], xs[t, b], I32(acc[r]) + a8)
     if not full:
         for t in range(t_n):
             _copy_partial(out, part[t], t, g)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _q4_blocks_avx2(o, o0, qa, sa, xs, qs, d, m8, g, t):
-    # o[o0 : o0 + G] (flat, zeroed) += all blocks of group g for activation row t
-    for b in range(qs.shape[1]):
-        cpu_avx2.blk_q4(o, o0, qs, g * qs.strides[0] + b * qs.strides[1], qa, t * qa.strides[0] + b * QK,
-                        d, (g * d.strides[0] + b * d.strides[1]) // 4, m8, sa[t, b], xs[t, b])
+def _grp_q4(o, o0, qa, sa, xs, qs, d, m, g, t):
+    # o[o0 : o0 + G] (flat) <- all blocks of group g for activation row t (cpu_avx2.grp_q4)
+    cpu_avx2.grp_q4(o, o0, qs, g * qs.strides[0], qa, t * qa.strides[0], sa, xs, t * (sa.strides[0] // 4),
+                    t * (xs.strides[0] // 4), d, m, g * (d.strides[0] // 2), qs.shape[1])
 
 
 @njit(cache=True, nogil=True)
-def q4_group_avx2(out, qa, sa, xs, qs, d, m8, acc, g):
-    """q4_group with the AVX2 block kernel (cpu_avx2.blk_q4: vpmaddubsw, nibbles unpacked in registers);
-    same integer block sums and float order, so bit-identical. acc is unused (same signature)."""
+def q4_group_avx2(out, qa, sa, xs, qs, d, m, acc, g):
+    """q4_group with the AVX2 group kernel (cpu_avx2.grp_q4: vpmaddubsw on the nibbles, outputs in registers
+    across blocks); same integer block sums and float order, so bit-identical. acc is unused (same signature)."""
     for t in range(out.shape[0]):
         if (g + 1) * G <= out.shape[1]:
-            for r in range(G):
-                out[t, g * G + r] = F32(0.0)
-            _q4_blocks_avx2(out, (t * out.strides[0]) // 4 + g * G, qa, sa, xs, qs, d, m8, g, t)
+            _grp_q4(out, (t * out.strides[0]) // 4 + g * G, qa, sa, xs, qs, d, m, g, t)
         else:  # last group of a padded weight
             tmp = np.zeros(G, np.float32)
-            _q4_blocks_avx2(tmp, 0, qa, sa, xs, qs, d, m8, g, t)
+            _grp_q4(tmp, 0, qa, sa, xs, qs, d, m, g, t)
             _copy_partial(out, tmp, t, g)
 
 
 @njit(cache=True, nogil=True)
-def q4_group_batched_avx2(out, qa, sa, xs, qs, d, m8, g):
+def q4_group_batched_avx2(out, qa, sa, xs, qs, d, m, g):
     """q4_group_batched with the AVX2 kernels: each block's nibbles are unpacked once (1 KiB, L1) and
     every activation row runs vpmaddubsw on them (cpu_avx2.unpack_q4 / blk_q4u). Bit-identical."""
     t_n = out.shape[0]
@@ -331,13 +357,13 @@ def q4_group_batched_avx2(out, qa, sa, xs, qs, d, m8, g):
     buf = np.empty(cpu_avx2.UNBUF, np.uint8)
     for b in range(qs.shape[1]):
         cpu_avx2.unpack_q4(buf, qs, g * qs.strides[0] + b * qs.strides[1])
-        dm = (g * d.strides[0] + b * d.strides[1]) // 4
+        dm = (g * d.strides[0] + b * d.strides[1]) // 2
         for t in range(t_n):
             if full:
                 cpu_avx2.blk_q4u(out, (t * out.strides[0]) // 4 + g * G, buf, qa, t * qa.strides[0] + b * QK,
-                                 d, dm, m8, sa[t, b], xs[t, b])
+                                 d, m, dm, sa[t, b], xs[t, b])
             else:
-                cpu_avx2.blk_q4u(part, t * G, buf, qa, t * qa.strides[0] + b * QK, d, dm, m8, sa[t, b], xs[t, b])
+                cpu_avx2.blk_q4u(part, t * G, buf, qa, t * qa.strides[0] + b * QK, d, m, dm, sa[t, b], xs[t, b])
     if not full:
         for t in range(t_n):
             _copy_partial(out, part[t], t, g)
@@ -349,21 +375,21 @@ if HAVE_AVX2:  # the generic kernels stay as the reference and for other CPUs
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _q4(out, qa, sa, xs, qs, d, m8, acc, g):
+def _q4(out, qa, sa, xs, qs, d, m, acc, g):
     # one group, choosing the decode (T = 1) or the batched form
     if out.shape[0] >= BATCHED_MIN_T:
-        q4_group_batched(out, qa, sa, xs, qs, d, m8, g)
+        q4_group_batched(out, qa, sa, xs, qs, d, m, g)
     else:
-        q4_group(out, qa, sa, xs, qs, d, m8, acc, g)
+        q4_group(out, qa, sa, xs, qs, d, m, acc, g)
 
 
 @njit(cache=True, nogil=True)
-def mm_q4(out, qa, sa, xs, qs, d, m8, acc16):
+def mm_q4(out, qa, sa, xs, qs, d, m, acc16):
     """out (T, rows) f32 <- x @ W^T for interleaved 4-bit W; x as qa (T, n) int8 + sa, xs (T, nb) f32.
     acc16 (ng, G) int16 scratch (decode). Each weight block is read once. Runs as mm_q4x3 with two empty
     weights: one parallel kernel to compile instead of three (cold start)."""
-    mm_q4x3(out, out, out, qa, sa, xs, qs, d, m8, acc16, qs[:0], d[:0], m8[:0], acc16[:0],
-            qs[:0], d[:0], m8[:0], acc16[:0])
+    mm_q4x3(out, out, out, qa, sa, xs, qs, d, m, acc16, qs[:0], d[:0], m[:0], acc16[:0],
+            qs[:0], d[:0], m[:0], acc16[:0])
 
 
 @njit(cache=True, nogil=True)
@@ -400,7 +426,7 @@ def _q8_rows(o, qa, sa, qs, d, acc, g, t):
                 acc[r] += I32(qs[g, b, jp, 2 * r]) * a0 + I32(qs[g, b, jp, 2 * r + 1]) * a1
         sb = sa[t, b]
         for r in range(G):
-            o[r] += d[g, b, r] * (sb * F32(acc[r]))
+            o[r] += h2f(d[g, b, r]) * (sb * F32(acc[r]))
 
 
 @njit(cache=True, nogil=True)
@@ -421,7 +447,7 @@ def _q8_blocks_avx2(o, o0, qa, sa, qs, d, g, t):
     # o[o0 : o0 + G] (flat, zeroed) += all blocks of group g for activation row t
     for b in range(qs.shape[1]):
         cpu_avx2.blk_q8(o, o0, qs, g * qs.strides[0] + b * qs.strides[1], qa, t * qa.strides[0] + b * QK,
-                        d, (g * d.strides[0] + b * d.strides[1]) // 4, sa[t, b])
+                        d, (g * d.strides[0] + b * d.strides[1]) // 2, sa[t, b])
 
 
 @njit(cache=True, nogil=True)
@@ -448,7 +474,7 @@ def q8_group_batched(out, qa, sa, qs, d, g):
     buf = np.empty(cpu_avx2.UNBUF8, np.uint8)
     for b in range(qs.shape[1]):
         cpu_avx2.unpack_q8(buf, qs, g * qs.strides[0] + b * qs.strides[1])
-        dm = (g * d.strides[0] + b * d.strides[1]) // 4
+        dm = (g * d.strides[0] + b * d.strides[1]) // 2
         for t in range(t_n):
             if full:
                 cpu_avx2.blk_q8u(out, (t * out.strides[0]) // 4 + g * G, buf, qa, t * qa.strides[0] + b * QK,
@@ -492,22 +518,23 @@ def matmul(out, x, w, scratch):
     qa, sa, xs = scratch.qa[:t_n, :n], scratch.sa[:t_n, :n // QK], scratch.xs[:t_n, :n // QK]
     quantize_rows(qa, sa, xs, x)
     if w.kind == "q4":
-        mm_q4(out, qa, sa, xs, w.qs, w.d, w.m8, w.acc16)
+        mm_q4(out, qa, sa, xs, w.qs, w.d, w.m, w.acc16)
     else:
         mm_q8(out, qa, sa, w.qs, w.d, w.acc32)
 
 
 # ------------------------------------------------------------------------------------------------ embed
 @njit(cache=True, nogil=True)
-def embed_q4(out, qs, d, m8, tokens):
-    """out (T, n) <- rows tokens (T,) of an interleaved 4-bit table."""
+def embed_q4(out, qs, d, m, tokens):
+    """out (T, n) <- rows tokens (T,) of an interleaved 4-bit table: d * q + m, llama.cpp's dequantization."""
     for t in range(tokens.shape[0]):
-        g, r = tokens[t] // G, tokens[t] % G
+        g, rg = tokens[t] // G, tokens[t] % G
+        h, r8, shift = rg // 16, rg % 8, 4 * ((rg % 16) // 8)
         for b in range(qs.shape[1]):
-            for j in range(16):
-                v = qs[g, b, j, r]
-                out[t, b * QK + j] = d[g, b, r] * F32(I32(v & 15) - 8) + m8[g, b, r]
-                out[t, b * QK + 16 + j] = d[g, b, r] * F32(I32(v >> 4) - 8) + m8[g, b, r]
+            dv, mv = h2f(d[g, b, rg]), h2f(m[g, b, rg])
+            for j in range(QK):
+                q = (I32(qs[g, b, 2 * (j // 4) + h, 4 * r8 + j % 4]) >> shift) & 15
+                out[t, b * QK + j] = dv * F32(q) + mv
 
 
 @njit(cache=True, nogil=True)
@@ -517,7 +544,7 @@ def embed_q8(out, qs, d, tokens):
         g, r = tokens[t] // G, tokens[t] % G
         for b in range(qs.shape[1]):
             for j in range(QK):
-                out[t, b * QK + j] = d[g, b, r] * F32(qs[g, b, j // 2, 2 * r + j % 2])
+                out[t, b * QK + j] = h2f(d[g, b, r]) * F32(qs[g, b, j // 2, 2 * r + j % 2])
 
 
 def embed(out, w, tokens):
@@ -525,7 +552,7 @@ def embed(out, w, tokens):
     if not isinstance(w, FastWeight):
         cpu.embed(out, w, tokens)
     elif w.kind == "q4":
-        embed_q4(out, w.qs, w.d, w.m8, tokens)
+        embed_q4(out, w.qs, w.d, w.m, tokens)
     else:
         embed_q8(out, w.qs, w.d, tokens)
 

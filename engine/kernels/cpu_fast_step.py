@@ -45,7 +45,7 @@ def swiglu_fast(out, gate, up):
 # fused step 287 -> 264 s on a loaded 2-core VM, same run). Same kernels and arguments as mm_q4 / mm_q4x2.
 @njit(cache=True, nogil=True, inline="always")
 def _embed(x, tokens, emb):
-    # emb = (kind 0: q4 | 1: q8, qs4, qs8, d, m8)
+    # emb = (kind 0: q4 | 1: q8, qs4, qs8, d, m) (d, m: f16 bits)
     if emb[0] == 0:
         embed_q4(x, emb[1], emb[3], emb[4], tokens)
     else:
@@ -54,13 +54,14 @@ def _embed(x, tokens, emb):
 
 @njit(cache=True, nogil=True, inline="always")
 def _mm(out, xin, qa, sa, xs, w, l):
-    # out (T, rows) <- xin (T, n) @ W_l^T; w = (qs (L, ng, nb, 16, G), d (L, ng, nb, G), m8, acc16 (ng, G))
+    # out (T, rows) <- xin (T, n) @ W_l^T; w = (qs (L, ng, nb, 16, G), d (L, ng, nb, G), m (L, ng, nb, G),
+    # acc16 (ng, G)); d, m f16 bits
     t_n, n = xin.shape
     nb = n // QK
     quantize_rows(qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], xin)
-    qs, d, m8, acc = w[0][l], w[1][l], w[2][l], w[3]
-    mm_q4x3(out, out, out, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], qs, d, m8, acc,
-            qs[:0], d[:0], m8[:0], acc[:0], qs[:0], d[:0], m8[:0], acc[:0])
+    qs, d, m, acc = w[0][l], w[1][l], w[2][l], w[3]
+    mm_q4x3(out, out, out, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], qs, d, m, acc,
+            qs[:0], d[:0], m[:0], acc[:0], qs[:0], d[:0], m[:0], acc[:0])
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -86,14 +87,14 @@ def _mm3(out1, out2, out3, xin, qa, sa, xs, w1, w2, w3, l):
 
 @njit(cache=True, nogil=True, inline="always")
 def _head(logits, xin, qa, sa, xs, h):
-    # h = (kind 0: q4 | 1: q8, qs4, qs8, d, m8, acc16, acc32); xin (R, n)
+    # h = (kind 0: q4 | 1: q8, qs4, qs8, d, m, acc16, acc32); xin (R, n)
     t_n, n = xin.shape
     nb = n // QK
     quantize_rows(qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], xin)
     if h[0] == 0:
-        qs, d, m8, acc = h[1], h[3], h[4], h[5]
-        mm_q4x3(logits, logits, logits, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], qs, d, m8, acc,
-                qs[:0], d[:0], m8[:0], acc[:0], qs[:0], d[:0], m8[:0], acc[:0])
+        qs, d, m, acc = h[1], h[3], h[4], h[5]
+        mm_q4x3(logits, logits, logits, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], qs, d, m, acc,
+                qs[:0], d[:0], m[:0], acc[:0], qs[:0], d[:0], m[:0], acc[:0])
     else:
         mm_q8(logits, qa[:t_n, :n], sa[:t_n, :nb], h[2], h[3], h[6])
 
@@ -191,9 +192,9 @@ class FusedForward:
         self.roles = {}
         for role in _ROLES:
             ws = [getattr(lw, role) for lw in layers]
-            stacks = [np.stack([getattr(w, f) for w in ws]) for f in ("qs", "d", "m8")]  # (L, ...) each
+            stacks = [np.stack([getattr(w, f) for w in ws]) for f in ("qs", "d", "m")]  # (L, ...) each
             for i, w in enumerate(ws):
-                w.qs, w.d, w.m8 = stacks[0][i], stacks[1][i], stacks[2][i]
+                w.qs, w.d, w.m = stacks[0][i], stacks[1][i], stacks[2][i]
             self.roles[role] = (stacks[0], stacks[1], stacks[2], ws[0].acc16)
         self.emb = self._table(model.tok_embd)[:5]
         self.head = self._table(model.output)
@@ -226,9 +227,9 @@ class FusedForward:
 
     @staticmethod
     def _table(w):
-        z4u, z4i, z3 = _z(np.uint8, 4), _z(np.int8, 4), _z(np.float32, 3)
+        z4u, z4i, z3 = _z(np.uint8, 4), _z(np.int8, 4), _z(np.uint16, 3)
         if w.kind == "q4":
-            return (0, w.qs, z4i, w.d, w.m8, w.acc16, w.acc32)
+            return (0, w.qs, z4i, w.d, w.m, w.acc16, w.acc32)
         return (1, z4u, w.qs, w.d, z3, w.acc16, w.acc32)
 
     def _alloc(self, max_t: int, logit_rows: int):

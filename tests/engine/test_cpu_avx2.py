@@ -53,9 +53,9 @@ def test_avx2_kernels_equal_generic_bitwise(qtype, rows, cols, extreme):
     got1, gotb = want.copy(), want.copy()
     for g in range(w.qs.shape[0]):
         if w.kind == "q4":
-            F.q4_group_generic(want, qa, sa, xs, w.qs, w.d, w.m8, w.acc16[g], g)
-            F.q4_group(got1, qa, sa, xs, w.qs, w.d, w.m8, w.acc16[g], g)
-            F.q4_group_batched(gotb, qa, sa, xs, w.qs, w.d, w.m8, g)
+            F.q4_group_generic(want, qa, sa, xs, w.qs, w.d, w.m, w.acc16[g], g)
+            F.q4_group(got1, qa, sa, xs, w.qs, w.d, w.m, w.acc16[g], g)
+            F.q4_group_batched(gotb, qa, sa, xs, w.qs, w.d, w.m, g)
         else:
             F.q8_group_generic(want, qa, sa, w.qs, w.d, w.acc32[g], g)
             F.q8_group(got1, qa, sa, w.qs, w.d, w.acc32[g], g)

@@ -12,40 +12,40 @@ G = cpu_fast.G
 BYTES = {QT.Q4_0: 18, QT.Q4_1: 20, QT.Q8_0: 34}
 
 
-def _f16_field(raw, off):
-    return np.ascontiguousarray(raw[..., off:off + 2]).view(np.float16)[..., 0].astype(np.float32)
+def _f16_bits(raw, off):
+    return np.ascontiguousarray(raw[..., off:off + 2]).view(np.uint16)[..., 0]
 
 
 def numpy_repack(qt: QTensor):
-    """The numpy implementation cpu_fast.repack had before the jitted one (the reference): (kind, qs, d, m8)."""
+    """The layout in plain numpy (the reference): (kind, qs, d, m), d and m the f16 bit patterns (ng, nb, G)."""
     rows, cols = qt.shape[0], qt.shape[-1]
     nb, ng = cols // 32, (rows + G - 1) // G
     raw = np.ascontiguousarray(qt.data).view(np.uint8).reshape(rows, -1)
     if rows % G:
         raw = np.concatenate([raw, np.zeros((ng * G - rows, raw.shape[1]), np.uint8)])
     raw = raw.reshape(ng, G, nb, -1)  # (ng, G, nb, B)
-    d = np.ascontiguousarray(_f16_field(raw, 0).transpose(0, 2, 1))  # (ng, nb, G)
+    d = np.ascontiguousarray(_f16_bits(raw, 0).transpose(0, 2, 1))  # (ng, nb, G)
     if qt.qtype == QT.Q8_0:
         pairs = raw[..., 2:].reshape(ng, G, nb, 16, 2).transpose(0, 2, 3, 1, 4)  # (ng, nb, 16, G, 2)
         return "q8", np.ascontiguousarray(pairs).view(np.int8).reshape(ng, nb, 16, 2 * G), d, None
+    off = 4 if qt.qtype == QT.Q4_1 else 2
     if qt.qtype == QT.Q4_1:
-        m8 = np.ascontiguousarray(_f16_field(raw, 2).transpose(0, 2, 1)) + 8.0 * d
-        qs = np.ascontiguousarray(raw[..., 4:].transpose(0, 2, 3, 1))  # (ng, nb, 16, G)
-    else:
-        m8 = np.zeros_like(d)
-        qs = np.ascontiguousarray(raw[..., 2:].transpose(0, 2, 3, 1))
-    return "q4", qs, d, m8.astype(np.float32)
+        m = np.ascontiguousarray(_f16_bits(raw, 2).transpose(0, 2, 1))
+    else:  # Q4_0: value = d (q - 8), i.e. a min of -8 d
+        with np.errstate(over="ignore", invalid="ignore"):
+            m = (d.view(np.float16) * np.float16(-8)).view(np.uint16)
+    b = raw[..., off:off + 16]  # (ng, G, nb, 16) file bytes: value v in byte v % 16, high nibble for v >= 16
+    vals = np.concatenate([b & 15, b >> 4], axis=-1)  # (ng, G, nb, 32) values 0..31 of every row
+    # cpu_avx2's layout: vector 2k + h, byte 4r + e = value 4k + e of rows 16h + r (low) and 16h + 8 + r (high)
+    v = vals.reshape(ng, 2, 2, 8, nb, 8, 4)  # (ng, h, low/high, r, nb, k, e)
+    packed = v[:, :, 0] | (v[:, :, 1] << 4)  # (ng, h, r, nb, k, e)
+    qs = np.ascontiguousarray(packed.transpose(0, 3, 4, 1, 2, 5)).reshape(ng, nb, 16, G)  # (ng, nb, k, h, r, e)
+    return "q4", qs, d, m
 
 
-def _same(a, b, nan_payload=True):
-    """Bitwise equality, dtype and shape included (-0.0 counts). nan_payload=False: NaN == NaN whatever the
-    payload (m + 8 d with both operands NaN: which payload survives depends on the operand order)."""
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    if nan_payload:
-        return a.tobytes() == b.tobytes()
-    nan = np.isnan(a)
-    return np.array_equal(nan, np.isnan(b)) and a[~nan].tobytes() == b[~nan].tobytes()
+def _same(a, b):
+    """Bitwise equality, dtype and shape included."""
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
 def _random_tensor(rng, qtype, rows, cols, special_halves=False):
@@ -61,18 +61,22 @@ def _random_tensor(rng, qtype, rows, cols, special_halves=False):
 @pytest.mark.parametrize("rows", [1, 31, 32, 33, 70, 96])
 def test_jitted_repack_equals_numpy(qtype, rows):
     rng = np.random.default_rng(rows * 10 + int(qtype))
-    with np.errstate(invalid="ignore"):  # the reference adds NaN scales in the special case
-        _check_random(rng, qtype, rows)
-
-
-def _check_random(rng, qtype, rows):
     for cols, special in ((64, False), (96, True)):  # special: random bytes, i.e. NaN/inf/subnormal scales
-        qt = _random_tensor(rng, qtype, rows, cols, special)
+        qt = _random_tensor(rng, qtype, rows, cols, special and qtype != QT.Q4_0)
         w = cpu_fast.repack(qt)
-        kind, qs, d, m8 = numpy_repack(qt)
+        kind, qs, d, m = numpy_repack(qt)
         assert w.kind == kind and w.shape == (rows, cols)
         assert _same(w.qs, qs) and _same(w.d, d)
-        assert (w.m8 is None) if m8 is None else _same(w.m8, m8, nan_payload=not special)
+        assert (w.m is None) if m is None else _same(w.m, m)
+
+
+def test_q4_0_scale_that_overflows_keeps_the_plain_layout():
+    """Q4_0's min -8 d must fit f16; a block with |d| > 8188 keeps cpu.py's layout instead (never wrong)."""
+    qt = _random_tensor(np.random.default_rng(3), QT.Q4_0, 32, 64)
+    raw = np.asarray(qt.data).reshape(32, 2, 18)
+    raw[5, 1, :2] = np.array([9000.0], np.float16).view(np.uint8)
+    assert cpu_fast.repack(qt) is None
+    assert not isinstance(cpu_fast.prepare_weight(qt), cpu_fast.FastWeight)
 
 
 def test_repack_of_a_memory_mapped_weight(smollm2_path):
@@ -82,5 +86,5 @@ def test_repack_of_a_memory_mapped_weight(smollm2_path):
     for name in ("token_embd.weight", "blk.0.attn_q.weight", "blk.29.ffn_down.weight"):
         qt = mf.tensors[name]
         w = cpu_fast.repack(qt)
-        kind, qs, d, m8 = numpy_repack(qt)
-        assert w.kind == kind and _same(w.qs, qs) and _same(w.d, d) and (m8 is None or _same(w.m8, m8)), name
+        kind, qs, d, m = numpy_repack(qt)
+        assert w.kind == kind and _same(w.qs, qs) and _same(w.d, d) and (m is None or _same(w.m, m)), name

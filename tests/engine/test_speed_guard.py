@@ -232,7 +232,7 @@ import numpy as np
 from engine.kernels import cpu_fast as F
 G, ng, nb, t = F.G, 2, 3, 2
 out = np.zeros((t, ng * G), np.float32); qa = np.zeros((t, nb * 32), np.int8); sa = np.zeros((t, nb), np.float32)
-d = np.zeros((ng, nb, G), np.float32)
+d = np.zeros((ng, nb, G), np.uint16)  # f16 bits
 F.q4_group(out, qa, sa, sa, np.zeros((ng, nb, 16, G), np.uint8), d, d, np.zeros(G, np.int16), 0)
 F.q4_group_batched(out, qa, sa, sa, np.zeros((ng, nb, 16, G), np.uint8), d, d, 0)
 F.q8_group(out, qa, sa, np.zeros((ng, nb, 16, 2 * G), np.int8), d, np.zeros(G, np.int32), 0)
@@ -240,7 +240,8 @@ res = {{}}
 for f in (F.q4_group, F.q4_group_batched, F.q8_group):
     asm = "\\n".join(f.inspect_asm().values())
     res[f.__name__] = {{"wide": len(re.findall(r"%[yz]mm", asm)),
-                       "madd": len(re.findall(r"vpmull[wd]|vpmaddwd|vpmaddubsw|vpdpbusd|vpdpwssd", asm))}}
+                       "madd": len(re.findall(r"vpmull[wd]|vpmaddwd|vpmaddubsw|vpdpbusd|vpdpwssd", asm)),
+                       "cvtph": len(re.findall(r"vcvtph2ps", asm))}}
 print(json.dumps(res))
 """
 
@@ -259,6 +260,8 @@ def test_integer_kernels_are_vectorized(tmp_path):
     for name, r in res.items():
         assert r["wide"] >= 16, (name, r)  # 256/512-bit registers in the hot loop
         assert r["madd"] >= 2, (name, r)  # packed integer multiplies, not scalar imul
+        if " f16c" in Path("/proc/cpuinfo").read_text():
+            assert r["cvtph"] >= 1, (name, r)  # f16 scales converted in vector registers, no per-value call
 
 
 def test_contention_guard_uses_the_faster_thread_count(monkeypatch):
