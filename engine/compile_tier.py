@@ -155,6 +155,14 @@ class LeafForward:
             self._call("head_q8", mm_q8, (logits, qa, sa, h[2], h[3], h[6]), (1, 2))
 
 
+def sampler_plan(vocab: int) -> list:
+    """The sampling chain's jitted functions for the usual settings (top-k sampling as config.toml and the
+    benchmark workloads use it; greedy with penalties): ~1-2 s of compiling that the first token would wait
+    for, done by the helper with its kernels instead. Other settings compile at their first use."""
+    from .sampling_fast import compile_plan
+    return compile_plan(False, 40, vocab) + compile_plan(True, 0, vocab)
+
+
 def fused_signature(ff, kv, rows_out: int = 1) -> tuple:
     """The argument types `FusedForward.run` calls `fused_forward` with (the same for every T)."""
     r = ff.roles
@@ -228,7 +236,7 @@ def start(ff, kv_dtype: str, report=None, argv=None):
     install_cache_lock()
     leaf = LeafForward(ff)
     plan = leaf.plan(kv)
-    child = [(d, s) for d, s in plan if d in CHILD_KERNELS]
+    child = [(d, s) for d, s in plan if d in CHILD_KERNELS] + sampler_plan(ff.args.vocab_size)
     helper = Helper(child, [(fused_forward, sig)], argv=argv)
     report("compiling kernels (first start only: a helper process compiles half of them)")
     t0 = time.perf_counter()

@@ -179,3 +179,15 @@ def test_engine_exit_during_load_ends_the_helper():
     pid = int(r.stdout.split()[0])
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_helper_compiles_the_sampler_of_the_usual_settings():
+    """The helper's list carries the sampling chain's jitted functions (importable by name in the helper) for
+    top-k sampling and greedy with penalties, so the first token does not wait for their compile."""
+    from engine.compile_bg import _ref, _resolve
+    from engine.compile_tier import sampler_plan
+    from engine.sampling_fast import compile_plan
+    plan = sampler_plan(49152)
+    assert plan == compile_plan(False, 40, 49152) + compile_plan(True, 0, 49152) and len(plan) == 2
+    for disp, sig in plan:
+        assert _resolve(_ref(disp)) is disp and len(sig) > 0
