@@ -307,14 +307,20 @@ class ContentionGuard:
     makes the quiet step 2.5x faster than sleeping threads; but when another process is busy on one of the
     two cores the second thread gets the CPU late and every region waits for it: measured 6.5 -> 47 ms per
     step, while one thread alone on the free core takes ~12 ms. The guard keeps a moving average of the
-    step time of the mode in use and uses the faster one; the first PROBE steps of every PERIOD run the
-    other mode, and the fastest of them replaces that mode's figure (so a load that came or went is seen
-    within one period). The fastest, not the last: under contention a single probe step often lands on the
-    busy core (measured: 9.6 then 57.9 ms), and one unlucky sample kept two collapsing threads for a whole
-    period (28 instead of ~90 tok/s). Cost in a steady state: about one step in PERIOD runs in the slower mode."""
+    step time of the mode in use and uses the faster one; the first PROBE steps of every period run the
+    other mode, and the fastest of them replaces that mode's figure (so a load that came or went is seen).
+    The fastest, not the last: under contention a single probe step often lands on the busy core (measured:
+    9.6 then 57.9 ms), and one unlucky sample kept two collapsing threads for a whole period (28 instead of
+    ~90 tok/s).
+    The period starts at PERIOD steps and doubles (up to MAX_PERIOD) each time a probe finds the other mode
+    clearly slower (by MARGIN), because every probe step runs in the slower mode (quiet: 2 of 32 steps at
+    one thread cost ~4% of decode speed). It drops back to PERIOD when the faster mode changes. A load that
+    arrives is seen at once (the mode in use is timed every step); one that leaves, within MAX_PERIOD steps."""
 
     PERIOD = 32
+    MAX_PERIOD = 256
     PROBE = 2
+    MARGIN = 1.2  # a probe this much slower than the mode in use lets the period grow
     ALPHA = 0.3  # weight of the newest step in a moving average
 
     def __init__(self):
@@ -324,7 +330,8 @@ class ContentionGuard:
         self.mode = None  # thread count of the current step
         self.counted = False
         self.probe_min = float("inf")  # fastest step of the current probe window
-        self.step = 0
+        self.period = self.PERIOD
+        self.step = 0  # steps since the current period began
         self.t0 = 0.0
         self.fallbacks = 0  # times one thread became the faster mode (stats, tests)
 
@@ -335,8 +342,10 @@ class ContentionGuard:
         if self.full < 2:
             self.mode = None
             return
-        probing = self.step % self.PERIOD < self.PROBE  # at the start: a reply learns both modes at once
-        if self.step % self.PERIOD == 0:
+        if self.step >= self.period:
+            self._end_period()
+        probing = self.step < self.PROBE  # at the start: a reply learns both modes at once
+        if self.step == 0:
             self.probe_min = float("inf")
         mode = (1 if self.best == self.full else self.full) if probing else self.best
         self.counted = mode == self.mode
@@ -345,6 +354,12 @@ class ContentionGuard:
         self.mode = mode
         self.step += 1
         self.t0 = time.perf_counter()
+
+    def _end_period(self):
+        other = 1 if self.best == self.full else self.full
+        clear = self.avg.get(other, 0.0) > self.MARGIN * self.avg.get(self.best, float("inf"))
+        self.period = min(2 * self.period, self.MAX_PERIOD) if clear else self.PERIOD
+        self.step = 0
 
     def full_threads(self):
         """Before a multi-row pass (prefill, verify): the caller's thread count, not the decode choice."""
@@ -368,6 +383,7 @@ class ContentionGuard:
             if best != self.best:
                 self.fallbacks += best == 1
                 self.best = best
+                self.period = self.PERIOD
 
 
 def build(model):
