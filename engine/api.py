@@ -63,6 +63,8 @@ class Engine:
         max_ctx, cap = args.resolve_context(mf.args.context_length)
         if args.threads:
             _set_threads(args.threads)
+        if args.backend == "cpu":
+            _prepare_numba()
         report(Progress("load", 1, 3, f"preparing weights for the {args.backend} backend"))
         max_batch = max(args.prefill_chunk, args.draft_tokens + 1)
         if args.tp > 1:  # tensor parallelism: same Model interface over per-device shards (engine.tp)
@@ -231,12 +233,28 @@ def _set_threads(n: int) -> None:
         raise ConfigError(f"--threads {n}: {e}") from None
 
 
+def _prepare_numba() -> None:
+    """Before the first CPU kernel: cached kernels load without numba's context refresh (~0.2 s of every
+    start a cached kernel does not need; engine.numba_env.lazy_cache_refresh), and numba's thread pool is
+    launched. Nothing launches it when a parallel kernel comes from the on-disk cache: a model served
+    kernel by kernel (not the fused step, whose builder launches it) segfaulted in its first step on a
+    warm start without --threads (seen with the tiny qwen3 model: the CLI test, every run)."""
+    import numba
+
+    from .numba_env import lazy_cache_refresh
+    lazy_cache_refresh()
+    numba.get_num_threads()
+
+
 def _warm_up(model, kv_dtype: str = "f16", say: Callable[[str], None] | None = None) -> None:
     """Compile the kernels now (one decode step and a 2-token step on a scratch cache), not at first token.
 
     The fast CPU step on a cold numba cache is compiled in tiers (engine/compile_bg.py): the model serves
     with the step's kernels called one by one while a helper process compiles the one-call fused step;
-    NINFER_COMPILE_BG=0 compiles the fused step here instead (the old way, for A-B comparisons)."""
+    NINFER_COMPILE_BG=0 compiles the fused step here instead (the old way, for A-B comparisons).
+    On a warm start the fused step is already loaded from numba's cache (compile_tier.start): nothing is
+    left to compile, so the two scratch steps are skipped (they cost ~20 ms quiet, ~100 ms with another
+    process on a core, of every start's time to first token; the first real step pays only the dispatch)."""
     t0 = time.perf_counter()
     import os
 
@@ -247,7 +265,20 @@ def _warm_up(model, kv_dtype: str = "f16", say: Callable[[str], None] | None = N
         if isinstance(fused, FusedForward):
             from .compile_tier import start
             model.fused = start(fused, kv_dtype, say)
+            if model.fused is fused and _fused_loaded(fused, kv_dtype):
+                model.warmup_s = time.perf_counter() - t0
+                return
     cache = model.new_cache(4, kv_dtype)
     model.forward(np.array([0, 0], np.int32), 0, cache)
     model.forward(np.array([0], np.int32), 2, cache)
     model.warmup_s = time.perf_counter() - t0
+
+
+def _fused_loaded(ff, kv_dtype: str) -> bool:
+    """True when the fused step is compiled for this model's argument types in this process (loaded from the
+    cache or compiled); never compiles. False for an int8 cache: start() leaves its fused step to the scratch
+    steps to compile."""
+    from .compile_tier import fused_signature
+    from .kernels.cpu_fast_step import fused_forward
+    sig = fused_signature(ff, ff.kv_tuple(ff.model.new_cache(4, kv_dtype)))
+    return tuple(sig) in fused_forward.overloads

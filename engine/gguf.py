@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType as QT
-from gguf import GGUFValueType
 
 from .config import ARCHITECTURES, ModelArgs
 from .errors import ModelFileError, NinferError
 from .gguf_reader import GGUFFile, TensorInfo
+from .gguf_types import GGMLQuantizationType as QT
+from .gguf_types import GGUFValueType
 from .quant import QTensor
 
 GGUF_MAGIC = b"GGUF"

@@ -7,7 +7,8 @@ eagerly, arrays are recorded as (element type, count, byte range) and decoded on
 arrays with one `np.frombuffer`, string arrays in one pass over their length prefixes (~40 ms for all of
 SmolLM2's). Tensor data are zero-copy views of the map. Values are what `GGUFReader` + the old
 `read_field` gave (tests/engine/test_gguf_reader.py compares both on every fixture). Little-endian files
-only: engine.gguf rejects big-endian ones before parsing.
+only: engine.gguf rejects big-endian ones before parsing. gguf's enums come from engine.gguf_types (importing
+the `gguf` package costs ~70 ms of every start).
 """
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT
-from gguf import GGMLQuantizationType as QT
-from gguf import GGUFValueType as VT
+
+from .gguf_types import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT
+from .gguf_types import GGMLQuantizationType as QT
+from .gguf_types import GGUFValueType as VT
 
 # Fixed-size value types: struct format (little-endian) and numpy dtype.
 _SCALAR = {VT.UINT8: "<B", VT.INT8: "<b", VT.UINT16: "<H", VT.INT16: "<h", VT.UINT32: "<I", VT.INT32: "<i",

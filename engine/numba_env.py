@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import platform
 import sys
 from pathlib import Path
 
@@ -55,17 +54,50 @@ def _cpu_signature() -> str:
         simd = sorted(f for f in flags.split() if f.startswith(("avx", "sse", "fma", "f16c", "amx")))
         return model + "|" + " ".join(simd)
     except OSError:
+        import platform
         return platform.machine() + "|" + platform.processor()
 
 
+def _dist_version(pkg: str) -> str | None:
+    """Version of an installed distribution read from its METADATA, as importlib.metadata.version(pkg) gives
+    it (first `pkg-*.dist-info` / `.egg-info` on sys.path), without importing importlib.metadata: that
+    import (email, zipfile, ...) was ~20 ms of every start, before numba. None when not found here (the
+    caller then asks importlib.metadata, which knows every other way a package can be installed)."""
+    want = pkg.lower().replace("-", "_").replace(".", "_")
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:  # not a directory (a zip, a missing path entry)
+            continue
+        for name in names:
+            stem, dot, ext = name.rpartition(".")
+            if ext not in ("dist-info", "egg-info") or stem.split("-")[0].lower().replace(".", "_") != want:
+                continue
+            meta = os.path.join(entry or ".", name, "METADATA" if ext == "dist-info" else "PKG-INFO")
+            try:
+                with open(meta, encoding="utf-8", errors="replace") as f:
+                    for line in f:
+                        if line.startswith("Version:"):
+                            return line[len("Version:"):].strip()
+                        if not line.strip():  # end of the header block
+                            break
+            except OSError:
+                pass
+            return None  # importlib.metadata would stop at this one too: let it decide
+    return None
+
+
 def _versions() -> str:
-    from importlib import metadata
     out = []
     for pkg in ("numba", "llvmlite", "numpy"):
-        try:
-            out.append(f"{pkg}={metadata.version(pkg)}")
-        except metadata.PackageNotFoundError:
-            out.append(f"{pkg}=?")
+        v = _dist_version(pkg)
+        if v is None:
+            from importlib import metadata
+            try:
+                v = metadata.version(pkg)
+            except metadata.PackageNotFoundError:
+                v = "?"
+        out.append(f"{pkg}={v}")
     return ",".join(out)
 
 
@@ -157,6 +189,65 @@ def apply() -> dict:
     _applied = True
     return {k: os.environ.get(k) for k in (*FLAGS, "NUMBA_CACHE_DIR", "NUMBA_THREADING_LAYER_PRIORITY",
                                            "GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+
+
+# numba versions whose Cache.load_overload / _load_overload `lazy_cache_refresh` was checked against
+LAZY_REFRESH_VERSIONS = ("0.68.",)
+_HASH_SECRET = b"_numba_hashsecret_"  # symbols only numba.cpython.hashing's import registers with LLVM
+
+
+def lazy_cache_refresh() -> bool:
+    """Load cached CPU functions without first refreshing numba's target context (idempotent; True if on).
+
+    Why: numba's Cache.load_overload calls target_context.refresh() before every load. The first refresh of
+    a process imports ~70 numba modules and installs ~1000 typing templates: ~230 ms of every warm start
+    (2-core VM), though a cached function needs none of it to run. What a loaded library does need is kept:
+    the NRT (rtsys.initialize: its symbols and atomics), the C helpers and math symbols (installed when the
+    context is created), and for code that hashes, the hash-secret symbols of numba.cpython.hashing (such a
+    library gets the full refresh). Anything numba compiles still refreshes first (its compiler does so
+    itself), so only the order of that work changes; results are the same code. Only for numba versions in
+    LAZY_REFRESH_VERSIONS (else False, numba unchanged); NINFER_NUMBA_FULL_REFRESH=1 turns it off."""
+    global _lazy_on
+    if _lazy_on:
+        return True
+    import numba
+    if os.environ.get("NINFER_NUMBA_FULL_REFRESH") == "1" or not numba.__version__.startswith(LAZY_REFRESH_VERSIONS):
+        return False
+    from numba.core.caching import Cache
+    from numba.core.cpu import CPUContext
+    from numba.core.runtime import rtsys
+    full = Cache.load_overload
+
+    def load_overload(self, sig, target_context):
+        if not isinstance(target_context, CPUContext):
+            return full(self, sig, target_context)
+        rtsys.initialize(target_context)
+        with self._guard_against_spurious_io_errors():
+            if not self._enabled:
+                return None
+            data = self._cache_file.load(self._index_key(sig, target_context.codegen()))
+            if data is None:
+                return None
+            if _mentions(data, _HASH_SECRET):
+                target_context.refresh()
+            return self._impl.rebuild(target_context, data)
+        # None when the `with` block swallowed an I/O error (as numba's own load_overload)
+
+    Cache.load_overload = load_overload
+    _lazy_on = True
+    return True
+
+
+_lazy_on = False
+
+
+def _mentions(obj, needle: bytes) -> bool:
+    """True if any bytes object inside nested tuples/lists (a cache payload: its object code) contains needle."""
+    if isinstance(obj, (bytes, bytearray)):
+        return needle in obj
+    if isinstance(obj, (tuple, list)):
+        return any(_mentions(x, needle) for x in obj)
+    return False
 
 
 @contextlib.contextmanager

@@ -28,3 +28,44 @@ def test_prune_removes_only_stale_siblings(tmp_path):
 
 def test_prune_survives_a_missing_root(tmp_path):
     assert numba_env.prune_stale(tmp_path / "absent", tmp_path / "absent" / "numba-x") == []
+
+
+_LAZY_PROBE = r"""
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import engine.numba_env as ne
+import numba.core.base as base
+calls = []
+orig = base.BaseContext.refresh
+base.BaseContext.refresh = lambda self: (calls.append(1), orig(self))[1]
+print("lazy", ne.lazy_cache_refresh())
+import probe_mod
+print("sum", probe_mod.total(3))
+n = len(calls)
+print("hash", probe_mod.text_hash("abc") == hash("abc"))
+print("refreshed", n > 0, len(calls) > n)
+from numba import njit
+print("fresh", njit(lambda x: x + 1)(41))
+"""
+
+
+def test_lazy_cache_refresh_loads_without_refresh_and_still_refreshes_when_needed(tmp_path):
+    """A cached function loads without numba's context refresh; one that hashes strings (needs the hash
+    secret symbols) gets the refresh; a new function still compiles (its compiler refreshes)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    (tmp_path / "probe_mod.py").write_text(
+        "from numba import njit\n"
+        "@njit(cache=True)\ndef total(n):\n    s = 0\n    for i in range(n + 1):\n        s += i\n    return s\n"
+        "@njit(cache=True)\ndef text_hash(s):\n    return hash(s)\n")
+    (tmp_path / "probe.py").write_text(_LAZY_PROBE)
+    env = dict(__import__("os").environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(tmp_path),
+               PYTHONHASHSEED="7")
+    root = str(Path(__file__).resolve().parents[2])
+    run = lambda: subprocess.run([sys.executable, str(tmp_path / "probe.py"), root], env=env, cwd=tmp_path,
+                                 capture_output=True, text=True, check=True).stdout.split("\n")
+    cold = run()  # compiles and caches both (compiling refreshes)
+    assert cold[:4] == ["lazy True", "sum 6", "hash True", "refreshed True True"]
+    warm = run()  # loads both: `total` without a refresh, `text_hash` with one
+    assert warm[:5] == ["lazy True", "sum 6", "hash True", "refreshed False True", "fresh 42"]
