@@ -4,9 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGMLQuantizationType as QT
 
 from .errors import ModelFileError
+from .gguf_types import GGMLQuantizationType as QT
 
 
 @dataclass

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGMLQuantizationType as QT
+from .gguf_types import GGMLQuantizationType as QT
 
 from .config import ModelArgs
 from .errors import ConfigError

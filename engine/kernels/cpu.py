@@ -21,7 +21,7 @@ from __future__ import annotations
 from .. import numba_env  # noqa: F401  (before numba: SLP vectorizer on, workqueue threads, flag-keyed cache)
 
 import numpy as np
-from gguf import GGMLQuantizationType as QT
+from ..gguf_types import GGMLQuantizationType as QT
 from numba import njit, prange
 
 from ..quant import QTensor, _q4k_scales, block_info, dequantize, validate

@@ -44,7 +44,7 @@ import os
 
 import numba
 import numpy as np
-from gguf import GGMLQuantizationType as QT
+from ..gguf_types import GGMLQuantizationType as QT
 from numba import njit, prange
 
 from ..quant import QK, QTensor, validate

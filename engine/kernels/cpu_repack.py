@@ -26,25 +26,32 @@ def _half(raw, r, i):
 @njit(cache=True, nogil=True)
 def repack_q4_into(qs, d, m, raw, qs_off, has_min):
     """raw (rows, nb * B) uint8 Q4_0 (B=18, qs_off=2) or Q4_1 (B=20, qs_off=4) blocks ->
-    qs (ng, nb, 16, G) uint8 (must be zeros: nibbles are or-ed in), d (ng, nb, G) and m (ng, nb, G) uint16
-    f16 bits (m: Q4_1 only, has_min). Padding rows (rows..ng*G-1) are left as the caller allocated them."""
+    qs (ng, nb, 16, G) uint8 in cpu_avx2's byte order, d (ng, nb, G) and m (ng, nb, G) uint16 f16 bits
+    (m: Q4_1 only, has_min). Padding rows (rows..ng*G-1) get zero nibbles; their d/m stay as allocated."""
     rows = raw.shape[0]
-    nb = d.shape[1]
+    ng, nb = d.shape[0], d.shape[1]
     bb = qs_off + 16  # bytes per block
     for r in range(rows):
         g, rr = r // G, r % G
         for b in range(nb):
-            base = b * bb
-            d[g, b, rr] = _half(raw, r, base)
+            d[g, b, rr] = _half(raw, r, b * bb)
             if has_min:
-                m[g, b, rr] = _half(raw, r, base + 2)
-            # value v of the row: file byte v % 16, low nibble for v < 16; goes to vector 2 (v // 4) + h,
-            # byte 4 (rr % 8) + v % 4, low nibble for rr % 16 < 8 (cpu_avx2's layout)
-            h, r8, shift = rr // 16, rr % 8, np.uint8(4 * ((rr % 16) // 8))
-            for v in range(QK):
-                nib = np.uint8((raw[r, base + qs_off + v % 16] >> np.uint8(4 * (v // 16))) & np.uint8(15))
-                i = 4 * r8 + v % 4
-                qs[g, b, 2 * (v // 4) + h, i] = np.uint8(qs[g, b, 2 * (v // 4) + h, i] | np.uint8(nib << shift))
+                m[g, b, rr] = _half(raw, r, b * bb + 2)
+    # rows R0 = 16h + r8 and R1 = R0 + 8 of a group share their bytes: value v of R0 in the low nibble, of R1
+    # in the high one, at vector 2 (v // 4) + h, byte 4 r8 + v % 4; file byte j holds values j and j + 16
+    for g in range(ng):
+        for h in range(2):
+            for r8 in range(8):
+                r0 = g * G + 16 * h + r8
+                r1 = r0 + 8
+                for b in range(nb):
+                    base = b * bb + qs_off
+                    for j in range(16):
+                        x0 = raw[r0, base + j] if r0 < rows else np.uint8(0)
+                        x1 = raw[r1, base + j] if r1 < rows else np.uint8(0)
+                        i = 4 * r8 + j % 4
+                        qs[g, b, 2 * (j // 4) + h, i] = np.uint8((x0 & np.uint8(15)) | np.uint8((x1 & np.uint8(15)) << np.uint8(4)))
+                        qs[g, b, 2 * (j // 4) + 8 + h, i] = np.uint8((x0 >> np.uint8(4)) | (x1 & np.uint8(0xF0)))
 
 
 @njit(cache=True, nogil=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from gguf import GGMLQuantizationType as QT
+from ..gguf_types import GGMLQuantizationType as QT
 from numba import cuda, float32, int32, int64, uint32
 from numba.types import float16
 
