@@ -98,8 +98,17 @@ class Model:
         def vec(name):  # 1-D float tensor (norm weight, bias) -> (n,) f32 on the device
             return be.to_device(dequantize(tensors[name]).reshape(-1).astype(np.float32))
 
+        # a backend may prepare one role of every layer at once, into stacked arrays (cpu_fast.prepare_stacked)
+        stacked: dict[str, object] = {}
+        prepare_stacked = getattr(getattr(be, "module", None), "prepare_stacked", None)
+        if prepare_stacked is not None:
+            for role in _STACKED_ROLES:
+                names = [f"blk.{i}.{role}.weight" for i in range(a.n_layer)]
+                ws = prepare_stacked([tensors[n] for n in names])
+                stacked.update(zip(names, ws or ()))
+
         def mat(name):
-            return be.prepare_weight(tensors[name])
+            return stacked[name] if name in stacked else be.prepare_weight(tensors[name])
 
         self.tok_embd = mat("token_embd.weight")  # prepared (vocab, d)
         self.output = mat("output.weight") if "output.weight" in tensors else self.tok_embd  # tied head
@@ -207,6 +216,9 @@ class Model:
         be.swiglu(s.hb[:t_n], s.gate[:t_n], s.up[:t_n])
         be.matmul(s.proj[:t_n], s.hb[:t_n], lw.w_down, s.scratch)
         be.residual_add(x, s.proj[:t_n])
+
+
+_STACKED_ROLES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
 def _required_names(a: ModelArgs) -> list[str]:

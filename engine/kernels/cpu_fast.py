@@ -111,6 +111,32 @@ def repack(qt: QTensor) -> FastWeight:
     return FastWeight(qt.name, "q8" if qt.qtype == QT.Q8_0 else "q4", (rows, cols), *arrays)
 
 
+def prepare_stacked(role_tensors: list[QTensor]) -> list | None:
+    """One role's matrices of every layer (same shape and 4-bit type) repacked straight into stacked arrays
+    (L, ng, nb, ...): the FastWeights returned view their layer's slot, and the fused step uses the stacks
+    as they are (cpu_fast_step: no np.stack copy of the weights at load, ~60-170 ms and a second copy of
+    them in memory while it ran). None when they do not qualify (the model then prepares them one by one)."""
+    from .cpu_repack import repack_q4
+    qt0 = role_tensors[0]
+    if qt0.qtype not in (QT.Q4_0, QT.Q4_1) or len(qt0.shape) != 2 or \
+            any(qt.qtype != qt0.qtype or tuple(qt.shape) != tuple(qt0.shape) for qt in role_tensors):
+        return None
+    for qt in role_tensors:
+        validate(qt)
+    rows, cols = qt0.shape[0], qt0.shape[-1]
+    n, nb, ng = len(role_tensors), cols // QK, (rows + G - 1) // G
+    qs = np.zeros((n, ng, nb, 16, G), np.uint8)
+    d, m = np.zeros((n, ng, nb, G), np.uint16), np.zeros((n, ng, nb, G), np.uint16)
+    kind = QT(qt0.qtype).name.lower()
+    for i, qt in enumerate(role_tensors):
+        if not repack_q4(np.ascontiguousarray(qt.data).view(np.uint8).reshape(rows, -1), kind, qs[i], d[i], m[i]):
+            return None
+    out = [FastWeight(qt.name, "q4", (rows, cols), qs[i], d[i], m[i]) for i, qt in enumerate(role_tensors)]
+    for qt in role_tensors:
+        release_pages(qt.data)
+    return out
+
+
 def prepare_weight(qt: QTensor):
     """Interleaved layout for Q4_0/Q4_1/Q8_0 matrices; cpu.py's layout for everything else."""
     validate(qt)

@@ -178,6 +178,17 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
 _ROLES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
+def _stacked(arrays: list) -> np.ndarray:
+    """The layers' arrays as one (L, ...) array: the array they already are slots of, in order (weights that
+    cpu_fast.prepare_stacked repacked in place), else a stacked copy."""
+    a0, base = arrays[0], arrays[0].base
+    if (isinstance(base, np.ndarray) and base.shape == (len(arrays),) + a0.shape and base.dtype == a0.dtype
+            and base.flags.c_contiguous
+            and all(a.base is base and a.ctypes.data == base.ctypes.data + i * a0.nbytes for i, a in enumerate(arrays))):
+        return base
+    return np.stack(arrays)
+
+
 def _z(dtype, ndim):
     return np.zeros((1,) * ndim, dtype)
 
@@ -195,7 +206,7 @@ class FusedForward:
         self.roles = {}
         for role in _ROLES:
             ws = [getattr(lw, role) for lw in layers]
-            stacks = [np.stack([getattr(w, f) for w in ws]) for f in ("qs", "d", "m")]  # (L, ...) each
+            stacks = [_stacked([getattr(w, f) for w in ws]) for f in ("qs", "d", "m")]  # (L, ...) each
             for i, w in enumerate(ws):
                 w.qs, w.d, w.m = stacks[0][i], stacks[1][i], stacks[2][i]
             self.roles[role] = (stacks[0], stacks[1], stacks[2], ws[0].acc16)

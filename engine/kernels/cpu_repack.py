@@ -77,20 +77,26 @@ def repack_arrays(raw: np.ndarray, kind: str, cols: int):
     -8 d does not fit f16 (|d| > 8188: never seen in a real file; the caller keeps cpu.py's layout)."""
     rows = raw.shape[0]
     nb, ng = cols // QK, (rows + G - 1) // G
-    raw = np.ascontiguousarray(raw)  # a plain ndarray view of the mapping (numba does not type np.memmap)
     d = np.zeros((ng, nb, G), np.uint16)
     if kind == "q8_0":
         qs = np.zeros((ng, nb, 16, 2 * G), np.uint8)
-        repack_q8_into(qs, d, raw)
+        repack_q8_into(qs, d, np.ascontiguousarray(raw))
         return qs.view(np.int8), d, None
     qs = np.zeros((ng, nb, 16, G), np.uint8)
     m = np.zeros((ng, nb, G), np.uint16)
+    return (qs, d, m) if repack_q4(raw, kind, qs, d, m) else None
+
+
+def repack_q4(raw: np.ndarray, kind: str, qs: np.ndarray, d: np.ndarray, m: np.ndarray) -> bool:
+    """Q4_0/Q4_1 file blocks raw (rows, bytes_per_row) into zeroed qs, d, m (cpu_fast.FastWeight's 'q4'
+    arrays, e.g. one layer's slot of a per-role stack). False for a Q4_0 weight whose min -8 d overflows f16."""
+    raw = np.ascontiguousarray(raw)  # a plain ndarray view of the mapping (numba does not type np.memmap)
     repack_q4_into(qs, d, m, raw, 4 if kind == "q4_1" else 2, kind == "q4_1")
     if kind == "q4_0":  # value = d (q - 8): a min of -8 d, exact in f16 (a power-of-two multiple) unless it overflows
         dv = d.view(np.float16)
         with np.errstate(over="ignore", invalid="ignore"):
             mv = (dv * np.float16(-8.0)).astype(np.float16)
         if np.any(np.isinf(mv) & np.isfinite(dv)):
-            return None
-        m = mv.view(np.uint16)
-    return qs, d, m
+            return False
+        m[...] = mv.view(np.uint16)
+    return True

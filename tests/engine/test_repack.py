@@ -88,3 +88,27 @@ def test_repack_of_a_memory_mapped_weight(smollm2_path):
         w = cpu_fast.repack(qt)
         kind, qs, d, m = numpy_repack(qt)
         assert w.kind == kind and _same(w.qs, qs) and _same(w.d, d) and (m is None or _same(w.m, m)), name
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1])
+def test_stacked_repack_equals_one_by_one(qtype):
+    """cpu_fast.prepare_stacked: each layer's slot holds what prepare_weight gives for that tensor alone, and
+    the fused step's role stack is that very array (no copy of the weights at load)."""
+    from engine.kernels.cpu_fast_step import _stacked
+    rng = np.random.default_rng(int(qtype))
+    ts = [_random_tensor(rng, qtype, 45, 64) for _ in range(3)]
+    ws = cpu_fast.prepare_stacked(ts)
+    for qt, w in zip(ts, ws):
+        one = cpu_fast.prepare_weight(qt)
+        assert w.kind == one.kind and w.shape == one.shape
+        assert _same(w.qs, one.qs) and _same(w.d, one.d) and _same(w.m, one.m)
+    stack = _stacked([w.qs for w in ws])
+    assert stack.shape == (3,) + ws[0].qs.shape and stack is ws[0].qs.base
+    assert _stacked([w.qs.copy() for w in ws]).base is None  # unrelated arrays: a stacked copy
+
+
+def test_stacked_repack_declines_mixed_roles():
+    rng = np.random.default_rng(5)
+    assert cpu_fast.prepare_stacked([_random_tensor(rng, QT.Q4_1, 32, 64), _random_tensor(rng, QT.Q4_0, 32, 64)]) is None
+    assert cpu_fast.prepare_stacked([_random_tensor(rng, QT.Q4_1, 32, 64), _random_tensor(rng, QT.Q4_1, 64, 64)]) is None
+    assert cpu_fast.prepare_stacked([_random_tensor(rng, QT.Q8_0, 32, 64)]) is None
