@@ -4,7 +4,7 @@ Why IR: the int8 x 4-bit dot wants vpmaddubsw (32 multiply-adds per instruction,
 sums); LLVM does not form it from numba's scalar code. Here the nibbles stay unsigned (0..15), as in the
 file, and a block's integer sum S = sum_j q_j a_j is exact, so every kernel here and cpu_fast's generic ones
 compute the same S and then the same float expression in the same order: results are bit-identical
-(tests compare), and S * d * sb + m * xs is llama.cpp's Q4_1 x Q8_1 formula.
+(tests compare), and (d * sb) * S + m * xs is llama.cpp's Q4_1 x Q8_1 formula.
 
 Layout of one 512-byte block of a 32-row group (cpu_fast.FastWeight 'q4', written by cpu_repack): 16
 vectors of 32 bytes, vector 2k + h (k < 8: values 4k..4k+3; h: rows 16h..16h+15). Byte 4r + e of it holds
@@ -89,10 +89,10 @@ def _isum(builder, nib_of, a):
 
 
 def _block_term(builder, isum, d, m, sb, xsb):
-    """d * (sb * S) + m * xsb over the 32 rows (<32 x float>); d, m i16* to the rows' f16 bits; the generic
-    kernels' expression and order (cpu_fast._q4_term)."""
-    t = builder.fmul(_splat(builder, sb, V32F), builder.sitofp(isum, V32F))
-    t = builder.fmul(_halves(builder, d), t)
+    """(d * sb) * S + m * xsb over the 32 rows (<32 x float>); d, m i16* to the rows' f16 bits; the generic
+    kernels' expression and order (cpu_fast._q4_term). d * sb and m * xsb are exact (f16 x f16 values), so
+    the block term rounds twice, as llama.cpp's Q4_1 x Q8_1 (an fma of d_w d_x with the integer sums)."""
+    t = builder.fmul(builder.fmul(_halves(builder, d), _splat(builder, sb, V32F)), builder.sitofp(isum, V32F))
     u = builder.fmul(_halves(builder, m), _splat(builder, xsb, V32F))
     return builder.fadd(t, u)
 
@@ -156,7 +156,7 @@ def unpack_q4(typingctx, buf, qs, qs_off):
 
 @intrinsic
 def blk_q4u(typingctx, o, o_off, buf, qa, qa_off, d, m, dm_off, sb, xsb):
-    """o[o_off : o_off + 32] += one block's d * (sb * S) + m * xsb for 32 rows, from a block unpacked by
+    """o[o_off : o_off + 32] += one block's (d * sb) * S + m * xsb for 32 rows, from a block unpacked by
     unpack_q4 into buf; qa[qa_off:] the block's 32 int8 activations, d/m[dm_off:] f16 scales and mins."""
     if not _check_f16(d, m):
         return None
@@ -186,7 +186,7 @@ UNBUF8 = 2048  # bytes of one sign-extended Q8_0 block: 16 pairs x 64 int16
 
 
 def _q8_tail(builder, w_of, a, o, d, sb):
-    """w_of(jp) -> <64 x i16> weights of pair jp; o += d * (sb * isum) over 32 rows (q8_group's order);
+    """w_of(jp) -> <64 x i16> weights of pair jp; o += (d * sb) * isum over 32 rows (q8_group's order);
     d i16* to the rows' f16 scale bits."""
     pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
     acc = [_const(V8I32, 0)] * 4  # rows 0-7, 8-15, 16-23, 24-31
@@ -201,15 +201,14 @@ def _q8_tail(builder, w_of, a, o, d, sb):
     isum = builder.shuffle_vector(builder.shuffle_vector(acc[0], acc[1], _const(ir.VectorType(I32, 16), list(range(16)))),
                                   builder.shuffle_vector(acc[2], acc[3], _const(ir.VectorType(I32, 16), list(range(16)))),
                                   _const(ir.VectorType(I32, 32), list(range(32))))
-    t = builder.fmul(_splat(builder, sb, V32F), builder.sitofp(isum, V32F))
-    t = builder.fmul(_halves(builder, d), t)
+    t = builder.fmul(builder.fmul(_halves(builder, d), _splat(builder, sb, V32F)), builder.sitofp(isum, V32F))
     op = builder.bitcast(o, V32F.as_pointer())
     builder.store(builder.fadd(builder.load(op, align=4), t), op, align=4)
 
 
 @intrinsic
 def blk_q8(typingctx, o, o_off, qs, qs_off, qa, qa_off, d, d_off, sb):
-    """o[o_off : o_off + 32] += d * (sb * sum_j w_j a_j) for one Q8_0 block of 32 rows (1 KiB at qs[qs_off:]);
+    """o[o_off : o_off + 32] += (d * sb) * sum_j w_j a_j for one Q8_0 block of 32 rows (1 KiB at qs[qs_off:]);
     d[d_off:] the rows' scales (uint16 f16 bits)."""
     if not _check_f16(d):
         return None

@@ -10,7 +10,7 @@ Why this layout (measured on a 2-core Zen 3, AVX2; REFERENCE.md section 8 for th
   each 512-byte weight block is one contiguous read.
 - The activation row is quantized once per matmul to int8 with one f32 scale per 32-block (Q8 style), and
   the block dot product is integer: S = sum_j q_j qa_j over the unsigned nibbles, and Q4_1 is
-  sum_j (d q_j + m) x_j ~ d * (sa * S) + m * xs (xs: the block sum of the quantized row), exactly
+  sum_j (d q_j + m) x_j ~ (d * sa) * S + m * xs (xs: the block sum of the quantized row), exactly
   llama.cpp's Q4_1 x Q8_1 dot (see quantize_rows). The generic kernels accumulate (q - 8) qa in int16
   (|sum| <= 32 * 8 * 127 = 32512, 16 lanes per AVX2 register) and add 8 sum_j qa_j: the same integer S.
 - Scales and mins are stored apart, as the file's f16 bits per (group, block, row): read once per block,
@@ -249,9 +249,9 @@ def _act_sum8(qa, t, b):
 
 @njit(cache=True, nogil=True, inline="always")
 def _q4_term(dbits, mbits, sb, xsb, s):
-    # one block's contribution to one output: d * (sb * S) + m * xsb, S = sum_j q_j a_j (nibbles 0..15);
-    # cpu_avx2._block_term computes the same expression in the same order
-    return h2f(dbits) * (sb * F32(s)) + h2f(mbits) * xsb
+    # one block's contribution to one output: (d * sb) * S + m * xsb, S = sum_j q_j a_j (nibbles 0..15);
+    # d * sb and m * xsb are exact (f16 x f16); cpu_avx2._block_term computes the same in the same order
+    return (h2f(dbits) * sb) * F32(s) + h2f(mbits) * xsb
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -452,7 +452,7 @@ def _q8_rows(o, qa, sa, qs, d, acc, g, t):
                 acc[r] += I32(qs[g, b, jp, 2 * r]) * a0 + I32(qs[g, b, jp, 2 * r + 1]) * a1
         sb = sa[t, b]
         for r in range(G):
-            o[r] += h2f(d[g, b, r]) * (sb * F32(acc[r]))
+            o[r] += (h2f(d[g, b, r]) * sb) * F32(acc[r])
 
 
 @njit(cache=True, nogil=True)
