@@ -25,8 +25,10 @@ from .kernels import cpu
 from .kernels.cpu_fast import embed_q4, embed_q8, mm_q4x3, mm_q8, quantize_rows
 from .kernels.cpu_fast_step import attention_f16_split, store_f16, swiglu_fast
 
-# kernels the helper process compiles (the rest are compiled here, meanwhile): about half the work each
-CHILD_KERNELS = (attention_f16_split, store_f16, mm_q8, swiglu_fast, embed_q4, embed_q8)
+# kernels the helper process compiles (the rest, and the sampling chain, are compiled here meanwhile): about
+# half the work each after the helper's own start-up. Measured one by one (fresh cache, 2-core VM): mm_q4x3
+# 7.2 s, attention_f16_split 5.6, mm_q8 4.8, sampling chain 1.1, quantize_rows 0.4, the small ones 0.1-0.3
+CHILD_KERNELS = (attention_f16_split, mm_q8)
 HELPER_WAIT_S = 600.0  # a helper alive but stuck this long: compile its kernels here
 
 
@@ -157,8 +159,8 @@ class LeafForward:
 
 def sampler_plan(vocab: int) -> list:
     """The sampling chain's jitted functions for the usual settings (top-k sampling as config.toml and the
-    benchmark workloads use it; greedy with penalties): ~1-2 s of compiling that the first token would wait
-    for, done by the helper with its kernels instead. Other settings compile at their first use."""
+    benchmark workloads use it; greedy with penalties): ~1 s of compiling that the first token would wait
+    for, done while the helper compiles its kernels. Other settings compile at their first use."""
     from .sampling_fast import compile_plan
     return compile_plan(False, 40, vocab) + compile_plan(True, 0, vocab)
 
@@ -236,11 +238,13 @@ def start(ff, kv_dtype: str, report=None, argv=None):
     install_cache_lock()
     leaf = LeafForward(ff)
     plan = leaf.plan(kv)
-    child = [(d, s) for d, s in plan if d in CHILD_KERNELS] + sampler_plan(ff.args.vocab_size)
+    child = [(d, s) for d, s in plan if d in CHILD_KERNELS]
     helper = Helper(child, [(fused_forward, sig)], argv=argv)
     report("compiling kernels (first start only: a helper process compiles half of them)")
     t0 = time.perf_counter()
     leaf.compile(kv, skip=CHILD_KERNELS)
+    for disp, s in sampler_plan(ff.args.vocab_size):
+        disp.compile(s)
     t1 = time.perf_counter()
     helper.leaves_done.wait(HELPER_WAIT_S)  # set on "leaves" or when the helper ended
     tiered = TieredForward(ff, kv, helper)
