@@ -41,6 +41,7 @@ import ctypes
 import ctypes.util
 import mmap
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
@@ -128,8 +129,12 @@ def prepare_stacked(role_tensors: list[QTensor]) -> list | None:
     qs = np.zeros((n, ng, nb, 16, G), np.uint8)
     d, m = np.zeros((n, ng, nb, G), np.uint16), np.zeros((n, ng, nb, G), np.uint16)
     kind = QT(qt0.qtype).name.lower()
-    for i, qt in enumerate(role_tensors):
-        if not repack_q4(np.ascontiguousarray(qt.data).view(np.uint8).reshape(rows, -1), kind, qs[i], d[i], m[i]):
+
+    def one(i):  # the jitted repack releases the GIL: two layers at a time on two cores
+        raw = np.ascontiguousarray(role_tensors[i].data).view(np.uint8).reshape(rows, -1)
+        return repack_q4(raw, kind, qs[i], d[i], m[i])
+    with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
+        if not all(pool.map(one, range(n))):
             return None
     out = [FastWeight(qt.name, "q4", (rows, cols), qs[i], d[i], m[i]) for i, qt in enumerate(role_tensors)]
     for qt in role_tensors:
