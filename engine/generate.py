@@ -232,8 +232,11 @@ def run_reply(model, cache, cached: list[int], prompt: list[int], chooser, think
             break
         n_before = len(seq)
         ctx.max_tokens = limit - (n_before - P)
-        del cached[:]  # unknown while the round runs
-        rnd = round_fn(ctx)
+        try:
+            rnd = round_fn(ctx)
+        except BaseException:
+            del cached[:]  # the cache's state is unknown after a failed round
+            raise
         rounds.append(rnd)
         seq.extend(rnd.tokens)
         if not t_first:
@@ -269,7 +272,9 @@ def run_reply(model, cache, cached: list[int], prompt: list[int], chooser, think
                 break
         del seq[kept:]
         cache.truncate(len(seq) - 1)
-        cached[:] = seq[:-1]
+        # cached == seq[:-1] held before the round, which only appended to seq: extend it by the kept tokens
+        # (not a copy of the whole sequence per round: ~0.1-0.2 ms per token at 16-32k tokens of context)
+        cached.extend(seq[len(cached):len(seq) - 1])
         now = time.perf_counter()
         if reason is None and now - t_stats >= opts.stats_interval_s:
             t_stats = now

@@ -161,6 +161,28 @@ def test_abandoned_iteration_leaves_a_usable_session():
     assert text == "Hello! the capital of France" and st.cached_prompt_tokens > 0
 
 
+def test_a_failing_round_forgets_the_cache_and_the_next_reply_starts_clean():
+    """run_reply extends the session's token list round by round; a round that raises must leave it empty
+    (the cache's state is unknown), and the next reply must then prefill from scratch and still be right."""
+    eng = fake_engine(script_policy("Hello! the capital of France"))
+    s = eng.session()
+    forward, calls = eng.model.forward, []
+
+    def failing(*a, **k):
+        calls.append(1)
+        if len(calls) == 6:  # prefill, then a few decode rounds
+            raise RuntimeError("device lost")
+        return forward(*a, **k)
+    eng.model.forward = failing
+    with pytest.raises(RuntimeError):
+        collect(s)
+    assert s.cached == []
+    eng.model.forward = forward
+    _, st, text = collect(s)
+    assert text == "Hello! the capital of France" and st.cached_prompt_tokens == 0
+    assert s.cache.length == len(s.cached) and s.cached == s.prompt_tokens(MSG) + list(st.token_ids[:-1])
+
+
 def test_one_generate_at_a_time():
     eng = fake_engine(script_policy("Hello"))
     s = eng.session()
