@@ -264,7 +264,9 @@ def test_integer_kernels_are_vectorized(tmp_path):
             assert r["cvtph"] >= 1, (name, r)  # f16 scales converted in vector registers, no per-value call
 
 
-def test_contention_guard_uses_the_faster_thread_count(monkeypatch):
+@pytest.fixture
+def guard_clock(monkeypatch):
+    """(a fresh ContentionGuard on 2 numba threads, its clock: a one-element list the test advances)."""
     import time
 
     import numba
@@ -273,65 +275,56 @@ def test_contention_guard_uses_the_faster_thread_count(monkeypatch):
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("needs 2 numba threads")
     numba.set_num_threads(2)
-    g = ContentionGuard()
     clock = [0.0]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    try:
+        yield ContentionGuard(), clock
+    finally:
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+
+
+def _guarded_steps(g, clock, n, cost_of):
+    """n decode steps under g, each costing cost_of(thread count) seconds; the thread counts used."""
+    import numba
+    used = []
+    for _ in range(n):
+        g.before()
+        used.append(numba.get_num_threads())
+        clock[0] += cost_of(used[-1])
+        g.after()
+    return used
+
+
+def test_contention_guard_uses_the_faster_thread_count(guard_clock):
+    g, clock = guard_clock
     cost = {2: 0.007, 1: 0.012}  # quiet: two threads are faster
 
     def run(n):
-        used = []
-        for _ in range(n):
-            g.before()
-            used.append(numba.get_num_threads())
-            clock[0] += cost[numba.get_num_threads()]
-            g.after()
-        return used
-    try:
-        used = run(3 * g.PERIOD)
-        assert g.best == 2 and used.count(1) <= 3 * g.PROBE  # only the probes ran on one thread
-        cost[2] = 0.047  # another process now holds a core: two threads collapse
-        run(2 * g.PERIOD)
-        assert g.best == 1 and g.fallbacks == 1
-        used = run(g.PERIOD)
-        assert used.count(2) <= g.PROBE
-        cost[2] = 0.007  # the load is gone: back to two threads within the longest period
-        run(g.MAX_PERIOD + 2 * g.PERIOD)
-        assert g.best == 2
-        # quiet and clearly faster on two threads: probes get rarer (each probe step runs on one thread)
-        used = run(1000)
-        assert g.best == 2 and used.count(1) <= 8 * g.PROBE and g.period == g.MAX_PERIOD
-    finally:
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        return _guarded_steps(g, clock, n, cost.get)
+    used = run(3 * g.PERIOD)
+    assert g.best == 2 and used.count(1) <= 3 * g.PROBE  # only the probes ran on one thread
+    cost[2] = 0.047  # another process now holds a core: two threads collapse
+    run(2 * g.PERIOD)
+    assert g.best == 1 and g.fallbacks == 1
+    used = run(g.PERIOD)
+    assert used.count(2) <= g.PROBE
+    cost[2] = 0.007  # the load is gone: back to two threads within the longest period
+    run(g.MAX_PERIOD + 2 * g.PERIOD)
+    assert g.best == 2
+    # quiet and clearly faster on two threads: probes get rarer (each probe step runs on one thread)
+    used = run(1000)
+    assert g.best == 2 and used.count(1) <= 8 * g.PROBE and g.period == g.MAX_PERIOD
 
 
-def test_contention_guard_counts_a_probe_windows_fastest_step(monkeypatch):
+def test_contention_guard_counts_a_probe_windows_fastest_step(guard_clock):
     """Under contention one probe step may land on the busy core: the window's fastest step stands for the
     mode (with the last step, 0.058 > 0.047 would keep two collapsing threads for a whole period)."""
-    import time
-
-    import numba
-
-    from engine.kernels.cpu_fast_step import ContentionGuard
-    if numba.config.NUMBA_NUM_THREADS < 2:
-        pytest.skip("needs 2 numba threads")
-    numba.set_num_threads(2)
-    g = ContentionGuard()
-    clock = [0.0]
-    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    g, clock = guard_clock
     one_thread = iter([0.012, 0.058])  # the probe window's last step is the unlucky one
-    try:
-        used = []
-        for _ in range(g.PERIOD):
-            g.before()
-            n = numba.get_num_threads()
-            used.append(n)
-            clock[0] += next(one_thread, 0.012) if n == 1 else 0.047
-            g.after()
-        assert used[:g.PROBE] == [1] * g.PROBE  # a new reply learns both modes first
-        # two steps on two threads (the first, which resized the team, is not timed), then one thread
-        assert g.best == 1 and used[g.PROBE + 2:].count(2) == 0
-    finally:
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    used = _guarded_steps(g, clock, g.PERIOD, lambda n: next(one_thread, 0.012) if n == 1 else 0.047)
+    assert used[:g.PROBE] == [1] * g.PROBE  # a new reply learns both modes first
+    # two steps on two threads (the first, which resized the team, is not timed), then one thread
+    assert g.best == 1 and used[g.PROBE + 2:].count(2) == 0
 
 
 @pytest.mark.parametrize("pos0", [0, 2, 37])  # fewer positions than splits, uneven chunks
