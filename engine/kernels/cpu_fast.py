@@ -9,10 +9,11 @@ Why this layout (measured on a 2-core Zen 3, AVX2; REFERENCE.md section 8 for th
   of a group. The kernels keep one accumulator per row in vector lanes (no per-block horizontal sums) and
   each 512-byte weight block is one contiguous read.
 - The activation row is quantized once per matmul to int8 with one f32 scale per 32-block (Q8 style), and
-  the block dot product is integer: S = sum_j q_j qa_j over the unsigned nibbles, and Q4_1 is
-  sum_j (d q_j + m) x_j ~ (d * sa) * S + m * xs (xs: the block sum of the quantized row), exactly
-  llama.cpp's Q4_1 x Q8_1 dot (see quantize_rows). The generic kernels accumulate (q - 8) qa in int16
-  (|sum| <= 32 * 8 * 127 = 32512, 16 lanes per AVX2 register) and add 8 sum_j qa_j: the same integer S.
+  the block dot product is integer: Q4_1 is sum_j (d q_j + m) x_j ~ (d * sa) * sum_j (q_j - 8) qa_j +
+  (m + 8 d) * xs (xs: the f16 block sum of the quantized row), the dot with the quantized row as llama.cpp
+  computes it (see quantize_rows), in the form where xs's rounding nearly cancels (cpu_avx2._block_term).
+  The generic kernels accumulate (q - 8) qa in int16 (|sum| <= 32 * 8 * 127 = 32512, 16 lanes per AVX2
+  register); the AVX2 ones sum the unsigned nibbles and subtract 8 sum_j qa_j: the same integer.
 - Scales and mins are stored apart, as the file's f16 bits per (group, block, row): read once per block,
   vectorized over rows (vcvtph2ps), so the weight stream is the file's bytes (Q4_1: 20 per row and block).
 - Within a block, bytes are ordered for cpu_avx2's vpmaddubsw (see its docstring): a byte holds the same
@@ -244,19 +245,11 @@ def _snib(x, a):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _act_sum8(qa, t, b):
-    # 8 * sum of block b's int8 activations of row t: turns sum (q - 8) a into sum q a
-    s = I32(0)
-    for j in range(QK):
-        s += I32(qa[t, b * QK + j])
-    return I32(8) * s
-
-
-@njit(cache=True, nogil=True, inline="always")
 def _q4_term(dbits, mbits, sb, xsb, s):
-    # one block's contribution to one output: (d * sb) * S + m * xsb, S = sum_j q_j a_j (nibbles 0..15);
-    # d * sb and m * xsb are exact (f16 x f16); cpu_avx2._block_term computes the same in the same order
-    return (h2f(dbits) * sb) * F32(s) + h2f(mbits) * xsb
+    # one block's contribution to one output: (d * sb) * s + (m + 8 d) * xsb, s = sum_j (q_j - 8) a_j;
+    # cpu_avx2._block_term computes the same expression in the same order (and says why this form)
+    dv = h2f(dbits)
+    return (dv * sb) * F32(s) + (h2f(mbits) + F32(8.0) * dv) * xsb
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -300,9 +293,8 @@ def _q4_rows(o, qa, sa, xs, qs, d, m, acc, g, t):
                     l3, h3 = _snib(I16(qs[g, b, 2 * k + h, 4 * r + 3]), a3)
                     acc[16 * h + r] = I16(acc[16 * h + r] + I16(I16(l0 + l1) + I16(l2 + l3)))
                     acc[16 * h + 8 + r] = I16(acc[16 * h + 8 + r] + I16(I16(h0 + h1) + I16(h2 + h3)))
-        a8 = _act_sum8(qa, t, b)
         for r in range(G):
-            o[r] += _q4_term(d[g, b, r], m[g, b, r], sa[t, b], xs[t, b], I32(acc[r]) + a8)
+            o[r] += _q4_term(d[g, b, r], m[g, b, r], sa[t, b], xs[t, b], acc[r])
 
 
 @njit(cache=True, nogil=True)
@@ -347,13 +339,12 @@ def q4_group_batched(out, qa, sa, xs, qs, d, m, g):
                     s = I16(I16(wbuf[j, r] * a0) + I16(wbuf[j + 1, r] * a1))
                     s = I16(s + I16(I16(wbuf[j + 2, r] * a2) + I16(wbuf[j + 3, r] * a3)))
                     acc[r] = I16(acc[r] + s)
-            a8 = _act_sum8(qa, t, b)
             o = out[t, g * G:(g + 1) * G] if full else part[t]
             if b == 0:
                 for r in range(G):
                     o[r] = F32(0.0)
             for r in range(G):
-                o[r] += _q4_term(d[g, b, r], m[g, b, r], sa[t, b], xs[t, b], I32(acc[r]) + a8)
+                o[r] += _q4_term(d[g, b, r], m[g, b, r], sa[t, b], xs[t, b], acc[r])
     if not full:
         for t in range(t_n):
             _copy_partial(out, part[t], t, g)

@@ -190,8 +190,14 @@ def test_smollm2_matches_reference(smol, smollm2_path):
     cache = model.new_cache(64)
     got = model.forward(toks, 0, cache, all_logits=True)
     assert np.argmax(got[-1]) == np.argmax(want[-1])
-    assert np.mean(np.argmax(got, -1) == np.argmax(want, -1)) >= 0.95
-    _close(got, want, 1e-2)
+    # The cpu backend rounds activations to 8 bits per 32 values before every matmul, as llama.cpp does; that
+    # moves logits by ~0.16 on average (llama.cpp against itself: 0.160, issue 2), so a top-1 choice may flip
+    # only where the f32 reference itself nearly ties.
+    for i in np.flatnonzero(np.argmax(got, -1) != np.argmax(want, -1)):
+        top2 = np.sort(want[i])[-2:]
+        assert top2[1] - top2[0] < 0.25, (i, top2)
+    diff = np.abs(got - want)
+    assert diff.mean() < 0.3 and diff.max() < 3.0, (diff.mean(), diff.max())
 
 
 def test_kv_cache_dtypes_and_sizes():
