@@ -100,14 +100,18 @@ class FastScratch:
         self.cpu = cpu.new_scratch(max_t, max_n)  # for weights that stay in cpu.py's layout
 
 
+def _file_blocks(qt: QTensor) -> np.ndarray:
+    """qt's raw blocks as (rows, bytes_per_row) uint8, a plain ndarray view of the file mapping."""
+    return np.ascontiguousarray(qt.data).view(np.uint8).reshape(qt.shape[0], -1)
+
+
 def repack(qt: QTensor) -> FastWeight:
     """File blocks (rows, nb * bytes_per_block) -> the interleaved layout, in one jitted pass
     (engine/kernels/cpu_repack.py). Rows are padded with zero blocks up to a multiple of G; kernels never
     write the padding rows to `out`. None for a Q4_0 weight whose -8 d overflows f16 (|d| > 8188)."""
     from .cpu_repack import repack_arrays
     rows, cols = qt.shape[0], qt.shape[-1]
-    raw = np.ascontiguousarray(qt.data).view(np.uint8).reshape(rows, -1)
-    arrays = repack_arrays(raw, QT(qt.qtype).name.lower(), cols)
+    arrays = repack_arrays(_file_blocks(qt), QT(qt.qtype).name.lower(), cols)
     if arrays is None:
         return None
     return FastWeight(qt.name, "q8" if qt.qtype == QT.Q8_0 else "q4", (rows, cols), *arrays)
@@ -132,8 +136,7 @@ def prepare_stacked(role_tensors: list[QTensor]) -> list | None:
     kind = QT(qt0.qtype).name.lower()
 
     def one(i):  # the jitted repack releases the GIL: two layers at a time on two cores
-        raw = np.ascontiguousarray(role_tensors[i].data).view(np.uint8).reshape(rows, -1)
-        return repack_q4(raw, kind, qs[i], d[i], m[i])
+        return repack_q4(_file_blocks(role_tensors[i]), kind, qs[i], d[i], m[i])
     with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
         if not all(pool.map(one, range(n))):
             return None
