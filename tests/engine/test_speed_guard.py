@@ -237,11 +237,12 @@ F.q4_group(out, qa, sa, sa, np.zeros((ng, nb, 16, G), np.uint8), d, d, np.zeros(
 F.q4_group_batched(out, qa, sa, sa, np.zeros((ng, nb, 16, G), np.uint8), d, d, 0)
 F.q8_group(out, qa, sa, np.zeros((ng, nb, 16, 2 * G), np.int8), d, np.zeros(G, np.int32), 0)
 res = {{}}
-for f in (F.q4_group, F.q4_group_batched, F.q8_group):
+for name, f in (("q4_group", F.q4_group), ("q4_group_batched", F.q4_group_batched), ("q8_group", F.q8_group)):
     asm = "\\n".join(f.inspect_asm().values())
-    res[f.__name__] = {{"wide": len(re.findall(r"%[yz]mm", asm)),
+    res[name] = {{"wide": len(re.findall(r"%[yz]mm", asm)),
                        "madd": len(re.findall(r"vpmull[wd]|vpmaddwd|vpmaddubsw|vpdpbusd|vpdpwssd", asm)),
-                       "cvtph": len(re.findall(r"vcvtph2ps", asm))}}
+                       "cvtph": len(re.findall(r"vcvtph2ps", asm)),
+                       "prefetch": len(re.findall(r"prefetcht0", asm))}}
 print(json.dumps(res))
 """
 
@@ -262,6 +263,8 @@ def test_integer_kernels_are_vectorized(tmp_path):
         assert r["madd"] >= 2, (name, r)  # packed integer multiplies, not scalar imul
         if " f16c" in Path("/proc/cpuinfo").read_text():
             assert r["cvtph"] >= 1, (name, r)  # f16 scales converted in vector registers, no per-value call
+    for name in ("q4_group", "q8_group"):  # the decode kernels prefetch the weight stream (cpu_avx2.PREFETCH)
+        assert res[name]["prefetch"] >= 8, (name, res[name])
 
 
 @pytest.fixture
