@@ -4,12 +4,13 @@ Why: on a cold start (empty numba cache) a large part of the one-call fused step
 quarter, measured) is its final link, where numba optimizes and codegens every kernel it calls once more. The same kernels called
 from Python skip that link, and each is cached on its own, so half of them can be compiled by a helper
 process (engine/compile_bg.py) while this process compiles the other half. The result is bit-identical to
-`fused_forward`: same compiled kernels, same arguments, same order (tests/engine/test_compile_bg.py), so
-the engine can switch to the fused step between any two steps once it is in the cache.
+`fused_forward`: the same per-group matmul kernels and per-item attention kernels, on the same inputs, in
+the same order of phases (tests/engine/test_compile_bg.py), so the engine can switch to the fused step
+between any two steps once it is in the cache.
 
-`LeafForward.forward` mirrors `cpu_fast_step.fused_forward` line by line (keep them in step). Each call
-site is compiled for the exact types numba infers inside `fused_forward` (the int8 activation slices
-qa/sa/xs are non-contiguous 'A' arrays there), so the fused step later finds every kernel in the cache.
+`LeafForward.forward` mirrors the phases of `cpu_fast_step._step_thread` (keep them in step). Each call
+site is compiled for the exact types numba infers there (the int8 activation slices qa/sa/xs are
+non-contiguous 'A' arrays).
 Costs ~10 Python->numba calls per layer (about 1-2 ms per decode step on a 30-layer model): only until
 the fused step is ready. f16 KV cache only (the int8 cache compiles the fused step in the foreground).
 Not under kernels/: numba_env keys the cache directory on the kernel sources, and nothing here is jitted.
@@ -111,7 +112,7 @@ class LeafForward:
             c("rope_q", cpu.rope, (q3, pos0, inv_freq, neox))
             c("rope_k", cpu.rope, (k3, pos0, inv_freq, neox))
             a3 = at.reshape(t_n, n_head, hd)
-            # cpu_fast_step._attend, f16 cache
+            # cpu_fast_step._kv_store and the attention phase, f16 cache
             c("store_k", store_f16, (kv[0][l], k3, pos0))
             c("store_v", store_f16, (kv[1][l], v3, pos0))
             c("attn", attention_f16_split, (a3, q3, kv[0][l], kv[1][l], pos0, scale, *attn_scr))
@@ -136,7 +137,7 @@ class LeafForward:
         return args
 
     def _mm(self, site, o1, o2, o3, xin, w1, w2, w3, l):
-        """cpu_fast_step._mm3 / _mm2 / _mm: up to three matmuls of xin as one mm_q4x3 call."""
+        """Up to three matmuls of xin as one mm_q4x3 call (a matmul phase of the fused step)."""
         qa, sa, xs = self._quant(site, xin)
         ws = [(w[0][l], w[1][l], w[2][l], w[3]) for w in (w1, w2, w3) if w is not None]
         if len(ws) == 1:
@@ -169,7 +170,8 @@ def fused_signature(ff, kv, rows_out: int = 1) -> tuple:
     """The argument types `FusedForward.run` calls `fused_forward` with (the same for every T)."""
     r = ff.roles
     args = (np.zeros(1, np.int32), 0, rows_out, ff.bufs, ff.emb, ff.head, ff.norms, ff.rope, r["wq"], r["wk"],
-            r["wv"], r["wo"], r["w_gate"], r["w_up"], r["w_down"], ff.bias, ff.qk_norm, kv, ff._attn_scratch(1))
+            r["wv"], r["wo"], r["w_gate"], r["w_up"], r["w_down"], ff.bias, ff.qk_norm, kv, ff._attn_scratch(1),
+            ff.sync, 1)
     return tuple(numba.typeof(a) for a in args)
 
 

@@ -276,6 +276,43 @@ def _merge_parts(out, part):
                     o[j] *= inv
 
 
+@njit(cache=True, nogil=True, fastmath=True)
+def attn_item_f16(part, sc, q, kc, vc, it, pos0, scale):
+    """Work item it (row t, kv head, chunk c; _work_item) of f16 attention into part[t, kh, c] (group,
+    hd + 2): [0:hd] weighted V sum, [hd] max, [hd + 1] sum of the chunk. sc (group, >= chunk) f32 scores.
+    A function of its own (not inlined) so that every caller runs it under the same fastmath flags:
+    attention_f16_split and the one-region fused step (cpu_fast_step) give bit-identical rows."""
+    n_kv = kc.shape[1]
+    group = q.shape[1] // n_kv
+    t, kh, c, lo, hi = _work_item(it, n_kv, pos0)
+    pc = part[t, kh, c]
+    _clear_part(pc)
+    if lo < hi:
+        _scores(sc, q[t, kh * group:(kh + 1) * group], kc, kh, lo, hi, scale)
+        _softmax_rows(pc, sc, hi - lo)
+        _weighted_sum(pc, sc, vc, kh, lo, hi)
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def attn_item_int8(part, sc, q, kq, ks, vq, vs, it, pos0, scale):
+    """attn_item_f16 over an int8 cache (kq, vq int8; ks, vs f32 group scales)."""
+    n_kv = kq.shape[1]
+    group = q.shape[1] // n_kv
+    t, kh, c, lo, hi = _work_item(it, n_kv, pos0)
+    pc = part[t, kh, c]
+    _clear_part(pc)
+    if lo < hi:
+        _scores_q8(sc, q[t, kh * group:(kh + 1) * group], kq, ks, kh, lo, hi, scale)
+        _softmax_rows(pc, sc, hi - lo)
+        _weighted_sum_q8(pc, sc, vq, vs, kh, lo, hi)
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def merge_parts(out, part):
+    """_merge_parts as a function of its own (same flags for every caller, see attn_item_f16)."""
+    _merge_parts(out, part)
+
+
 @njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def attention_f16_split(out, q, kc, vc, pos0, scale, sbuf, rowbuf, part):
     """out (T, H, hd) <- causal GQA attention over kc, vc (cap, n_kv, hd) uint16 f16 bits, each row split
@@ -285,37 +322,17 @@ def attention_f16_split(out, q, kc, vc, pos0, scale, sbuf, rowbuf, part):
     cap) f32 holds a work item's scores; rowbuf is unused (kept for the scratch tuple's shape). Row t is
     computed exactly as a one-row call at pos0 + t would (chunks depend only on its own length): a verify
     pass over T drafted tokens gives bit-identical rows to T decode steps, which lossless speculation needs."""
-    t_n, n_head, hd = q.shape
-    n_kv = kc.shape[1]
-    group = n_head // n_kv
-    for it in prange(t_n * n_kv * SPLITS):
-        t, kh, c, lo, hi = _work_item(it, n_kv, pos0)
-        sc = sbuf[numba.get_thread_id()]
-        pc = part[t, kh, c]  # (group, hd + 2): [0:hd] weighted V sum, [hd] max, [hd + 1] sum
-        _clear_part(pc)
-        if lo >= hi:
-            continue
-        _scores(sc, q[t, kh * group:(kh + 1) * group], kc, kh, lo, hi, scale)
-        _softmax_rows(pc, sc, hi - lo)
-        _weighted_sum(pc, sc, vc, kh, lo, hi)
-    _merge_parts(out, part[:t_n])  # part has rows for the largest T seen; only t_n are filled
+    t_n = q.shape[0]
+    for it in prange(t_n * kc.shape[1] * SPLITS):
+        attn_item_f16(part, sbuf[numba.get_thread_id()], q, kc, vc, it, pos0, scale)
+    merge_parts(out, part[:t_n])  # part has rows for the largest T seen; only t_n are filled
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def attention_int8_split(out, q, kq, ks, vq, vs, pos0, scale, sbuf, rowbuf, part):
     """As attention_f16_split over an int8 cache: kq, vq (cap, n_kv, hd) int8, ks, vs (cap, n_kv, hd // g)
     f32 scales, one per g values (ref.quantize_kv_int8). Same chunks, scratch and merge: no allocation."""
-    t_n, n_head, hd = q.shape
-    n_kv = kq.shape[1]
-    group = n_head // n_kv
-    for it in prange(t_n * n_kv * SPLITS):
-        t, kh, c, lo, hi = _work_item(it, n_kv, pos0)
-        sc = sbuf[numba.get_thread_id()]
-        pc = part[t, kh, c]
-        _clear_part(pc)
-        if lo >= hi:
-            continue
-        _scores_q8(sc, q[t, kh * group:(kh + 1) * group], kq, ks, kh, lo, hi, scale)
-        _softmax_rows(pc, sc, hi - lo)
-        _weighted_sum_q8(pc, sc, vq, vs, kh, lo, hi)
-    _merge_parts(out, part[:t_n])
+    t_n = q.shape[0]
+    for it in prange(t_n * kq.shape[1] * SPLITS):
+        attn_item_int8(part, sbuf[numba.get_thread_id()], q, kq, ks, vq, vs, it, pos0, scale)
+    merge_parts(out, part[:t_n])

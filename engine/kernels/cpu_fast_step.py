@@ -3,7 +3,9 @@
 Why: a decode step of a 30-layer model is ~450 small kernel calls; at a few microseconds of Python and
 numba dispatch each that alone is 2-3 ms per token, as much as the matmuls. `FusedForward` stacks the
 per-layer weights by role at build time and runs embedding -> layers -> head inside numba, so Python touches
-each step once. Parallel regions (prange) remain per matmul and attention (~150 per token).
+each step once, and the whole pass is ONE parallel region: the threads share each phase's work (a matmul's
+row groups, attention's chunks) through atomic counters (cpu_sync), instead of a fork/join of numba's thread
+pool per matmul and attention (~150 per token, ~2.2 us each).
 
 The attention kernel, `exp_fast` and the f16 store live in cpu_attn.py (re-exported here).
 
@@ -17,14 +19,17 @@ from .. import numba_env  # noqa: F401  (flags before numba)
 
 import numba
 import numpy as np
-from numba import njit, types
+from numba import njit, prange, types
 from numba.extending import overload
 
 from ..quant import QK
 from . import cpu
+from . import cpu_attn as A
 from .cpu_attn import (SPLITS, attention_f16_split, attention_int8_split, exp_fast,  # noqa: F401
                        f32_to_f16_bits, store_f16)
-from .cpu_fast import FastWeight, embed_q4, embed_q8, mm_q4x3, mm_q8, quantize_rows
+from .cpu_fast import (BATCHED_MIN_T, FastWeight, _q4, embed_q4, embed_q8, q8_group, q8_group_batched,
+                       quantize_rows)
+from .cpu_sync import finish, grab, new_sync, open_phase, reset, wait_open
 
 F32 = np.float32
 
@@ -42,10 +47,6 @@ def swiglu_fast(out, gate, up):
 
 
 # ------------------------------------------------------------------------------------------- fused step
-# The helpers below are inlined into fused_forward (numba IR) and call mm_q4x3 directly: numba links a
-# callee's whole LLVM module into every jitted caller and optimizes + codegens it again, so each wrapper
-# level (_mm -> mm_q4 -> mm_q4x3) recompiled the big parallel matmul once more (cold compile of the
-# fused step 287 -> 264 s on a loaded 2-core VM, same run). Same kernels and arguments as mm_q4 / mm_q4x2.
 @njit(cache=True, nogil=True, inline="always")
 def _embed(x, tokens, emb):
     # emb = (kind 0: q4 | 1: q8, qs4, qs8, d, m) (d, m: f16 bits)
@@ -55,123 +56,225 @@ def _embed(x, tokens, emb):
         embed_q8(x, emb[2], emb[3], tokens)
 
 
+# The whole forward pass runs in ONE parallel region (cpu_sync: phases, claimed chunks, the finisher does
+# the serial tail). Each item is computed by the same kernel, on the same inputs, as the per-kernel form
+# (mm_q4x3's groups, mm_q8's groups, attention_*_split's items; compile_tier.LeafForward calls those), so the
+# results are bit-identical whichever thread runs it. Helpers are inlined into _step_thread (numba IR);
+# the kernels they call are not, and keep their own flags (attention's fastmath: cpu_attn.attn_item_f16).
 @njit(cache=True, nogil=True, inline="always")
-def _mm(out, xin, qa, sa, xs, w, l):
-    # out (T, rows) <- xin (T, n) @ W_l^T; w = (qs (L, ng, nb, 16, G), d (L, ng, nb, G), m (L, ng, nb, G),
-    # acc16 (ng, G)); d, m f16 bits
+def _quant(qa, sa, xs, xin):
     t_n, n = xin.shape
     nb = n // QK
     quantize_rows(qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], xin)
-    qs, d, m, acc = w[0][l], w[1][l], w[2][l], w[3]
-    mm_q4x3(out, out, out, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], qs, d, m, acc,
-            qs[:0], d[:0], m[:0], acc[:0], qs[:0], d[:0], m[:0], acc[:0])
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _mm2(out1, out2, xin, qa, sa, xs, w1, w2, l):
-    # two matmuls of the same input in one parallel region (gate, up)
-    t_n, n = xin.shape
-    nb = n // QK
-    quantize_rows(qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], xin)
-    qs2, d2, m2, acc2 = w2[0][l], w2[1][l], w2[2][l], w2[3]
-    mm_q4x3(out1, out2, out2, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], w1[0][l], w1[1][l], w1[2][l], w1[3],
-            qs2, d2, m2, acc2, qs2[:0], d2[:0], m2[:0], acc2[:0])
+def _mm_phase(sync, ph, tid, nt, o1, o2, o3, n_in, qa, sa, xs, w1, w2, w3, l, nw):
+    """Phase ph: the row groups of up to three matmuls of the quantized input (qa, sa, xs; n_in columns)
+    with layer l of the role stacks w1..w3 (nw of them used; mm_q4x3's item order). True for the finisher."""
+    t_n = o1.shape[0]
+    nb = n_in // QK
+    qa_, sa_, xs_ = qa[:t_n, :n_in], sa[:t_n, :nb], xs[:t_n, :nb]
+    n1 = w1[0].shape[1]
+    n2 = w2[0].shape[1] if nw >= 2 else 0
+    n = n1 + n2 + (w3[0].shape[1] if nw >= 3 else 0)
+    fin = False
+    h = 0
+    while True:
+        h, lo, hi = grab(sync, ph, tid, nt, n, h)
+        if lo >= hi:
+            break
+        for g in range(lo, hi):
+            if g < n1:
+                _q4(o1, qa_, sa_, xs_, w1[0][l], w1[1][l], w1[2][l], w1[3][g], g)
+            elif g < n1 + n2:
+                _q4(o2, qa_, sa_, xs_, w2[0][l], w2[1][l], w2[2][l], w2[3][g - n1], g - n1)
+            else:
+                _q4(o3, qa_, sa_, xs_, w3[0][l], w3[1][l], w3[2][l], w3[3][g - n1 - n2], g - n1 - n2)
+        fin = finish(sync, ph, hi - lo, n)
+    return fin
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _mm3(out1, out2, out3, xin, qa, sa, xs, w1, w2, w3, l):
-    # three matmuls of the same input in one parallel region (q, k, v)
-    t_n, n = xin.shape
-    nb = n // QK
-    quantize_rows(qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], xin)
-    mm_q4x3(out1, out2, out3, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], w1[0][l], w1[1][l], w1[2][l], w1[3],
-            w2[0][l], w2[1][l], w2[2][l], w2[3], w3[0][l], w3[1][l], w3[2][l], w3[3])
+def _head_phase(sync, ph, tid, nt, logits, n_in, qa, sa, xs, h):
+    """Phase ph: the head's row groups (h as in _head; input n_in columns); True for the finisher."""
+    t_n = logits.shape[0]
+    nb = n_in // QK
+    qa_, sa_, xs_ = qa[:t_n, :n_in], sa[:t_n, :nb], xs[:t_n, :nb]
+    n = h[1].shape[0] if h[0] == 0 else h[2].shape[0]
+    fin = False
+    k = 0
+    while True:
+        k, lo, hi = grab(sync, ph, tid, nt, n, k)
+        if lo >= hi:
+            break
+        for g in range(lo, hi):
+            if h[0] == 0:
+                _q4(logits, qa_, sa_, xs_, h[1], h[3], h[4], h[5][g], g)
+            elif t_n >= BATCHED_MIN_T:
+                q8_group_batched(logits, qa_, sa_, h[2], h[3], g)
+            else:
+                q8_group(logits, qa_, sa_, h[2], h[3], h[6][g], g)
+        fin = finish(sync, ph, hi - lo, n)
+    return fin
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _head(logits, xin, qa, sa, xs, h):
-    # h = (kind 0: q4 | 1: q8, qs4, qs8, d, m, acc16, acc32); xin (R, n)
-    t_n, n = xin.shape
-    nb = n // QK
-    quantize_rows(qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], xin)
-    if h[0] == 0:
-        qs, d, m, acc = h[1], h[3], h[4], h[5]
-        mm_q4x3(logits, logits, logits, qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], qs, d, m, acc,
-                qs[:0], d[:0], m[:0], acc[:0], qs[:0], d[:0], m[:0], acc[:0])
-    else:
-        mm_q8(logits, qa[:t_n, :n], sa[:t_n, :nb], h[2], h[3], h[6])
-
-
-def _attend(a3, q3, k3, v3, kv, l, pos0, scale, scr):
-    """Store k3, v3 (T, n_kv, hd) into layer l of the cache and attend: a3 (T, H, hd) <- attn(q3 (T, H, hd)).
-    kv = (k16, v16) for an f16 cache, (k_q, k_s, v_q, v_s) for int8; chosen at compile time by the tuple's
-    type, so a session compiles only the attention of its own cache dtype (cold start)."""
+def _kv_store(kv, l, k3, v3, pos0):
+    """Rows k3, v3 (T, n_kv, hd) into layer l of the cache at pos0 (f16 or int8, by kv's type)."""
     raise NotImplementedError  # numba-only, see the overload below
 
 
-@overload(_attend)
-def _attend_impl(a3, q3, k3, v3, kv, l, pos0, scale, scr):
+@overload(_kv_store, inline="always")
+def _kv_store_impl(kv, l, k3, v3, pos0):
     if isinstance(kv, types.UniTuple) and kv.count == 2:
-        def f16(a3, q3, k3, v3, kv, l, pos0, scale, scr):
+        def f16(kv, l, k3, v3, pos0):
             store_f16(kv[0][l], k3, pos0)
             store_f16(kv[1][l], v3, pos0)
-            attention_f16_split(a3, q3, kv[0][l], kv[1][l], pos0, scale, scr[0], scr[1], scr[2])
         return f16
 
-    def int8(a3, q3, k3, v3, kv, l, pos0, scale, scr):
+    def int8(kv, l, k3, v3, pos0):
         cpu._quant_rows(kv[0][l], kv[1][l], k3, pos0)
         cpu._quant_rows(kv[2][l], kv[3][l], v3, pos0)
-        attention_int8_split(a3, q3, kv[0][l], kv[1][l], kv[2][l], kv[3][l], pos0, scale, scr[0], scr[1], scr[2])
     return int8
 
 
-@njit(cache=True, nogil=True)
-def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg, wu, wd, bias,
-                  qk_norm, kv, attn_scr):
-    """Embedding -> all layers -> final norm -> head for tokens (T,) at positions pos0.., in one call.
+def _attn_item(kv, l, it, q3, pos0, scale, sc, part):
+    """One work item (row, kv head, chunk) of attention_f16_split / attention_int8_split into part."""
+    raise NotImplementedError  # numba-only, see the overload below
 
-    bufs = (x, xb, q, k, v, att, proj, gate, up, hb (max_t, ...) f32, qa int8, sa, xs, logits (max_t, vocab));
-    norms = (attn_norm (L, d), ffn_norm (L, d), out_norm (d,), eps); rope_p = (inv_freq, neox, n_head,
-    n_kv, hd, attn_scale); bias = (has, bq (L, q_dim), bk, bv); qk_norm = (has, qn (L, hd), kn (L, hd));
-    kv = (k16, v16) (L, cap, n_kv, hd) uint16 f16 bits, or (k_q, k_s, v_q, v_s) for an int8 cache;
-    attn_scr = (sbuf, rowbuf, part) attention scratch (per thread; per split for decode).
-    Writes logits rows for the last `rows_out` positions into bufs[13][:rows_out]."""
+
+@overload(_attn_item, inline="always")
+def _attn_item_impl(kv, l, it, q3, pos0, scale, sc, part):
+    if isinstance(kv, types.UniTuple) and kv.count == 2:
+        def f16(kv, l, it, q3, pos0, scale, sc, part):
+            A.attn_item_f16(part, sc, q3, kv[0][l], kv[1][l], it, pos0, scale)
+        return f16
+
+    def int8(kv, l, it, q3, pos0, scale, sc, part):
+        A.attn_item_int8(part, sc, q3, kv[0][l], kv[1][l], kv[2][l], kv[3][l], it, pos0, scale)
+    return int8
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _attn_phase(sync, ph, tid, nt, kv, l, q3, pos0, scale, sc, part):
+    """Phase ph: attention's work items (row, kv head, chunk) of layer l; True for the finisher."""
+    n = q3.shape[0] * (kv[0].shape[2]) * SPLITS
+    fin = False
+    h = 0
+    while True:
+        h, lo, hi = grab(sync, ph, tid, nt, n, h)
+        if lo >= hi:
+            break
+        for it in range(lo, hi):
+            _attn_item(kv, l, it, q3, pos0, scale, sc, part)
+        fin = finish(sync, ph, hi - lo, n)
+    return fin
+
+
+@njit(cache=True, nogil=True)
+def _step_thread(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg, wu,
+                 wd, bias, qk_norm, kv, attn_scr):
+    """Thread tid's share of the forward pass (see fused_forward): phase by phase, the same operations in
+    the same order as the per-kernel form. Every thread runs this; the tails run once, on the finisher."""
     x, xb, q, k, v, att, proj, gate, up, hb, qa, sa, xs, logits = bufs
     attn_norm, ffn_norm, out_norm, eps = norms
     inv_freq, neox, n_head, n_kv, hd, scale = rope_p
     t_n = tokens.shape[0]
+    n_layer = attn_norm.shape[0]
     xt, xbt = x[:t_n], xb[:t_n]
     qt, kt, vt, at = q[:t_n], k[:t_n], v[:t_n], att[:t_n]
-    _embed(xt, tokens, emb)
-    for l in range(attn_norm.shape[0]):
-        cpu.rmsnorm(xbt, xt, attn_norm[l], eps)
-        _mm3(qt, kt, vt, xbt, qa, sa, xs, wq, wk, wv, l)
-        if bias[0]:
-            cpu.bias_add(qt, bias[1][l])
-            cpu.bias_add(kt, bias[2][l])
-            cpu.bias_add(vt, bias[3][l])
-        q3 = qt.reshape(t_n, n_head, hd)
-        k3 = kt.reshape(t_n, n_kv, hd)
-        v3 = vt.reshape(t_n, n_kv, hd)
-        if qk_norm[0]:
-            qh = qt.reshape(t_n * n_head, hd)
-            kh = kt.reshape(t_n * n_kv, hd)
-            cpu.rmsnorm(qh, qh, qk_norm[1][l], eps)
-            cpu.rmsnorm(kh, kh, qk_norm[2][l], eps)
-        cpu.rope(q3, pos0, inv_freq, neox)
-        cpu.rope(k3, pos0, inv_freq, neox)
-        a3 = at.reshape(t_n, n_head, hd)
-        _attend(a3, q3, k3, v3, kv, l, pos0, scale, attn_scr)
-        _mm(proj[:t_n], at, qa, sa, xs, wo, l)
-        cpu.residual_add(xt, proj[:t_n])
-        cpu.rmsnorm(xbt, xt, ffn_norm[l], eps)
-        _mm2(gate[:t_n], up[:t_n], xbt, qa, sa, xs, wg, wu, l)
-        swiglu_fast(hb[:t_n], gate[:t_n], up[:t_n])
-        _mm(proj[:t_n], hb[:t_n], qa, sa, xs, wd, l)
-        cpu.residual_add(xt, proj[:t_n])
-    src = x[t_n - rows_out:t_n]
-    cpu.rmsnorm(xb[:rows_out], src, out_norm, eps)
-    _head(logits[:rows_out], xb[:rows_out], qa, sa, xs, head)
+    q3 = qt.reshape(t_n, n_head, hd)
+    k3 = kt.reshape(t_n, n_kv, hd)
+    v3 = vt.reshape(t_n, n_kv, hd)
+    a3 = at.reshape(t_n, n_head, hd)
+    sc, part = attn_scr[0][tid], attn_scr[2]
+    ph = 0
+    h, lo, hi = grab(sync, ph, tid, nt, 1, 0)  # phase 0, one item: the embedding and the first norm
+    if lo < hi:
+        _embed(xt, tokens, emb)
+        cpu.rmsnorm(xbt, xt, attn_norm[0], eps)
+        _quant(qa, sa, xs, xbt)
+        open_phase(sync, ph)
+    wait_open(sync, ph)
+    for l in range(n_layer):
+        ph += 1
+        if _mm_phase(sync, ph, tid, nt, qt, kt, vt, xbt.shape[1], qa, sa, xs, wq, wk, wv, l, 3):
+            if bias[0]:
+                cpu.bias_add(qt, bias[1][l])
+                cpu.bias_add(kt, bias[2][l])
+                cpu.bias_add(vt, bias[3][l])
+            if qk_norm[0]:
+                qh = qt.reshape(t_n * n_head, hd)
+                kh = kt.reshape(t_n * n_kv, hd)
+                cpu.rmsnorm(qh, qh, qk_norm[1][l], eps)
+                cpu.rmsnorm(kh, kh, qk_norm[2][l], eps)
+            cpu.rope(q3, pos0, inv_freq, neox)
+            cpu.rope(k3, pos0, inv_freq, neox)
+            _kv_store(kv, l, k3, v3, pos0)
+            open_phase(sync, ph)
+        wait_open(sync, ph)
+        ph += 1
+        if _attn_phase(sync, ph, tid, nt, kv, l, q3, pos0, scale, sc, part):
+            A.merge_parts(a3, part[:t_n])
+            _quant(qa, sa, xs, at)
+            open_phase(sync, ph)
+        wait_open(sync, ph)
+        ph += 1
+        if _mm_phase(sync, ph, tid, nt, proj[:t_n], proj[:t_n], proj[:t_n], at.shape[1], qa, sa, xs, wo, wo, wo,
+                     l, 1):
+            cpu.residual_add(xt, proj[:t_n])
+            cpu.rmsnorm(xbt, xt, ffn_norm[l], eps)
+            _quant(qa, sa, xs, xbt)
+            open_phase(sync, ph)
+        wait_open(sync, ph)
+        ph += 1
+        if _mm_phase(sync, ph, tid, nt, gate[:t_n], up[:t_n], up[:t_n], xbt.shape[1], qa, sa, xs, wg, wu, wu, l, 2):
+            swiglu_fast(hb[:t_n], gate[:t_n], up[:t_n])
+            _quant(qa, sa, xs, hb[:t_n])
+            open_phase(sync, ph)
+        wait_open(sync, ph)
+        ph += 1
+        if _mm_phase(sync, ph, tid, nt, proj[:t_n], proj[:t_n], proj[:t_n], hb.shape[1], qa, sa, xs, wd, wd, wd,
+                     l, 1):
+            cpu.residual_add(xt, proj[:t_n])
+            if l + 1 < n_layer:
+                cpu.rmsnorm(xbt, xt, attn_norm[l + 1], eps)
+                _quant(qa, sa, xs, xbt)
+            else:
+                cpu.rmsnorm(xb[:rows_out], x[t_n - rows_out:t_n], out_norm, eps)
+                _quant(qa, sa, xs, xb[:rows_out])
+            open_phase(sync, ph)
+        wait_open(sync, ph)
+    ph += 1
+    if _head_phase(sync, ph, tid, nt, logits[:rows_out], xb.shape[1], qa, sa, xs, head):
+        open_phase(sync, ph)
+    wait_open(sync, ph)
+
+
+def n_phases(n_layer: int) -> int:
+    """Phases of one fused step: the embedding, five per layer (qkv, attention, o, gate/up, down), the head."""
+    return 5 * n_layer + 2
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg, wu, wd, bias,
+                  qk_norm, kv, attn_scr, sync, nt):
+    """Embedding -> all layers -> final norm -> head for tokens (T,) at positions pos0.., in one call and
+    ONE parallel region (cpu_sync): each of the nt threads runs _step_thread; they share each phase's
+    items and wait only for phases to complete.
+
+    bufs = (x, xb, q, k, v, att, proj, gate, up, hb (max_t, ...) f32, qa int8, sa, xs, logits (max_t, vocab));
+    norms = (attn_norm (L, d), ffn_norm (L, d), out_norm (d,), eps); rope_p = (inv_freq, neox, n_head,
+    n_kv, hd, attn_scale); w* = per role (qs (L, ng, nb, 16, G), d, m (L, ng, nb, G) f16 bits, acc16);
+    bias = (has, bq (L, q_dim), bk, bv); qk_norm = (has, qn (L, hd), kn (L, hd)); kv = (k16, v16) (L, cap,
+    n_kv, hd) uint16 f16 bits, or (k_q, k_s, v_q, v_s) for an int8 cache; attn_scr = (sbuf (threads, group,
+    cap), unused, part) attention scratch; sync = cpu_sync.new_sync(n_phases(L), threads); nt = the
+    caller's numba.get_num_threads() (called in here, it would keep numba from caching this function).
+    Writes logits rows for the last `rows_out` positions into bufs[13][:rows_out]."""
+    reset(sync)
+    for tid in prange(nt):
+        _step_thread(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg,
+                     wu, wd, bias, qk_norm, kv, attn_scr)
 
 
 # ------------------------------------------------------------------------------------------------ builder
@@ -237,6 +340,7 @@ class FusedForward:
         self.bufs = None
         self.attn_cap = 0
         self.attn_scr = (None, None, np.zeros((0,)))
+        self.sync = new_sync(n_phases(len(layers)), numba.config.NUMBA_NUM_THREADS)
         self._alloc(max(1, model.state.max_t), 1)
 
     @staticmethod
@@ -285,7 +389,7 @@ class FusedForward:
         def step(kv, scratch):
             fused_forward(tokens, pos0, rows_out, self.bufs, self.emb, self.head, self.norms, self.rope,
                           r["wq"], r["wk"], r["wv"], r["wo"], r["w_gate"], r["w_up"], r["w_down"], self.bias,
-                          self.qk_norm, kv, scratch)
+                          self.qk_norm, kv, scratch, self.sync, numba.get_num_threads())
         return self.guarded(tokens.shape[0], pos0, cache, rows_out, step)
 
     def guarded(self, t_n: int, pos0: int, cache, rows_out: int, step) -> np.ndarray:
@@ -314,9 +418,10 @@ class FusedForward:
 class ContentionGuard:
     """Decode steps run with all threads or with one, whichever is currently faster (measured).
 
-    Our threads spin briefly between the ~150 parallel regions of a step (numba_env: GOMP_SPINCOUNT), which
-    makes the quiet step 2.5x faster than sleeping threads; but when another process is busy on one of the
-    two cores the second thread gets the CPU late and every region waits for it: measured 6.5 -> 47 ms per
+    Our threads spin while they wait for each other (between the phases of a step: cpu_sync.wait_open;
+    between steps: numba_env's GOMP_SPINCOUNT), which makes the quiet step much faster than sleeping
+    threads; but when another process is busy on one of the two cores the second thread gets the CPU late
+    and every phase that needs its work waits for it: measured 6.5 -> 47 ms per
     step, while one thread alone on the free core takes ~12 ms. The guard keeps a moving average of the
     step time of the mode in use and uses the faster one; the first PROBE steps of every period run the
     other mode, and the fastest of them replaces that mode's figure (so a load that came or went is seen).

@@ -1,0 +1,118 @@
+"""cpu_sync: phases of claimed work inside one parallel region, and the one-region fused step built on it."""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+from numba import njit, prange
+
+from engine.kernels.cpu_sync import finish, grab, new_sync, open_phase, reset, wait_open
+from test_speed_guard import q4_tiny  # noqa: F401  (the fixture: a tiny all-Q4 llama)
+
+
+@njit(nogil=True)
+def _chain(tid, nt, sync, x, y, n_ph):
+    """n_ph phases over x's items; each phase's tail (on the finisher) needs every item of it done."""
+    n = x.shape[0]
+    for ph in range(n_ph):
+        h = 0
+        while True:
+            h, lo, hi = grab(sync, ph, tid, nt, n, h)
+            if lo >= hi:
+                break
+            for i in range(lo, hi):
+                x[i] += y[0]
+            if finish(sync, ph, hi - lo, n):
+                y[0] = x.sum() % 7 + 1
+                open_phase(sync, ph)
+        wait_open(sync, ph)
+
+
+@njit(nogil=True, parallel=True)
+def _region(nt, sync, x, y, n_ph):
+    reset(sync)
+    for tid in prange(nt):
+        _chain(tid, nt, sync, x, y, n_ph)
+
+
+def _expected(n, n_ph):
+    x, y = np.zeros(n), 1.0
+    for _ in range(n_ph):
+        x += y
+        y = x.sum() % 7 + 1
+    return x
+
+
+@pytest.mark.parametrize("n", [1, 5, 50])
+def test_phases_complete_in_order_on_all_threads(n):
+    n_ph = 40
+    sync = new_sync(n_ph, numba.config.NUMBA_NUM_THREADS)
+    for nt in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+        numba.set_num_threads(nt)
+        try:
+            for _ in range(5):  # repeated: a race would show as a wrong sum sooner or later
+                x, y = np.zeros(n), np.ones(1)
+                _region(nt, sync, x, y, n_ph)
+                np.testing.assert_array_equal(x, _expected(n, n_ph))
+        finally:
+            numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+
+
+@pytest.mark.parametrize("order", [(0, 1), (1, 0), (2, 0, 1)])
+def test_threads_run_one_after_another_do_not_deadlock(order):
+    """If the runtime runs the region's iterations in sequence (fewer threads than asked), whichever comes
+    first does all the work and the others find none left: same result, no wait on an absent thread."""
+    n, n_ph, nt = 9, 12, len(order)
+    sync = new_sync(n_ph, nt)
+    x, y = np.zeros(n), np.ones(1)
+    reset(sync)
+    for tid in order:
+        _chain(tid, nt, sync, x, y, n_ph)
+    np.testing.assert_array_equal(x, _expected(n, n_ph))
+
+
+def test_grab_takes_own_part_first_then_steals():
+    sync = new_sync(1, 2)
+    n = 40
+    got, h = [], 0
+    while True:  # thread 1 alone: its own half (items 20..39) first, then thread 0's
+        h, lo, hi = grab(sync, 0, 1, 2, n, h)
+        if lo >= hi:
+            break
+        got.append((lo, hi))
+    assert got[0][0] == 20 and sorted(i for lo, hi in got for i in range(lo, hi)) == list(range(n))
+    assert all(hi - lo == 5 for lo, hi in got)  # a part of 20 in CHUNKS = 4 claims
+
+
+def test_fused_step_threads_in_sequence_match_the_region(q4_tiny):
+    """The one-region fused step: its threads' functions run one after another in any order (as a runtime
+    with fewer threads would run them) give the region's logits bit for bit, prefill and decode."""
+    from engine.backend import Backend
+    from engine.gguf import load_gguf
+    from engine.kernels import cpu_fast, cpu_fast_step
+    from engine.model import Model
+    mf = load_gguf(q4_tiny)
+    model = Model(mf.args, mf.tensors, Backend("cpu", cpu_fast), max_batch=8)
+    ff = getattr(model, "fused", None) or cpu_fast_step.build(model)
+    r = ff.roles
+
+    def by_hand(tokens, pos0, cache, order):
+        ff._alloc(len(tokens), 1)
+        cpu_fast_step.reset(ff.sync)
+        for tid in order:
+            cpu_fast_step._step_thread(tid, len(order), ff.sync, tokens, pos0, 1, ff.bufs, ff.emb, ff.head, ff.norms,
+                                       ff.rope, r["wq"], r["wk"], r["wv"], r["wo"], r["w_gate"], r["w_up"],
+                                       r["w_down"], ff.bias, ff.qk_norm, ff.kv_tuple(cache),
+                                       ff._attn_scratch(cache.capacity))
+        cache.length = pos0 + len(tokens)
+        return ff.bufs[13][:1].copy()
+
+    toks = np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32)
+    c1, c2 = model.new_cache(64), model.new_cache(64)
+    want = ff(toks, 0, c1)
+    np.testing.assert_array_equal(by_hand(toks, 0, c2, (1, 0)), want)
+    tok = int(want[0].argmax())
+    for i, order in enumerate([(0, 1), (1, 0), (0,), (1, 0)]):
+        want = ff(np.array([tok], np.int32), len(toks) + i, c1)
+        np.testing.assert_array_equal(by_hand(np.array([tok], np.int32), len(toks) + i, c2, order), want)
+        tok = int(want[0].argmax())
