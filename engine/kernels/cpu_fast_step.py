@@ -97,7 +97,8 @@ def _mm_phase(sync, ph, tid, nt, o1, o2, o3, n_in, qa, sa, xs, w1, w2, w3, l, nw
 
 @njit(cache=True, nogil=True, inline="always")
 def _head_phase(sync, ph, tid, nt, logits, n_in, qa, sa, xs, h):
-    """Phase ph: the head's row groups (h as in _head; input n_in columns); True for the finisher."""
+    """Phase ph: the head's row groups; h = (kind 0: q4 | 1: q8, qs4, qs8, d, m, acc16, acc32) as
+    FusedForward._table builds it, input n_in columns. True for the finisher."""
     t_n = logits.shape[0]
     nb = n_in // QK
     qa_, sa_, xs_ = qa[:t_n, :n_in], sa[:t_n, :nb], xs[:t_n, :nb]
