@@ -23,12 +23,13 @@ import numba
 import numpy as np
 
 from .kernels import cpu
-from .kernels.cpu_fast import embed_q4, embed_q8, mm_q4x3, mm_q8, quantize_rows
+from .kernels.cpu_fast import BATCHED_MIN_T, embed_q4, embed_q8, mm_q4x3, mm_q8, mm_q8_batched, quantize_rows
 from .kernels.cpu_fast_step import attention_f16_split, store_f16, swiglu_fast
 
 # kernels the helper process compiles (the rest, and the sampling chain, are compiled here meanwhile): about
 # half the work each after the helper's own start-up. Measured one by one (fresh cache, 2-core VM): mm_q4x3
-# 7.2 s, attention_f16_split 5.6, mm_q8 4.8, sampling chain 1.1, quantize_rows 0.4, the small ones 0.1-0.3
+# 7.2 s, attention_f16_split 5.6, mm_q8 4.8 (its batched form, split off since, about half of that), sampling
+# chain 1.1, quantize_rows 0.4, the small ones 0.1-0.3
 CHILD_KERNELS = (attention_f16_split, mm_q8)
 HELPER_WAIT_S = 600.0  # a helper alive but stuck this long: compile its kernels here
 
@@ -154,6 +155,8 @@ class LeafForward:
             w = (h[1], h[3], h[4], h[5])
             e = tuple(a[:0] for a in w)
             self._call("mm_head", mm_q4x3, (logits, logits, logits, qa, sa, xs, *w, *e, *e), (3, 4, 5))
+        elif logits.shape[0] >= BATCHED_MIN_T:  # a verify pass's logits: compiled at its first use
+            self._call("head_q8_batched", mm_q8_batched, (logits, qa, sa, h[2], h[3]), (1, 2))
         else:
             self._call("head_q8", mm_q8, (logits, qa, sa, h[2], h[3], h[6]), (1, 2))
 
