@@ -6,7 +6,11 @@ read "off" when the reply ran without speculation, never made-up numbers.
 """
 from __future__ import annotations
 
+from typing import TypeVar
+
 from textual.containers import VerticalScroll
+from textual.css.query import NoMatches
+from textual.widget import Widget
 from textual.widgets import Digits, Sparkline, Static
 
 from engine.events import FinalStats, Progress, StepStats
@@ -15,6 +19,7 @@ from ..settings import ChatSettings
 from ..telemetry import GpuSample
 
 MAX_SPARK = 120  # points kept for the sparkline
+W = TypeVar("W", bound=Widget)
 
 
 class StatsPanel(VerticalScroll):
@@ -60,8 +65,8 @@ class StatsPanel(VerticalScroll):
         self._render_reply()
         self._render_spec()
         self._render_thinking()
-        self.query_one("#tps", Digits).update("0.0")
-        self.query_one("#spark", Sparkline).data = []
+        self._set_tps("0.0")
+        self._set_spark([])
 
     def on_step(self, st: StepStats | Progress) -> None:
         if isinstance(st, Progress):
@@ -71,7 +76,7 @@ class StatsPanel(VerticalScroll):
         self.step = st
         self.samples.append(st.decode_tok_s)
         del self.samples[:-MAX_SPARK]
-        self.query_one("#tps", Digits).update(f"{st.decode_tok_s:.1f}")
+        self._set_tps(f"{st.decode_tok_s:.1f}")
         self._draw_spark()
         self._render_reply()
         self._render_thinking()
@@ -81,13 +86,13 @@ class StatsPanel(VerticalScroll):
     def _draw_spark(self) -> None:
         # one point draws differently from a flat line of several; keep the look independent of coalescing
         del self.samples[:-MAX_SPARK]
-        self.query_one("#spark", Sparkline).data = self.samples * 2 if len(self.samples) == 1 else list(self.samples)
+        self._set_spark(self.samples * 2 if len(self.samples) == 1 else list(self.samples))
 
     def on_final(self, final: FinalStats | None) -> None:
         self.live = False
         if final is not None:
             self.final = final
-            self.query_one("#tps", Digits).update(f"{final.decode_tok_s:.1f}")
+            self._set_tps(f"{final.decode_tok_s:.1f}")
             if final.output_tokens:
                 self.samples.append(final.decode_tok_s)  # the reply's figure ends the sparkline
                 self._draw_spark()
@@ -112,7 +117,7 @@ class StatsPanel(VerticalScroll):
             text = f"GPU: no GPU\n  {reason}" if reason else "GPU: no GPU"
         else:
             text = "\n".join(line for s in samples for line in s.lines())
-        self.query_one("#gpu", Static).update(text)
+        self._set("gpu", text)
 
     # -- rendering ---------------------------------------------------------------------------------
     def _render_all(self) -> None:
@@ -120,8 +125,25 @@ class StatsPanel(VerticalScroll):
                    self._render_engine):
             fn()
 
+    # At shutdown Textual removes the panel's children before the panel itself, and a timer or an engine
+    # event can still arrive in between: a missing child means there is nothing left to draw on.
+    def _child(self, wid: str, kind: type[W]) -> W | None:
+        try:
+            return self.query_one(f"#{wid}", kind)
+        except NoMatches:
+            return None
+
     def _set(self, wid: str, text: str) -> None:
-        self.query_one(f"#{wid}", Static).update(text)
+        if (w := self._child(wid, Static)) is not None:
+            w.update(text)
+
+    def _set_tps(self, text: str) -> None:
+        if (w := self._child("tps", Digits)) is not None:
+            w.update(text)
+
+    def _set_spark(self, data: list[float]) -> None:
+        if (w := self._child("spark", Sparkline)) is not None:
+            w.data = data
 
     def _render_reply(self) -> None:
         f, s, cap = self.final, self.step, self.engine_info.get("context_capacity") or 0

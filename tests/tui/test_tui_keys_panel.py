@@ -107,6 +107,19 @@ async def test_gpu_states(make_app):
         assert "SM clock 1500/1980 MHz" in text and "power 300/700 W" in text and "sw-power" in text
 
 
+async def test_panel_updates_after_its_children_are_gone(make_app):
+    """At shutdown Textual removes the panel's children first; a telemetry tick or an engine event that
+    arrives in between must not raise (CI once failed on exactly that)."""
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        panel = app.query_one(StatsPanel)
+        await panel.remove_children()
+        app._poll_gpu()
+        panel.start_reply()
+        panel.on_final(None)
+
+
 async def test_export_writes_file(make_app, tmp_path):
     app = make_app(Script(answer="exported answer"))
     async with app.run_test(size=SIZE) as pilot:
