@@ -294,7 +294,8 @@ class ChatApp(App):
         self.last_final = final
         from .chat import stats_record
         await view.finish(footer_line(stats_record(final)) if final else (message.error or ""))
-        self.query_one("#stats", StatsPanel).on_final(final)
+        if (panel := self._panel()) is not None:  # None while shutting down; the reply is still saved below
+            panel.on_final(final)
         if message.error:
             self.notify(message.error, severity="error", timeout=10)
         elif final is not None and final.finish_reason == "cancelled":
