@@ -167,16 +167,16 @@ def main(argv: list[str] | None = None) -> int:
         f"workload {wl.name}; prefix reuse disabled in every run (fresh process, empty cache)")
     log(f"machine: {machine.get('cpu')} ({machine.get('cores')} cores), {machine.get('simd')}")
     t0 = time.time()
-    results = run_bench(variants, wl, model, repeats=a.repeats, idle_gap_s=a.idle_gap,
-                        max_context=a.max_context, log=log, warmup=not a.no_warmup)
-    agg = aggregate(results, [v.name for v in variants])
-    rat = ratios(agg, baseline)
-    roof = {}
+    probe = None
     if not a.no_roofline and any(v.kind == "ours" for v in variants):
         from .bandwidth import measure_read_bandwidth, weight_bytes_per_token
         threads = max(v.threads for v in variants)
-        bw = measure_read_bandwidth(threads)
-        roof = roofline(agg, weight_bytes_per_token(model)["bytes"], bw)
+        probe = lambda: measure_read_bandwidth(threads)  # noqa: E731
+    results = run_bench(variants, wl, model, repeats=a.repeats, idle_gap_s=a.idle_gap,
+                        max_context=a.max_context, log=log, warmup=not a.no_warmup, bandwidth=probe)
+    agg = aggregate(results, [v.name for v in variants])
+    rat = ratios(agg, baseline)
+    roof = roofline(results, [v.name for v in variants], weight_bytes_per_token(model)["bytes"]) if probe else {}
     print(table(agg, rat, baseline, roof))
     doc = {"machine": machine, "model": model, "workload": {k: v for k, v in asdict(wl).items() if k != "prompt_ids"},
            "variants": [asdict(v) for v in variants], "baseline": baseline, "repeats": a.repeats,

@@ -51,14 +51,26 @@ def ratios(agg: dict[str, dict], baseline: str) -> dict[str, dict]:
     return out
 
 
-def roofline(agg: dict[str, dict], weight_bytes: int | None, bandwidth: float | None) -> dict:
-    """Decode bound if every weight byte is read once per token at the measured bandwidth; per-variant share."""
-    if not weight_bytes or not bandwidth:
+def roofline(results: list[dict], variant_names: list[str], weight_bytes: int | None) -> dict:
+    """Decode bound if every weight byte is read once per token at the measured read bandwidth. Each run is
+    set against the bandwidth measured around its own round (run_bench's "read_bandwidth"); per variant
+    the share's mean and range over its runs, as for the other figures."""
+    bws = [r["read_bandwidth"] for r in results if r.get("ok") and r.get("read_bandwidth")]
+    if not weight_bytes or not bws:
         return {}
-    bound = bandwidth / weight_bytes  # tok/s
-    share = {n: a["decode_tok_s"]["mean"] / bound for n, a in agg.items() if "decode_tok_s" in a}
-    return {"weight_bytes_per_token": weight_bytes, "read_bandwidth_gb_s": bandwidth / 1e9,
-            "roofline_tok_s": bound, "share_of_roofline": share}
+    share = {}
+    for name in variant_names:
+        vals = [float(r["decode_tok_s"]) * weight_bytes / r["read_bandwidth"] for r in results
+                if r.get("variant") == name and r.get("ok") and r.get("decode_tok_s") and r.get("read_bandwidth")]
+        if vals:
+            share[name] = {"mean": statistics.fmean(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+    bw = {"mean": statistics.fmean(bws) / 1e9, "min": min(bws) / 1e9, "max": max(bws) / 1e9, "n": len(bws)}
+    return {"weight_bytes_per_token": weight_bytes, "read_bandwidth_gb_s": bw,
+            "roofline_tok_s": statistics.fmean(bws) / weight_bytes, "share_of_roofline": share}
+
+
+def _pct(m: dict) -> dict:
+    return {k: (v * 100 if k != "n" else v) for k, v in m.items()}
 
 
 def _cell(a: dict, key: str, fmt: str) -> str:
@@ -92,9 +104,12 @@ def table(agg: dict[str, dict], rat: dict[str, dict], baseline: str, roof: dict 
     lines.insert(1, "  ".join("-" * w for w in widths))
     if roof:
         lines.append("")
+        bw = roof["read_bandwidth_gb_s"]
         lines.append(f"roofline: {roof['weight_bytes_per_token'] / 1e6:.1f} MB of weights per token at "
-                     f"{roof['read_bandwidth_gb_s']:.1f} GB/s read bandwidth -> {roof['roofline_tok_s']:.0f} tok/s; "
-                     + ", ".join(f"{n} {s * 100:.0f}%" for n, s in roof["share_of_roofline"].items()))
+                     f"{_cell({'bw': bw}, 'bw', '{:.1f}')} GB/s read bandwidth (measured around each round) -> "
+                     f"{roof['roofline_tok_s']:.0f} tok/s; share, each run against its round's bandwidth: "
+                     + ", ".join(f"{n} {_cell({'s': _pct(s)}, 's', '{:.0f}')}%"
+                                 for n, s in roof["share_of_roofline"].items()))
     for name, a in agg.items():
         for e in a.get("errors", []):
             lines.append(f"{name}: FAILED {e}")

@@ -82,9 +82,14 @@ def run_one(spec: RunSpec, timeout_s: float = 900.0) -> dict:
 
 
 def run_bench(variants: list[Variant], workload: Workload, model: str, repeats: int = 2, idle_gap_s: float = 2.0,
-              max_context: int = 2048, log: Callable[[str], None] = print, warmup: bool = True) -> list[dict]:
+              max_context: int = 2048, log: Callable[[str], None] = print, warmup: bool = True,
+              bandwidth: Callable[[], float] | None = None) -> list[dict]:
     """All runs, interleaved: for r in repeats: for v in variants. A first unmeasured pass per variant
-    populates the on-disk caches (unless `warmup` is False or the variant is cold)."""
+    populates the on-disk caches (unless `warmup` is False or the variant is cold).
+
+    `bandwidth` (bytes/s), when given, is measured before every round and after the last: each run's
+    "read_bandwidth" is the mean of the two that bracket its round, so its share of the roofline compares
+    it with the memory speed of the same minutes (the host's moves by tens of percent between minutes)."""
     results = []
     if warmup:
         for v in variants:
@@ -96,15 +101,31 @@ def run_bench(variants: list[Variant], workload: Workload, model: str, repeats: 
             res = run_one(spec)
             if not res.get("ok"):
                 log(f"[warm-up] {v.name} failed: {res.get('error')}")
+    bw_before = _probe(bandwidth, log)
     for r in range(repeats):
+        this_round = []
         for v in variants:
             spec = RunSpec(v, workload, model, repeat=r, max_context=max_context)
             res = run_one(spec)
-            results.append(res)
+            this_round.append(res)
             log(_one_line(res))
             if idle_gap_s > 0:
                 time.sleep(idle_gap_s)
+        bw_after = _probe(bandwidth, log)
+        for res in this_round:
+            if bw_before and bw_after:
+                res["read_bandwidth"] = (bw_before + bw_after) / 2
+        results += this_round
+        bw_before = bw_after
     return results
+
+
+def _probe(bandwidth: Callable[[], float] | None, log: Callable[[str], None]) -> float | None:
+    if bandwidth is None:
+        return None
+    bw = bandwidth()
+    log(f"[bandwidth] {bw / 1e9:.1f} GB/s read")
+    return bw
 
 
 def _one_line(res: dict) -> str:

@@ -86,12 +86,36 @@ def test_aggregate_mean_range_ratio_and_hashes():
     assert md.startswith("| variant") and "| ours |" in md
 
 
-def test_roofline_share():
-    agg = {"ours": {"decode_tok_s": {"mean": 150.0, "min": 150.0, "max": 150.0, "n": 1}}}
-    roof = report.roofline(agg, weight_bytes=100e6, bandwidth=30e9)
-    assert roof["roofline_tok_s"] == pytest.approx(300.0)
-    assert roof["share_of_roofline"]["ours"] == pytest.approx(0.5)
-    assert report.roofline(agg, None, 1.0) == {}
+def test_roofline_share_uses_each_runs_own_bandwidth():
+    runs = [{"variant": "ours", "ok": True, "decode_tok_s": 150.0, "read_bandwidth": 30e9},
+            {"variant": "ours", "ok": True, "decode_tok_s": 100.0, "read_bandwidth": 20e9},
+            {"variant": "peer", "ok": True, "decode_tok_s": 60.0, "read_bandwidth": 30e9},
+            {"variant": "peer", "ok": False, "error": "x"}]
+    roof = report.roofline(runs, ["ours", "peer"], weight_bytes=100e6)
+    assert roof["share_of_roofline"]["ours"] == {"mean": pytest.approx(0.5), "min": pytest.approx(0.5),
+                                                 "max": pytest.approx(0.5), "n": 2}
+    assert roof["share_of_roofline"]["peer"]["mean"] == pytest.approx(0.2)
+    assert roof["read_bandwidth_gb_s"]["min"] == pytest.approx(20.0) and roof["roofline_tok_s"] > 0
+    text = report.table(report.aggregate(runs, ["ours", "peer"]), {}, "peer", roof)
+    assert "ours 50%" in text and "peer 20%" in text and "20.0-30.0] GB/s" in text
+    assert report.roofline(runs, ["ours"], None) == {}
+    assert report.roofline([{"variant": "ours", "ok": True, "decode_tok_s": 1.0}], ["ours"], 100) == {}
+
+
+def test_run_bench_brackets_each_round_with_bandwidth(monkeypatch):
+    order = []
+    monkeypatch.setattr(runner, "run_one", lambda spec: order.append(spec.variant.name) or
+                        {"ok": True, "variant": spec.variant.name, "repeat": spec.repeat, "decode_tok_s": 1.0})
+    probes = iter([10.0, 20.0, 40.0])
+
+    def bandwidth():
+        order.append("bw")
+        return next(probes)
+    wl = Workload(name="w", decode_tokens=4)
+    res = runner.run_bench([Variant("a"), Variant("b")], wl, "m", repeats=2, idle_gap_s=0, warmup=False,
+                           log=lambda s: None, bandwidth=bandwidth)
+    assert order == ["bw", "a", "b", "bw", "a", "b", "bw"]
+    assert [r["read_bandwidth"] for r in res] == [15.0, 15.0, 30.0, 30.0]
 
 
 # ------------------------------------------------------------------------------------------- workloads
