@@ -82,7 +82,7 @@ class LeafForward:
     def forward(self, tokens, pos0, kv, rows_out, attn_scr):
         ff = self.ff
         c = self._call
-        x, xb, q, k, v, att, proj, gate, up, hb, qa, sa, xs, logits = ff.bufs
+        x, xb, q, k, v, att, proj, gate, up, hb, qa, sa, xs, logits, cs = ff.bufs
         attn_norm, ffn_norm, out_norm, eps = ff.norms
         inv_freq, neox, n_head, n_kv, hd, scale = ff.rope
         r = ff.roles
@@ -95,6 +95,7 @@ class LeafForward:
             c("embed_q4", embed_q4, (xt, emb[1], emb[3], emb[4], tokens))
         else:
             c("embed_q8", embed_q8, (xt, emb[2], emb[3], tokens))
+        c("rope_table", cpu.rope_table, (cs[:t_n], pos0, inv_freq))
         for l in range(attn_norm.shape[0]):
             c("norm1", cpu.rmsnorm, (xbt, xt, attn_norm[l], eps))
             self._mm("qkv", qt, kt, vt, xbt, wq, wk, wv, l)
@@ -110,8 +111,8 @@ class LeafForward:
                 kh = kt.reshape(t_n * n_kv, hd)
                 c("qnorm", cpu.rmsnorm, (qh, qh, qk_norm[1][l], eps))
                 c("knorm", cpu.rmsnorm, (kh, kh, qk_norm[2][l], eps))
-            c("rope_q", cpu.rope, (q3, pos0, inv_freq, neox))
-            c("rope_k", cpu.rope, (k3, pos0, inv_freq, neox))
+            c("rope_q", cpu.rope_apply, (q3, cs[:t_n], neox))
+            c("rope_k", cpu.rope_apply, (k3, cs[:t_n], neox))
             a3 = at.reshape(t_n, n_head, hd)
             # cpu_fast_step._kv_store and the attention phase, f16 cache
             c("store_k", store_f16, (kv[0][l], k3, pos0))

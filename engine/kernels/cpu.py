@@ -307,20 +307,43 @@ def swiglu(out, gate, up):
             out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * up[t, i]
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _rotate(x, t, i, c, s, neox):
+    # pair i of every head of row t by the angle whose cosine and sine are c, s (f64)
+    half = x.shape[2] // 2
+    ia, ib = (i, i + half) if neox else (2 * i, 2 * i + 1)
+    for h in range(x.shape[1]):
+        a, b = np.float64(x[t, h, ia]), np.float64(x[t, h, ib])
+        x[t, h, ia] = a * c - b * s
+        x[t, h, ib] = a * s + b * c
+
+
 @njit(cache=True, nogil=True)
 def rope(x, pos0, inv_freq, neox):
     """Rotate x (T, H, hd) in place, row t at position pos0 + t (pairs: halves if neox, else adjacent)."""
-    t_n, n_head, hd = x.shape
-    half = hd // 2
-    for t in range(t_n):
-        for i in range(half):
+    for t in range(x.shape[0]):
+        for i in range(x.shape[2] // 2):
             ang = np.float64(pos0 + t) * np.float64(inv_freq[i])
-            c, s = np.cos(ang), np.sin(ang)
-            ia, ib = (i, i + half) if neox else (2 * i, 2 * i + 1)
-            for h in range(n_head):
-                a, b = np.float64(x[t, h, ia]), np.float64(x[t, h, ib])
-                x[t, h, ia] = a * c - b * s
-                x[t, h, ib] = a * s + b * c
+            _rotate(x, t, i, np.cos(ang), np.sin(ang), neox)
+
+
+@njit(cache=True, nogil=True)
+def rope_table(cs, pos0, inv_freq):
+    """cs (T, hd / 2, 2) f64 <- cos, sin of every angle rope uses for rows at positions pos0.. : computed once
+    per forward pass and shared by q and k of every layer (rope_apply), instead of 2 x layers times."""
+    for t in range(cs.shape[0]):
+        for i in range(cs.shape[1]):
+            ang = np.float64(pos0 + t) * np.float64(inv_freq[i])
+            cs[t, i, 0] = np.cos(ang)
+            cs[t, i, 1] = np.sin(ang)
+
+
+@njit(cache=True, nogil=True)
+def rope_apply(x, cs, neox):
+    """rope(x, pos0, inv_freq, neox) with the angles' cos, sin from rope_table (same bits)."""
+    for t in range(x.shape[0]):
+        for i in range(x.shape[2] // 2):
+            _rotate(x, t, i, cs[t, i, 0], cs[t, i, 1], neox)
 
 
 @njit(cache=True, nogil=True)

@@ -177,7 +177,7 @@ def _step_thread(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, 
                  wd, bias, qk_norm, kv, attn_scr):
     """Thread tid's share of the forward pass (see fused_forward): phase by phase, the same operations in
     the same order as the per-kernel form. Every thread runs this; the tails run once, on the finisher."""
-    x, xb, q, k, v, att, proj, gate, up, hb, qa, sa, xs, logits = bufs
+    x, xb, q, k, v, att, proj, gate, up, hb, qa, sa, xs, logits, cs = bufs
     attn_norm, ffn_norm, out_norm, eps = norms
     inv_freq, neox, n_head, n_kv, hd, scale = rope_p
     t_n = tokens.shape[0]
@@ -193,6 +193,7 @@ def _step_thread(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, 
     h, lo, hi = grab(sync, ph, tid, nt, 1, 0)  # phase 0, one item: the embedding and the first norm
     if lo < hi:
         _embed(xt, tokens, emb)
+        cpu.rope_table(cs[:t_n], pos0, inv_freq)
         cpu.rmsnorm(xbt, xt, attn_norm[0], eps)
         _quant(qa, sa, xs, xbt)
         open_phase(sync, ph)
@@ -209,8 +210,8 @@ def _step_thread(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, 
                 kh = kt.reshape(t_n * n_kv, hd)
                 cpu.rmsnorm(qh, qh, qk_norm[1][l], eps)
                 cpu.rmsnorm(kh, kh, qk_norm[2][l], eps)
-            cpu.rope(q3, pos0, inv_freq, neox)
-            cpu.rope(k3, pos0, inv_freq, neox)
+            cpu.rope_apply(q3, cs[:t_n], neox)
+            cpu.rope_apply(k3, cs[:t_n], neox)
             _kv_store(kv, l, k3, v3, pos0)
             open_phase(sync, ph)
         wait_open(sync, ph)
@@ -264,7 +265,8 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
     ONE parallel region (cpu_sync): each of the nt threads runs _step_thread; they share each phase's
     items and wait only for phases to complete.
 
-    bufs = (x, xb, q, k, v, att, proj, gate, up, hb (max_t, ...) f32, qa int8, sa, xs, logits (max_t, vocab));
+    bufs = (x, xb, q, k, v, att, proj, gate, up, hb (max_t, ...) f32, qa int8, sa, xs, logits (max_t, vocab),
+    cs (max_t, hd / 2, 2) f64: rope's cos and sin for the pass, rope_table);
     norms = (attn_norm (L, d), ffn_norm (L, d), out_norm (d,), eps); rope_p = (inv_freq, neox, n_head,
     n_kv, hd, attn_scale); w* = per role (qs (L, ng, nb, 16, G), d, m (L, ng, nb, G) f16 bits, acc16);
     bias = (has, bq (L, q_dim), bk, bv); qk_norm = (has, qn (L, hd), kn (L, hd)); kv = (k16, v16) (L, cap,
@@ -364,7 +366,8 @@ class FusedForward:
                      np.zeros((max_t, a.q_dim), f), np.zeros((max_t, a.d_model), f),  # att, proj
                      np.zeros((max_t, a.d_ff), f), np.zeros((max_t, a.d_ff), f), np.zeros((max_t, a.d_ff), f),
                      np.zeros((max_t, max_n), np.int8), np.zeros((max_t, max_n // QK), f),
-                     np.zeros((max_t, max_n // QK), f), np.zeros((logit_rows, a.vocab_size), f))
+                     np.zeros((max_t, max_n // QK), f), np.zeros((logit_rows, a.vocab_size), f),
+                     np.zeros((max_t, a.head_dim // 2, 2), np.float64))  # cs: rope's cos and sin
         self.max_t, self.logit_rows = max_t, logit_rows
 
     def _attn_scratch(self, capacity: int):

@@ -116,3 +116,40 @@ def test_fused_step_threads_in_sequence_match_the_region(q4_tiny):
         want = ff(np.array([tok], np.int32), len(toks) + i, c1)
         np.testing.assert_array_equal(by_hand(np.array([tok], np.int32), len(toks) + i, c2, order), want)
         tok = int(want[0].argmax())
+
+
+def test_fused_step_matches_leaf_forward_bit_for_bit(q4_tiny):
+    """compile_tier.LeafForward (the per-kernel form that runs while the fused step compiles) and the fused
+    step give the same bits, prefill and decode: same kernels on the same items, whichever thread runs
+    them, and the fastmath helpers keep their own flags inside the (non-fastmath) step."""
+    from engine.backend import Backend
+    from engine.compile_tier import LeafForward
+    from engine.gguf import load_gguf
+    from engine.kernels import cpu_fast, cpu_fast_step
+    from engine.model import Model
+    mf = load_gguf(q4_tiny)
+    model = Model(mf.args, mf.tensors, Backend("cpu", cpu_fast), max_batch=8)
+    ff = getattr(model, "fused", None) or cpu_fast_step.build(model)
+    leaf = LeafForward(ff)
+    toks = np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32)
+    c1, c2 = model.new_cache(64), model.new_cache(64)
+
+    def both(tokens, pos0):
+        """The fused step's logits, then LeafForward's; also the last layer's residual stream (x) and
+        swiglu output (hb), which the 8-bit quantization after them would otherwise hide."""
+        want = ff(tokens, pos0, c1).copy()
+        x, hb = ff.bufs[0][:len(tokens)].copy(), ff.bufs[9][:len(tokens)].copy()
+        c2.check_room(pos0 + len(tokens))
+        leaf.forward(tokens, pos0, ff.kv_tuple(c2), 1, ff._attn_scratch(c2.capacity))
+        c2.length = pos0 + len(tokens)
+        np.testing.assert_array_equal(ff.bufs[0][:len(tokens)], x)
+        np.testing.assert_array_equal(ff.bufs[9][:len(tokens)], hb)
+        np.testing.assert_array_equal(ff.bufs[13][:1], want)
+        return want
+
+    want = both(toks, 0)
+    tok = int(want[0].argmax())
+    for i in range(4):
+        want = both(np.array([tok], np.int32), len(toks) + i)
+        np.testing.assert_array_equal(c2.k[:, :len(toks) + i + 1], c1.k[:, :len(toks) + i + 1])
+        tok = int(want[0].argmax())

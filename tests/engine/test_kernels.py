@@ -74,6 +74,12 @@ def test_rope(neox, pos0):
     cpu.rope(got, pos0, inv_freq, neox)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert not np.allclose(got[1:], x[1:])  # it did rotate
+    # the fused step's form: the angles' cos/sin once per pass, applied to q and k of every layer; same bits
+    cs = np.zeros((4, hd // 2, 2), np.float64)
+    cpu.rope_table(cs, pos0, inv_freq)
+    table = x.copy()
+    cpu.rope_apply(table, cs, neox)
+    np.testing.assert_array_equal(table, got)
 
 
 def test_rope_pairs_layout():
