@@ -1,0 +1,201 @@
+"""Where the fused decode step's time goes, phase by phase, and an A-B of step versions in one process.
+
+    PYTHONPATH=. .venv/bin/python scripts/step_phases.py [--ctx 60] [--steps 400] [REV ...]
+
+Each REV (a git revision, or "." for the working tree; default ".") gives the source of
+engine/kernels/cpu_fast_step.py, which is copied with cycle stamps (`llvm.readcyclecounter`) added after each
+thread's share of a phase and after each wait, and compiled uncached. The copies use this tree's kernels
+and the SmolLM2 model's weights, and run alternately (A-B-B-A...) on the same cache and tokens, both
+threads, the contention guard off. Printed per version: the step's wall time, whether its logits equal the
+first version's, and per phase kind, summed over the layers (us per token, medians over the steps):
+  span    from the previous phase opening to this one opening (the phases' spans add up to the step)
+  work_f  the finishing thread's claimed items; work_o the other thread's
+  tail    the serial tail the finisher runs (norms, rope, KV store, merges, activation quantization)
+  imb     how long the other thread had nothing left while the finisher still worked on items
+  wake    from the phase opening to the other thread seeing it
+A version must take the same arguments as this tree's fused_forward (extra trailing buffers are cut off).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("NUMBA_NUM_THREADS", "2")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+STAMPS = '''
+
+from llvmlite import ir as _ir
+from numba.core import cgutils as _cg
+from numba.extending import intrinsic as _intrinsic
+
+
+@_intrinsic
+def _cyc(typingctx):
+    def codegen(context, builder, signature, args):
+        fn = _cg.get_or_insert_function(builder.module, _ir.FunctionType(_ir.IntType(64), []),
+                                        "llvm.readcyclecounter")
+        return builder.call(fn, [])
+    return types.int64(), codegen
+'''
+
+
+def instrument(src: str, n_bufs: int) -> str:
+    """The step's source with stamps T[tid, phase, 0 | 1 | 2] (items done, wait over, was the finisher)."""
+    src = re.sub(r"from \.\. import", "from engine import", src)
+    src = re.sub(r"from \.\.(\w+)", r"from engine.\1", src)
+    src = re.sub(r"from \. import", "from engine.kernels import", src)
+    src = re.sub(r"from \.(\w+)", r"from engine.kernels.\1", src)
+    src = src.replace("cache=True", "cache=False")
+    src = src[:src.index("class FusedForward")]
+    out, lines, i, in_step = [], src.split("\n"), 0, False
+    while i < len(lines):
+        ln = lines[i]
+        if ln.startswith("def _step_thread("):
+            in_step = True
+            ln = ln.replace("def _step_thread(", "def _step_thread(T, ")
+        elif ln.startswith("def fused_forward("):
+            in_step = False
+            ln = ln.replace("def fused_forward(", "def fused_forward(T, ")
+        elif "_step_thread(tid," in ln:
+            ln = ln.replace("_step_thread(tid,", "_step_thread(T, tid,")
+        if in_step and re.match(r"\s+\w+(, \w+)* = bufs$", ln):  # an older step: fewer buffers
+            ln = ln.replace("= bufs", f"= bufs[:{ln.split('=')[0].count(',') + 1}]")
+        if in_step and ln.strip() == "ph = 0":
+            out += [ln, ln.replace("ph = 0", "T[tid, 0, 0] = _cyc()")]
+            i += 1
+            continue
+        if in_step and re.match(r"\s+if _\w+_phase\(", ln):  # a phase: stamp between its items and its tail
+            ind = re.match(r"(\s+)", ln).group(1)
+            call = [ln.replace("if _", "f_ = _", 1)]
+            while not call[-1].rstrip().endswith("):"):
+                i += 1
+                call.append(lines[i])
+            call[-1] = call[-1].rstrip()[:-1]
+            out += call + [f"{ind}T[tid, ph, 0] = _cyc()", f"{ind}T[tid, ph, 2] = 1 if f_ else 0", f"{ind}if f_:"]
+            i += 1
+            continue
+        out.append(ln)
+        if in_step and ln.strip() == "wait_open(sync, ph)":
+            out.append(re.match(r"(\s+)", ln).group(1) + "T[tid, ph, 1] = _cyc()")
+        i += 1
+    return "\n".join(out) + STAMPS
+
+
+def source(rev: str) -> str:
+    path = "engine/kernels/cpu_fast_step.py"
+    if rev == ".":
+        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+            return f.read()
+    return subprocess.run(["git", "-C", ROOT, "show", f"{rev}:{path}"], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def breakdown(recs, us_per_tick: float, n_layer: int) -> list[tuple[str, list[float]]]:
+    import numpy as np
+    kinds = ["embed"] + ["qkv", "attn", "o", "gateup", "down"] * n_layer + ["head"]
+    acc: dict[str, list] = {}
+    for r in np.asarray(recs, np.float64) * us_per_tick:
+        for p in range(1, r.shape[1]):
+            fin = int(np.argmax(r[:, p, 2]))
+            oth = 1 - fin
+            opened_before = max(r[0, p - 1, 1], r[1, p - 1, 1])
+            acc.setdefault(kinds[p], []).append((
+                max(r[0, p, 1], r[1, p, 1]) - opened_before, r[fin, p, 0] - r[fin, p - 1, 1],
+                r[oth, p, 0] - r[oth, p - 1, 1], r[fin, p, 1] - r[fin, p, 0], r[fin, p, 0] - r[oth, p, 0],
+                r[oth, p, 1] - r[fin, p, 1]))
+    n = len(recs)
+    return [(k, list(np.median(np.asarray(v).reshape(n, -1, 6).sum(axis=1), axis=0))) for k, v in acc.items()]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("revs", nargs="*", default=["."])
+    ap.add_argument("--ctx", type=int, default=60, help="context length before the measured steps")
+    ap.add_argument("--steps", type=int, default=400)
+    a = ap.parse_args()
+    import numba
+    import numpy as np
+    from numba import njit
+
+    from engine.api import Engine
+    from engine.config import EngineArgs
+    eng = Engine.load(EngineArgs(threads=2, prefix_reuse=False))
+    model, ff = eng.model, eng.model.fused
+    if ff is None or numba.get_num_threads() < 2:
+        print("needs the fused step and two threads", file=sys.stderr)
+        return 2
+    while subprocess.run(["pgrep", "-f", "engine.compile_bg"], capture_output=True).stdout:
+        time.sleep(1)  # a first start's helper still compiling: it would share the cores
+    tmp = tempfile.mkdtemp(prefix="step_phases_")
+    sys.path.insert(0, tmp)
+    mods = {}
+    for j, rev in enumerate(a.revs):
+        with open(os.path.join(tmp, f"step_v{j}.py"), "w", encoding="utf-8") as f:
+            f.write(instrument(source(rev), len(ff.bufs)))
+        mods[rev] = importlib.import_module(f"step_v{j}")
+    n_layer = len(ff.norms[0])
+    roles = [ff.roles[k] for k in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")]
+    cache = model.new_cache(max(2048, a.ctx + 64))
+    model.forward(np.arange(1, a.ctx + 1, dtype=np.int32) % 1000 + 100, 0, cache)
+    ff.guard.before = ff.guard.after = lambda: None
+    numba.set_num_threads(2)
+    stamps = {r: np.zeros((2, 5 * n_layer + 2, 3), np.int64) for r in a.revs}
+
+    def step(rev, pos):
+        def run(kv, scratch):
+            mods[rev].fused_forward(stamps[rev], np.array([5], np.int32), pos, 1, ff.bufs, ff.emb, ff.head,
+                                    ff.norms, ff.rope, *roles, ff.bias, ff.qk_norm, kv, scratch, ff.sync, 2)
+        cache.length = pos
+        ff.guarded(1, pos, cache, 1, run)
+        return ff.bufs[13][0].copy()
+
+    for rev in a.revs:
+        t = time.perf_counter()
+        step(rev, a.ctx)
+        print(f"{rev}: compiled in {time.perf_counter() - t:.0f} s", flush=True)
+    stamp = mods[a.revs[0]]._cyc
+    cyc = njit(lambda: stamp())
+    cyc()
+    c0, t0 = cyc(), time.perf_counter()
+    time.sleep(0.2)
+    us_per_tick = (time.perf_counter() - t0) * 1e6 / (cyc() - c0)
+    wall = {r: [] for r in a.revs}
+    recs = {r: [] for r in a.revs}
+    differ = {r: 0 for r in a.revs}
+    pos = a.ctx
+    for i in range(a.steps):
+        outs = {}
+        for rev in (a.revs if i % 2 == 0 else a.revs[::-1]):
+            t = time.perf_counter()
+            outs[rev] = step(rev, pos)
+            wall[rev].append(time.perf_counter() - t)
+            recs[rev].append(stamps[rev].copy())
+        for rev in a.revs[1:]:
+            differ[rev] += not np.array_equal(outs[rev], outs[a.revs[0]])
+        pos = a.ctx + (pos - a.ctx + 1) % 40  # positions ctx .. ctx + 39, over and over
+    warm = 20
+    print(f"context {a.ctx}-{a.ctx + 39}, {a.steps} steps per version (first {warm} not counted), 2 threads")
+    for rev in a.revs:
+        w = np.asarray(wall[rev][warm:]) * 1e3
+        same = "" if rev == a.revs[0] else f"; logits differ from {a.revs[0]} in {differ[rev]} steps"
+        print(f"== {rev}: step median {np.median(w):.3f} ms, mean {w.mean():.3f} ms{same}")
+        print(f"   {'phase':8s} {'span':>7s} {'work_f':>7s} {'work_o':>7s} {'tail':>7s} {'imb':>7s} {'wake':>7s}"
+              "   us per token")
+        total = 0.0
+        for kind, vals in breakdown(recs[rev][warm:], us_per_tick, n_layer):
+            total += vals[0]
+            print(f"   {kind:8s} " + " ".join(f"{x:7.1f}" for x in vals))
+        print(f"   spans add up to {total:.0f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
