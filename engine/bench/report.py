@@ -69,18 +69,16 @@ def roofline(results: list[dict], variant_names: list[str], weight_bytes: int | 
             "roofline_tok_s": statistics.fmean(bws) / weight_bytes, "share_of_roofline": share}
 
 
-def _pct(m: dict) -> dict:
-    return {k: (v * 100 if k != "n" else v) for k, v in m.items()}
+def _range(m: dict, fmt: str, scale: float = 1.0) -> str:
+    """'mean [min-max]' of a {mean, min, max, n} figure (the range only when it is one)."""
+    s = fmt.format(m["mean"] * scale)
+    if m["n"] > 1 and m["max"] > m["min"]:
+        s += " [" + fmt.format(m["min"] * scale) + "-" + fmt.format(m["max"] * scale) + "]"
+    return s
 
 
 def _cell(a: dict, key: str, fmt: str) -> str:
-    if key not in a:
-        return "-"
-    m = a[key]
-    s = fmt.format(m["mean"])
-    if m["n"] > 1 and m["max"] > m["min"]:
-        s += " [" + fmt.format(m["min"]) + "-" + fmt.format(m["max"]) + "]"
-    return s
+    return _range(a[key], fmt) if key in a else "-"
 
 
 def table(agg: dict[str, dict], rat: dict[str, dict], baseline: str, roof: dict | None = None) -> str:
@@ -104,12 +102,11 @@ def table(agg: dict[str, dict], rat: dict[str, dict], baseline: str, roof: dict 
     lines.insert(1, "  ".join("-" * w for w in widths))
     if roof:
         lines.append("")
-        bw = roof["read_bandwidth_gb_s"]
         lines.append(f"roofline: {roof['weight_bytes_per_token'] / 1e6:.1f} MB of weights per token at "
-                     f"{_cell({'bw': bw}, 'bw', '{:.1f}')} GB/s read bandwidth (measured around each round) -> "
-                     f"{roof['roofline_tok_s']:.0f} tok/s; share, each run against its round's bandwidth: "
-                     + ", ".join(f"{n} {_cell({'s': _pct(s)}, 's', '{:.0f}')}%"
-                                 for n, s in roof["share_of_roofline"].items()))
+                     f"{_range(roof['read_bandwidth_gb_s'], '{:.1f}')} GB/s read bandwidth (measured around "
+                     f"each round) -> {roof['roofline_tok_s']:.0f} tok/s; share, each run against its round's "
+                     "bandwidth: " + ", ".join(f"{n} {_range(s, '{:.0f}', 100)}%"
+                                                for n, s in roof["share_of_roofline"].items()))
     for name, a in agg.items():
         for e in a.get("errors", []):
             lines.append(f"{name}: FAILED {e}")
