@@ -215,3 +215,20 @@ async def test_transcripts_browser_open_rename_delete(make_app):
         await pilot.press("y")
         await pilot.pause()
         assert len(app.store.list_conversations()) == 1
+
+
+async def test_reply_is_saved_when_the_panel_is_already_gone(make_app):
+    """A reply that ends while the screen is being torn down (the stats panel already removed) is still
+    stored: the panel update is skipped, not raised before the save."""
+    script = Script(answer="one two three four", hold_after=2)
+    app = make_app(script)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "go", wait=False)
+        await wait_for(pilot, lambda: app.query(StatsPanel) and app.reply_view is not None
+                       and app.reply_view.text == "one two ")
+        await app.query_one(StatsPanel).remove()
+        script.release.set()
+        await wait_for(pilot, lambda: not app.generating)
+        saved = app.chat.path[-1]
+        assert saved.role == "assistant" and saved.content == "one two three four"
