@@ -47,7 +47,7 @@ def _cyc(typingctx):
 '''
 
 
-def instrument(src: str, n_bufs: int) -> str:
+def instrument(src: str) -> str:
     """The step's source with stamps T[tid, phase, 0 | 1 | 2] (items done, wait over, was the finisher)."""
     src = re.sub(r"from \.\. import", "from engine import", src)
     src = re.sub(r"from \.\.(\w+)", r"from engine.\1", src)
@@ -139,7 +139,7 @@ def main() -> int:
     mods = {}
     for j, rev in enumerate(a.revs):
         with open(os.path.join(tmp, f"step_v{j}.py"), "w", encoding="utf-8") as f:
-            f.write(instrument(source(rev), len(ff.bufs)))
+            f.write(instrument(source(rev)))
         mods[rev] = importlib.import_module(f"step_v{j}")
     n_layer = len(ff.norms[0])
     roles = [ff.roles[k] for k in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")]

@@ -20,6 +20,7 @@ import platform
 import sys
 import time
 from dataclasses import asdict, replace
+from functools import partial
 
 from ..errors import NinferError
 from .spec import Variant, Workload, load_variants_toml, parse_variant, read_messages_file, workload_file
@@ -170,8 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     probe = None
     if not a.no_roofline and any(v.kind == "ours" for v in variants):
         from .bandwidth import measure_read_bandwidth, weight_bytes_per_token
-        threads = max(v.threads for v in variants)
-        probe = lambda: measure_read_bandwidth(threads)  # noqa: E731
+        probe = partial(measure_read_bandwidth, max(v.threads for v in variants))
     results = run_bench(variants, wl, model, repeats=a.repeats, idle_gap_s=a.idle_gap,
                         max_context=a.max_context, log=log, warmup=not a.no_warmup, bandwidth=probe)
     agg = aggregate(results, [v.name for v in variants])
