@@ -5,8 +5,10 @@ went into instructions, not memory (the same kernel on an L2-resident cache was 
 - half -> float conversion: `h2f` is one `vcvtph2ps` (F16C) through an LLVM intrinsic; the branch-free
   integer version (kept as the fallback for CPUs without F16C) cost ~2x more per element.
 - per-position overhead: a 64-long dot product is only 8 vector FMAs, so loop setup, trip-count checks
-  and the horizontal sum weighed as much as the math. Four positions per pass share the setup and the q
-  loads (K), or one load/store of the accumulator row (V).
+  and the horizontal sum weighed as much as the math. The numba loops here (`_scores_loops`,
+  `_weighted_sum_loops`) do four positions per pass; where the target has AVX2/FMA/F16C the IR blocks of
+  cpu_attn_avx2 replace them (no per-position horizontal sum, V accumulators in registers): 1.8x faster
+  work items at 600 positions (scripts/attn_parts.py).
 
 Also here: `exp_fast` (vectorizable exp), `f32_to_f16_bits` / `store_f16` (writing the f16 cache).
 """
@@ -14,11 +16,15 @@ from __future__ import annotations
 
 from .. import numba_env  # noqa: F401  (flags before numba)
 
+import os
+
 import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
+
+from .cpu_attn_avx2 import kdot4, kdot8, vsum
 
 F32 = np.float32
 _LOG2E = F32(1.4426950408889634)
@@ -96,25 +102,29 @@ def h2f_hw(typingctx, h):
     return types.float32(types.uint16), codegen
 
 
-def _target_has_f16c() -> bool:
-    """Whether numba compiles for a CPU with F16C (host CPU unless NUMBA_CPU_NAME says otherwise)."""
+def _target_has(feature: str) -> bool:
+    """Whether numba compiles for a CPU with this feature (host CPU unless NUMBA_CPU_NAME says otherwise)."""
     from numba.core import config
     if config.CPU_NAME and config.CPU_NAME != "host":
-        return "+f16c" in (config.CPU_FEATURES or "")
+        return f"+{feature}" in (config.CPU_FEATURES or "")
     try:
         import llvmlite.binding as ll
-        return bool(ll.get_host_cpu_features().get("f16c"))
+        return bool(ll.get_host_cpu_features().get(feature))
     except (RuntimeError, AttributeError):
         return False
 
 
-HAS_F16C = _target_has_f16c()
+HAS_F16C = _target_has("f16c")
+# decode attention's inner loops as IR (cpu_attn_avx2) where the target has them; NINFER_CPU_GENERIC=1 forces
+# the numba loops below (what other CPUs run), like it does for cpu_fast's matmuls
+VECTOR_ATTN = (HAS_F16C and _target_has("avx2") and _target_has("fma")
+               and os.environ.get("NINFER_CPU_GENERIC", "") in ("", "0"))
 h2f = h2f_hw if HAS_F16C else h2f_soft
 
 
 # ------------------------------------------------------------------------------------- f16 attention
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
-def _scores(s, qg, kc, kh, lo, hi, scale):
+def _scores_loops(s, qg, kc, kh, lo, hi, scale):
     """s[g, p - lo] <- scale * qg[g] . K[p, kh] for lo <= p < hi; qg (group, hd) f32, kc (cap, n_kv, hd)
     f16 bits. Four positions per pass: one loop setup and one q load serve four dot products; the heads
     of the group reuse the four rows from L1."""
@@ -152,7 +162,7 @@ def _scores(s, qg, kc, kh, lo, hi, scale):
 
 
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
-def _weighted_sum(acc, s, vc, kh, lo, hi):
+def _weighted_sum_loops(acc, s, vc, kh, lo, hi):
     """acc[g, :hd] += sum over lo <= p < hi of s[g, p - lo] * V[p, kh]; four positions per load/store of
     the accumulator row."""
     group = s.shape[0]
@@ -174,6 +184,45 @@ def _weighted_sum(acc, s, vc, kh, lo, hi):
             for j in range(hd):
                 ag[j] += w * h2f(vr[j])
         p += 1
+
+
+@njit(cache=True, nogil=True, fastmath=True, inline="always")
+def _scores_vec(s, qg, kc, kh, lo, hi, scale):
+    """_scores_loops' contract through cpu_attn_avx2: 8 positions per kdot8, then 4, then one at a time."""
+    group, hd = qg.shape
+    if hd % 8:
+        _scores_loops(s, qg, kc, kh, lo, hi, scale)
+        return
+    for g in range(group):
+        qv, sg = qg[g], s[g]
+        p = lo
+        while p + 8 <= hi:
+            kdot8(sg, p - lo, qv, kc, p, kh, scale)
+            p += 8
+        if p + 4 <= hi:
+            kdot4(sg, p - lo, qv, kc, p, kh, scale)
+            p += 4
+        while p < hi:
+            kr = kc[p, kh]
+            a = F32(0.0)
+            for j in range(hd):
+                a += qv[j] * h2f(kr[j])
+            sg[p - lo] = a * scale
+            p += 1
+
+
+@njit(cache=True, nogil=True, fastmath=True, inline="always")
+def _weighted_sum_vec(acc, s, vc, kh, lo, hi):
+    """_weighted_sum_loops' contract through cpu_attn_avx2.vsum, one head at a time."""
+    if vc.shape[2] % 32:
+        _weighted_sum_loops(acc, s, vc, kh, lo, hi)
+        return
+    for g in range(s.shape[0]):
+        vsum(acc[g], s[g], 0, hi - lo, vc, lo, kh)
+
+
+_scores = _scores_vec if VECTOR_ATTN else _scores_loops
+_weighted_sum = _weighted_sum_vec if VECTOR_ATTN else _weighted_sum_loops
 
 
 @njit(cache=True, nogil=True, fastmath=True, inline="always")

@@ -1,0 +1,156 @@
+"""Decode attention's two inner loops over an f16 KV cache, written as LLVM IR (numba intrinsics).
+
+Why IR: numba's scalar loops left attention at ~14 cycles per (position, head) for the scores and ~15 for
+the weighted V sum (64-wide heads, 600 positions, one thread). The score loop vectorized over the head
+dimension, so every position ended in a horizontal sum plus loop setup; the V loop loaded and stored the
+accumulator row every few positions. Here:
+- `kdot8` / `kdot4`: R positions' dot products with one query row. R accumulators of 8 lanes stay in
+  registers over the head dimension, and one transposing reduction (shuffles + adds) turns them into the R
+  scores at once: no per-position horizontal sum.
+- `vsum`: the weighted sum over n positions of one head, 32 lanes of the accumulator row in registers
+  over all positions (a loop in IR), written back once.
+Both read the f16 bits with vcvtph2ps (F16C) and multiply-add with llvm.fmuladd (FMA where the CPU has it).
+Measured on the 2-core dev host (scripts/attn_parts.py): ~7-8.5 and ~6-7 cycles per (position, head).
+Converting K/V rows once for all heads of a GQA group (a scratch block, or 12 accumulators in registers)
+measured no faster: the multiply-adds, not the conversions, are the limit.
+
+Used by cpu_attn when the target has AVX2, FMA and F16C (cpu_attn.VECTOR_ATTN); cpu_attn's numba loops serve
+the others. The sums run in another order than those loops: results agree to float rounding, not bit for bit.
+"""
+from __future__ import annotations
+
+from .. import numba_env  # noqa: F401  (flags before numba)
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .cpu_avx2 import _const, _fn, _splat
+
+I8, I16, I32, I64, F = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+V8F, V8I16, V8H = ir.VectorType(F, 8), ir.VectorType(I16, 8), ir.VectorType(ir.HalfType(), 8)
+ZERO = ir.Constant(V8F, [0.0] * 8)
+
+
+def _i(x):
+    return ir.Constant(I64, x)
+
+
+def _shuf(builder, x, y, idx):
+    return builder.shuffle_vector(x, y, _const(ir.VectorType(I32, len(idx)), idx))
+
+
+def _reduce8(builder, a):
+    """8 vectors <8 x float> -> one vector whose lane r is the sum of a[r]'s lanes (3 levels of pairwise
+    shuffle + add: 7 adds for 8 sums)."""
+    b = [builder.fadd(_shuf(builder, a[2 * k], a[2 * k + 1], [0, 1, 2, 3, 8, 9, 10, 11]),
+                      _shuf(builder, a[2 * k], a[2 * k + 1], [4, 5, 6, 7, 12, 13, 14, 15])) for k in range(4)]
+    # b[k]: lanes 0-3 partial sums of row 2k, lanes 4-7 of row 2k + 1
+    c = [builder.fadd(_shuf(builder, b[2 * k], b[2 * k + 1], [0, 1, 8, 9, 4, 5, 12, 13]),
+                      _shuf(builder, b[2 * k], b[2 * k + 1], [2, 3, 10, 11, 6, 7, 14, 15])) for k in range(2)]
+    # c[k]: two lanes each of rows 4k, 4k + 2, 4k + 1, 4k + 3
+    d = builder.fadd(_shuf(builder, c[0], c[1], [0, 8, 2, 10, 4, 12, 6, 14]),
+                     _shuf(builder, c[0], c[1], [1, 9, 3, 11, 5, 13, 7, 15]))
+    return _shuf(builder, d, d, [0, 4, 2, 6, 1, 5, 3, 7])  # d's lanes hold rows 0, 4, 2, 6, 1, 5, 3, 7
+
+
+def _elem_ptr(context, builder, arrty, arr, idx):
+    """Pointer to arr[idx..., 0] (as many leading indices as given; the last axis contiguous), by strides."""
+    a = context.make_array(arrty)(context, builder, arr)
+    strides = cgutils.unpack_tuple(builder, a.strides, arrty.ndim)
+    off = _i(0)
+    for i, s in zip(idx, strides):
+        off = builder.add(off, builder.mul(i, s))
+    return builder.bitcast(builder.gep(builder.bitcast(a.data, I8.as_pointer()), [off]), a.data.type)
+
+
+def _halves8(builder, p, off):
+    """8 f16 bit patterns at p[off] (i16*) -> <8 x float> (vcvtph2ps)."""
+    v = builder.load(builder.bitcast(builder.gep(p, [off]), V8I16.as_pointer()), align=2)
+    return builder.fpext(builder.bitcast(v, V8H), V8F)
+
+
+def _floats8(builder, p, off):
+    return builder.load(builder.bitcast(builder.gep(p, [off]), V8F.as_pointer()), align=4)
+
+
+def _kv_ok(s, q, k):
+    return (isinstance(k, types.Array) and k.ndim == 3 and k.dtype == types.uint16
+            and all(isinstance(a, types.Array) and a.ndim == 1 and a.dtype == types.float32 for a in (s, q)))
+
+
+def _make_kdot(rows):
+    @intrinsic
+    def kdot(typingctx, s, o, q, k, p, kh, scale):
+        """s[o + r] <- scale * q . K[p + r, kh] for r < R: s (>= o + R,) f32, q (hd,) f32 contiguous, K (cap,
+        n_kv, hd) f16 bits with hd a multiple of 8 (the caller checks)."""
+        if not _kv_ok(s, q, k):
+            return None
+        sig = types.void(s, o, q, k, p, kh, scale)
+
+        def codegen(context, builder, signature, args):
+            s_, o_, q_, k_, p_, kh_, sc = args
+            ty = signature.args
+            qa = context.make_array(ty[2])(context, builder, q_)
+            hd = builder.extract_value(qa.shape, 0)
+            krow = [_elem_ptr(context, builder, ty[3], k_, [builder.add(p_, _i(r)), kh_]) for r in range(rows)]
+            fmuladd = _fn(builder, "llvm.fmuladd.v8f32", V8F, [V8F, V8F, V8F])
+            acc = [cgutils.alloca_once_value(builder, ZERO) for _ in range(rows)]
+            with cgutils.for_range(builder, builder.udiv(hd, _i(8))) as loop:
+                off = builder.mul(loop.index, _i(8))
+                qv = _floats8(builder, qa.data, off)
+                for r in range(rows):
+                    kv = _halves8(builder, krow[r], off)
+                    builder.store(builder.call(fmuladd, [kv, qv, builder.load(acc[r])]), acc[r])
+            sums = [builder.load(a) for a in acc] + [ZERO] * (8 - rows)
+            tot = builder.fmul(_reduce8(builder, sums), _splat(builder, sc, V8F))
+            if rows < 8:
+                tot = _shuf(builder, tot, tot, list(range(rows)))
+            dst = _elem_ptr(context, builder, ty[0], s_, [o_])
+            builder.store(tot, builder.bitcast(dst, ir.VectorType(F, rows).as_pointer()), align=4)
+            return context.get_dummy_value()
+        return sig, codegen
+    return kdot
+
+
+kdot8 = _make_kdot(8)
+kdot4 = _make_kdot(4)
+
+
+@intrinsic
+def vsum(typingctx, acc, s, o, n, v, p, kh):
+    """acc[:hd] += sum over i < n of s[o + i] * V[p + i, kh]: acc (>= hd,) f32, s (>= o + n,) f32, V (cap, n_kv,
+    hd) f16 bits with hd a multiple of 32 (the caller checks). Per 32 lanes of acc: four registers carried over
+    all n positions, one load and store of acc at the end."""
+    if not _kv_ok(acc, s, v):
+        return None
+    sig = types.void(acc, s, o, n, v, p, kh)
+
+    def codegen(context, builder, signature, args):
+        a_, s_, o_, n_, v_, p_, kh_ = args
+        ty = signature.args
+        va = context.make_array(ty[4])(context, builder, v_)
+        hd = builder.extract_value(va.shape, 2)
+        row_bytes = builder.extract_value(va.strides, 0)
+        fmuladd = _fn(builder, "llvm.fmuladd.v8f32", V8F, [V8F, V8F, V8F])
+        arow = context.make_array(ty[0])(context, builder, a_).data
+        srow = _elem_ptr(context, builder, ty[1], s_, [o_])
+        v0 = builder.bitcast(_elem_ptr(context, builder, ty[4], v_, [p_, kh_]), I8.as_pointer())
+        regs = [cgutils.alloca_once(builder, V8F) for _ in range(4)]
+        with cgutils.for_range(builder, builder.udiv(hd, _i(32))) as part:
+            base = builder.mul(part.index, _i(32))
+            for r in regs:
+                builder.store(ZERO, r)
+            with cgutils.for_range(builder, n_) as loop:
+                i = loop.index
+                vrow = builder.bitcast(builder.gep(v0, [builder.mul(i, row_bytes)]), I16.as_pointer())
+                w = _splat(builder, builder.load(builder.gep(srow, [i])), V8F)
+                for c, r in enumerate(regs):
+                    vv = _halves8(builder, vrow, builder.add(base, _i(8 * c)))
+                    builder.store(builder.call(fmuladd, [vv, w, builder.load(r)]), r)
+            for c, r in enumerate(regs):
+                dst = builder.bitcast(builder.gep(arow, [builder.add(base, _i(8 * c))]), V8F.as_pointer())
+                builder.store(builder.fadd(builder.load(dst, align=4), builder.load(r)), dst, align=4)
+        return context.get_dummy_value()
+    return sig, codegen
