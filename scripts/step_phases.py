@@ -3,7 +3,7 @@
     PYTHONPATH=. .venv/bin/python scripts/step_phases.py [--ctx 60] [--steps 400] [REV ...]
 
 Each REV (a git revision, or "." for the working tree; default ".") gives the source of
-engine/kernels/cpu_fast_step.py, which is copied with cycle stamps (`llvm.readcyclecounter`) added after each
+engine/kernels/cpu_fast_step.py (and of cpu_attn.py, attention's kernels, with --with-attn), which is copied with cycle stamps (`llvm.readcyclecounter`) added after each
 thread's share of a phase and after each wait, and compiled uncached. The copies use this tree's kernels
 and the SmolLM2 model's weights, and run alternately (A-B-B-A...) on the same cache and tokens, both
 threads, the contention guard off. Printed per version: the step's wall time, whether its logits equal the
@@ -47,13 +47,18 @@ def _cyc(typingctx):
 '''
 
 
-def instrument(src: str) -> str:
-    """The step's source with stamps T[tid, phase, 0 | 1 | 2] (items done, wait over, was the finisher)."""
+def absolute(src: str) -> str:
+    """A kernels module's source made importable from outside the package, compiled uncached."""
     src = re.sub(r"from \.\. import", "from engine import", src)
     src = re.sub(r"from \.\.(\w+)", r"from engine.\1", src)
     src = re.sub(r"from \. import", "from engine.kernels import", src)
     src = re.sub(r"from \.(\w+)", r"from engine.kernels.\1", src)
-    src = src.replace("cache=True", "cache=False")
+    return src.replace("cache=True", "cache=False")
+
+
+def instrument(src: str) -> str:
+    """The step's source with stamps T[tid, phase, 0 | 1 | 2] (items done, wait over, was the finisher)."""
+    src = absolute(src)
     src = src[:src.index("class FusedForward")]
     out, lines, i, in_step = [], src.split("\n"), 0, False
     while i < len(lines):
@@ -89,8 +94,7 @@ def instrument(src: str) -> str:
     return "\n".join(out) + STAMPS
 
 
-def source(rev: str) -> str:
-    path = "engine/kernels/cpu_fast_step.py"
+def source(rev: str, path: str = "engine/kernels/cpu_fast_step.py") -> str:
     if rev == ".":
         with open(os.path.join(ROOT, path), encoding="utf-8") as f:
             return f.read()
@@ -120,6 +124,8 @@ def main() -> int:
     ap.add_argument("revs", nargs="*", default=["."])
     ap.add_argument("--ctx", type=int, default=60, help="context length before the measured steps")
     ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--with-attn", action="store_true",
+                    help="each version also uses its revision's engine/kernels/cpu_attn.py (attention's kernels)")
     a = ap.parse_args()
     import numba
     import numpy as np
@@ -138,8 +144,14 @@ def main() -> int:
     sys.path.insert(0, tmp)
     mods = {}
     for j, rev in enumerate(a.revs):
+        step_src = instrument(source(rev))
+        if a.with_attn:
+            with open(os.path.join(tmp, f"attn_v{j}.py"), "w", encoding="utf-8") as f:
+                f.write(absolute(source(rev, "engine/kernels/cpu_attn.py")))
+            step_src = step_src.replace("from engine.kernels import cpu_attn as A", f"import attn_v{j} as A")
+            step_src = step_src.replace("from engine.kernels.cpu_attn import", f"from attn_v{j} import")
         with open(os.path.join(tmp, f"step_v{j}.py"), "w", encoding="utf-8") as f:
-            f.write(instrument(source(rev)))
+            f.write(step_src)
         mods[rev] = importlib.import_module(f"step_v{j}")
     n_layer = len(ff.norms[0])
     roles = [ff.roles[k] for k in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")]
