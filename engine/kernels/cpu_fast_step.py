@@ -140,7 +140,7 @@ def _kv_store_impl(kv, l, k3, v3, pos0):
 
 
 def _attn_item(kv, l, it, q3, pos0, scale, sc, part):
-    """One work item (row, kv head, chunk) of attention_f16_split / attention_int8_split into part."""
+    """One work item (row, chunk) of attention_f16_split / attention_int8_split into part."""
     raise NotImplementedError  # numba-only, see the overload below
 
 
@@ -158,8 +158,8 @@ def _attn_item_impl(kv, l, it, q3, pos0, scale, sc, part):
 
 @njit(cache=True, nogil=True, inline="always")
 def _attn_phase(sync, ph, tid, nt, kv, l, q3, pos0, scale, sc, part):
-    """Phase ph: attention's work items (row, kv head, chunk) of layer l; True for the finisher."""
-    n = q3.shape[0] * (kv[0].shape[2]) * SPLITS
+    """Phase ph: attention's work items (row, chunk) of layer l; True for the finisher."""
+    n = q3.shape[0] * SPLITS
     fin = False
     h = 0
     while True:
