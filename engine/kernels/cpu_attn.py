@@ -124,6 +124,15 @@ h2f = h2f_hw if HAS_F16C else h2f_soft
 
 # ------------------------------------------------------------------------------------- f16 attention
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
+def _dot_f16(qv, kr):
+    """qv (hd,) f32 . kr (hd,) f16 bits: one position's score, for the tails of the blocked loops."""
+    a = F32(0.0)
+    for j in range(qv.shape[0]):
+        a += qv[j] * h2f(kr[j])
+    return a
+
+
+@njit(cache=True, nogil=True, fastmath=True, inline="always")
 def _scores_loops(s, qg, kc, kh, lo, hi, scale):
     """s[g, p - lo] <- scale * qg[g] . K[p, kh] for lo <= p < hi; qg (group, hd) f32, kc (cap, n_kv, hd)
     f16 bits. Four positions per pass: one loop setup and one q load serve four dot products; the heads
@@ -153,11 +162,7 @@ def _scores_loops(s, qg, kc, kh, lo, hi, scale):
     while p < hi:
         kr = kc[p, kh]
         for g in range(group):
-            qv = qg[g]
-            a = F32(0.0)
-            for j in range(hd):
-                a += qv[j] * h2f(kr[j])
-            s[g, p - lo] = a * scale
+            s[g, p - lo] = _dot_f16(qg[g], kr) * scale
         p += 1
 
 
@@ -203,11 +208,7 @@ def _scores_vec(s, qg, kc, kh, lo, hi, scale):
             kdot4(sg, p - lo, qv, kc, p, kh, scale)
             p += 4
         while p < hi:
-            kr = kc[p, kh]
-            a = F32(0.0)
-            for j in range(hd):
-                a += qv[j] * h2f(kr[j])
-            sg[p - lo] = a * scale
+            sg[p - lo] = _dot_f16(qv, kc[p, kh]) * scale
             p += 1
 
 
