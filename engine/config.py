@@ -39,6 +39,8 @@ class ModelArgs:
             raise ConfigError(f"unsupported architecture {self.arch!r}; supported: {', '.join(ARCHITECTURES)}")
         if self.n_head % self.n_kv_head:
             raise ConfigError(f"n_head {self.n_head} is not a multiple of n_kv_head {self.n_kv_head}")
+        if self.head_dim < 8 or self.head_dim % 2:  # rope rotates pairs; the CPU attention reads blocks of 8
+            raise ConfigError(f"head_dim {self.head_dim} is not supported: it must be even and at least 8")
         self.q_dim = self.n_head * self.head_dim
         self.kv_dim = self.n_kv_head * self.head_dim
         self.group = self.n_head // self.n_kv_head  # query heads per KV head (GQA)

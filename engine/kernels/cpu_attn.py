@@ -194,10 +194,7 @@ def _weighted_sum_loops(acc, s, vc, kh, lo, hi):
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
 def _scores_vec(s, qg, kc, kh, lo, hi, scale):
     """_scores_loops' contract through cpu_attn_avx2: 8 positions per kdot8, then 4, then one at a time."""
-    group, hd = qg.shape
-    if hd % 8:
-        _scores_loops(s, qg, kc, kh, lo, hi, scale)
-        return
+    group = qg.shape[0]
     for g in range(group):
         qv, sg = qg[g], s[g]
         p = lo
@@ -215,9 +212,6 @@ def _scores_vec(s, qg, kc, kh, lo, hi, scale):
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
 def _weighted_sum_vec(acc, s, vc, kh, lo, hi):
     """_weighted_sum_loops' contract through cpu_attn_avx2.vsum, one head at a time."""
-    if vc.shape[2] % 32:
-        _weighted_sum_loops(acc, s, vc, kh, lo, hi)
-        return
     for g in range(s.shape[0]):
         vsum(acc[g], s[g], 0, hi - lo, vc, lo, kh)
 

@@ -9,7 +9,9 @@ accumulator row every few positions. Here:
   scores at once: no per-position horizontal sum.
 - `vsum`: the weighted sum over n positions of one head, 32 lanes of the accumulator row in registers
   over all positions (a loop in IR), written back once.
-Both read the f16 bits with vcvtph2ps (F16C) and multiply-add with llvm.fmuladd (FMA where the CPU has it).
+Both read the f16 bits with vcvtph2ps (F16C) and multiply-add with llvm.fmuladd (FMA where the CPU has it),
+and take any head_dim >= 8: a last partial block of 8 is read ending at the row's end, the lanes already
+counted masked off (so no second, scalar form has to be compiled next to them: that cost 5 s of compile).
 Measured on the 2-core dev host (scripts/attn_parts.py): ~7-8.5 and ~6-7 cycles per (position, head).
 Converting K/V rows once for all heads of a GQA group (a scratch block, or 12 accumulators in registers)
 measured no faster: the multiply-adds, not the conversions, are the limit.
@@ -80,11 +82,20 @@ def _kv_ok(s, q, k):
             and all(isinstance(a, types.Array) and a.ndim == 1 and a.dtype == types.float32 for a in (s, q)))
 
 
+def _tail_mask(builder, hd):
+    """<8 x i1> for the last 8 values of a row of hd (>= 8): lanes 8 - hd % 8 and up are the values the full
+    blocks of 8 did not cover (none when hd is a multiple of 8)."""
+    r = builder.trunc(builder.urem(hd, _i(8)), I32)
+    first = _splat(builder, builder.sub(ir.Constant(I32, 8), r), ir.VectorType(I32, 8))
+    return builder.icmp_unsigned(">=", _const(ir.VectorType(I32, 8), list(range(8))), first)
+
+
 def _make_kdot(rows):
     @intrinsic
     def kdot(typingctx, s, o, q, k, p, kh, scale):
         """s[o + r] <- scale * q . K[p + r, kh] for r < R: s (>= o + R,) f32, q (hd,) f32 contiguous, K (cap,
-        n_kv, hd) f16 bits with hd a multiple of 8 (the caller checks)."""
+        n_kv, hd) f16 bits, hd >= 8 (ModelArgs checks); a last partial block of 8 is read from hd - 8 with
+        the values already counted masked off."""
         if not _kv_ok(s, q, k):
             return None
         sig = types.void(s, o, q, k, p, kh, scale)
@@ -97,12 +108,17 @@ def _make_kdot(rows):
             krow = [_elem_ptr(context, builder, ty[3], k_, [builder.add(p_, _i(r)), kh_]) for r in range(rows)]
             fmuladd = _fn(builder, "llvm.fmuladd.v8f32", V8F, [V8F, V8F, V8F])
             acc = [cgutils.alloca_once_value(builder, ZERO) for _ in range(rows)]
+
+            def block(off, qv):
+                for r in range(rows):
+                    builder.store(builder.call(fmuladd, [_halves8(builder, krow[r], off), qv,
+                                                         builder.load(acc[r])]), acc[r])
             with cgutils.for_range(builder, builder.udiv(hd, _i(8))) as loop:
                 off = builder.mul(loop.index, _i(8))
-                qv = _floats8(builder, qa.data, off)
-                for r in range(rows):
-                    kv = _halves8(builder, krow[r], off)
-                    builder.store(builder.call(fmuladd, [kv, qv, builder.load(acc[r])]), acc[r])
+                block(off, _floats8(builder, qa.data, off))
+            with cgutils.if_unlikely(builder, builder.icmp_unsigned("!=", builder.urem(hd, _i(8)), _i(0))):
+                off = builder.sub(hd, _i(8))
+                block(off, builder.select(_tail_mask(builder, hd), _floats8(builder, qa.data, off), ZERO))
             sums = [builder.load(a) for a in acc] + [ZERO] * (8 - rows)
             tot = builder.fmul(_reduce8(builder, sums), _splat(builder, sc, V8F))
             if rows < 8:
@@ -121,8 +137,8 @@ kdot4 = _make_kdot(4)
 @intrinsic
 def vsum(typingctx, acc, s, o, n, v, p, kh):
     """acc[:hd] += sum over i < n of s[o + i] * V[p + i, kh]: acc (>= hd,) f32, s (>= o + n,) f32, V (cap, n_kv,
-    hd) f16 bits with hd a multiple of 32 (the caller checks). Per 32 lanes of acc: four registers carried over
-    all n positions, one load and store of acc at the end."""
+    hd) f16 bits, hd >= 8. Per 32 lanes of acc (then per 8, then a masked last 8): registers carried over all
+    n positions, one load and store of acc at the end."""
     if not _kv_ok(acc, s, v):
         return None
     sig = types.void(acc, s, o, n, v, p, kh)
@@ -138,19 +154,28 @@ def vsum(typingctx, acc, s, o, n, v, p, kh):
         srow = _elem_ptr(context, builder, ty[1], s_, [o_])
         v0 = builder.bitcast(_elem_ptr(context, builder, ty[4], v_, [p_, kh_]), I8.as_pointer())
         regs = [cgutils.alloca_once(builder, V8F) for _ in range(4)]
-        with cgutils.for_range(builder, builder.udiv(hd, _i(32))) as part:
-            base = builder.mul(part.index, _i(32))
-            for r in regs:
+
+        def lanes(base, width, mask=None):
+            """acc[base : base + 8 * width] += the weighted sum (lanes off in mask are left as they are)."""
+            for r in regs[:width]:
                 builder.store(ZERO, r)
             with cgutils.for_range(builder, n_) as loop:
                 i = loop.index
                 vrow = builder.bitcast(builder.gep(v0, [builder.mul(i, row_bytes)]), I16.as_pointer())
                 w = _splat(builder, builder.load(builder.gep(srow, [i])), V8F)
-                for c, r in enumerate(regs):
+                for c, r in enumerate(regs[:width]):
                     vv = _halves8(builder, vrow, builder.add(base, _i(8 * c)))
                     builder.store(builder.call(fmuladd, [vv, w, builder.load(r)]), r)
-            for c, r in enumerate(regs):
+            for c, r in enumerate(regs[:width]):
                 dst = builder.bitcast(builder.gep(arow, [builder.add(base, _i(8 * c))]), V8F.as_pointer())
-                builder.store(builder.fadd(builder.load(dst, align=4), builder.load(r)), dst, align=4)
+                add = builder.load(r) if mask is None else builder.select(mask, builder.load(r), ZERO)
+                builder.store(builder.fadd(builder.load(dst, align=4), add), dst, align=4)
+        with cgutils.for_range(builder, builder.udiv(hd, _i(32))) as part:
+            lanes(builder.mul(part.index, _i(32)), 4)
+        full8 = builder.udiv(builder.urem(hd, _i(32)), _i(8))
+        with cgutils.for_range(builder, full8) as part:
+            lanes(builder.add(builder.mul(builder.udiv(hd, _i(32)), _i(32)), builder.mul(part.index, _i(8))), 1)
+        with cgutils.if_unlikely(builder, builder.icmp_unsigned("!=", builder.urem(hd, _i(8)), _i(0))):
+            lanes(builder.sub(hd, _i(8)), 1, _tail_mask(builder, hd))
         return context.get_dummy_value()
     return sig, codegen

@@ -79,10 +79,10 @@ def _inner_loops(which, s, acc, qg, kc, vc, kh, lo, hi):
         cpu_attn._weighted_sum_vec(acc, s, vc, kh, lo, hi)
 
 
-@pytest.mark.parametrize("hd", [64, 128, 40])  # 40: neither a multiple of 8 nor of 32, the loops' fallback
+@pytest.mark.parametrize("hd", [64, 128, 16, 40, 42, 8])  # 16, 40: 8-lane parts; 42: a masked last block
 def test_vector_inner_loops_match_numba_loops_and_numpy(hd):
-    """cpu_attn_avx2's scores and weighted sum (8 + 4 + single positions) against the numba loops that
-    other CPUs run and against numpy, over chunk lengths that exercise every tail."""
+    """cpu_attn_avx2's scores and weighted sum (8 + 4 + single positions; 32-, 8- and masked lanes) against the
+    numba loops that other CPUs run and against numpy, over chunk lengths that exercise every tail."""
     if not cpu_attn.VECTOR_ATTN:
         pytest.skip("target without AVX2/FMA/F16C (or NINFER_CPU_GENERIC set)")
     rng = np.random.default_rng(hd)

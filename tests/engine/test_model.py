@@ -27,6 +27,7 @@ TINY = {
                           head_dim=64, d_ff=256, n_layer=1),
     "qwen3-f32-bf16": dict(arch="qwen3", qtype=QT.BF16, embd_qtype=QT.F32, n_kv_head=4),
     "qwen3-wide-heads": dict(arch="qwen3", qtype=QT.Q8_0, head_dim=32, n_kv_head=1),  # q_dim 128 != d 64
+    "llama-head-12": dict(arch="llama", head_dim=12, n_head=8),  # q_dim 96; the CPU attention's masked last block of 8
 }
 TOKENS = np.array([5, 17, 3, 90, 41, 41, 0, 77, 12, 64, 8], np.int32)
 
@@ -99,6 +100,14 @@ def test_capture_hidden_states():
     assert not np.allclose(model.captured[0], model.captured[2])
     model.forward(TOKENS[4:5], 4, cache)
     assert model.captured == {}
+
+
+def test_head_dim_must_be_even_and_at_least_8():
+    from engine.config import ModelArgs
+    from engine.errors import ConfigError
+    for hd in (6, 13):
+        with pytest.raises(ConfigError, match=f"head_dim {hd} is not supported"):
+            ModelArgs(arch="llama", n_layer=1, d_model=64, n_head=4, n_kv_head=2, head_dim=hd, d_ff=64, vocab_size=96)
 
 
 def test_errors():
