@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from .. import numba_env  # noqa: F401  (flags before numba)
 
+import functools
 import os
 
 import numba
@@ -102,23 +103,29 @@ def h2f_hw(typingctx, h):
     return types.float32(types.uint16), codegen
 
 
-def _target_has(feature: str) -> bool:
+@functools.lru_cache(maxsize=1)
+def _host_cpu_features() -> dict:
+    import llvmlite.binding as ll
+    try:
+        return dict(ll.get_host_cpu_features())
+    except (RuntimeError, AttributeError):
+        return {}
+
+
+def target_has(feature: str) -> bool:
     """Whether numba compiles for a CPU with this feature (host CPU unless NUMBA_CPU_NAME says otherwise)."""
     from numba.core import config
     if config.CPU_NAME and config.CPU_NAME != "host":
         return f"+{feature}" in (config.CPU_FEATURES or "")
-    try:
-        import llvmlite.binding as ll
-        return bool(ll.get_host_cpu_features().get(feature))
-    except (RuntimeError, AttributeError):
-        return False
+    return bool(_host_cpu_features().get(feature))
 
 
-HAS_F16C = _target_has("f16c")
-# decode attention's inner loops as IR (cpu_attn_avx2) where the target has them; NINFER_CPU_GENERIC=1 forces
-# the numba loops below (what other CPUs run), like it does for cpu_fast's matmuls
-VECTOR_ATTN = (HAS_F16C and _target_has("avx2") and _target_has("fma")
-               and os.environ.get("NINFER_CPU_GENERIC", "") in ("", "0"))
+# NINFER_CPU_GENERIC=1 forces the numba loops that CPUs without AVX2 run, here and for cpu_fast's matmuls
+# (tests; run with a fresh NUMBA_CACHE_DIR: numba's cache does not see this switch)
+GENERIC_FORCED = os.environ.get("NINFER_CPU_GENERIC", "") not in ("", "0")
+HAS_F16C = target_has("f16c")
+# decode attention's inner loops as IR (cpu_attn_avx2) where the target has them, else the numba loops below
+VECTOR_ATTN = HAS_F16C and target_has("avx2") and target_has("fma") and not GENERIC_FORCED
 h2f = h2f_hw if HAS_F16C else h2f_soft
 
 

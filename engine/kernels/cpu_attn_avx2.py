@@ -77,6 +77,12 @@ def _floats8(builder, p, off):
     return builder.load(builder.bitcast(builder.gep(p, [off]), V8F.as_pointer()), align=4)
 
 
+def _fma8(builder, a, b, acc_ptr):
+    """*acc_ptr <- a * b + *acc_ptr (<8 x float>, one FMA where the CPU has it)."""
+    fmuladd = _fn(builder, "llvm.fmuladd.v8f32", V8F, [V8F, V8F, V8F])
+    builder.store(builder.call(fmuladd, [a, b, builder.load(acc_ptr)]), acc_ptr)
+
+
 def _kv_ok(s, q, k):
     return (isinstance(k, types.Array) and k.ndim == 3 and k.dtype == types.uint16
             and all(isinstance(a, types.Array) and a.ndim == 1 and a.dtype == types.float32 for a in (s, q)))
@@ -106,13 +112,11 @@ def _make_kdot(rows):
             qa = context.make_array(ty[2])(context, builder, q_)
             hd = builder.extract_value(qa.shape, 0)
             krow = [_elem_ptr(context, builder, ty[3], k_, [builder.add(p_, _i(r)), kh_]) for r in range(rows)]
-            fmuladd = _fn(builder, "llvm.fmuladd.v8f32", V8F, [V8F, V8F, V8F])
             acc = [cgutils.alloca_once_value(builder, ZERO) for _ in range(rows)]
 
             def block(off, qv):
                 for r in range(rows):
-                    builder.store(builder.call(fmuladd, [_halves8(builder, krow[r], off), qv,
-                                                         builder.load(acc[r])]), acc[r])
+                    _fma8(builder, _halves8(builder, krow[r], off), qv, acc[r])
             with cgutils.for_range(builder, builder.udiv(hd, _i(8))) as loop:
                 off = builder.mul(loop.index, _i(8))
                 block(off, _floats8(builder, qa.data, off))
@@ -149,7 +153,6 @@ def vsum(typingctx, acc, s, o, n, v, p, kh):
         va = context.make_array(ty[4])(context, builder, v_)
         hd = builder.extract_value(va.shape, 2)
         row_bytes = builder.extract_value(va.strides, 0)
-        fmuladd = _fn(builder, "llvm.fmuladd.v8f32", V8F, [V8F, V8F, V8F])
         arow = context.make_array(ty[0])(context, builder, a_).data
         srow = _elem_ptr(context, builder, ty[1], s_, [o_])
         v0 = builder.bitcast(_elem_ptr(context, builder, ty[4], v_, [p_, kh_]), I8.as_pointer())
@@ -164,8 +167,7 @@ def vsum(typingctx, acc, s, o, n, v, p, kh):
                 vrow = builder.bitcast(builder.gep(v0, [builder.mul(i, row_bytes)]), I16.as_pointer())
                 w = _splat(builder, builder.load(builder.gep(srow, [i])), V8F)
                 for c, r in enumerate(regs[:width]):
-                    vv = _halves8(builder, vrow, builder.add(base, _i(8 * c)))
-                    builder.store(builder.call(fmuladd, [vv, w, builder.load(r)]), r)
+                    _fma8(builder, _halves8(builder, vrow, builder.add(base, _i(8 * c))), w, r)
             for c, r in enumerate(regs[:width]):
                 dst = builder.bitcast(builder.gep(arow, [builder.add(base, _i(8 * c))]), V8F.as_pointer())
                 add = builder.load(r) if mask is None else builder.select(mask, builder.load(r), ZERO)

@@ -51,20 +51,14 @@ from numba import njit, prange
 
 from ..quant import QK, QTensor, validate
 from . import cpu, cpu_avx2
-from .cpu_attn import h2f
+from .cpu_attn import GENERIC_FORCED, h2f, target_has
 from .cpu import (  # noqa: F401  (the rest of the kernel set is cpu.py's)
     KV_GROUP, argmax, bias_add, kv_group, kv_store_f16, kv_store_int8,
     residual_add, rmsnorm, rope, swiglu)
 
-def _host_features() -> str:
-    import llvmlite.binding as llvm
-    return llvm.get_host_cpu_features().flatten()
-
-
 G = 32  # rows per interleaved group (compile-time constant of the kernels below)
-# cpu_avx2's vpmaddubsw kernels, else the generic ones below; NINFER_CPU_GENERIC=1 forces the generic ones
-# (tests; run with a fresh NUMBA_CACHE_DIR: numba's cache does not see this switch)
-HAVE_AVX2 = "+avx2" in _host_features() and os.environ.get("NINFER_CPU_GENERIC", "") in ("", "0")
+# cpu_avx2's vpmaddubsw kernels, else the generic ones below (NINFER_CPU_GENERIC=1 forces those: cpu_attn)
+HAVE_AVX2 = target_has("avx2") and not GENERIC_FORCED
 BATCHED_MIN_T = 2  # from this many rows on, matmuls unpack each weight block once (q4_group_batched)
 I16 = np.int16
 I32 = np.int32
