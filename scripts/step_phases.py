@@ -160,11 +160,17 @@ def main() -> int:
     ff.guard.before = ff.guard.after = lambda: None
     numba.set_num_threads(2)
     stamps = {r: np.zeros((2, 5 * n_layer + 2, 3), np.int64) for r in a.revs}
+    stamp = mods[a.revs[0]]._cyc
+    cyc = njit(lambda: stamp())
+    cyc()
+    edges = np.zeros(2, np.int64)  # cycle count just before and just after the jitted call
 
     def step(rev, pos):
         def run(kv, scratch):
+            edges[0] = cyc()
             mods[rev].fused_forward(stamps[rev], np.array([5], np.int32), pos, 1, ff.bufs, ff.emb, ff.head,
                                     ff.norms, ff.rope, *roles, ff.bias, ff.qk_norm, kv, scratch, ff.sync, 2)
+            edges[1] = cyc()
         cache.length = pos
         ff.guarded(1, pos, cache, 1, run)
         return ff.bufs[13][0].copy()
@@ -173,14 +179,12 @@ def main() -> int:
         t = time.perf_counter()
         step(rev, a.ctx)
         print(f"{rev}: compiled in {time.perf_counter() - t:.0f} s", flush=True)
-    stamp = mods[a.revs[0]]._cyc
-    cyc = njit(lambda: stamp())
-    cyc()
     c0, t0 = cyc(), time.perf_counter()
     time.sleep(0.2)
     us_per_tick = (time.perf_counter() - t0) * 1e6 / (cyc() - c0)
     wall = {r: [] for r in a.revs}
     recs = {r: [] for r in a.revs}
+    outer = {r: [] for r in a.revs}
     differ = {r: 0 for r in a.revs}
     pos = a.ctx
     for i in range(a.steps):
@@ -190,6 +194,7 @@ def main() -> int:
             outs[rev] = step(rev, pos)
             wall[rev].append(time.perf_counter() - t)
             recs[rev].append(stamps[rev].copy())
+            outer[rev].append(edges.copy())
         for rev in a.revs[1:]:
             differ[rev] += not np.array_equal(outs[rev], outs[a.revs[0]])
         pos = a.ctx + (pos - a.ctx + 1) % 40  # positions ctx .. ctx + 39, over and over
@@ -206,6 +211,13 @@ def main() -> int:
             total += vals[0]
             print(f"   {kind:8s} " + " ".join(f"{x:7.1f}" for x in vals))
         print(f"   spans add up to {total:.0f} us")
+        t, e = np.asarray(recs[rev][warm:], np.float64), np.asarray(outer[rev][warm:], np.float64)
+        pre = np.median(t[:, :, 0, 0].min(axis=1) - e[:, 0]) * us_per_tick
+        emb = np.median(t[:, :, 0, 1].max(axis=1) - t[:, :, 0, 0].min(axis=1)) * us_per_tick
+        post = np.median(e[:, 1] - t[:, :, -1, 1].max(axis=1)) * us_per_tick
+        call = np.median(e[:, 1] - e[:, 0]) * us_per_tick
+        print(f"   the jitted call {call:.0f} us; outside the phases: call to the first stamp {pre:.1f} us, phase 0 (embedding) {emb:.1f} us, "
+              f"last phase to return {post:.1f} us")
     return 0
 
 

@@ -81,7 +81,8 @@ def test_grab_takes_own_part_first_then_steals():
             break
         got.append((lo, hi))
     assert got[0][0] == 20 and sorted(i for lo, hi in got for i in range(lo, hi)) == list(range(n))
-    assert all(hi - lo == 5 for lo, hi in got)  # a part of 20 in CHUNKS = 4 claims
+    sizes = [hi - lo for lo, hi in got]
+    assert sizes[:7] == [6, 4, 3, 2, 1, 1, 1]  # guided: a third of what is left of the part, down to one item
 
 
 def test_fused_step_threads_in_sequence_match_the_region(q4_tiny):
