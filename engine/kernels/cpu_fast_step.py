@@ -29,6 +29,7 @@ from .cpu_attn import (SPLITS, attention_f16_split, attention_int8_split, exp_fa
                        f32_to_f16_bits, store_f16)
 from .cpu_fast import (BATCHED_MIN_T, FastWeight, _q4, embed_q4, embed_q8, q8_group, q8_group_batched,
                        quantize_rows)
+from .cpu_guard import ContentionGuard
 from .cpu_sync import finish, grab, new_sync, open_phase, reset, wait_open
 
 F32 = np.float32
@@ -417,93 +418,6 @@ class FusedForward:
         """Same contract as Model.forward (validated there); returns a host copy of the logits."""
         tokens = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
         return self.run(tokens, pos0, cache, tokens.shape[0] if all_logits else 1).copy()
-
-
-class ContentionGuard:
-    """Decode steps run with all threads or with one, whichever is currently faster (measured).
-
-    Our threads spin while they wait for each other (between the phases of a step: cpu_sync.wait_open;
-    between steps: numba_env's GOMP_SPINCOUNT), which makes the quiet step much faster than sleeping
-    threads; but when another process is busy on one of the two cores the second thread gets the CPU late
-    and every phase that needs its work waits for it: measured 6.5 -> 47 ms per
-    step, while one thread alone on the free core takes ~12 ms. The guard keeps a moving average of the
-    step time of the mode in use and uses the faster one; the first PROBE steps of every period run the
-    other mode, and the fastest of them replaces that mode's figure (so a load that came or went is seen).
-    The fastest, not the last: under contention a single probe step often lands on the busy core (measured:
-    9.6 then 57.9 ms), and one unlucky sample kept two collapsing threads for a whole period (28 instead of
-    ~90 tok/s).
-    The period starts at PERIOD steps and doubles (up to MAX_PERIOD) each time a probe finds the other mode
-    clearly slower (by MARGIN), because every probe step runs in the slower mode (quiet: 2 of 32 steps at
-    one thread cost ~4% of decode speed). It drops back to PERIOD when the faster mode changes. A load that
-    arrives is seen at once (the mode in use is timed every step); one that leaves, within MAX_PERIOD steps."""
-
-    PERIOD = 32
-    MAX_PERIOD = 256
-    PROBE = 2
-    MARGIN = 1.2  # a probe this much slower than the mode in use lets the period grow
-    ALPHA = 0.3  # weight of the newest step in a moving average
-
-    def __init__(self):
-        self.full = None  # the caller's thread count, read at the first step
-        self.avg = {}  # thread count -> moving average of its step time (s)
-        self.best = None
-        self.mode = None  # thread count of the current step
-        self.counted = False
-        self.probe_min = float("inf")  # fastest step of the current probe window
-        self.period = self.PERIOD
-        self.step = 0  # steps since the current period began
-        self.t0 = 0.0
-        self.fallbacks = 0  # times one thread became the faster mode (stats, tests)
-
-    def before(self):
-        import time
-        if self.full is None:
-            self.full = self.best = numba.get_num_threads()
-        if self.full < 2:
-            self.mode = None
-            return
-        if self.step >= self.period:
-            self._end_period()
-        probing = self.step < self.PROBE  # at the start: a reply learns both modes at once
-        if self.step == 0:
-            self.probe_min = float("inf")
-        mode = (1 if self.best == self.full else self.full) if probing else self.best
-        self.counted = mode == self.mode
-        if mode != self.mode:
-            numba.set_num_threads(mode)
-        self.mode = mode
-        self.step += 1
-        self.t0 = time.perf_counter()
-
-    def _end_period(self):
-        other = 1 if self.best == self.full else self.full
-        clear = self.avg.get(other, 0.0) > self.MARGIN * self.avg.get(self.best, float("inf"))
-        self.period = min(2 * self.period, self.MAX_PERIOD) if clear else self.PERIOD
-        self.step = 0
-
-    def full_threads(self):
-        """Before a multi-row pass (prefill, verify): the caller's thread count, not the decode choice."""
-        if self.full is not None and self.mode is not None and self.mode != self.full:
-            numba.set_num_threads(self.full)
-            self.mode = self.full
-
-    def after(self):
-        import time
-        if self.mode is None:
-            return
-        dt = time.perf_counter() - self.t0
-        if self.mode != self.best:  # a probe: the fastest step of this probe window stands for the mode
-            self.probe_min = min(self.probe_min, dt)
-            self.avg[self.mode] = self.probe_min
-        elif self.counted:  # the preferred mode averages (not over the step that resized the team)
-            old = self.avg.get(self.mode)
-            self.avg[self.mode] = dt if old is None else (1 - self.ALPHA) * old + self.ALPHA * dt
-        if len(self.avg) == 2:
-            best = min(self.avg, key=self.avg.get)
-            if best != self.best:
-                self.fallbacks += best == 1
-                self.best = best
-                self.period = self.PERIOD
 
 
 def build(model):

@@ -192,17 +192,18 @@ fz = getattr(model, "fused", None) or cpu_fast_step.build(model)
 cache = model.new_cache(64)
 fz.run(np.arange(5, dtype=np.int32), 0, cache, 1)
 tok = np.array([7], np.int32)
-fz.run(tok, 5, cache, 1)  # compile + first use
+for i in range(3):  # compile + first use; the contention guard's averages exist from the second step on
+    fz.run(tok, 5 + i, cache, 1)
 before = rtsys.get_allocation_stats()
 tracemalloc.start()
 snap0 = tracemalloc.take_snapshot()
 for i in range(3):
-    fz.run(tok, 6 + i, cache, 1)
+    fz.run(tok, 8 + i, cache, 1)
 snap1 = tracemalloc.take_snapshot()
 tracemalloc.stop()
 after = rtsys.get_allocation_stats()
 r = fz.roles
-args = (tok, 9, 1, fz.bufs, fz.emb, fz.head, fz.norms, fz.rope, r["wq"], r["wk"], r["wv"], r["wo"], r["w_gate"],
+args = (tok, 11, 1, fz.bufs, fz.emb, fz.head, fz.norms, fz.rope, r["wq"], r["wk"], r["wv"], r["wo"], r["w_gate"],
         r["w_up"], r["w_down"], fz.bias, fz.qk_norm, fz.kv_tuple(cache), fz._attn_scratch(cache.capacity))
 unbox_only(*args)
 u0 = rtsys.get_allocation_stats().alloc
@@ -269,65 +270,96 @@ def test_integer_kernels_are_vectorized(tmp_path):
 
 @pytest.fixture
 def guard_clock(monkeypatch):
-    """(a fresh ContentionGuard on 2 numba threads, its clock: a one-element list the test advances)."""
+    """(a fresh ContentionGuard on 2 numba threads, its clocks: [wall, process CPU] seconds, advanced by the
+    test)."""
     import time
 
     import numba
 
-    from engine.kernels.cpu_fast_step import ContentionGuard
+    from engine.kernels.cpu_guard import ContentionGuard
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("needs 2 numba threads")
     numba.set_num_threads(2)
-    clock = [0.0]
+    clock = [0.0, 0.0]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(time, "process_time", lambda: clock[1])
     try:
         yield ContentionGuard(), clock
     finally:
         numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 
 
+QUIET = {2: (0.007, 1.9), 1: (0.012, 1.0)}  # thread count -> (step seconds, CPU seconds per wall second)
+BUSY = {2: (0.047, 1.0), 1: (0.012, 1.0)}  # another process holds one of the two cores
+
+
 def _guarded_steps(g, clock, n, cost_of):
-    """n decode steps under g, each costing cost_of(thread count) seconds; the thread counts used."""
+    """n decode steps under g; cost_of(thread count) -> (seconds, CPU share) of that step; the counts used."""
     import numba
     used = []
     for _ in range(n):
         g.before()
         used.append(numba.get_num_threads())
-        clock[0] += cost_of(used[-1])
+        dt, share = cost_of(used[-1])
+        clock[0] += dt
+        clock[1] += dt * share
         g.after()
     return used
 
 
+def test_contention_guard_quiet_runs_no_probe_step(guard_clock):
+    """Quiet, the guard never leaves the full team, even when the steps get slower (a longer context, a
+    slower machine): it looks at one thread only when the process gets less CPU time than its threads."""
+    g, clock = guard_clock
+    cost = dict(QUIET)
+    used = _guarded_steps(g, clock, 500, cost.get)
+    cost[2] = (0.020, 1.9)  # three times slower, every thread still busy
+    used += _guarded_steps(g, clock, 500, cost.get)
+    assert set(used) == {2} and g.probes == 0 and g.best == 2
+
+
 def test_contention_guard_uses_the_faster_thread_count(guard_clock):
     g, clock = guard_clock
-    cost = {2: 0.007, 1: 0.012}  # quiet: two threads are faster
+    cost = dict(QUIET)
 
     def run(n):
         return _guarded_steps(g, clock, n, cost.get)
-    used = run(3 * g.PERIOD)
-    assert g.best == 2 and used.count(1) <= 3 * g.PROBE  # only the probes ran on one thread
-    cost[2] = 0.047  # another process now holds a core: two threads collapse
-    run(2 * g.PERIOD)
+    run(3 * g.PERIOD)
+    cost.update(BUSY)  # another process now holds a core: two threads collapse
+    used = run(2 * g.PERIOD)
     assert g.best == 1 and g.fallbacks == 1
+    assert used.index(1) <= g.PERIOD  # seen within a period of the load arriving
     used = run(g.PERIOD)
     assert used.count(2) <= g.PROBE
-    cost[2] = 0.007  # the load is gone: back to two threads within the longest period
+    cost.update(QUIET)  # the load is gone: back to two threads within the longest period
     run(g.MAX_PERIOD + 2 * g.PERIOD)
     assert g.best == 2
-    # quiet and clearly faster on two threads: probes get rarer (each probe step runs on one thread)
+    probes = g.probes
     used = run(1000)
-    assert g.best == 2 and used.count(1) <= 8 * g.PROBE and g.period == g.MAX_PERIOD
+    assert g.best == 2 and used.count(1) == 0 and g.probes == probes
+
+
+def test_contention_guard_probes_rarely_when_two_threads_still_win(guard_clock):
+    """Another process takes some of the CPU but two threads stay clearly faster: every probe finds one
+    thread slower, so the probes get rarer (each probe step runs in the slower mode)."""
+    g, clock = guard_clock
+    used = _guarded_steps(g, clock, 1000, {2: (0.008, 1.2), 1: (0.012, 1.0)}.get)
+    assert g.best == 2 and g.period == g.MAX_PERIOD
+    assert used.count(1) <= 8 * g.PROBE
 
 
 def test_contention_guard_counts_a_probe_windows_fastest_step(guard_clock):
-    """Under contention one probe step may land on the busy core: the window's fastest step stands for the
-    mode (with the last step, 0.058 > 0.047 would keep two collapsing threads for a whole period)."""
+    """Loaded from the first step. Under contention one probe step may land on the busy core: the window's
+    fastest step stands for the mode (with the last step, 0.058 > 0.047 would keep two collapsing threads
+    for a whole period)."""
     g, clock = guard_clock
     one_thread = iter([0.012, 0.058])  # the probe window's last step is the unlucky one
-    used = _guarded_steps(g, clock, g.PERIOD, lambda n: next(one_thread, 0.012) if n == 1 else 0.047)
-    assert used[:g.PROBE] == [1] * g.PROBE  # a new reply learns both modes first
-    # two steps on two threads (the first, which resized the team, is not timed), then one thread
-    assert g.best == 1 and used[g.PROBE + 2:].count(2) == 0
+    used = _guarded_steps(g, clock, 3 * g.PERIOD,
+                          lambda n: (next(one_thread, 0.012), 1.0) if n == 1 else BUSY[2])
+    first = used.index(1)
+    assert first <= g.PERIOD and used[first:first + g.PROBE] == [1] * g.PROBE
+    # after the window: one thread for the rest of the period (its probes of two threads aside)
+    assert g.best == 1 and used[first + g.PROBE:first + g.PROBE + g.PERIOD].count(2) == 0
 
 
 @pytest.mark.parametrize("pos0", [0, 2, 37])  # fewer positions than splits, uneven chunks
