@@ -3,7 +3,13 @@
 Why: on a cold start (empty numba cache) a large part of the one-call fused step's compile time (about a
 quarter, measured) is its final link, where numba optimizes and codegens every kernel it calls once more. The same kernels called
 from Python skip that link, and each is cached on its own, so half of them can be compiled by a helper
-process (engine/compile_bg.py) while this process compiles the other half. The result is bit-identical to
+process (engine/compile_bg.py) while this process compiles the other half. None of them is a numba parallel
+region: parallel lowering costs the same kind of final link (mm_q4x3 took 10.6 s to compile with its
+group kernels already cached, its item loop alone 2.1 s). A pass of several rows (the prompt) shares its
+items between two Python threads (the kernels release the GIL); a decode step runs on one, next to the
+helper, which compiles the fused step on the other core meanwhile. Measured: the first token 18.6 / 20.7
+-> 12.1 / 12.2 s after an empty cache (ninfer-bench cold runs alternated with the previous tree), and
+the first reply decoding at ~100 tok/s instead of ~10 (two-thread regions fighting the helper for a core). The result is bit-identical to
 `fused_forward`: the same per-group matmul kernels and per-item attention kernels, on the same inputs, in
 the same order of phases (tests/engine/test_compile_bg.py), so the engine can switch to the fused step
 between any two steps once it is in the cache.
@@ -11,7 +17,7 @@ between any two steps once it is in the cache.
 `LeafForward.forward` mirrors the phases of `cpu_fast_step._step_thread` (keep them in step). Each call
 site is compiled for the exact types numba infers there (the int8 activation slices qa/sa/xs are
 non-contiguous 'A' arrays).
-Costs ~10 Python->numba calls per layer (about 1-2 ms per decode step on a 30-layer model): only until
+Costs ~12 Python->numba calls per layer (about 1-2 ms per decode step on a 30-layer model): only until
 the fused step is ready. f16 KV cache only (the int8 cache compiles the fused step in the foreground).
 Not under kernels/: numba_env keys the cache directory on the kernel sources, and nothing here is jitted.
 """
@@ -23,14 +29,15 @@ import numba
 import numpy as np
 
 from .kernels import cpu
-from .kernels.cpu_fast import BATCHED_MIN_T, embed_q4, embed_q8, mm_q4x3, mm_q8, mm_q8_batched, quantize_rows
-from .kernels.cpu_fast_step import attention_f16_split, store_f16, swiglu_fast
+from .kernels.cpu_attn import SPLITS, attention_f16_part, merge_parts
+from .kernels.cpu_fast import BATCHED_MIN_T, embed_q4, embed_q8, mm_q4x3_part, mm_q8_batched, mm_q8_part, quantize_rows
+from .kernels.cpu_fast_step import store_f16, swiglu_fast
 
 # kernels the helper process compiles (the rest, and the sampling chain, are compiled here meanwhile): about
-# half the work each after the helper's own start-up. Measured one by one (fresh cache, 2-core VM): mm_q4x3
-# 7.2 s, attention_f16_split 5.6, mm_q8 4.8 (its batched form, split off since, about half of that), sampling
-# chain 1.1, quantize_rows 0.4, the small ones 0.1-0.3
-CHILD_KERNELS = (attention_f16_split, mm_q8)
+# half the work each after the helper's own start-up (measured in a fresh cache: this process 6-7 s, the
+# helper 2.6 s of start-up + 4.4 s before merge_parts and swiglu_fast moved to it). None of them has a
+# parallel region (see cpu_fast.mm_q4x3_part): two Python threads share a pass's items instead.
+CHILD_KERNELS = (attention_f16_part, mm_q8_part, merge_parts, swiglu_fast)
 HELPER_WAIT_S = 600.0  # a helper alive but stuck this long: compile its kernels here
 
 
@@ -49,17 +56,39 @@ class LeafForward:
         self.ff = ff
         self.eps = {}  # call site -> compiled entry point
         self.record = None  # list of (dispatcher, signature) while planning
+        self.two = False  # this pass's items are shared with a second thread
 
-    def _call(self, site, disp, args, a_idx=()):
+    def _entry(self, site, disp, args, a_idx):
+        """The compiled entry point for this call site (None while planning: the call is recorded)."""
         if self.record is not None:
             sig = _sig(args, a_idx)
             if (disp, sig) not in self.record:
                 self.record.append((disp, sig))
-            return
+            return None
         ep = self.eps.get(site)
         if ep is None:  # first call at this site: a cache hit when the helper process compiled it
             ep = self.eps[site] = disp.compile(_sig(args, a_idx))
-        ep(*args)
+        return ep
+
+    def _call(self, site, disp, args, a_idx=()):
+        ep = self._entry(site, disp, args, a_idx)
+        if ep is not None:
+            ep(*args)
+
+    def _split(self, site, disp, n, args, a_idx=(), args2=None):
+        """disp(lo, hi, *args) over items 0..n. A pass of several rows (prefill, verify) runs the first
+        half on a second Python thread (with args2 when given) and the rest here: the kernels release the
+        GIL. A decode step stays on this thread: the helper process compiles on the other core meanwhile."""
+        ep = self._entry(site, disp, (0, n) + args, tuple(i + 2 for i in a_idx))
+        if ep is None:
+            return
+        if self.two and n > 1:
+            mid = n // 2
+            half = _pool().submit(ep, 0, mid, *(args2 or args))
+            ep(mid, n, *args)
+            half.result()
+        else:
+            ep(0, n, *args)
 
     def plan(self, kv) -> list:
         """[(dispatcher, signature)] of every kernel call of a forward over the cache arrays kv, in order,
@@ -89,8 +118,10 @@ class LeafForward:
         wq, wk, wv, wo, wg, wu, wd = (r[n] for n in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"))
         bias, qk_norm, emb = ff.bias, ff.qk_norm, ff.emb
         t_n = tokens.shape[0]
+        self.two = t_n > 1 and numba.get_num_threads() > 1 and attn_scr[0].shape[0] > 1
         xt, xbt = x[:t_n], xb[:t_n]
         qt, kt, vt, at = q[:t_n], k[:t_n], v[:t_n], att[:t_n]
+        sbuf, part = attn_scr[0], attn_scr[2]
         if emb[0] == 0:
             c("embed_q4", embed_q4, (xt, emb[1], emb[3], emb[4], tokens))
         else:
@@ -117,7 +148,10 @@ class LeafForward:
             # cpu_fast_step._kv_store and the attention phase, f16 cache
             c("store_k", store_f16, (kv[0][l], k3, pos0))
             c("store_v", store_f16, (kv[1][l], v3, pos0))
-            c("attn", attention_f16_split, (a3, q3, kv[0][l], kv[1][l], pos0, scale, *attn_scr))
+            args = (part, sbuf[0], q3, kv[0][l], kv[1][l], pos0, scale)
+            other = (part, sbuf[1], *args[2:]) if self.two else None  # its own scores scratch
+            self._split("attn", attention_f16_part, t_n * SPLITS, args, (), other)
+            c("attn_merge", merge_parts, (a3, part[:t_n]))
             self._mm("o", proj[:t_n], None, None, at, wo, None, None, l)
             c("resid1", cpu.residual_add, (xt, proj[:t_n]))
             c("norm2", cpu.rmsnorm, (xbt, xt, ffn_norm[l], eps))
@@ -148,18 +182,31 @@ class LeafForward:
             o3 = o2
         while len(ws) < 3:  # empty weights, as in _mm / _mm2
             ws.append(tuple(a[:0] for a in ws[-1]))
-        self._call("mm_" + site, mm_q4x3, (o1, o2, o3, qa, sa, xs, *ws[0], *ws[1], *ws[2]), (3, 4, 5))
+        n = sum(w[0].shape[0] for w in ws)
+        self._split("mm_" + site, mm_q4x3_part, n, (o1, o2, o3, qa, sa, xs, *ws[0], *ws[1], *ws[2]), (3, 4, 5))
 
     def _head(self, logits, xin, h):
         qa, sa, xs = self._quant("head", xin)
         if h[0] == 0:
             w = (h[1], h[3], h[4], h[5])
             e = tuple(a[:0] for a in w)
-            self._call("mm_head", mm_q4x3, (logits, logits, logits, qa, sa, xs, *w, *e, *e), (3, 4, 5))
+            self._split("mm_head", mm_q4x3_part, w[0].shape[0], (logits, logits, logits, qa, sa, xs, *w, *e, *e),
+                        (3, 4, 5))
         elif logits.shape[0] >= BATCHED_MIN_T:  # a verify pass's logits: compiled at its first use
             self._call("head_q8_batched", mm_q8_batched, (logits, qa, sa, h[2], h[3]), (1, 2))
         else:
-            self._call("head_q8", mm_q8, (logits, qa, sa, h[2], h[3], h[6]), (1, 2))
+            self._split("head_q8", mm_q8_part, h[2].shape[0], (logits, qa, sa, h[2], h[3], h[6]), (1, 2))
+
+
+_POOL = []
+
+
+def _pool():
+    """The start-up step's second thread (created at its first multi-row pass)."""
+    if not _POOL:
+        from concurrent.futures import ThreadPoolExecutor
+        _POOL.append(ThreadPoolExecutor(1, thread_name_prefix="ninfer-tier0"))
+    return _POOL[0]
 
 
 def sampler_plan(vocab: int) -> list:

@@ -367,6 +367,15 @@ def merge_parts(out, part):
     _merge_parts(out, part)
 
 
+@njit(cache=True, nogil=True)
+def attention_f16_part(lo, hi, part, sc, q, kc, vc, pos0, scale):
+    """Work items lo..hi of attention_f16_split into part, on the calling thread with scores scratch sc
+    (group, cap); merge_parts finishes once every item is done. For the start-up step (see
+    cpu_fast.mm_q4x3_part)."""
+    for it in range(lo, hi):
+        attn_item_f16(part, sc, q, kc, vc, it, pos0, scale)
+
+
 @njit(cache=True, nogil=True, parallel=True, fastmath=True)
 def attention_f16_split(out, q, kc, vc, pos0, scale, sbuf, rowbuf, part):
     """out (T, H, hd) <- causal GQA attention over kc, vc (cap, n_kv, hd) uint16 f16 bits, each row split

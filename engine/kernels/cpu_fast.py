@@ -420,8 +420,18 @@ def mm_q4x2(out1, out2, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2):
 @njit(cache=True, nogil=True, parallel=True)
 def mm_q4x3(out1, out2, out3, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2, qs3, d3, m3, acc3):
     """Three matmuls of the same input (q/k/v) in one parallel region."""
+    for g in prange(qs1.shape[0] + qs2.shape[0] + qs3.shape[0]):
+        mm_q4x3_part(g, g + 1, out1, out2, out3, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2, qs3, d3, m3,
+                     acc3)
+
+
+@njit(cache=True, nogil=True)
+def mm_q4x3_part(lo, hi, out1, out2, out3, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2, qs3, d3, m3, acc3):
+    """Items lo..hi of mm_q4x3 (row groups of the three weights, in order) on the calling thread. No
+    parallel region: it compiles in a fraction of mm_q4x3's time (numba's parallel lowering re-optimizes
+    every kernel it calls), so the start-up step (engine/compile_tier.py) runs it on two Python threads."""
     n1, n2 = qs1.shape[0], qs2.shape[0]
-    for g in prange(n1 + n2 + qs3.shape[0]):
+    for g in range(lo, hi):
         if g < n1:
             _q4(out1, qa, sa, xs, qs1, d1, m1, acc1[g], g)
         elif g < n1 + n2:
@@ -525,6 +535,13 @@ def mm_q8(out, qa, sa, qs, d, acc32):
     Two kernels rather than a branch: a cold start compiles only this one before the first token (the
     head of the kernel-by-kernel step, rows_out = 1): 6.4 -> 3.4 s of compiling, measured."""
     for g in prange(qs.shape[0]):
+        q8_group(out, qa, sa, qs, d, acc32[g], g)
+
+
+@njit(cache=True, nogil=True)
+def mm_q8_part(lo, hi, out, qa, sa, qs, d, acc32):
+    """Row groups lo..hi of mm_q8 on the calling thread (see mm_q4x3_part)."""
+    for g in range(lo, hi):
         q8_group(out, qa, sa, qs, d, acc32[g], g)
 
 
