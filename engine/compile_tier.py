@@ -1,18 +1,21 @@
 """Tier 0 of the fast CPU forward: `fused_forward`'s kernels called one by one from Python.
 
 Why: on a cold start (empty numba cache) a large part of the one-call fused step's compile time (about a
-quarter, measured) is its final link, where numba optimizes and codegens every kernel it calls once more. The same kernels called
-from Python skip that link, and each is cached on its own, so half of them can be compiled by a helper
-process (engine/compile_bg.py) while this process compiles the other half. None of them is a numba parallel
-region: parallel lowering costs the same kind of final link (mm_q4x3 took 10.6 s to compile with its
-group kernels already cached, its item loop alone 2.1 s). A pass of several rows (the prompt) shares its
-items between two Python threads (the kernels release the GIL); a decode step runs on one, next to the
-helper, which compiles the fused step on the other core meanwhile. Measured: the first token 18.6 / 20.7
--> 12.1 / 12.2 s after an empty cache (ninfer-bench cold runs alternated with the previous tree), and
-the first reply decoding at ~100 tok/s instead of ~10 (two-thread regions fighting the helper for a core). The result is bit-identical to
-`fused_forward`: the same per-group matmul kernels and per-item attention kernels, on the same inputs, in
-the same order of phases (tests/engine/test_compile_bg.py), so the engine can switch to the fused step
-between any two steps once it is in the cache.
+quarter, measured) is its final link, where numba optimizes and codegens every kernel it calls once more.
+The same kernels called from Python skip that link, and each is cached on its own, so half of them can be
+compiled by a helper process (engine/compile_bg.py) while this process compiles the other half.
+
+None of them is a numba parallel region: parallel lowering costs the same kind of final link (mm_q4x3
+took 10.6 s to compile with its group kernels already cached, its item loop alone 2.1 s). A pass of several
+rows (the prompt) shares its items between two Python threads (the kernels release the GIL); a decode step
+runs on one, next to the helper, which compiles the fused step on the other core meanwhile. Measured: the
+first token 18.6 / 20.7 -> 12.1 / 12.2 s after an empty cache (ninfer-bench cold runs alternated with the
+previous tree), and the first reply decoding at ~100 tok/s instead of ~10 (two-thread regions had been
+fighting the helper for a core).
+
+The result is bit-identical to `fused_forward`: the same per-group matmul kernels and per-item attention
+kernels, on the same inputs, in the same order of phases (tests/engine/test_compile_bg.py), so the engine
+can switch to the fused step between any two steps once it is in the cache.
 
 `LeafForward.forward` mirrors the phases of `cpu_fast_step._step_thread` (keep them in step). Each call
 site is compiled for the exact types numba infers there (the int8 activation slices qa/sa/xs are
@@ -34,9 +37,9 @@ from .kernels.cpu_fast import BATCHED_MIN_T, embed_q4, embed_q8, mm_q4x3_part, m
 from .kernels.cpu_fast_step import store_f16, swiglu_fast
 
 # kernels the helper process compiles (the rest, and the sampling chain, are compiled here meanwhile): about
-# half the work each after the helper's own start-up (measured in a fresh cache: this process 6-7 s, the
-# helper 2.6 s of start-up + 4.4 s before merge_parts and swiglu_fast moved to it). None of them has a
-# parallel region (see cpu_fast.mm_q4x3_part): two Python threads share a pass's items instead.
+# half the work each after the helper's own start-up. Measured in a fresh cache: this process's kernels 7.6 s
+# while the helper took 2.6 s to start and 4.4 s to compile attention and the head; with merge_parts and
+# swiglu_fast moved to the helper, 5.1 s here and "leaves" 7.1 s after the start (the load 10.3 -> 7.8 s).
 CHILD_KERNELS = (attention_f16_part, mm_q8_part, merge_parts, swiglu_fast)
 HELPER_WAIT_S = 600.0  # a helper alive but stuck this long: compile its kernels here
 
@@ -85,8 +88,10 @@ class LeafForward:
         if self.two and n > 1:
             mid = n // 2
             half = _pool().submit(ep, 0, mid, *(args2 or args))
-            ep(mid, n, *args)
-            half.result()
+            try:
+                ep(mid, n, *args)
+            finally:  # never leave the other half writing into the buffers after this returns or raises
+                half.result()
         else:
             ep(0, n, *args)
 

@@ -130,8 +130,9 @@ def _cpu_share(eng) -> None:
                     ts.append(dt)
                     share.append((time.process_time() - c) / dt)
                     cache.truncate(60)
+                p10, p50, p90 = np.percentile(share, [10, 50, 90])
                 print(f"{label}, {nt} thread(s): step {1e3 * np.median(ts):.1f} ms, CPU s per wall s "
-                      f"p10/p50/p90 {np.percentile(share, 10):.2f}/{np.median(share):.2f}/{np.percentile(share, 90):.2f}")
+                      f"p10/p50/p90 {p10:.2f}/{p50:.2f}/{p90:.2f}")
         finally:
             stop_process(p)
     numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)

@@ -6,7 +6,9 @@ another process is busy on one of the two cores, the second thread gets its core
 need its work wait for it (measured: 6.5 -> 47 ms per step before the spin learned to yield, 8-9 ms since,
 against ~7.5 ms for one thread alone on the free core). So the guard times the steps and runs the faster mode.
 
-When to look at the other mode (a probe: PROBE steps run in it; its fastest step stands for it):
+When to look at the other mode (a probe: PROBE steps run in it; its fastest step stands for it, not the
+last: under contention a single step often lands on the busy core, measured 9.6 then 57.9 ms, and one
+unlucky sample kept two collapsing threads for a whole period):
 - on all threads, only when the process's CPU time per wall second in recent steps falls below
   SHARE x threads. A quiet two-thread step gets ~1.9 s of CPU per second of wall time, one with another
   process busy on a core ~1.0 (measured). So a quiet reply never runs a probe step: each costs ~2 ms
