@@ -1,6 +1,7 @@
 """Tiered first start (engine/compile_bg.py, engine/compile_tier.py), without timing anything absolute:
 
-- the kernel-by-kernel step (tier 0) gives logits bit-identical to the fused step;
+- the kernel-by-kernel step (tier 0) gives logits bit-identical to the fused step, and shares a prompt's
+  items with a second Python thread but not a decode step's;
 - a tiered model serves tokens before the helper process compiled the fused step, switches once it has,
   and its greedy tokens equal the fused step's;
 - a helper that fails leaves the kernel-by-kernel step working and says so once;
@@ -77,6 +78,39 @@ def test_kernel_by_kernel_step_is_bit_identical_to_fused(q4_path):
     assert got_toks == want_toks
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
+
+
+def test_kernel_by_kernel_step_shares_a_prompt_not_a_decode_step(q4_path, monkeypatch):
+    """Tier 0 has no numba parallel region: a multi-row pass hands half of each kernel's items to a second
+    Python thread; a one-token step stays on this thread (the helper compiles on the other core)."""
+    import numba
+
+    from engine import compile_tier
+    from engine.compile_tier import TieredForward
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs 2 numba threads")
+    model = _model(q4_path)
+    submitted = []
+
+    class Pool:  # runs the half at once, here, and counts it
+        def submit(self, fn, *args):
+            submitted.append(args[:2])
+            fn(*args)
+            return type("Done", (), {"result": staticmethod(lambda: None)})()
+    monkeypatch.setattr(compile_tier, "_pool", lambda: Pool())
+
+    class Never:
+        failure = None
+        fused_done = type("E", (), {"is_set": staticmethod(lambda: False)})()
+
+    kv = model.fused.kv_tuple(model.new_cache(4))
+    tiered = TieredForward(model.fused, kv, Never())
+    cache = model.new_cache(64)
+    tiered(TOKS, 0, cache, all_logits=True)
+    prompt = len(submitted)
+    assert prompt > 0 and all(lo == 0 and hi > 0 for lo, hi in submitted)
+    tiered(np.array([5], np.int32), len(TOKS), cache)
+    assert len(submitted) == prompt  # the decode step: nothing handed to the second thread
 
 
 def test_tiered_serves_first_then_switches_to_fused(q4_path):
