@@ -224,10 +224,7 @@ def sampler_plan(vocab: int) -> list:
 
 def fused_signature(ff, kv, rows_out: int = 1) -> tuple:
     """The argument types `FusedForward.run` calls `fused_forward` with (the same for every T)."""
-    r = ff.roles
-    args = (np.zeros(1, np.int32), 0, rows_out, ff.bufs, ff.emb, ff.head, ff.norms, ff.rope, r["wq"], r["wk"],
-            r["wv"], r["wo"], r["w_gate"], r["w_up"], r["w_down"], ff.bias, ff.qk_norm, kv, ff._attn_scratch(1),
-            ff.sync, 1)
+    args = ff.call_args(np.zeros(1, np.int32), 0, rows_out, kv, ff._attn_scratch(1), 1)
     return tuple(numba.typeof(a) for a in args)
 
 

@@ -77,10 +77,8 @@ def _call_cost(eng) -> None:
     from numba import njit
     ff = eng.model.fused
     cache = eng.session().cache
-    r = ff.roles
-    args = (np.array([5], np.int32), 1, 1, ff.bufs, ff.emb, ff.head, ff.norms, ff.rope, r["wq"], r["wk"], r["wv"],
-            r["wo"], r["w_gate"], r["w_up"], r["w_down"], ff.bias, ff.qk_norm, ff.kv_tuple(cache),
-            ff._attn_scratch(cache.capacity), ff.sync, numba.get_num_threads())
+    args = ff.call_args(np.array([5], np.int32), 1, 1, ff.kv_tuple(cache), ff._attn_scratch(cache.capacity),
+                        numba.get_num_threads())
 
     @njit(nogil=True)
     def noop(*a):

@@ -154,7 +154,6 @@ def main() -> int:
             f.write(step_src)
         mods[rev] = importlib.import_module(f"step_v{j}")
     n_layer = len(ff.norms[0])
-    roles = [ff.roles[k] for k in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")]
     cache = model.new_cache(max(2048, a.ctx + 64))
     model.forward(np.arange(1, a.ctx + 1, dtype=np.int32) % 1000 + 100, 0, cache)
     ff.guard.before = ff.guard.after = lambda: None
@@ -168,8 +167,7 @@ def main() -> int:
     def step(rev, pos):
         def run(kv, scratch):
             edges[0] = cyc()
-            mods[rev].fused_forward(stamps[rev], np.array([5], np.int32), pos, 1, ff.bufs, ff.emb, ff.head,
-                                    ff.norms, ff.rope, *roles, ff.bias, ff.qk_norm, kv, scratch, ff.sync, 2)
+            mods[rev].fused_forward(stamps[rev], *ff.call_args(np.array([5], np.int32), pos, 1, kv, scratch, 2))
             edges[1] = cyc()
         cache.length = pos
         ff.guarded(1, pos, cache, 1, run)

@@ -387,14 +387,17 @@ class FusedForward:
             return (cache.k.view(np.uint16), cache.v.view(np.uint16))
         return (cache.k_q, cache.k_s, cache.v_q, cache.v_s)
 
+    def call_args(self, tokens, pos0: int, rows_out: int, kv, scratch, nt: int) -> tuple:
+        """fused_forward's arguments for this model (run; compile_tier.fused_signature; the scripts)."""
+        r = self.roles
+        return (tokens, pos0, rows_out, self.bufs, self.emb, self.head, self.norms, self.rope, r["wq"], r["wk"],
+                r["wv"], r["wo"], r["w_gate"], r["w_up"], r["w_down"], self.bias, self.qk_norm, kv, scratch,
+                self.sync, nt)
+
     def run(self, tokens: np.ndarray, pos0: int, cache, rows_out: int) -> np.ndarray:
         """The jitted step only (no checks, no copy): logits (rows_out, vocab) view of the internal buffer."""
-        r = self.roles
-
         def step(kv, scratch):
-            fused_forward(tokens, pos0, rows_out, self.bufs, self.emb, self.head, self.norms, self.rope,
-                          r["wq"], r["wk"], r["wv"], r["wo"], r["w_gate"], r["w_up"], r["w_down"], self.bias,
-                          self.qk_norm, kv, scratch, self.sync, numba.get_num_threads())
+            fused_forward(*self.call_args(tokens, pos0, rows_out, kv, scratch, numba.get_num_threads()))
         return self.guarded(tokens.shape[0], pos0, cache, rows_out, step)
 
     def guarded(self, t_n: int, pos0: int, cache, rows_out: int, step) -> np.ndarray:

@@ -86,9 +86,9 @@ class ContentionGuard:
         dt = time.perf_counter() - self.t0
         if self.probing:  # the window's fastest step stands for the probed mode
             self.probe_min = min(self.probe_min, dt)
-            self.avg[self.mode] = self.probe_min
             self.probing -= 1
             if not self.probing:
+                self.avg[self.mode] = self.probe_min
                 self._decide()
             return
         if not self.counted:  # the step that resized the team is not averaged
