@@ -273,6 +273,15 @@ class TieredForward:
         return ff.guarded(tokens.shape[0], pos0, cache, rows_out,
                           lambda kv, scratch: self.leaf.forward(tokens, pos0, kv, rows_out, scratch))
 
+    def greedy(self, token: int, pos0: int, cache, n: int, stop_ids) -> list[int] | None:
+        """FusedForward.greedy once the fused step is in use; None before (the caller runs single steps)."""
+        if not self.fused_ready and self.note is None:
+            self._switch()
+        if not self.fused_ready:
+            return None
+        self.steps["fused"] += 1
+        return self.ff.greedy(token, pos0, cache, n, stop_ids)
+
     def __call__(self, tokens, pos0: int, cache, *, all_logits: bool = False) -> np.ndarray:
         tokens = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
         return self.run(tokens, pos0, cache, tokens.shape[0] if all_logits else 1).copy()

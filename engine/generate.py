@@ -22,7 +22,9 @@ Select a round function per reply with `Session.generate(..., round_fn=...)`; th
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from .errors import ConfigError
 from .events import FinalStats, Progress, ReasoningDelta, StepStats, TextDelta, ThinkingForced
 from .thinking import ANSWER, FORCING, IDLE, ChannelSplitter, ThinkingState, _partial_suffix
 
@@ -60,10 +63,30 @@ class Round:
 RoundFn = Callable[[RoundContext], Round]
 
 
+@functools.cache
+def greedy_block() -> int:
+    """Tokens per greedy block (plain_round): 8, the UI getting them in bursts of ~8 x 5 ms; the environment
+    variable NINFER_GREEDY_BLOCK=1 turns blocks off (benchmarks compare the two in one run)."""
+    v = os.environ.get("NINFER_GREEDY_BLOCK", "8")
+    if not v.isdigit() or int(v) < 1:
+        raise ConfigError(f"NINFER_GREEDY_BLOCK must be a whole number >= 1, got {v!r}")
+    return int(v)
+
+
+
 def plain_round(ctx: RoundContext) -> Round:
-    """One token: forward the pending token, choose the next one."""
+    """One token: forward the pending token, choose the next one. When the choice is a plain argmax for the
+    rest of the reply (TokenChooser.argmax_only) and the model can choose by itself, a greedy block instead:
+    up to greedy_block() tokens in one call (Model.greedy_block), the same tokens single rounds would give."""
     t0 = time.perf_counter()
     pos = len(ctx.seq) - 1
+    if ctx.max_tokens > 1 and ctx.chooser.argmax_only():
+        block = getattr(ctx.model, "greedy_block", None)
+        toks = block(ctx.seq[-1], pos, ctx.cache, min(ctx.max_tokens, greedy_block()), ctx.stop_ids) if block else None
+        if toks:
+            for tok in toks:
+                ctx.chooser.accept(tok)
+            return Round(toks, verify_ms=(time.perf_counter() - t0) * 1e3)
     logits = ctx.model.forward(np.array([ctx.seq[-1]], np.int32), pos, ctx.cache)  # (1, vocab)
     tok = ctx.chooser.choose(logits[0])
     ctx.chooser.accept(tok)

@@ -133,6 +133,19 @@ class Model:
         self.fused = build_fused(self) if build_fused is not None else None
         self.captured: dict[int, np.ndarray] = {}  # layer -> (T, d) host copy of its output (see forward)
 
+    def greedy_block(self, token: int, pos0: int, cache: KVCache, n: int, stop_ids: frozenset) -> list[int] | None:
+        """Up to n greedy tokens after `token` (forwarded at pos0) in one call, when the backend's one-call
+        forward can choose them itself (kernels/cpu_fast_step.FusedForward.greedy): each the argmax of the
+        previous one's logits, as n forward + np.argmax rounds would choose them; stops after a token in
+        stop_ids (returned last). The cache then holds pos0 + len(result). None when this model cannot, or
+        not yet (the tiered start's first steps): the caller runs single forwards."""
+        greedy = getattr(self.fused, "greedy", None)
+        if greedy is None:
+            return None
+        check_forward_args([token], pos0, cache, self.args.vocab_size)
+        cache.check_room(pos0 + n)
+        return greedy(int(token), pos0, cache, n, stop_ids)
+
     def new_cache(self, capacity: int, kv_dtype: str = "f16") -> KVCache:
         """An empty KV cache for this model holding up to `capacity` positions."""
         a = self.args

@@ -83,6 +83,12 @@ class TokenChooser:
             tok = th.redirect(tok)
         return tok
 
+    def argmax_only(self) -> bool:
+        """Every choice from here to the end of the reply is the logits' argmax: greedy, no penalties, and a
+        thinking state that will not force, ban or redirect again (a greedy block may choose for us)."""
+        th = self.thinking
+        return self.params.is_greedy and not self._penalised and (th is None or th.settled())
+
     def accept(self, token: int) -> None:
         """Advance: count the token for penalties and feed the thinking state machine."""
         self.counts[token] += 1

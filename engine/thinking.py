@@ -180,6 +180,11 @@ class ThinkingState:
             return self.plan.forced_ids[0]
         return sampled
 
+    def settled(self) -> bool:
+        """Nothing more to do in this reply: in the answer (which no token leaves) with no ban now, and so
+        none later (the ban lasts only until the answer has a visible token)."""
+        return self.state == ANSWER and not self.ban()
+
     def ban(self) -> frozenset[int]:
         """Tokens this position must not take: stop tokens before the first visible answer token after a
         close, so a reply never ends with reasoning and no content."""

@@ -13,7 +13,8 @@ first version's, and per phase kind, summed over the layers (us per token, media
   tail    the serial tail the finisher runs (norms, rope, KV store, merges, activation quantization)
   imb     how long the other thread had nothing left while the finisher still worked on items
   wake    from the phase opening to the other thread seeing it
-A version must take the same arguments as this tree's fused_forward (extra trailing buffers are cut off).
+A version must take the same arguments as this tree's fused_forward (extra trailing buffers and
+arguments are cut off).
 """
 from __future__ import annotations
 
@@ -66,15 +67,15 @@ def instrument(src: str) -> str:
         if ln.startswith("def _step_thread("):
             in_step = True
             ln = ln.replace("def _step_thread(", "def _step_thread(T, ")
-        elif ln.startswith("def fused_forward("):
+        elif ln.startswith("def fused_forward(") or ln.startswith("def _passes("):
             in_step = False
-            ln = ln.replace("def fused_forward(", "def fused_forward(T, ")
-        elif "_step_thread(tid," in ln:
-            ln = ln.replace("_step_thread(tid,", "_step_thread(T, tid,")
+            ln = ln.replace("def fused_forward(", "def fused_forward(T, ").replace("def _passes(", "def _passes(T, ")
+        elif "_step_thread(tid," in ln or "_passes(tid," in ln:
+            ln = ln.replace("_step_thread(tid,", "_step_thread(T, tid,").replace("_passes(tid,", "_passes(T, tid,")
         if in_step and re.match(r"\s+\w+(, \w+)* = bufs$", ln):  # an older step: fewer buffers
             ln = ln.replace("= bufs", f"= bufs[:{ln.split('=')[0].count(',') + 1}]")
-        if in_step and ln.strip() == "ph = 0":
-            out += [ln, ln.replace("ph = 0", "T[tid, 0, 0] = _cyc()")]
+        if in_step and ln.strip() in ("ph = 0", "ph = ph0"):
+            out += [ln, re.sub(r"ph = \w+", "T[tid, 0, 0] = _cyc()", ln)]
             i += 1
             continue
         if in_step and re.match(r"\s+if _\w+_phase\(", ln):  # a phase: stamp between its items and its tail
@@ -154,6 +155,7 @@ def main() -> int:
             f.write(step_src)
         mods[rev] = importlib.import_module(f"step_v{j}")
     n_layer = len(ff.norms[0])
+    arity = {r: m.fused_forward.py_func.__code__.co_argcount - 1 for r, m in mods.items()}  # older: fewer
     cache = model.new_cache(max(2048, a.ctx + 64))
     model.forward(np.arange(1, a.ctx + 1, dtype=np.int32) % 1000 + 100, 0, cache)
     ff.guard.before = ff.guard.after = lambda: None
@@ -167,7 +169,8 @@ def main() -> int:
     def step(rev, pos):
         def run(kv, scratch):
             edges[0] = cyc()
-            mods[rev].fused_forward(stamps[rev], *ff.call_args(np.array([5], np.int32), pos, 1, kv, scratch, 2))
+            args = ff.call_args(np.array([5], np.int32), pos, 1, kv, scratch, 2)
+            mods[rev].fused_forward(stamps[rev], *args[:arity[rev]])
             edges[1] = cyc()
         cache.length = pos
         ff.guarded(1, pos, cache, 1, run)

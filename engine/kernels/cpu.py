@@ -287,11 +287,25 @@ def residual_add(out, x):
 # ------------------------------------------------------------------------------------------ elementwise
 @njit(cache=True, nogil=True)
 def rmsnorm(out, x, w, eps):
-    """out (R, n) <- x (R, n) / sqrt(mean(x^2) + eps) * w (n,)."""
+    """out (R, n) <- x (R, n) / sqrt(mean(x^2) + eps) * w (n,). The sum of squares in float64 (exact enough
+    to match ref for any n) over eight interleaved partial sums: one running sum was a chain of dependent
+    adds, 0.64 us for n = 576 (0.21 us so; the squares are exact in float64 and the order moves only the
+    last bits of the float64 sum)."""
     n = x.shape[1]
+    n8 = n - n % 8
     for r in range(x.shape[0]):
-        ss = 0.0  # float64 accumulator: exact enough to match ref for any n
-        for i in range(n):
+        s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
+        for i in range(0, n8, 8):
+            s0 += np.float64(x[r, i]) * x[r, i]
+            s1 += np.float64(x[r, i + 1]) * x[r, i + 1]
+            s2 += np.float64(x[r, i + 2]) * x[r, i + 2]
+            s3 += np.float64(x[r, i + 3]) * x[r, i + 3]
+            s4 += np.float64(x[r, i + 4]) * x[r, i + 4]
+            s5 += np.float64(x[r, i + 5]) * x[r, i + 5]
+            s6 += np.float64(x[r, i + 6]) * x[r, i + 6]
+            s7 += np.float64(x[r, i + 7]) * x[r, i + 7]
+        ss = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+        for i in range(n8, n):
             ss += np.float64(x[r, i]) * x[r, i]
         inv = np.float32(1.0 / np.sqrt(ss / n + eps))
         for i in range(n):

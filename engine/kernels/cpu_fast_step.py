@@ -30,9 +30,10 @@ from .cpu_attn import (SPLITS, attention_f16_split, attention_int8_split, exp_fa
 from .cpu_fast import (BATCHED_MIN_T, FastWeight, _q4, embed_q4, embed_q8, q8_group, q8_group_batched,
                        quantize_rows)
 from .cpu_guard import ContentionGuard
-from .cpu_sync import finish, grab, new_sync, open_phase, reset, wait_open
+from .cpu_sync import finish, grab, new_sync, open_phase, reset, reset_rows, wait_open  # noqa: F401
 
 F32 = np.float32
+BLOCK = 8  # the most greedy tokens one call chooses (FusedForward.greedy): the UI gets them 8 at a time
 
 
 @njit(cache=True, nogil=True, fastmath={"nnan", "ninf", "nsz", "contract", "afn", "reassoc"}, error_model="numpy")
@@ -174,10 +175,11 @@ def _attn_phase(sync, ph, tid, nt, kv, l, q3, pos0, scale, sc, part):
 
 
 @njit(cache=True, nogil=True)
-def _step_thread(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg, wu,
-                 wd, bias, qk_norm, kv, attn_scr):
+def _step_thread(tid, nt, sync, ph0, tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg,
+                 wu, wd, bias, qk_norm, kv, attn_scr):
     """Thread tid's share of the forward pass (see fused_forward): phase by phase, the same operations in
-    the same order as the per-kernel form. Every thread runs this; the tails run once, on the finisher."""
+    the same order as the per-kernel form. Every thread runs this; the tails run once, on the finisher.
+    Its phases are ph0 .. ph0 + n_phases(L) - 1 of sync."""
     x, xb, q, k, v, att, proj, gate, up, hb, qa, sa, xs, logits, cs = bufs
     attn_norm, ffn_norm, out_norm, eps = norms
     inv_freq, neox, n_head, n_kv, hd, scale = rope_p
@@ -190,7 +192,7 @@ def _step_thread(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, 
     v3 = vt.reshape(t_n, n_kv, hd)
     a3 = at.reshape(t_n, n_head, hd)
     sc, part = attn_scr[0][tid], attn_scr[2]
-    ph = 0
+    ph = ph0
     h, lo, hi = grab(sync, ph, tid, nt, 1, 0)  # phase 0, one item: the embedding and the first norm
     if lo < hi:
         _embed(xt, tokens, emb)
@@ -254,14 +256,109 @@ def _step_thread(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, 
     wait_open(sync, ph)
 
 
-def n_phases(n_layer: int) -> int:
+@njit(cache=True, nogil=True, inline="always")
+def n_phases(n_layer):
     """Phases of one fused step: the embedding, five per layer (qkv, attention, o, gate/up, down), the head."""
     return 5 * n_layer + 2
 
 
+@njit(cache=True, nogil=True)
+def argmax_row(x):
+    """The first index of the largest value of x (n,) f32, as np.argmax (a NaN counts as the largest).
+    Two passes the vectorizer packs: the maximum over eight interleaved lanes of compare-and-select
+    (numba's max() stays scalar: 41 us for 49152 values), then its first index, found by counting equal
+    values 64 at a time (an early-exit loop stays scalar). A row with a NaN or an infinity (x * 0 is NaN
+    then: the z lanes) takes a scalar pass instead."""
+    n = x.shape[0]
+    n8 = n - n % 8
+    zero = F32(0.0)
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = F32(-np.inf)
+    z0 = z1 = z2 = z3 = z4 = z5 = z6 = z7 = zero
+    for i in range(0, n8, 8):
+        a0 = x[i]
+        a1 = x[i + 1]
+        a2 = x[i + 2]
+        a3 = x[i + 3]
+        a4 = x[i + 4]
+        a5 = x[i + 5]
+        a6 = x[i + 6]
+        a7 = x[i + 7]
+        z0 += a0 * zero
+        z1 += a1 * zero
+        z2 += a2 * zero
+        z3 += a3 * zero
+        z4 += a4 * zero
+        z5 += a5 * zero
+        z6 += a6 * zero
+        z7 += a7 * zero
+        m0 = a0 if a0 > m0 else m0
+        m1 = a1 if a1 > m1 else m1
+        m2 = a2 if a2 > m2 else m2
+        m3 = a3 if a3 > m3 else m3
+        m4 = a4 if a4 > m4 else m4
+        m5 = a5 if a5 > m5 else m5
+        m6 = a6 if a6 > m6 else m6
+        m7 = a7 if a7 > m7 else m7
+    m = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+    z = ((z0 + z1) + (z2 + z3)) + ((z4 + z5) + (z6 + z7))
+    for i in range(n8, n):
+        z += x[i] * zero
+        m = max(m, x[i])
+    if z == zero:
+        for base in range(0, n, 64):
+            end = min(base + 64, n)
+            c = 0
+            for i in range(base, end):
+                c += x[i] == m
+            if c:
+                for i in range(base, end):
+                    if x[i] == m:
+                        return i
+    best, bi = x[0], 0
+    for i in range(n):
+        if x[i] != x[i]:
+            return i
+        if x[i] > best:
+            best, bi = x[i], i
+    return bi
+
+
+@njit(cache=True, nogil=True)
+def _passes(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg, wu, wd,
+            bias, qk_norm, kv, attn_scr, chain, stops):
+    """Thread tid's share of fused_forward: one pass over tokens, or (chain holding n > 0 tokens after the
+    first) a block of greedy passes, each followed by a one-item phase on one thread that appends the
+    argmax of the pass's logits to the chain; all threads stop after a token in stops."""
+    n = chain.shape[0] - 1
+    if n == 0:
+        _step_thread(tid, nt, sync, 0, tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg,
+                     wu, wd, bias, qk_norm, kv, attn_scr)
+        return
+    per = n_phases(norms[0].shape[0]) + 1
+    for s in range(n):
+        _step_thread(tid, nt, sync, s * per, chain[s:s + 1], pos0 + s, 1, bufs, emb, head, norms, rope_p, wq, wk,
+                     wv, wo, wg, wu, wd, bias, qk_norm, kv, attn_scr)
+        ph = s * per + per - 1
+        h, lo, hi = grab(sync, ph, tid, nt, 1, 0)
+        if lo < hi:
+            chain[s + 1] = argmax_row(bufs[13][0])
+            open_phase(sync, ph)
+        wait_open(sync, ph)
+        if _stops_at(chain[s + 1], stops):
+            return
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _stops_at(token, stops):
+    for i in range(stops.shape[0]):
+        if stops[i] == token:
+            return True
+    return False
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg, wu, wd, bias,
-                  qk_norm, kv, attn_scr, sync, nt):
+                  qk_norm, kv, attn_scr, sync, nt, chain, stops):
     """Embedding -> all layers -> final norm -> head for tokens (T,) at positions pos0.., in one call and
     ONE parallel region (cpu_sync): each of the nt threads runs _step_thread; they share each phase's
     items and wait only for phases to complete.
@@ -272,13 +369,25 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
     n_kv, hd, attn_scale); w* = per role (qs (L, ng, nb, 16, G), d, m (L, ng, nb, G) f16 bits, acc16);
     bias = (has, bq (L, q_dim), bk, bv); qk_norm = (has, qn (L, hd), kn (L, hd)); kv = (k16, v16) (L, cap,
     n_kv, hd) uint16 f16 bits, or (k_q, k_s, v_q, v_s) for an int8 cache; attn_scr = (sbuf (threads, group,
-    cap), unused, part) attention scratch; sync = cpu_sync.new_sync(n_phases(L), threads); nt = the
-    caller's numba.get_num_threads() (called in here, it would keep numba from caching this function).
-    Writes logits rows for the last `rows_out` positions into bufs[13][:rows_out]."""
-    reset(sync)
+    cap), unused, part) attention scratch; sync = cpu_sync.new_sync(BLOCK * (n_phases(L) + 1), threads);
+    nt = the caller's numba.get_num_threads() (called in here, it would keep numba from caching this
+    function). Writes logits rows for the last `rows_out` positions into bufs[13][:rows_out].
+
+    chain (n + 1,) int32, stops (S,) int32: with n = 0, the one pass above (chain unused). With n > 0, a
+    greedy block (tokens unused): chain[0] is forwarded at pos0, the argmax of its logits (np.argmax's
+    choice) becomes chain[1] and is forwarded at pos0 + 1, and so on, until n tokens are chosen or one is
+    in stops. Returns the number of tokens chosen (0 for a plain pass): that many positions from pos0 now
+    hold KV rows, the last chosen token's not yet. One call for n tokens saves n - 1 calls into numba
+    (~140 us each after a step's weight stream) and the Python of n - 1 rounds (logits copy, choice)."""
+    n = chain.shape[0] - 1
+    reset_rows(sync, max(n, 1) * (n_phases(norms[0].shape[0]) + 1))
     for tid in prange(nt):
-        _step_thread(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg,
-                     wu, wd, bias, qk_norm, kv, attn_scr)
+        _passes(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg, wu, wd,
+                bias, qk_norm, kv, attn_scr, chain, stops)
+    for s in range(n):
+        if _stops_at(chain[s + 1], stops):
+            return s + 1
+    return n
 
 
 # ------------------------------------------------------------------------------------------------ builder
@@ -344,7 +453,9 @@ class FusedForward:
         self.bufs = None
         self.attn_cap = 0
         self.attn_scr = (None, None, np.zeros((0,)))
-        self.sync = new_sync(n_phases(len(layers)), numba.config.NUMBA_NUM_THREADS)
+        self.sync = new_sync(BLOCK * (n_phases(len(layers)) + 1), numba.config.NUMBA_NUM_THREADS)
+        self.chain = np.zeros(BLOCK + 1, np.int32)  # a greedy block's tokens (fused_forward)
+        self._stops = (frozenset(), np.zeros(0, np.int32))  # the last stop set and its array
         self._alloc(max(1, model.state.max_t), 1)
 
     @staticmethod
@@ -387,12 +498,14 @@ class FusedForward:
             return (cache.k.view(np.uint16), cache.v.view(np.uint16))
         return (cache.k_q, cache.k_s, cache.v_q, cache.v_s)
 
-    def call_args(self, tokens, pos0: int, rows_out: int, kv, scratch, nt: int) -> tuple:
-        """fused_forward's arguments for this model (run; compile_tier.fused_signature; the scripts)."""
+    def call_args(self, tokens, pos0: int, rows_out: int, kv, scratch, nt: int, chain=None, stops=None) -> tuple:
+        """fused_forward's arguments for this model (run, greedy; compile_tier.fused_signature; the scripts);
+        without chain, one pass."""
         r = self.roles
         return (tokens, pos0, rows_out, self.bufs, self.emb, self.head, self.norms, self.rope, r["wq"], r["wk"],
                 r["wv"], r["wo"], r["w_gate"], r["w_up"], r["w_down"], self.bias, self.qk_norm, kv, scratch,
-                self.sync, nt)
+                self.sync, nt, self.chain[:1] if chain is None else chain,
+                self._stops[1] if stops is None else stops)
 
     def run(self, tokens: np.ndarray, pos0: int, cache, rows_out: int) -> np.ndarray:
         """The jitted step only (no checks, no copy): logits (rows_out, vocab) view of the internal buffer."""
@@ -400,10 +513,29 @@ class FusedForward:
             fused_forward(*self.call_args(tokens, pos0, rows_out, kv, scratch, numba.get_num_threads()))
         return self.guarded(tokens.shape[0], pos0, cache, rows_out, step)
 
+    def greedy(self, token: int, pos0: int, cache, n: int, stop_ids) -> list[int]:
+        """Up to n (<= BLOCK) greedy tokens after `token` at pos0 in one call (fused_forward's block): the
+        argmax of each pass's logits is the next pass's token; stops after a token in stop_ids (returned
+        last). The cache then holds pos0 + len(result) positions. A probe of the contention guard runs one."""
+        n = max(1, min(n, BLOCK, self.guard.block_limit()))
+        if self._stops[0] != stop_ids:
+            self._stops = (stop_ids, np.array(sorted(stop_ids), np.int32))
+        chain = self.chain[:n + 1]
+        chain[0] = token
+        got = [0]
+
+        def step(kv, scratch):
+            got[0] = fused_forward(*self.call_args(chain[:1], pos0, 1, kv, scratch, numba.get_num_threads(),
+                                                   chain))
+            return got[0]
+        self.guarded(1, pos0, cache, 1, step)
+        return chain[1:got[0] + 1].tolist()
+
     def guarded(self, t_n: int, pos0: int, cache, rows_out: int, step) -> np.ndarray:
-        """Buffers sized, the decode thread guard around `step(kv, attention scratch)` (one-token steps; a
-        prefill / verify pass gets all threads, whatever the guard chose), the cache length set to pos0 + t_n.
-        Shared by this step and the tiered start's kernel-by-kernel step (engine/compile_tier.py)."""
+        """Buffers sized, the decode thread guard around `step(kv, attention scratch)` (one-token steps and
+        greedy blocks; a prefill / verify pass gets all threads, whatever the guard chose), the cache length
+        set to pos0 + the positions written: t_n, or what step returns (a greedy block's tokens). Shared by
+        this step and the tiered start's kernel-by-kernel step (engine/compile_tier.py)."""
         if t_n > self.max_t or rows_out > self.logit_rows:
             self._alloc(t_n, rows_out)
         guard = self.guard if t_n == 1 else None
@@ -411,10 +543,10 @@ class FusedForward:
             guard.before()
         else:
             self.guard.full_threads()
-        step(self.kv_tuple(cache), self._attn_scratch(cache.capacity))
+        done = step(self.kv_tuple(cache), self._attn_scratch(cache.capacity)) or t_n
         if guard is not None:
-            guard.after()
-        cache.length = pos0 + t_n
+            guard.after(done)
+        cache.length = pos0 + done
         return self.bufs[13][:rows_out]
 
     def __call__(self, tokens, pos0: int, cache, *, all_logits: bool = False) -> np.ndarray:

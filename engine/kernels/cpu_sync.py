@@ -148,8 +148,18 @@ def wait_open(sync, ph):
 def reset(sync):
     """All counters to zero (before the region; a plain loop, not an array expression, so that a parallel
     caller does not turn it into a parallel region of its own)."""
+    reset_rows(sync, sync.shape[0] - 1)
+
+
+@njit(cache=True, nogil=True)
+def reset_rows(sync, rows):
+    """The counters of phases 0..rows-1 and the open-phase count to zero: what a region of that many
+    phases uses (a block of greedy passes sizes sync for the longest block, a single pass uses a part)."""
+    w = sync.shape[1]
     flat = sync.reshape(-1)
-    for i in range(flat.shape[0]):
+    for i in range(min(rows, sync.shape[0] - 1) * w):
+        flat[i] = 0
+    for i in range((sync.shape[0] - 1) * w, sync.shape[0] * w):
         flat[i] = 0
 
 

@@ -101,8 +101,8 @@ def test_fused_step_threads_in_sequence_match_the_region(q4_tiny):
         ff._alloc(len(tokens), 1)
         cpu_fast_step.reset(ff.sync)
         for tid in order:
-            cpu_fast_step._step_thread(tid, len(order), ff.sync, tokens, pos0, 1, ff.bufs, ff.emb, ff.head, ff.norms,
-                                       ff.rope, r["wq"], r["wk"], r["wv"], r["wo"], r["w_gate"], r["w_up"],
+            cpu_fast_step._step_thread(tid, len(order), ff.sync, 0, tokens, pos0, 1, ff.bufs, ff.emb, ff.head,
+                                       ff.norms, ff.rope, r["wq"], r["wk"], r["wv"], r["wo"], r["w_gate"], r["w_up"],
                                        r["w_down"], ff.bias, ff.qk_norm, ff.kv_tuple(cache),
                                        ff._attn_scratch(cache.capacity))
         cache.length = pos0 + len(tokens)
@@ -117,6 +117,92 @@ def test_fused_step_threads_in_sequence_match_the_region(q4_tiny):
         want = ff(np.array([tok], np.int32), len(toks) + i, c1)
         np.testing.assert_array_equal(by_hand(np.array([tok], np.int32), len(toks) + i, c2, order), want)
         tok = int(want[0].argmax())
+
+
+def _tiny_fused(path):
+    from engine.backend import Backend
+    from engine.gguf import load_gguf
+    from engine.kernels import cpu_fast, cpu_fast_step
+    from engine.model import Model
+    mf = load_gguf(path)
+    model = Model(mf.args, mf.tensors, Backend("cpu", cpu_fast), max_batch=8)
+    if getattr(model, "fused", None) is None:
+        model.fused = cpu_fast_step.build(model)
+    return model, model.fused
+
+
+def _single_steps(model, tok, pos0, cache, n, stops):
+    """What n plain rounds choose: forward, np.argmax, until a token in stops (kept)."""
+    out = []
+    for i in range(n):
+        tok = int(np.argmax(model.forward(np.array([tok], np.int32), pos0 + i, cache)[0]))
+        out.append(tok)
+        if tok in stops:
+            break
+    return out
+
+
+def test_greedy_block_chooses_what_single_steps_choose(q4_tiny):
+    """FusedForward.greedy (one call, the argmax chosen inside) gives the tokens, the KV rows and the cache
+    length of plain forward + np.argmax rounds; a token in the stop set ends the block and is returned."""
+    from engine.kernels.cpu_fast_step import BLOCK
+    model, ff = _tiny_fused(q4_tiny)
+    toks = np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32)
+    c1, c2 = model.new_cache(64), model.new_cache(64)
+    first = int(np.argmax(model.forward(toks, 0, c1)[0]))
+    model.forward(toks, 0, c2)
+    want = _single_steps(model, first, len(toks), c1, 2 * BLOCK + 3, frozenset())
+    got, tok = [], first
+    while len(got) < len(want):
+        blk = model.greedy_block(tok, len(toks) + len(got), c2, len(want) - len(got), frozenset())
+        assert 1 <= len(blk) <= BLOCK
+        got += blk
+        tok = got[-1]
+    assert got == want
+    assert c2.length == c1.length == len(toks) + len(want)
+    np.testing.assert_array_equal(c2.k[:, :c2.length], c1.k[:, :c1.length])
+    np.testing.assert_array_equal(c2.v[:, :c2.length], c1.v[:, :c1.length])
+    # a stop token: the block ends with it (its row not forwarded), the others come from the stop set too
+    stop = want[4]
+    c1.truncate(len(toks))
+    c2.truncate(len(toks))
+    want = _single_steps(model, first, len(toks), c1, BLOCK, frozenset({stop, 10**6}))
+    got = model.greedy_block(first, len(toks), c2, BLOCK, frozenset({stop, 10**6}))
+    assert got == want and got[-1] == stop and len(got) == want.index(stop) + 1
+    assert c2.length == c1.length == len(toks) + len(got)
+
+
+def test_greedy_block_threads_in_sequence_match_the_region(q4_tiny):
+    """The block's per-thread function run one thread after another (a runtime with fewer threads) chooses
+    the same tokens as the region: the choice phase never waits for a particular thread."""
+    from engine.kernels import cpu_fast_step
+    model, ff = _tiny_fused(q4_tiny)
+    toks = np.array([3, 17, 42, 5, 99, 7], np.int32)
+    c1, c2 = model.new_cache(64), model.new_cache(64)
+    first = int(np.argmax(model.forward(toks, 0, c1)[0]))
+    model.forward(toks, 0, c2)
+    want = model.greedy_block(first, len(toks), c1, 5, frozenset())
+    chain = np.zeros(6, np.int32)
+    chain[0] = first
+    args = ff.call_args(chain[:1], len(toks), 1, ff.kv_tuple(c2), ff._attn_scratch(c2.capacity), 2, chain)
+    cpu_fast_step.reset(ff.sync)
+    for tid in (1, 0):
+        cpu_fast_step._passes(tid, *args[20:21], *args[19:20], *args[:19], *args[21:])
+    assert chain[1:].tolist() == want
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 50, 49152])
+def test_argmax_row_is_numpys(n):
+    from engine.kernels.cpu_fast_step import argmax_row
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(n).astype(np.float32)
+    assert argmax_row(x) == np.argmax(x)
+    x[n // 3] = x[-1] = x.max() + 1  # ties: the first
+    assert argmax_row(x) == np.argmax(x)
+    x[:] = -np.inf
+    assert argmax_row(x) == np.argmax(x) == 0
+    x[n // 2] = np.nan  # a NaN is np.argmax's answer
+    assert argmax_row(x) == np.argmax(x)
 
 
 def test_fused_step_matches_leaf_forward_bit_for_bit(q4_tiny):

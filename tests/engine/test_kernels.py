@@ -51,6 +51,11 @@ def test_elementwise():
         getattr(ref, name)(want, *args)
         getattr(cpu, name)(got, *args)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=name)
+    z = RNG.standard_normal((2, 67)).astype(np.float32)  # a row length that is not a multiple of 8
+    want, got = np.zeros_like(z), np.zeros_like(z)
+    ref.rmsnorm(want, z, w[:1].repeat(67), 1e-5)
+    cpu.rmsnorm(got, z, w[:1].repeat(67), 1e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg="rmsnorm n=67")
     for name, arg in [("residual_add", y), ("bias_add", w)]:
         want, got = x.copy(), x.copy()
         getattr(ref, name)(want, arg)

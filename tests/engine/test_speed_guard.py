@@ -202,17 +202,20 @@ for i in range(3):
 snap1 = tracemalloc.take_snapshot()
 tracemalloc.stop()
 after = rtsys.get_allocation_stats()
-r = fz.roles
-args = (tok, 11, 1, fz.bufs, fz.emb, fz.head, fz.norms, fz.rope, r["wq"], r["wk"], r["wv"], r["wo"], r["w_gate"],
-        r["w_up"], r["w_down"], fz.bias, fz.qk_norm, fz.kv_tuple(cache), fz._attn_scratch(cache.capacity))
+args = fz.call_args(tok, 11, 1, fz.kv_tuple(cache), fz._attn_scratch(cache.capacity), 2)
 unbox_only(*args)
 u0 = rtsys.get_allocation_stats().alloc
 unbox_only(*args)
 unbox = rtsys.get_allocation_stats().alloc - u0
+fz.greedy(7, 11, cache, 4, frozenset({{3}}))  # a greedy block of 4 passes (its stop array made once)
+cache.truncate(11)
+g0 = rtsys.get_allocation_stats().alloc
+got = fz.greedy(7, 11, cache, 4, frozenset({{3}}))
+block = rtsys.get_allocation_stats().alloc - g0 - unbox
 py_new = sum(s.count_diff for s in snap1.compare_to(snap0, "filename") if s.count_diff > 0
              and "tracemalloc" not in str(s.traceback))
 print(json.dumps({{"nrt_allocs": (after.alloc - before.alloc) / 3 - unbox, "unbox": unbox,
-                  "py_blocks": py_new, "per_region": per_region,
+                  "py_blocks": py_new, "per_region": per_region, "block": block, "block_passes": len(got),
                   "regions": 1}}))
 """
 
@@ -220,11 +223,13 @@ print(json.dumps({{"nrt_allocs": (after.alloc - before.alloc) / 3 - unbox, "unbo
 def test_decode_step_allocates_nothing(q4_tiny):
     """No array is allocated per decode step: beyond wrapping the argument arrays at the call boundary, the
     only NRT allocations are numba's per-launch bookkeeping of its one parallel region and the head's
-    padded last row group (this vocab is not a multiple of 32); none in Python."""
+    padded last row group (this vocab is not a multiple of 32); none in Python. A greedy block of passes
+    (FusedForward.greedy) the same per pass."""
     res = _run_py(NO_ALLOC.format(path=str(q4_tiny)), {"NUMBA_NRT_STATS": "1"})
     assert res["unbox"] > 0, res  # the probe works
     assert res["nrt_allocs"] <= res["regions"] * res["per_region"] + 1, res
     assert res["py_blocks"] <= 2, res  # the call's argument tuples are reused/freed; no array per step
+    assert res["block"] <= res["per_region"] + res["block_passes"], res  # a greedy block: the same per pass
 
 
 ASM = """
