@@ -279,8 +279,9 @@ class TieredForward:
             self._switch()
         if not self.fused_ready:
             return None
-        self.steps["fused"] += 1
-        return self.ff.greedy(token, pos0, cache, n, stop_ids)
+        out = self.ff.greedy(token, pos0, cache, n, stop_ids)
+        self.steps["fused"] += len(out)
+        return out
 
     def __call__(self, tokens, pos0: int, cache, *, all_logits: bool = False) -> np.ndarray:
         tokens = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)

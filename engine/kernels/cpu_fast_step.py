@@ -265,10 +265,11 @@ def n_phases(n_layer):
 @njit(cache=True, nogil=True)
 def argmax_row(x):
     """The first index of the largest value of x (n,) f32, as np.argmax (a NaN counts as the largest).
-    Two passes the vectorizer packs: the maximum over eight interleaved lanes of compare-and-select
-    (numba's max() stays scalar: 41 us for 49152 values), then its first index, found by counting equal
-    values 64 at a time (an early-exit loop stays scalar). A row with a NaN or an infinity (x * 0 is NaN
-    then: the z lanes) takes a scalar pass instead."""
+    Two passes: the maximum over eight interleaved lanes of compare-and-select (numba's max() kept one
+    running maximum scalar: 41 us for 49152 values), then its first index, found by counting equal values
+    64 at a time (an early-exit loop stays scalar). ~15 us for 49152 values, called from Python (np.argmax:
+    5 us; the lanes alone 2.6 us: the z lanes, x * 0, which is NaN for a NaN or an infinity, cost the rest).
+    A row with a NaN or an infinity takes a scalar pass instead."""
     n = x.shape[0]
     n8 = n - n % 8
     zero = F32(0.0)

@@ -126,11 +126,14 @@ def test_tiered_serves_first_then_switches_to_fused(q4_path):
         for i in range(4):  # the helper waits for go(): these steps cannot be the fused ones
             toks.append(int(tiered(np.array([toks[-1]], np.int32), len(TOKS) + i, cache)[0].argmax()))
         assert tiered.steps == {"kernels": 5, "fused": 0} and not helper.fused_done.is_set()
+        assert tiered.greedy(toks[-1], len(TOKS) + 4, cache, 4, frozenset()) is None  # blocks: fused step only
+        assert cache.length == len(TOKS) + 4
         assert helper.leaves_done.wait(300) and helper.failure is None
         helper.go()
         assert helper.fused_done.wait(300), helper.failure
-        for i in range(4, 12):
+        for i in range(4, 8):
             toks.append(int(tiered(np.array([toks[-1]], np.int32), len(TOKS) + i, cache)[0].argmax()))
+        toks += tiered.greedy(toks[-1], len(TOKS) + 8, cache, 4, frozenset())  # a greedy block of 4
         assert tiered.steps == {"kernels": 5, "fused": 8} and tiered.note is None
         assert toks == want_toks
         assert helper.ended.wait(60) and helper.proc.returncode == 0

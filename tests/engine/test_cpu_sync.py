@@ -240,3 +240,29 @@ def test_fused_step_matches_leaf_forward_bit_for_bit(q4_tiny):
         want = both(np.array([tok], np.int32), len(toks) + i)
         np.testing.assert_array_equal(c2.k[:, :len(toks) + i + 1], c1.k[:, :len(toks) + i + 1])
         tok = int(want[0].argmax())
+
+
+def test_plain_round_uses_a_greedy_block_only_for_a_plain_argmax(q4_tiny):
+    """The decode loop's round: a greedy chooser gets up to greedy_block() tokens per round (the tokens single
+    rounds give, each accepted by the chooser); penalties (not a plain argmax) keep one token per round."""
+    from engine.config import SamplingParams
+    from engine.generate import RoundContext, greedy_block, plain_round
+    from engine.sampling import TokenChooser
+    model, ff = _tiny_fused(q4_tiny)
+    toks = [3, 17, 42, 5, 99, 7]
+    first = int(np.argmax(model.forward(np.array(toks, np.int32), 0, model.new_cache(64))[0]))
+    runs = {}
+    for name, sp in (("greedy", SamplingParams(greedy=True)),
+                     ("penalised", SamplingParams(greedy=True, presence_penalty=0.5))):
+        cache = model.new_cache(64)
+        model.forward(np.array(toks, np.int32), 0, cache)
+        chooser = TokenChooser(sp, model.args.vocab_size)
+        assert chooser.argmax_only() == (name == "greedy")
+        ctx = RoundContext(model, cache, toks + [first], chooser, 12, frozenset())
+        rnd = plain_round(ctx)
+        runs[name] = rnd.tokens
+        assert cache.length == len(toks) + len(rnd.tokens) and chooser.n_accepted == len(rnd.tokens)
+    assert len(runs["greedy"]) == min(12, greedy_block()) and len(runs["penalised"]) == 1
+    cache = model.new_cache(64)
+    model.forward(np.array(toks, np.int32), 0, cache)
+    assert runs["greedy"] == _single_steps(model, first, len(toks), cache, len(runs["greedy"]), frozenset())

@@ -224,3 +224,23 @@ def test_stop_string_never_matches_inside_the_forced_insert():
     eng = fake_engine(thinking_policy(close_after=None))
     final, text, _, raw, _ = run(eng, budget=3, stop=("limited time", "\n\n"))
     assert final.thinking_forced and text == "Paris." and NOTE in raw
+
+
+def test_settled_only_once_the_answer_can_take_any_token():
+    """settled() (a greedy block may choose from here on): not while reasoning, not in the forced close, not
+    while stop tokens are banned after the close; yes once the answer has a visible token, and always when
+    the reply has no reasoning at all."""
+    from engine.thinking import ThinkingPlan, ThinkingState
+    assert ThinkingState(ThinkingPlan("off"), stop_ids=(0,)).settled()
+    plan = ThinkingPlan("prompted", open_ids=(5,), close_ids=(6,), forced_ids=(7, 6), budget=2, start="reasoning")
+    st = ThinkingState(plan, stop_ids=(0,))
+    seen, taken = [], []
+    for raw in (11, 12, 13, 99, 21, 22):  # the model's picks; the state forces / redirects as choose does
+        seen.append(st.settled())
+        forced = st.force()
+        tok = forced if forced is not None else st.redirect(raw)
+        taken.append(tok)
+        st.accept(tok)
+    seen.append(st.settled())
+    assert taken == [11, 12, 7, 6, 21, 22]  # the budget of 2 forces the close (7, 6)
+    assert seen == [False, False, False, False, False, True, True]  # 21: answer, stop tokens still banned
