@@ -262,11 +262,15 @@ class TieredForward:
         log.warning("background compile of the fused decode step failed (%s); this run keeps the "
                     "kernel-by-kernel step (same results, ~10%% slower decode)", self.note)
 
-    def run(self, tokens: np.ndarray, pos0: int, cache, rows_out: int) -> np.ndarray:
+    def _fused(self) -> bool:
+        """Whether this step is the fused one (switching to it once the helper has it cached)."""
         if not self.fused_ready and self.note is None:
             self._switch()
+        return self.fused_ready
+
+    def run(self, tokens: np.ndarray, pos0: int, cache, rows_out: int) -> np.ndarray:
         ff = self.ff
-        if self.fused_ready:
+        if self._fused():
             self.steps["fused"] += 1
             return ff.run(tokens, pos0, cache, rows_out)
         self.steps["kernels"] += 1
@@ -275,9 +279,7 @@ class TieredForward:
 
     def greedy(self, token: int, pos0: int, cache, n: int, stop_ids) -> list[int] | None:
         """FusedForward.greedy once the fused step is in use; None before (the caller runs single steps)."""
-        if not self.fused_ready and self.note is None:
-            self._switch()
-        if not self.fused_ready:
+        if not self._fused():
             return None
         out = self.ff.greedy(token, pos0, cache, n, stop_ids)
         self.steps["fused"] += len(out)

@@ -2,13 +2,14 @@
 
     PYTHONPATH=. .venv/bin/python scripts/round_overhead.py [--tokens 128] [--reps 4] [--busy]
 
-Prints, for greedy replies to the count300_en workload (the product loop, Session.generate):
+Prints, for greedy replies to the count300_en workload (the product loop, Session.generate, one token per
+round: NINFER_GREEDY_BLOCK=1 unless set, since a greedy block chooses its tokens inside one call):
   round       1000 / decode tok/s of the reply
   step        FusedForward.run (the jitted step and its guard)
   copy        from the step's return to Model.forward's (the logits copy)
   choose      TokenChooser.choose (greedy: argmax)
   rest        from choose's return to the next step (detokenizer, stop strings, events, the next checks)
-Then the cost of calling into numba with the fused step's ~69 array arguments (a no-op function of the same
+Then the cost of calling into numba with the fused step's ~70 array arguments (a no-op function of the same
 arguments), hot and after streaming 100 MB (the cache state after a decode step), and with --busy the
 process's CPU seconds per wall second of one-token steps on 2 and 1 threads, quiet and with a spinner
 pinned to core 0 (what engine/kernels/cpu_guard.py reads).
@@ -22,9 +23,17 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+os.environ.setdefault("NINFER_GREEDY_BLOCK", "1")  # rounds of one token: what the marks below time
 from engine import numba_env  # noqa: F401,E402  (flags before numba)
 
 import numpy as np  # noqa: E402
+
+
+def _n_arrays(x) -> int:
+    """Arrays in a (nested) argument tuple."""
+    if isinstance(x, tuple):
+        return sum(_n_arrays(a) for a in x)
+    return int(isinstance(x, np.ndarray))
 
 
 def _rounds(eng, msgs, tokens: int, reps: int) -> None:
@@ -91,7 +100,7 @@ def _call_cost(eng) -> None:
     noop(*args)
     noop3(*small)
     junk = np.ones(100_000_000 // 8)
-    for label, f, a in (("69 arrays", noop, args), ("3 arguments", noop3, small)):
+    for label, f, a in ((f"{_n_arrays(args)} arrays", noop, args), ("3 arguments", noop3, small)):
         hot, cold = [], []
         for _ in range(200):
             t = time.perf_counter()

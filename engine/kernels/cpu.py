@@ -361,14 +361,72 @@ def rope_apply(x, cs, neox):
 
 
 @njit(cache=True, nogil=True)
+def argmax_row(x):
+    """The first index of the largest value of x (n,) f32, as np.argmax (a NaN counts as the largest).
+    Two passes: the maximum over eight interleaved lanes of compare-and-select (numba's max() kept one
+    running maximum scalar: 41 us for 49152 values), then its first index, found by counting equal values
+    64 at a time (an early-exit loop stays scalar). ~15 us for 49152 values, called from Python (np.argmax:
+    5 us; the lanes alone 2.6 us: the z lanes, x * 0, which is NaN for a NaN or an infinity, cost the rest).
+    A row with a NaN or an infinity takes a scalar pass instead."""
+    n = x.shape[0]
+    n8 = n - n % 8
+    zero = np.float32(0.0)
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = np.float32(-np.inf)
+    z0 = z1 = z2 = z3 = z4 = z5 = z6 = z7 = zero
+    for i in range(0, n8, 8):
+        a0 = x[i]
+        a1 = x[i + 1]
+        a2 = x[i + 2]
+        a3 = x[i + 3]
+        a4 = x[i + 4]
+        a5 = x[i + 5]
+        a6 = x[i + 6]
+        a7 = x[i + 7]
+        z0 += a0 * zero
+        z1 += a1 * zero
+        z2 += a2 * zero
+        z3 += a3 * zero
+        z4 += a4 * zero
+        z5 += a5 * zero
+        z6 += a6 * zero
+        z7 += a7 * zero
+        m0 = a0 if a0 > m0 else m0
+        m1 = a1 if a1 > m1 else m1
+        m2 = a2 if a2 > m2 else m2
+        m3 = a3 if a3 > m3 else m3
+        m4 = a4 if a4 > m4 else m4
+        m5 = a5 if a5 > m5 else m5
+        m6 = a6 if a6 > m6 else m6
+        m7 = a7 if a7 > m7 else m7
+    m = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+    z = ((z0 + z1) + (z2 + z3)) + ((z4 + z5) + (z6 + z7))
+    for i in range(n8, n):
+        z += x[i] * zero
+        m = max(m, x[i])
+    if z == zero:
+        for base in range(0, n, 64):
+            end = min(base + 64, n)
+            c = 0
+            for i in range(base, end):
+                c += x[i] == m
+            if c:
+                for i in range(base, end):
+                    if x[i] == m:
+                        return i
+    best, bi = x[0], 0
+    for i in range(n):
+        if x[i] != x[i]:
+            return i
+        if x[i] > best:
+            best, bi = x[i], i
+    return bi
+
+
+@njit(cache=True, nogil=True)
 def argmax(out, logits):
     """out (T,) int32 <- index of the largest value of each row of logits (T, vocab) (first on ties)."""
     for t in range(logits.shape[0]):
-        best, bi = logits[t, 0], 0
-        for i in range(1, logits.shape[1]):
-            if logits[t, i] > best:
-                best, bi = logits[t, i], i
-        out[t] = bi
+        out[t] = argmax_row(logits[t])
 
 
 # ---------------------------------------------------------------------------------------------- KV cache

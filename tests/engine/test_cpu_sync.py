@@ -193,7 +193,7 @@ def test_greedy_block_threads_in_sequence_match_the_region(q4_tiny):
 
 @pytest.mark.parametrize("n", [1, 7, 8, 50, 49152])
 def test_argmax_row_is_numpys(n):
-    from engine.kernels.cpu_fast_step import argmax_row
+    from engine.kernels.cpu import argmax_row
     rng = np.random.default_rng(n)
     x = rng.standard_normal(n).astype(np.float32)
     assert argmax_row(x) == np.argmax(x)
