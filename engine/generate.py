@@ -80,9 +80,10 @@ def plain_round(ctx: RoundContext) -> Round:
     up to greedy_block() tokens in one call (Model.greedy_block), the same tokens single rounds would give."""
     t0 = time.perf_counter()
     pos = len(ctx.seq) - 1
-    if ctx.max_tokens > 1 and ctx.chooser.argmax_only():
+    n = min(ctx.max_tokens, greedy_block())
+    if n > 1 and ctx.chooser.argmax_only():
         block = getattr(ctx.model, "greedy_block", None)
-        toks = block(ctx.seq[-1], pos, ctx.cache, min(ctx.max_tokens, greedy_block()), ctx.stop_ids) if block else None
+        toks = block(ctx.seq[-1], pos, ctx.cache, n, ctx.stop_ids) if block else None
         if toks:
             for tok in toks:
                 ctx.chooser.accept(tok)

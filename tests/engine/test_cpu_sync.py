@@ -266,3 +266,19 @@ def test_plain_round_uses_a_greedy_block_only_for_a_plain_argmax(q4_tiny):
     cache = model.new_cache(64)
     model.forward(np.array(toks, np.int32), 0, cache)
     assert runs["greedy"] == _single_steps(model, first, len(toks), cache, len(runs["greedy"]), frozenset())
+
+
+def test_greedy_block_of_one_is_a_plain_round(q4_tiny, monkeypatch):
+    """NINFER_GREEDY_BLOCK=1 turns blocks off: the round forwards and chooses in Python (Model.forward)."""
+    from engine import generate
+    from engine.config import SamplingParams
+    from engine.sampling import TokenChooser
+    model, ff = _tiny_fused(q4_tiny)
+    monkeypatch.setattr(generate, "greedy_block", lambda: 1)
+    monkeypatch.setattr(model, "greedy_block", lambda *a: pytest.fail("a block of one token"))
+    toks = [3, 17, 42, 5, 99, 7]
+    cache = model.new_cache(64)
+    first = int(np.argmax(model.forward(np.array(toks, np.int32), 0, cache)[0]))
+    chooser = TokenChooser(SamplingParams(greedy=True), model.args.vocab_size)
+    rnd = generate.plain_round(generate.RoundContext(model, cache, toks + [first], chooser, 12, frozenset()))
+    assert len(rnd.tokens) == 1 and cache.length == len(toks) + 1
