@@ -64,29 +64,29 @@ RoundFn = Callable[[RoundContext], Round]
 
 
 @functools.cache
-def greedy_block() -> int:
-    """Tokens per greedy block (plain_round): 8, the UI getting them in bursts of ~8 x 5 ms; the environment
-    variable NINFER_GREEDY_BLOCK=1 turns blocks off (benchmarks compare the two in one run)."""
-    v = os.environ.get("NINFER_GREEDY_BLOCK", "8")
+def block_size() -> int:
+    """Tokens per decode block (plain_round): 8, the UI getting them in bursts of ~8 x 5 ms; the environment
+    variable NINFER_DECODE_BLOCK=1 turns blocks off (benchmarks compare the two in one run)."""
+    v = os.environ.get("NINFER_DECODE_BLOCK", "8")
     if not v.isdigit() or int(v) < 1:
-        raise ConfigError(f"NINFER_GREEDY_BLOCK must be a whole number >= 1, got {v!r}")
+        raise ConfigError(f"NINFER_DECODE_BLOCK must be a whole number >= 1, got {v!r}")
     return int(v)
 
 
-
 def plain_round(ctx: RoundContext) -> Round:
-    """One token: forward the pending token, choose the next one. When the choice is a plain argmax for the
-    rest of the reply (TokenChooser.argmax_only) and the model can choose by itself, a greedy block instead:
-    up to greedy_block() tokens in one call (Model.greedy_block), the same tokens single rounds would give."""
+    """One token: forward the pending token, choose the next one. When the chooser can hand its choice to
+    the model for the rest of the reply (TokenChooser.block: greedy, or top-k sampling, with a settled
+    thinking state) and the model can choose by itself, a decode block instead: up to block_size() tokens
+    in one call (Model.decode_block), the tokens single rounds would give."""
     t0 = time.perf_counter()
     pos = len(ctx.seq) - 1
-    n = min(ctx.max_tokens, greedy_block())
-    if n > 1 and ctx.chooser.argmax_only():
-        block = getattr(ctx.model, "greedy_block", None)
-        toks = block(ctx.seq[-1], pos, ctx.cache, n, ctx.stop_ids) if block else None
+    n = min(ctx.max_tokens, block_size())
+    block = getattr(ctx.model, "decode_block", None) if n > 1 else None
+    choice = ctx.chooser.block(n) if block is not None else None
+    if choice is not None:
+        toks = block(ctx.seq[-1], pos, ctx.cache, n, ctx.stop_ids, choice)
+        ctx.chooser.accepted(toks or [])  # None (not yet): rewinds the generator, nothing taken
         if toks:
-            for tok in toks:
-                ctx.chooser.accept(tok)
             return Round(toks, verify_ms=(time.perf_counter() - t0) * 1e3)
     logits = ctx.model.forward(np.array([ctx.seq[-1]], np.int32), pos, ctx.cache)  # (1, vocab)
     tok = ctx.chooser.choose(logits[0])

@@ -133,18 +133,20 @@ class Model:
         self.fused = build_fused(self) if build_fused is not None else None
         self.captured: dict[int, np.ndarray] = {}  # layer -> (T, d) host copy of its output (see forward)
 
-    def greedy_block(self, token: int, pos0: int, cache: KVCache, n: int, stop_ids: frozenset) -> list[int] | None:
-        """Up to n greedy tokens after `token` (forwarded at pos0) in one call, when the backend's one-call
-        forward can choose them itself (kernels/cpu_fast_step.FusedForward.greedy): each the argmax of the
-        previous one's logits, as n forward + np.argmax rounds would choose them; stops after a token in
-        stop_ids (returned last). The cache then holds pos0 + len(result). None when this model cannot, or
-        not yet (the tiered start's first steps): the caller runs single forwards."""
-        greedy = getattr(self.fused, "greedy", None)
-        if greedy is None:
+    def decode_block(self, token: int, pos0: int, cache: KVCache, n: int, stop_ids: frozenset,
+                     choice=None) -> list[int] | None:
+        """Up to n tokens after `token` (forwarded at pos0) in one call, when the backend's one-call forward
+        can choose them itself (kernels/cpu_fast_step.FusedForward.block): each chosen from the previous
+        one's logits by `choice` (TokenChooser.block; None: the argmax) and forwarded next, as n forward +
+        choose rounds would; stops after a token in stop_ids (returned last). The cache then holds pos0 +
+        len(result). None when this model cannot, or not yet (the tiered start's first steps): the caller
+        runs single forwards."""
+        block = getattr(self.fused, "block", None)
+        if block is None:
             return None
         check_forward_args([token], pos0, cache, self.args.vocab_size)
         cache.check_room(pos0 + n)
-        return greedy(int(token), pos0, cache, n, stop_ids)
+        return block(int(token), pos0, cache, n, stop_ids, choice)
 
     def new_cache(self, capacity: int, kv_dtype: str = "f16") -> KVCache:
         """An empty KV cache for this model holding up to `capacity` positions."""

@@ -104,10 +104,11 @@ def _versions() -> str:
 def _kernel_sources() -> str:
     """Hash of our kernel sources. numba invalidates a cached function when ITS file changes, not when a
     callee in another module does; a jitted function that inlines kernels from cpu_fast.py would otherwise
-    keep running the old callee code (seen: an out-of-bounds write after a layout change)."""
+    keep running the old callee code (seen: an out-of-bounds write after a layout change). sampling_fast.py
+    counts as a kernel: the fused step's decode blocks call its sampling chain."""
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
-    for f in sorted((here / "kernels").glob("*.py")) + [here / "quant.py"]:
+    for f in sorted((here / "kernels").glob("*.py")) + [here / "quant.py", here / "sampling_fast.py"]:
         try:
             h.update(f.name.encode() + f.read_bytes())
         except OSError:

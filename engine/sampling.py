@@ -52,7 +52,9 @@ class TokenChooser:
         self._pen = np.zeros(vocab_size, np.float32)
         self._args = (float(p.temperature), int(p.top_k), float(p.top_p), float(p.min_p))
         from . import sampling_fast as sf  # numba loads on first use, not when the UI imports the engine
-        self._scan, self._select = sf.top_scan, sf.select
+        self._scan, self._select, self._draw = sf.top_scan, sf.select, sf.draw
+        self._us = np.zeros(0, np.float64)  # a decode block's uniforms (block)
+        self._rewind = None  # the generator's state before a block drew them
         if p.is_greedy:  # argmax = top-1: (1,) i64 / f32 buffers
             self._ids, self._vals = np.zeros(1, np.int64), np.empty(1, np.float32)
         else:
@@ -83,11 +85,46 @@ class TokenChooser:
             tok = th.redirect(tok)
         return tok
 
-    def argmax_only(self) -> bool:
-        """Every choice from here to the end of the reply is the logits' argmax: greedy, no penalties, and a
-        thinking state that will not force, ban or redirect again (a greedy block may choose for us)."""
-        th = self.thinking
-        return self.params.is_greedy and not self._penalised and (th is None or th.settled())
+    def block(self, n: int) -> tuple | None:
+        """The choice of the next n tokens as a decode block takes it inside one call (Model.decode_block,
+        cpu_fast_step._choose), or None when a choice needs this class: the thinking state may still force,
+        ban or redirect; greedy with penalties; top-k off or above KMAX (the full-vocabulary path).
+        (mode 0 argmax | 1 sampled, temperature, top_k, top_p, min_p, presence, frequency, penalty row or
+        empty, counts, n uniforms, ids, vals, probs). The uniforms are drawn ahead; `accepted` rewinds the
+        generator to where one draw per token taken leaves it, so the tokens and the draws that follow are
+        those of single `choose` calls."""
+        from .kernels.cpu_fast_step import argmax_choice
+        from .sampling_fast import KMAX
+        th, p = self.thinking, self.params
+        if th is not None and not th.settled():
+            return None
+        if p.is_greedy:
+            return None if self._penalised else argmax_choice(self.counts)
+        t, k, top_p, min_p = self._args
+        if not (0 < k < self.vocab_size and k <= KMAX):
+            return None
+        if self._us.shape[0] < n:
+            self._us = np.zeros(n, np.float64)
+        self._rewind = self.rng.bit_generator.state
+        us = self._us[:n]
+        self.rng.random(out=us)
+        return (1, t, k, top_p, min_p, float(p.presence_penalty), float(p.frequency_penalty),
+                self._pen if self._penalised else _NO_PEN, self.counts, us, self._ids, self._vals, self._p)
+
+    def accepted(self, tokens: list[int]) -> None:
+        """After a decode block from `block`: its tokens were chosen and counted (penalty row included)
+        inside the call. The generator is rewound to one draw per token (sampled), the thinking state
+        advances. Raises like `choose` when the block found no token to take (-1, last)."""
+        if self._rewind is not None:
+            self.rng.bit_generator.state, self._rewind = self._rewind, None
+            if tokens:
+                self.rng.random(len(tokens))
+        if tokens and tokens[-1] < 0:
+            raise ValueError("every token is banned or the logits are not finite")
+        self.n_accepted += len(tokens)
+        if self.thinking is not None:
+            for tok in tokens:
+                self.thinking.accept(tok)
 
     def accept(self, token: int) -> None:
         """Advance: count the token for penalties and feed the thinking state machine."""
@@ -118,26 +155,7 @@ class TokenChooser:
         n = self._select(x, pen, *self._args, self._work, self._ids, self._vals, self._p)
         if n <= 0:
             raise ValueError("every token is banned or the logits are not finite")
-        return int(self._ids[_draw(self._p, n, self.rng.random())])
-
-
-def _draw(p: np.ndarray, n: int, u: float) -> int:
-    """One uniform u in [0, 1) -> index into p[:n] by inverse CDF in candidate order: the first j whose
-    cumulative mass exceeds u * total. A plain loop for the usual few candidates (numpy's cumsum/searchsorted
-    calls cost ~5 us), numpy for many; both sum in order, so they agree."""
-    if n > 64:
-        cdf = np.cumsum(p[:n])  # (n,)
-        return min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), n - 1)
-    ps = p[:n].tolist()
-    total = 0.0
-    for q in ps:
-        total += q
-    target, acc = u * total, 0.0
-    for j, q in enumerate(ps):
-        acc += q
-        if acc > target:
-            return j
-    return n - 1
+        return int(self._ids[self._draw(self._p, n, self.rng.random())])
 
 
 def _row(logits_row: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ all (top_k off, top_p 1, min_p 0) the candidates are every allowed token in id o
 Cold compile is what limits the shape: every @njit function costs ~0.2-0.8 s on a first start (empty cache),
 so there are few of them, no numpy sort or allocation inside (np.argsort alone cost seconds), the two paths are
 separate entry points (a start compiles only the one its settings use), greedy reuses `top_scan` (k = 1) and
-the draw stays in Python (`engine.sampling._draw`). `compile_plan` names what a setting will compile, so a
+the draw is `draw` (also inside a decode block: `block_choice`). `compile_plan` names what a setting will compile, so a
 background helper can do it ahead.
 
 Paths (`select`):
@@ -222,6 +222,36 @@ def select_top(x, pen, temperature, k, top_p, min_p, ids, vals, p):
     return _finish(vals, n, temperature, m, norm, top_p, min_p, p)
 
 
+@njit(cache=True)
+def draw(p, n, u):
+    """One uniform u in [0, 1) -> index into p[:n] by inverse CDF in candidate order: the first j whose
+    cumulative mass (summed in order, float64) exceeds u * total; n - 1 if rounding leaves none."""
+    total = 0.0
+    for j in range(n):
+        total += p[j]
+    target, acc = u * total, 0.0
+    for j in range(n):
+        acc += p[j]
+        if acc > target:
+            return j
+    return n - 1
+
+
+@njit(cache=True)
+def block_choice(x, pen, counts, temperature, k, top_p, min_p, presence, frequency, u, ids, vals, p):
+    """One sampled choice inside a decode block (cpu_fast_step): select_top over x - pen, the draw with u,
+    then what TokenChooser.accept does to the penalty state: counts[token] += 1 and, with a penalty row
+    (pen non-empty), pen[token] = presence + frequency * count. -1 when no token is allowed."""
+    n = select_top(x, pen, temperature, k, top_p, min_p, ids, vals, p)
+    if n <= 0:
+        return -1
+    tok = ids[draw(p, n, u)]
+    counts[tok] += 1
+    if pen.shape[0] > 0:
+        pen[tok] = presence + frequency * counts[tok]
+    return tok
+
+
 def select(x, pen, temperature, top_k, top_p, min_p, work, ids, vals, p):
     """Processed logits x - pen (V,) -> n candidates: ids[:n] (i64), p[:n] (f64, sums to 1), canonical order.
 
@@ -245,6 +275,7 @@ def compile_plan(greedy: bool, top_k: int, vocab: int) -> list:
         return [(top_scan, (f32, f32, types.int64, i64, f32))]
     k = top_k if 0 < top_k < vocab else 0
     if 0 < k <= KMAX:
-        return [(select_top, (f32, f32, types.float64, types.int64, types.float64, types.float64, i64, f32, f64))]
+        return [(select_top, (f32, f32, types.float64, types.int64, types.float64, types.float64, i64, f32, f64)),
+                (draw, (f64, types.int64, types.float64))]
     return [(select_wide, (f32, f32, types.float64, types.int64, types.float64, types.float64, f32, i64, f32,
-                           f64))]
+                           f64)), (draw, (f64, types.int64, types.float64))]

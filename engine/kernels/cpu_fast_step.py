@@ -29,11 +29,12 @@ from .cpu_attn import (SPLITS, attention_f16_split, attention_int8_split, exp_fa
                        f32_to_f16_bits, store_f16)
 from .cpu_fast import (BATCHED_MIN_T, FastWeight, _q4, embed_q4, embed_q8, q8_group, q8_group_batched,
                        quantize_rows)
+from ..sampling_fast import block_choice
 from .cpu_guard import ContentionGuard
 from .cpu_sync import finish, grab, new_sync, open_phase, reset, reset_rows, wait_open  # noqa: F401
 
 F32 = np.float32
-BLOCK = 8  # the most greedy tokens one call chooses (FusedForward.greedy): the UI gets them 8 at a time
+BLOCK = 8  # the most tokens one call chooses (FusedForward.block): the UI gets them 8 at a time
 
 
 @njit(cache=True, nogil=True, fastmath={"nnan", "ninf", "nsz", "contract", "afn", "reassoc"}, error_model="numpy")
@@ -262,12 +263,25 @@ def n_phases(n_layer):
     return 5 * n_layer + 2
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _choose(x, choice, s):
+    """Pass s's token from its logits x: the argmax (mode 0) or a sampled choice (engine.sampling_fast
+    .block_choice with the pass's uniform); either counts it into the chooser's penalty state."""
+    mode, temperature, k, top_p, min_p, presence, frequency, pen, counts, us, ids, vals, p = choice
+    if mode == 0:
+        tok = cpu.argmax_row(x)
+        if counts.shape[0] > 0:
+            counts[tok] += 1
+        return tok
+    return block_choice(x, pen, counts, temperature, k, top_p, min_p, presence, frequency, us[s], ids, vals, p)
+
+
 @njit(cache=True, nogil=True)
 def _passes(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg, wu, wd,
-            bias, qk_norm, kv, attn_scr, chain, stops):
+            bias, qk_norm, kv, attn_scr, chain, stops, choice):
     """Thread tid's share of fused_forward: one pass over tokens, or (chain holding n > 0 tokens after the
-    first) a block of greedy passes, each followed by a one-item phase on one thread that appends the
-    argmax of the pass's logits to the chain; all threads stop after a token in stops."""
+    first) a block of passes, each followed by a one-item phase on one thread that appends the pass's
+    chosen token to the chain; all threads stop after a token in stops (or -1: nothing to choose)."""
     n = chain.shape[0] - 1
     if n == 0:
         _step_thread(tid, nt, sync, 0, tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg,
@@ -280,15 +294,18 @@ def _passes(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, rope_
         ph = s * per + per - 1
         h, lo, hi = grab(sync, ph, tid, nt, 1, 0)
         if lo < hi:
-            chain[s + 1] = cpu.argmax_row(bufs[13][0])
+            chain[s + 1] = _choose(bufs[13][0], choice, s)
             open_phase(sync, ph)
         wait_open(sync, ph)
-        if _stops_at(chain[s + 1], stops):
+        if _ends(chain[s + 1], stops):
             return
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _stops_at(token, stops):
+def _ends(token, stops):
+    """A block ends after this token: a stop token, or -1 (no token could be chosen)."""
+    if token < 0:
+        return True
     for i in range(stops.shape[0]):
         if stops[i] == token:
             return True
@@ -297,7 +314,7 @@ def _stops_at(token, stops):
 
 @njit(cache=True, nogil=True, parallel=True)
 def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg, wu, wd, bias,
-                  qk_norm, kv, attn_scr, sync, nt, chain, stops):
+                  qk_norm, kv, attn_scr, sync, nt, chain, stops, choice):
     """Embedding -> all layers -> final norm -> head for tokens (T,) at positions pos0.., in one call and
     ONE parallel region (cpu_sync): each of the nt threads runs _step_thread; they share each phase's
     items and wait only for phases to complete.
@@ -312,21 +329,31 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
     nt = the caller's numba.get_num_threads() (called in here, it would keep numba from caching this
     function). Writes logits rows for the last `rows_out` positions into bufs[13][:rows_out].
 
-    chain (n + 1,) int32, stops (S,) int32: with n = 0, the one pass above (chain unused). With n > 0, a
-    greedy block (tokens unused): chain[0] is forwarded at pos0, the argmax of its logits (np.argmax's
-    choice) becomes chain[1] and is forwarded at pos0 + 1, and so on, until n tokens are chosen or one is
-    in stops. Returns the number of tokens chosen (0 for a plain pass): that many positions from pos0 now
-    hold KV rows, the last chosen token's not yet. One call for n tokens saves n - 1 calls into numba
-    (~140 us each after a step's weight stream) and the Python of n - 1 rounds (logits copy, choice)."""
+    chain (n + 1,) int32, stops (S,) int32, choice (TokenChooser.block's tuple): with n = 0, the one pass
+    above (chain and choice unused). With n > 0, a decode block (tokens unused): chain[0] is forwarded at
+    pos0, the token chosen from its logits (the argmax, np.argmax's choice, or a sampled one: _choose)
+    becomes chain[1] and is forwarded at pos0 + 1, and so on, until n tokens are chosen or one is in stops
+    (or is -1: nothing could be chosen). Returns the number of tokens chosen (0 for a plain pass): that
+    many positions from pos0 now hold KV rows, the last chosen token's not yet. One call for n tokens saves
+    n - 1 calls into numba (~140 us each after a step's weight stream) and the Python of n - 1 rounds
+    (logits copy, choice)."""
     n = chain.shape[0] - 1
     reset_rows(sync, max(n, 1) * (n_phases(norms[0].shape[0]) + 1))
     for tid in prange(nt):
         _passes(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg, wu, wd,
-                bias, qk_norm, kv, attn_scr, chain, stops)
+                bias, qk_norm, kv, attn_scr, chain, stops, choice)
     for s in range(n):
-        if _stops_at(chain[s + 1], stops):
+        if _ends(chain[s + 1], stops):
             return s + 1
     return n
+
+
+def argmax_choice(counts=None) -> tuple:
+    """The choice tuple of a decode block that takes the argmax (counting it into counts when given):
+    the shape of TokenChooser.block's, so one compiled fused_forward serves both."""
+    e32, e64 = np.zeros(0, np.float32), np.zeros(0, np.float64)
+    return (0, 0.0, 0, 1.0, 0.0, 0.0, 0.0, e32, np.zeros(0, np.int32) if counts is None else counts, e64,
+            np.zeros(0, np.int64), e32, e64)
 
 
 # ------------------------------------------------------------------------------------------------ builder
@@ -393,8 +420,9 @@ class FusedForward:
         self.attn_cap = 0
         self.attn_scr = (None, None, np.zeros((0,)))
         self.sync = new_sync(BLOCK * (n_phases(len(layers)) + 1), numba.config.NUMBA_NUM_THREADS)
-        self.chain = np.zeros(BLOCK + 1, np.int32)  # a greedy block's tokens (fused_forward)
+        self.chain = np.zeros(BLOCK + 1, np.int32)  # a decode block's tokens (fused_forward)
         self._stops = (frozenset(), np.zeros(0, np.int32))  # the last stop set and its array
+        self.argmax = argmax_choice()  # a block's choice when the caller gives none (plain argmax)
         self._alloc(max(1, model.state.max_t), 1)
 
     @staticmethod
@@ -437,14 +465,15 @@ class FusedForward:
             return (cache.k.view(np.uint16), cache.v.view(np.uint16))
         return (cache.k_q, cache.k_s, cache.v_q, cache.v_s)
 
-    def call_args(self, tokens, pos0: int, rows_out: int, kv, scratch, nt: int, chain=None, stops=None) -> tuple:
-        """fused_forward's arguments for this model (run, greedy; compile_tier.fused_signature; the scripts);
+    def call_args(self, tokens, pos0: int, rows_out: int, kv, scratch, nt: int, chain=None, stops=None,
+                  choice=None) -> tuple:
+        """fused_forward's arguments for this model (run, block; compile_tier.fused_signature; the scripts);
         without chain, one pass."""
         r = self.roles
         return (tokens, pos0, rows_out, self.bufs, self.emb, self.head, self.norms, self.rope, r["wq"], r["wk"],
                 r["wv"], r["wo"], r["w_gate"], r["w_up"], r["w_down"], self.bias, self.qk_norm, kv, scratch,
                 self.sync, nt, self.chain[:1] if chain is None else chain,
-                self._stops[1] if stops is None else stops)
+                self._stops[1] if stops is None else stops, self.argmax if choice is None else choice)
 
     def run(self, tokens: np.ndarray, pos0: int, cache, rows_out: int) -> np.ndarray:
         """The jitted step only (no checks, no copy): logits (rows_out, vocab) view of the internal buffer."""
@@ -452,23 +481,24 @@ class FusedForward:
             fused_forward(*self.call_args(tokens, pos0, rows_out, kv, scratch, numba.get_num_threads()))
         return self.guarded(tokens.shape[0], pos0, cache, rows_out, step)
 
-    def greedy(self, token: int, pos0: int, cache, n: int, stop_ids) -> list[int]:
-        """Up to n (<= BLOCK) greedy tokens after `token` at pos0 in one call (fused_forward's block): the
-        argmax of each pass's logits is the next pass's token; stops after a token in stop_ids (returned
-        last). The cache then holds pos0 + len(result) positions. A probe of the contention guard runs one."""
+    def block(self, token: int, pos0: int, cache, n: int, stop_ids, choice=None) -> list[int]:
+        """Up to n (<= BLOCK) tokens after `token` at pos0 in one call (fused_forward's block), each chosen
+        from the previous pass's logits by `choice` (TokenChooser.block's tuple; None: the argmax) and
+        forwarded next; stops after a token in stop_ids (returned last) or -1 (nothing to choose). The cache
+        then holds pos0 + len(result) positions. A probe of the contention guard runs one."""
         n = max(1, min(n, BLOCK, self.guard.block_limit()))
         if self._stops[0] != stop_ids:
             self._stops = (stop_ids, np.array(sorted(stop_ids), np.int32))
         chain = self.chain[:n + 1]
         chain[0] = token
         self.guarded(1, pos0, cache, 1, lambda kv, scratch: fused_forward(
-            *self.call_args(chain[:1], pos0, 1, kv, scratch, numba.get_num_threads(), chain)))
+            *self.call_args(chain[:1], pos0, 1, kv, scratch, numba.get_num_threads(), chain, choice=choice)))
         return chain[1:cache.length - pos0 + 1].tolist()  # guarded set the length: pos0 + tokens chosen
 
     def guarded(self, t_n: int, pos0: int, cache, rows_out: int, step) -> np.ndarray:
         """Buffers sized, the decode thread guard around `step(kv, attention scratch)` (one-token steps and
-        greedy blocks; a prefill / verify pass gets all threads, whatever the guard chose), the cache length
-        set to pos0 + the positions written: t_n, or what step returns (a greedy block's tokens). Shared by
+        decode blocks; a prefill / verify pass gets all threads, whatever the guard chose), the cache length
+        set to pos0 + the positions written: t_n, or what step returns (a decode block's tokens). Shared by
         this step and the tiered start's kernel-by-kernel step (engine/compile_tier.py)."""
         if t_n > self.max_t or rows_out > self.logit_rows:
             self._alloc(t_n, rows_out)

@@ -126,14 +126,14 @@ def test_tiered_serves_first_then_switches_to_fused(q4_path):
         for i in range(4):  # the helper waits for go(): these steps cannot be the fused ones
             toks.append(int(tiered(np.array([toks[-1]], np.int32), len(TOKS) + i, cache)[0].argmax()))
         assert tiered.steps == {"kernels": 5, "fused": 0} and not helper.fused_done.is_set()
-        assert tiered.greedy(toks[-1], len(TOKS) + 4, cache, 4, frozenset()) is None  # blocks: fused step only
+        assert tiered.block(toks[-1], len(TOKS) + 4, cache, 4, frozenset()) is None  # blocks: fused step only
         assert cache.length == len(TOKS) + 4
         assert helper.leaves_done.wait(300) and helper.failure is None
         helper.go()
         assert helper.fused_done.wait(300), helper.failure
         for i in range(4, 8):
             toks.append(int(tiered(np.array([toks[-1]], np.int32), len(TOKS) + i, cache)[0].argmax()))
-        toks += tiered.greedy(toks[-1], len(TOKS) + 8, cache, 4, frozenset())  # a greedy block of 4
+        toks += tiered.block(toks[-1], len(TOKS) + 8, cache, 4, frozenset())  # a greedy block of 4
         assert tiered.steps == {"kernels": 5, "fused": 8} and tiered.note is None
         assert toks == want_toks
         assert helper.ended.wait(60) and helper.proc.returncode == 0
@@ -222,11 +222,11 @@ def test_engine_exit_during_load_ends_the_helper():
 
 def test_helper_compiles_the_sampler_of_the_usual_settings():
     """The helper's list carries the sampling chain's jitted functions (importable by name in the helper) for
-    top-k sampling and greedy with penalties, so the first token does not wait for their compile."""
+    top-k sampling (its select and draw) and greedy with penalties, so the first token does not wait for their compile."""
     from engine.compile_bg import _ref, _resolve
     from engine.compile_tier import sampler_plan
     from engine.sampling_fast import compile_plan
     plan = sampler_plan(49152)
-    assert plan == compile_plan(False, 40, 49152) + compile_plan(True, 0, 49152) and len(plan) == 2
+    assert plan == compile_plan(False, 40, 49152) + compile_plan(True, 0, 49152) and len(plan) == 3  # + draw
     for disp, sig in plan:
         assert _resolve(_ref(disp)) is disp and len(sig) > 0

@@ -154,7 +154,7 @@ def test_greedy_block_chooses_what_single_steps_choose(q4_tiny):
     want = _single_steps(model, first, len(toks), c1, 2 * BLOCK + 3, frozenset())
     got, tok = [], first
     while len(got) < len(want):
-        blk = model.greedy_block(tok, len(toks) + len(got), c2, len(want) - len(got), frozenset())
+        blk = model.decode_block(tok, len(toks) + len(got), c2, len(want) - len(got), frozenset())
         assert 1 <= len(blk) <= BLOCK
         got += blk
         tok = got[-1]
@@ -167,7 +167,7 @@ def test_greedy_block_chooses_what_single_steps_choose(q4_tiny):
     c1.truncate(len(toks))
     c2.truncate(len(toks))
     want = _single_steps(model, first, len(toks), c1, BLOCK, frozenset({stop, 10**6}))
-    got = model.greedy_block(first, len(toks), c2, BLOCK, frozenset({stop, 10**6}))
+    got = model.decode_block(first, len(toks), c2, BLOCK, frozenset({stop, 10**6}))
     assert got == want and got[-1] == stop and len(got) == want.index(stop) + 1
     assert c2.length == c1.length == len(toks) + len(got)
 
@@ -181,7 +181,7 @@ def test_greedy_block_threads_in_sequence_match_the_region(q4_tiny):
     c1, c2 = model.new_cache(64), model.new_cache(64)
     first = int(np.argmax(model.forward(toks, 0, c1)[0]))
     model.forward(toks, 0, c2)
-    want = model.greedy_block(first, len(toks), c1, 5, frozenset())
+    want = model.decode_block(first, len(toks), c1, 5, frozenset())
     chain = np.zeros(6, np.int32)
     chain[0] = first
     args = ff.call_args(chain[:1], len(toks), 1, ff.kv_tuple(c2), ff._attn_scratch(c2.capacity), 2, chain)
@@ -243,10 +243,10 @@ def test_fused_step_matches_leaf_forward_bit_for_bit(q4_tiny):
 
 
 def test_plain_round_uses_a_greedy_block_only_for_a_plain_argmax(q4_tiny):
-    """The decode loop's round: a greedy chooser gets up to greedy_block() tokens per round (the tokens single
-    rounds give, each accepted by the chooser); penalties (not a plain argmax) keep one token per round."""
+    """The decode loop's round: a greedy chooser gets up to block_size() tokens per round (the tokens single
+    rounds give, each accepted by the chooser); greedy with penalties keeps one token per round."""
     from engine.config import SamplingParams
-    from engine.generate import RoundContext, greedy_block, plain_round
+    from engine.generate import RoundContext, block_size, plain_round
     from engine.sampling import TokenChooser
     model, ff = _tiny_fused(q4_tiny)
     toks = [3, 17, 42, 5, 99, 7]
@@ -257,28 +257,85 @@ def test_plain_round_uses_a_greedy_block_only_for_a_plain_argmax(q4_tiny):
         cache = model.new_cache(64)
         model.forward(np.array(toks, np.int32), 0, cache)
         chooser = TokenChooser(sp, model.args.vocab_size)
-        assert chooser.argmax_only() == (name == "greedy")
+        assert (chooser.block(4) is not None) == (name == "greedy")
+        chooser.accepted([])
         ctx = RoundContext(model, cache, toks + [first], chooser, 12, frozenset())
         rnd = plain_round(ctx)
         runs[name] = rnd.tokens
         assert cache.length == len(toks) + len(rnd.tokens) and chooser.n_accepted == len(rnd.tokens)
-    assert len(runs["greedy"]) == min(12, greedy_block()) and len(runs["penalised"]) == 1
+    assert len(runs["greedy"]) == min(12, block_size()) and len(runs["penalised"]) == 1
     cache = model.new_cache(64)
     model.forward(np.array(toks, np.int32), 0, cache)
     assert runs["greedy"] == _single_steps(model, first, len(toks), cache, len(runs["greedy"]), frozenset())
 
 
 def test_greedy_block_of_one_is_a_plain_round(q4_tiny, monkeypatch):
-    """NINFER_GREEDY_BLOCK=1 turns blocks off: the round forwards and chooses in Python (Model.forward)."""
+    """NINFER_DECODE_BLOCK=1 turns blocks off: the round forwards and chooses in Python (Model.forward)."""
     from engine import generate
     from engine.config import SamplingParams
     from engine.sampling import TokenChooser
     model, ff = _tiny_fused(q4_tiny)
-    monkeypatch.setattr(generate, "greedy_block", lambda: 1)
-    monkeypatch.setattr(model, "greedy_block", lambda *a: pytest.fail("a block of one token"))
+    monkeypatch.setattr(generate, "block_size", lambda: 1)
+    monkeypatch.setattr(model, "decode_block", lambda *a: pytest.fail("a block of one token"))
     toks = [3, 17, 42, 5, 99, 7]
     cache = model.new_cache(64)
     first = int(np.argmax(model.forward(np.array(toks, np.int32), 0, cache)[0]))
     chooser = TokenChooser(SamplingParams(greedy=True), model.args.vocab_size)
     rnd = generate.plain_round(generate.RoundContext(model, cache, toks + [first], chooser, 12, frozenset()))
     assert len(rnd.tokens) == 1 and cache.length == len(toks) + 1
+
+
+def test_sampled_block_chooses_what_single_rounds_choose(q4_tiny):
+    """A decode block with top-k sampling and penalties (seeded; strong enough to move this tiny model off its
+    one peaked token): the same tokens as choose + accept rounds, the same penalty state after, and the
+    generator where single draws leave it."""
+    from engine.config import SamplingParams
+    from engine.kernels.cpu_fast_step import BLOCK
+    from engine.sampling import TokenChooser
+    model, ff = _tiny_fused(q4_tiny)
+    sp = SamplingParams(temperature=1.5, top_k=20, top_p=0.95, presence_penalty=12.0, frequency_penalty=0.5,
+                        seed=42)
+    toks = np.array([3, 17, 42, 5, 99, 7], np.int32)
+    c1, c2 = model.new_cache(64), model.new_cache(64)
+    ch1, ch2 = TokenChooser(sp, model.args.vocab_size), TokenChooser(sp, model.args.vocab_size)
+    first = ch1.choose(model.forward(toks, 0, c1)[0])
+    ch1.accept(first)
+    assert ch2.choose(model.forward(toks, 0, c2)[0]) == first
+    ch2.accept(first)
+    n_new = 2 * BLOCK + 3
+    want, tok = [], first
+    for i in range(n_new):
+        tok = ch1.choose(model.forward(np.array([tok], np.int32), len(toks) + i, c1)[0])
+        ch1.accept(tok)
+        want.append(tok)
+    got, tok = [], first
+    while len(got) < n_new:
+        n = min(BLOCK, n_new - len(got))
+        blk = model.decode_block(tok, len(toks) + len(got), c2, n, frozenset(), ch2.block(n))
+        ch2.accepted(blk)
+        got += blk
+        tok = got[-1]
+    assert got == want and len(set(got)) > 3
+    assert c2.length == c1.length
+    np.testing.assert_array_equal(ch2.counts, ch1.counts)
+    np.testing.assert_array_equal(ch2._pen, ch1._pen)
+    assert ch2.n_accepted == ch1.n_accepted and ch2.rng.random() == ch1.rng.random()
+
+
+def test_block_choice_only_where_the_chain_allows_it(q4_tiny):
+    """TokenChooser.block hands the choice over for greedy and small top-k sampling only, and only once the
+    thinking state is settled; a block that was not run (None) leaves the generator untouched."""
+    from engine.config import SamplingParams
+    from engine.sampling import TokenChooser
+    from engine.thinking import ThinkingPlan, ThinkingState
+    v = 300
+    assert TokenChooser(SamplingParams(greedy=True), v).block(4)[0] == 0
+    assert TokenChooser(SamplingParams(temperature=0.7, top_k=20), v).block(4)[0] == 1
+    assert TokenChooser(SamplingParams(temperature=0.7, top_k=0), v).block(4) is None  # the full-vocabulary path
+    assert TokenChooser(SamplingParams(greedy=True, frequency_penalty=0.5), v).block(4) is None
+    plan = ThinkingPlan("prompted", open_ids=(5,), close_ids=(6,), start="reasoning")
+    assert TokenChooser(SamplingParams(greedy=True), v, thinking=ThinkingState(plan)).block(4) is None
+    ch, ref = (TokenChooser(SamplingParams(temperature=0.7, top_k=20, seed=1), v) for _ in range(2))
+    assert ch.block(8) is not None
+    ch.accepted([])
+    assert ch.rng.random() == ref.rng.random()

@@ -207,10 +207,10 @@ unbox_only(*args)
 u0 = rtsys.get_allocation_stats().alloc
 unbox_only(*args)
 unbox = rtsys.get_allocation_stats().alloc - u0
-fz.greedy(7, 11, cache, 4, frozenset({{3}}))  # a greedy block of 4 passes (its stop array made once)
+fz.block(7, 11, cache, 4, frozenset({{3}}))  # a greedy block of 4 passes (its stop array made once)
 cache.truncate(11)
 g0 = rtsys.get_allocation_stats().alloc
-got = fz.greedy(7, 11, cache, 4, frozenset({{3}}))
+got = fz.block(7, 11, cache, 4, frozenset({{3}}))
 block = rtsys.get_allocation_stats().alloc - g0 - unbox
 py_new = sum(s.count_diff for s in snap1.compare_to(snap0, "filename") if s.count_diff > 0
              and "tracemalloc" not in str(s.traceback))
