@@ -11,6 +11,9 @@ Order (one `TokenChooser` per reply):
      inside the reasoning an end of turn by the close marker.
 `accept(token)` must follow every `choose` with the token actually taken (plain decode: the chosen one;
 speculative verify: the chosen one at each verified position, in order). Nothing is ever rolled back.
+A decode block (`block(n)` -> Model.decode_block -> `accepted(tokens)`) makes the same choices inside the
+model's call (sampling_fast.block_choice) when the thinking state is settled: the same tokens, counts,
+penalty row and random stream as n choose + accept calls.
 
 Candidate order (what `candidates` returns and the draw walks): processed logit descending, ties by the lower
 token id; with no truncation at all (top_k off, top_p 1, min_p 0) every allowed token in id order. Banned
@@ -93,8 +96,7 @@ class TokenChooser:
         empty, counts, n uniforms, ids, vals, probs). The uniforms are drawn ahead; `accepted` rewinds the
         generator to where one draw per token taken leaves it, so the tokens and the draws that follow are
         those of single `choose` calls."""
-        from .kernels.cpu_fast_step import argmax_choice
-        from .sampling_fast import KMAX
+        from .sampling_fast import KMAX, argmax_choice
         th, p = self.thinking, self.params
         if th is not None and not th.settled():
             return None

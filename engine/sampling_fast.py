@@ -13,8 +13,8 @@ all (top_k off, top_p 1, min_p 0) the candidates are every allowed token in id o
 Cold compile is what limits the shape: every @njit function costs ~0.2-0.8 s on a first start (empty cache),
 so there are few of them, no numpy sort or allocation inside (np.argsort alone cost seconds), the two paths are
 separate entry points (a start compiles only the one its settings use), greedy reuses `top_scan` (k = 1) and
-the draw is `draw` (also inside a decode block: `block_choice`). `compile_plan` names what a setting will compile, so a
-background helper can do it ahead.
+the draw is `draw` (also inside a decode block: `block_choice`). `compile_plan` names what a setting will
+compile, so a background helper can do it ahead.
 
 Paths (`select`):
 - top-k with k <= KMAX: one pass keeping a small sorted buffer; the pass is chunked so that a chunk whose values
@@ -250,6 +250,15 @@ def block_choice(x, pen, counts, temperature, k, top_p, min_p, presence, frequen
     if pen.shape[0] > 0:
         pen[tok] = presence + frequency * counts[tok]
     return tok
+
+
+def argmax_choice(counts=None) -> tuple:
+    """The choice tuple of a decode block (cpu_fast_step._choose) that takes the argmax, counting it into
+    counts when given: the shape of TokenChooser.block's sampled one, so one compiled fused_forward serves
+    both."""
+    e32, e64 = np.zeros(0, np.float32), np.zeros(0, np.float64)
+    return (0, 0.0, 0, 1.0, 0.0, 0.0, 0.0, e32, np.zeros(0, np.int32) if counts is None else counts, e64,
+            np.zeros(0, np.int64), e32, e64)
 
 
 def select(x, pen, temperature, top_k, top_p, min_p, work, ids, vals, p):

@@ -29,7 +29,7 @@ from .cpu_attn import (SPLITS, attention_f16_split, attention_int8_split, exp_fa
                        f32_to_f16_bits, store_f16)
 from .cpu_fast import (BATCHED_MIN_T, FastWeight, _q4, embed_q4, embed_q8, q8_group, q8_group_batched,
                        quantize_rows)
-from ..sampling_fast import block_choice
+from ..sampling_fast import argmax_choice, block_choice
 from .cpu_guard import ContentionGuard
 from .cpu_sync import finish, grab, new_sync, open_phase, reset, reset_rows, wait_open  # noqa: F401
 
@@ -346,14 +346,6 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
         if _ends(chain[s + 1], stops):
             return s + 1
     return n
-
-
-def argmax_choice(counts=None) -> tuple:
-    """The choice tuple of a decode block that takes the argmax (counting it into counts when given):
-    the shape of TokenChooser.block's, so one compiled fused_forward serves both."""
-    e32, e64 = np.zeros(0, np.float32), np.zeros(0, np.float64)
-    return (0, 0.0, 0, 1.0, 0.0, 0.0, 0.0, e32, np.zeros(0, np.int32) if counts is None else counts, e64,
-            np.zeros(0, np.int64), e32, e64)
 
 
 # ------------------------------------------------------------------------------------------------ builder
