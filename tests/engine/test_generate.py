@@ -245,3 +245,17 @@ def test_real_model_chunked_prefill_and_prefix_reuse_give_the_same_tokens(tiny_e
     _, fresh, _ = collect(small.session(), turn2, req)
     assert reused.cached_prompt_tokens > len(s1.prompt_tokens(msgs)) and fresh.cached_prompt_tokens == 0
     assert reused.token_ids == fresh.token_ids and len(set(reused.token_ids)) > 3
+
+
+def test_bad_decode_block_setting_is_a_one_line_config_error(monkeypatch):
+    from engine import generate
+    from engine.errors import ConfigError
+    monkeypatch.setenv("NINFER_DECODE_BLOCK", "eight")
+    generate.block_size.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match="NINFER_DECODE_BLOCK must be a whole number >= 1, got 'eight'"):
+            generate.block_size()
+    finally:
+        monkeypatch.delenv("NINFER_DECODE_BLOCK")
+        generate.block_size.cache_clear()
+    assert generate.block_size() == 8
