@@ -24,7 +24,7 @@ from .errors import ConfigError, InputError
 from .events import Progress
 from .generate import ReplyOptions, RoundFn, plain_round, run_reply
 from .sampling import TokenChooser
-from .thinking import ChannelSplitter, ThinkingState, detect_start, plan_thinking
+from .thinking import ANSWER, ChannelSplitter, ThinkingPlan, ThinkingState, detect_start, plan_thinking
 
 ProgressFn = Callable[[Progress], None]
 
@@ -133,18 +133,30 @@ class Session:
 
         Raises ConfigError/InputError here (before iterating) for an invalid request or a prompt that does
         not fit in the context."""
-        eng = self.engine
-        tok = eng.tokenizer
         req = request or GenerateRequest()
-        sp = req.sampling
-        plan = plan_thinking(req.thinking, tok, sp.max_new)
+        plan = plan_thinking(req.thinking, self.engine.tokenizer, req.sampling.max_new)
         text, prompt = self._render(messages, plan)
+        stop_ids = frozenset(self.engine.tokenizer.stop_ids) | frozenset(req.sampling.stop_token_ids)
+        return self._reply(prompt, plan, detect_start(plan, text), stop_ids, req, cancel, round_fn)
+
+    def generate_ids(self, prompt: list[int], request: GenerateRequest | None = None,
+                     cancel: threading.Event | None = None, round_fn: RoundFn | None = None) -> Iterator:
+        """`generate` for a prompt of token ids as they are (no chat template, no thinking plan): the
+        reply stops only at request.sampling.stop_token_ids, a stop string or max_new, never at the
+        model's end-of-text. The benchmark's fixed-length workloads (engine.bench) decode through it."""
+        req = request or GenerateRequest()
+        prompt = [int(t) for t in prompt]
+        if not prompt or not all(0 <= t < self.engine.vocab_size for t in prompt):
+            raise InputError(f"a token prompt needs at least one id, each in 0..{self.engine.vocab_size - 1}")
+        return self._reply(prompt, ThinkingPlan("off"), ANSWER, frozenset(req.sampling.stop_token_ids), req, cancel, round_fn)
+
+    def _reply(self, prompt, plan, start, stop_ids, req, cancel, round_fn) -> Iterator:
+        eng = self.engine
+        sp = req.sampling
         if len(prompt) >= eng.max_context:
             raise InputError(f"the prompt is {len(prompt)} tokens but the context is {eng.max_context}; "
                              "shorten the conversation or raise --max-context")
-        stop_ids = frozenset(tok.stop_ids) | frozenset(sp.stop_token_ids)
-        start = detect_start(plan, text)
-        state = ThinkingState(plan, stop_ids, decode=tok.decode, start=start)
+        state = ThinkingState(plan, stop_ids, decode=eng.tokenizer.decode, start=start)
         chooser = TokenChooser(sp, eng.vocab_size, thinking=state)
         splitter = ChannelSplitter(plan, start)
         spec = req.spec if req.spec is not None else eng.args.spec
@@ -155,8 +167,8 @@ class Session:
                             prefix_reuse=eng.args.prefix_reuse, stats_interval_s=self.stats_interval_s,
                             draft_tokens=k, spec_mode=spec, backend=eng.args.backend,
                             kv_dtype=eng.args.kv_dtype, capacity=eng.capacity)
-        return self._locked(run_reply(eng.model, self.cache, self.cached, prompt, chooser, state, splitter, tok,
-                                      stop_ids, sp.stop, sp.max_new, opts, cancel, round_fn))
+        return self._locked(run_reply(eng.model, self.cache, self.cached, prompt, chooser, state, splitter,
+                                      eng.tokenizer, stop_ids, sp.stop, sp.max_new, opts, cancel, round_fn))
 
     def _locked(self, it: Iterator) -> Iterator:
         if not self._busy.acquire(blocking=False):

@@ -131,7 +131,8 @@ class Workload:
     """What each run does.
 
     mode "synthetic": prefill exactly `prompt_tokens` tokens (a fixed filler text, same ids for every variant),
-    then decode exactly `decode_tokens` greedy tokens ignoring end-of-sequence: pure engine throughput.
+    then decode exactly `decode_tokens` greedy tokens ignoring end-of-sequence: pure engine throughput (ours
+    through Session.generate_ids: the product's reply loop, so its decode blocks and speculation count).
     mode "messages": the product path (chat template, sampling, stop rules, speculation) on `messages`, up
     to `decode_tokens` new tokens.
     """

@@ -29,10 +29,9 @@ def _since_spawn(t0_wall: float) -> float:
 
 # ------------------------------------------------------------------------------------------------ ours
 def run_ours(spec, t0_wall: float) -> dict:
-    """Our engine: Engine.load, then the synthetic or messages workload."""
+    """Our engine: Engine.load, then the workload through the product's reply loop (Session.generate, or
+    generate_ids for the synthetic token prompt): its decode blocks, speculation and statistics."""
     from .. import numba_env  # noqa: F401  (flags before numba is imported)
-    import numpy as np
-
     from ..api import Engine
     from ..config import EngineArgs, GenerateRequest, SamplingParams
     from ..events import FinalStats, ReasoningDelta, TextDelta
@@ -44,40 +43,16 @@ def run_ours(spec, t0_wall: float) -> dict:
     eng = Engine.load(args)
     out = {"load_s": time.perf_counter() - t, "warmup_s": getattr(eng.model, "warmup_s", None)}
     session = eng.session()
-    if w.mode == "synthetic":
-        ids = list(w.prompt_ids)
-        model, cache = eng.model, session.cache
-        chunk = args.prefill_chunk
-        t = time.perf_counter()
-        logits = None
-        for s in range(0, len(ids), chunk):
-            logits = model.forward(np.asarray(ids[s:s + chunk], np.int32), s, cache)
-        tok = int(np.argmax(logits[-1]))
-        t_pf = time.perf_counter() - t
-        ttft = _since_spawn(t0_wall)
-        gen = [tok]
-        steps = np.zeros(w.decode_tokens - 1, np.float64)
-        t = time.perf_counter()
-        for i in range(w.decode_tokens - 1):  # the first token came from the prefill
-            ts = time.perf_counter()
-            logits = model.forward(np.asarray([tok], np.int32), len(ids) + i, cache)
-            tok = int(np.argmax(logits[0]))
-            gen.append(tok)
-            steps[i] = time.perf_counter() - ts
-        t_dec = time.perf_counter() - t
-        text = eng.tokenizer.decode(gen)
-        out.update(prompt_tokens=len(ids), output_tokens=len(gen), prefill_s=t_pf, prefill_tok_s=len(ids) / t_pf,
-                   ttft_s=ttft, decode_s=t_dec, decode_tok_s=(len(gen) - 1) / t_dec,
-                   ms_per_round=float(np.mean(steps) * 1e3), ms_per_round_p90=float(np.percentile(steps, 90) * 1e3),
-                   tokens_per_round=1.0, output_sha256=hashlib.sha256(text.encode()).hexdigest(),
-                   token_ids=gen[:64], text_head=text[:120])
-        return out
     sp = SamplingParams(greedy=w.greedy, temperature=0.0 if w.greedy else w.temperature, top_p=w.top_p,
                         top_k=w.top_k, presence_penalty=0.0 if w.greedy else w.presence_penalty, seed=w.seed,
                         max_new=w.decode_tokens)
     first = None
     fs = None
-    for ev in session.generate(w.messages, GenerateRequest(sampling=sp)):
+    if w.mode == "synthetic":  # the token prompt as it is, exactly decode_tokens tokens (no end-of-text stop)
+        events = session.generate_ids(w.prompt_ids, GenerateRequest(sampling=sp))
+    else:
+        events = session.generate(w.messages, GenerateRequest(sampling=sp))
+    for ev in events:
         if first is None and isinstance(ev, (TextDelta, ReasoningDelta)):
             first = _since_spawn(t0_wall)
         if isinstance(ev, FinalStats):

@@ -151,7 +151,7 @@ def test_worker_run_ref_backend_synthetic(tiny_models):
                    Workload("syn", prompt_ids=ids, prompt_tokens=24, decode_tokens=6), model, max_context=128)
     res = runner.run_one(spec, timeout_s=300)
     assert res["ok"], res.get("error")
-    assert res["prompt_tokens"] == 24 and res["output_tokens"] == 6
+    assert res["prompt_tokens"] == 24 and res["output_tokens"] == 6 and res["rounds"] == 6  # the reply loop
     assert res["decode_tok_s"] > 0 and res["prefill_tok_s"] > 0 and res["ttft_s"] > 0
     assert res["peak_rss"] > 10 * 2**20 and len(res["output_sha256"]) == 64
     again = runner.run_one(spec, timeout_s=300)

@@ -295,3 +295,18 @@ def test_decode_rate_of_a_reply_in_one_round():
     assert decode_rate(5, 8, 0.0, Round([1] * 8, verify_ms=40.0)) == pytest.approx(125.0)  # a stop inside it
     assert decode_rate(1, 1, 0.0, Round([1], verify_ms=4.0)) == 0.0  # one token: no decode rate
     assert decode_rate(64, 1, 0.63, Round([1], verify_ms=4.0)) == pytest.approx(100.0)
+
+
+def test_generate_ids_takes_the_ids_as_they_are_and_runs_past_end_of_text():
+    """The benchmark's synthetic workload: no template, no end-of-text stop, exactly max_new tokens."""
+    eng = fake_engine(script_policy("abcd"))
+    tok = eng.tokenizer
+    prompt = tok.encode("ab")
+    st = list(eng.session().generate_ids(prompt, greedy(max_new=5)))[-1]
+    assert st.prompt_tokens == len(prompt) and st.finish_reason == "length" and st.output_tokens == 5
+    assert tok.decode(st.token_ids[:2]) == "cd" and st.token_ids[2] == tok.eos_id
+    st = list(eng.session().generate_ids(prompt, greedy(max_new=5, stop_token_ids=(tok.eos_id,))))[-1]
+    assert st.finish_reason == "stop" and st.output_tokens == 3
+    for bad in ([], [eng.vocab_size], [-1]):
+        with pytest.raises(InputError, match="token prompt"):
+            eng.session().generate_ids(bad, greedy())
