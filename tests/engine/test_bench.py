@@ -102,20 +102,25 @@ def test_roofline_share_uses_each_runs_own_bandwidth():
     assert report.roofline([{"variant": "ours", "ok": True, "decode_tok_s": 1.0}], ["ours"], 100) == {}
 
 
-def test_run_bench_brackets_each_round_with_bandwidth(monkeypatch):
+def test_run_bench_brackets_each_round_with_bandwidth_and_turns_the_order(monkeypatch):
     order = []
     monkeypatch.setattr(runner, "run_one", lambda spec: order.append(spec.variant.name) or
                         {"ok": True, "variant": spec.variant.name, "repeat": spec.repeat, "decode_tok_s": 1.0})
-    probes = iter([10.0, 20.0, 40.0])
+    probes = iter([10.0, 20.0, 40.0, 80.0])
 
     def bandwidth():
         order.append("bw")
         return next(probes)
     wl = Workload(name="w", decode_tokens=4)
-    res = runner.run_bench([Variant("a"), Variant("b")], wl, "m", repeats=2, idle_gap_s=0, warmup=False,
+    res = runner.run_bench([Variant("a"), Variant("b")], wl, "m", repeats=3, idle_gap_s=0, warmup=False,
                            log=lambda s: None, bandwidth=bandwidth)
-    assert order == ["bw", "a", "b", "bw", "a", "b", "bw"]
-    assert [r["read_bandwidth"] for r in res] == [15.0, 15.0, 30.0, 30.0]
+    assert order == ["bw", "a", "b", "bw", "b", "a", "bw", "a", "b", "bw"]  # no variant always first
+    assert [(r["variant"], r["read_bandwidth"]) for r in res] == [("a", 15.0), ("b", 15.0), ("b", 30.0),
+                                                                  ("a", 30.0), ("a", 60.0), ("b", 60.0)]
+    order.clear()
+    runner.run_bench([Variant("a"), Variant("b"), Variant("c")], wl, "m", repeats=3, idle_gap_s=0, warmup=False,
+                     log=lambda s: None)
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
 
 
 # ------------------------------------------------------------------------------------------- workloads
