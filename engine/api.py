@@ -148,7 +148,8 @@ class Session:
         prompt = [int(t) for t in prompt]
         if not prompt or not all(0 <= t < self.engine.vocab_size for t in prompt):
             raise InputError(f"a token prompt needs at least one id, each in 0..{self.engine.vocab_size - 1}")
-        return self._reply(prompt, ThinkingPlan("off"), ANSWER, frozenset(req.sampling.stop_token_ids), req, cancel, round_fn)
+        stop_ids = frozenset(req.sampling.stop_token_ids)
+        return self._reply(prompt, ThinkingPlan("off"), ANSWER, stop_ids, req, cancel, round_fn)
 
     def _reply(self, prompt, plan, start, stop_ids, req, cancel, round_fn) -> Iterator:
         eng = self.engine

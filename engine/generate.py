@@ -187,7 +187,6 @@ def run_reply(model, cache, cached: list[int], prompt: list[int], chooser, think
         now = time.perf_counter()
         n_out = len(seq) - P
         decode_s = now - t_first if t_first else 0.0
-        first = min(len(rounds[0].tokens), n_out) if rounds else 0
         answer_empty = splitter.answer_chars == 0
         if answer_empty and reason != "cancelled" and n_out:
             detail = _empty_why(thinking, reason, detail)
@@ -201,7 +200,7 @@ def run_reply(model, cache, cached: list[int], prompt: list[int], chooser, think
             reasoning_tokens=thinking.reasoning_tokens, answer_tokens=thinking.answer_tokens,
             cached_prompt_tokens=reuse, ttft_s=(t_first - t_start) if t_first else 0.0,
             prefill_tok_s=prefilled / t_prefill if t_prefill > 0 else 0.0,
-            decode_tok_s=decode_rate(n_out, first, decode_s, rounds[0] if rounds else None),
+            decode_tok_s=decode_rate(n_out, decode_s, rounds[0] if rounds else None),
             wall_s=now - t_start, output_sha256=hashlib.sha256(out_text.encode()).hexdigest(),
             token_ids=tuple(seq[P:]), thinking_forced=thinking.forced, stop_reason_detail=detail,
             spec_mode=opts.spec_mode, rounds=len(rounds), drafted=drafted, accepted=acc,
@@ -266,7 +265,6 @@ def run_reply(model, cache, cached: list[int], prompt: list[int], chooser, think
         seq.extend(rnd.tokens)
         if not t_first:
             t_first = time.perf_counter()
-            n_first = len(rnd.tokens)
         events = []
         kept = n_before
         for tok in rnd.tokens:
@@ -306,7 +304,7 @@ def run_reply(model, cache, cached: list[int], prompt: list[int], chooser, think
             t_stats = now
             n_out = len(seq) - P
             el = now - t_first
-            rate = decode_rate(n_out, n_first, el, rounds[0])
+            rate = decode_rate(n_out, el, rounds[0])
             events.append(StepStats(n_out, thinking.reasoning_tokens, el, rate, len(seq), len(rnd.tokens),
                                     rnd.draft_ms, rnd.verify_ms))
         yield from events
@@ -320,13 +318,13 @@ def run_reply(model, cache, cached: list[int], prompt: list[int], chooser, think
     yield final(reason, detail, seq, out_text, t_first, t_prefill, prefilled, rounds)
 
 
-def decode_rate(n_out: int, n_first: int, decode_s: float, first: Round | None) -> float:
+def decode_rate(n_out: int, decode_s: float, first: Round | None) -> float:
     """Decode tok/s of a reply: the tokens after the first round over the time since it ended (the first
     round's end is the first token's time: it holds the prompt's last forward). A first round of several
     tokens (a decode block, accepted drafts) counts with the first token, not in the rate, so its tokens are
     not divided by the time of the others. A reply that came whole in its first round: that round's own
     rate, when it had more than one token."""
-    n_first = min(n_first, n_out)
+    n_first = min(len(first.tokens), n_out) if first is not None else 0
     if n_out > n_first and decode_s > 0:
         return (n_out - n_first) / decode_s
     ms = (first.draft_ms + first.verify_ms) if first is not None else 0.0

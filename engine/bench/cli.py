@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-tokens", type=int, default=128, help="tokens decoded per run (default 128)")
     p.add_argument("--sampled", action="store_true", help="user preset T=0.7 top-p 0.8 top-k 20 presence 1.5 "
                                                            "seed 42 (message workloads); default greedy")
-    p.add_argument("--repeats", type=int, default=2, help="runs per variant, interleaved A-B, B-A (the order turns each round; default 2)")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="runs per variant, interleaved A-B, B-A (the order turns each round; default 2)")
     p.add_argument("--idle-gap", type=float, default=2.0, help="seconds of idle between runs (default 2)")
     p.add_argument("--threads", type=int, default=2, help="threads for variants that do not set them (default 2)")
     p.add_argument("--busy-core", action="store_true", help="run every variant with a busy process on core 0")
@@ -164,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     from .report import aggregate, markdown_table, ratios, roofline, table
     from .runner import run_bench
     machine = machine_description()
-    log(f"ninfer-bench: {len(variants)} variant(s) x {a.repeats} repeat(s), interleaved A-B, B-A, idle gap {a.idle_gap} s; "
+    log(f"ninfer-bench: {len(variants)} variant(s) x {a.repeats} repeat(s), interleaved A-B, B-A, "
+        f"idle gap {a.idle_gap} s; "
         f"workload {wl.name}; prefix reuse disabled in every run (fresh process, empty cache)")
     log(f"machine: {machine.get('cpu')} ({machine.get('cores')} cores), {machine.get('simd')}")
     t0 = time.time()

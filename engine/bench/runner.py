@@ -87,8 +87,8 @@ def run_one(spec: RunSpec, timeout_s: float = 900.0) -> dict:
 def run_bench(variants: list[Variant], workload: Workload, model: str, repeats: int = 2, idle_gap_s: float = 2.0,
               max_context: int = 2048, log: Callable[[str], None] = print, warmup: bool = True,
               bandwidth: Callable[[], float] | None = None) -> list[dict]:
-    """All runs, interleaved: for r in repeats: for v in the variants turned by r. A first unmeasured pass per variant
-    populates the on-disk caches (unless `warmup` is False or the variant is cold).
+    """All runs, interleaved: for r in repeats: for v in the variants turned by r. A first unmeasured pass
+    per variant populates the on-disk caches (unless `warmup` is False or the variant is cold).
 
     `bandwidth` (bytes/s), when given, is measured before every round and after the last: each run's
     "read_bandwidth" is the mean of the two that bracket its round, so its share of the roofline compares

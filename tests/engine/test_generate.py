@@ -291,10 +291,11 @@ def test_decode_rate_leaves_the_first_rounds_tokens_out(monkeypatch):
 
 def test_decode_rate_of_a_reply_in_one_round():
     from engine.generate import Round, decode_rate
-    assert decode_rate(8, 8, 0.0, Round([1] * 8, verify_ms=40.0)) == pytest.approx(200.0)
-    assert decode_rate(5, 8, 0.0, Round([1] * 8, verify_ms=40.0)) == pytest.approx(125.0)  # a stop inside it
-    assert decode_rate(1, 1, 0.0, Round([1], verify_ms=4.0)) == 0.0  # one token: no decode rate
-    assert decode_rate(64, 1, 0.63, Round([1], verify_ms=4.0)) == pytest.approx(100.0)
+    assert decode_rate(8, 0.0, Round([1] * 8, verify_ms=40.0)) == pytest.approx(200.0)
+    assert decode_rate(5, 0.0, Round([1] * 8, verify_ms=40.0)) == pytest.approx(125.0)  # a stop inside it
+    assert decode_rate(1, 0.0, Round([1], verify_ms=4.0)) == 0.0  # one token: no decode rate
+    assert decode_rate(64, 0.63, Round([1], verify_ms=4.0)) == pytest.approx(100.0)
+    assert decode_rate(0, 0.0, None) == 0.0
 
 
 def test_generate_ids_takes_the_ids_as_they_are_and_runs_past_end_of_text():
