@@ -49,6 +49,7 @@ class RoundContext:
     stop_ids: frozenset[int]
     draft_tokens: int = 3
     state: dict = field(default_factory=dict)  # per-reply scratch for drafters
+    reply_start: int = 0  # len(seq) when the reply began (the prompt's length); 0: not known
 
 
 @dataclass
@@ -77,10 +78,12 @@ def plain_round(ctx: RoundContext) -> Round:
     """One token: forward the pending token, choose the next one. When the chooser can hand its choice to
     the model for the rest of the reply (TokenChooser.block: greedy, or top-k sampling, with a settled
     thinking state) and the model can choose by itself, a decode block instead: up to block_size() tokens
-    in one call (Model.decode_block), the tokens single rounds would give."""
+    in one call (Model.decode_block), the tokens single rounds would give. Not for the reply's first
+    token (ctx.reply_start), which the user waits for."""
     t0 = time.perf_counter()
     pos = len(ctx.seq) - 1
-    n = min(ctx.max_tokens, block_size())
+    # the reply's first token goes out alone: its text shows one forward after the prefill, not a block's
+    n = 1 if len(ctx.seq) == ctx.reply_start else min(ctx.max_tokens, block_size())
     block = getattr(ctx.model, "decode_block", None) if n > 1 else None
     choice = ctx.chooser.block(n) if block is not None else None
     if choice is not None:
@@ -248,7 +251,7 @@ def run_reply(model, cache, cached: list[int], prompt: list[int], chooser, think
     t_first = 0.0
     t_stats = 0.0
     reason, detail = None, ""
-    ctx = RoundContext(model, cache, seq, chooser, 1, stop_ids, opts.draft_tokens)
+    ctx = RoundContext(model, cache, seq, chooser, 1, stop_ids, opts.draft_tokens, reply_start=P)
     forced_sent = False
     while reason is None:
         if cancelled():

@@ -266,6 +266,11 @@ def test_plain_round_uses_a_greedy_block_only_for_a_plain_argmax(q4_tiny):
     assert len(runs["greedy"]) == min(12, block_size()) and len(runs["penalised"]) == 1
     cache = model.new_cache(64)
     model.forward(np.array(toks, np.int32), 0, cache)
+    ctx = RoundContext(model, cache, toks + [first], TokenChooser(SamplingParams(greedy=True), model.args.vocab_size),
+                       12, frozenset(), reply_start=len(toks) + 1)
+    assert plain_round(ctx).tokens == runs["greedy"][:1]  # a reply's first token goes out alone
+    cache = model.new_cache(64)
+    model.forward(np.array(toks, np.int32), 0, cache)
     assert runs["greedy"] == _single_steps(model, first, len(toks), cache, len(runs["greedy"]), frozenset())
 
 
