@@ -58,6 +58,7 @@ class TokenChooser:
         self._scan, self._select, self._draw = sf.top_scan, sf.select, sf.draw
         self._us = np.zeros(0, np.float64)  # a decode block's uniforms (block)
         self._rewind = None  # the generator's state before a block drew them
+        self._argmax = None  # a greedy block's choice tuple (built once: it holds self.counts)
         if p.is_greedy:  # argmax = top-1: (1,) i64 / f32 buffers
             self._ids, self._vals = np.zeros(1, np.int64), np.empty(1, np.float32)
         else:
@@ -101,7 +102,11 @@ class TokenChooser:
         if th is not None and not th.settled():
             return None
         if p.is_greedy:
-            return None if self._penalised else argmax_choice(self.counts)
+            if self._penalised:
+                return None
+            if self._argmax is None:
+                self._argmax = argmax_choice(self.counts)
+            return self._argmax
         t, k, top_p, min_p = self._args
         if not (0 < k < self.vocab_size and k <= KMAX):
             return None

@@ -81,14 +81,14 @@ class ContentionGuard:
             self.mode = self.full
 
     def block_limit(self) -> int:
-        """The most steps the next call may run (a greedy block: fused_forward): one while a probe window
+        """The most steps the next call may run (a decode block: fused_forward): one while a probe window
         runs or is due, so that probes stay single steps; else no limit from here."""
         if self.full is None or self.full < 2 or not (self.probing or self._probe_due()):
             return 1 << 30
         return 1
 
     def after(self, steps: int = 1):
-        """The call since `before` ran `steps` decode steps (a greedy block runs several); each is taken as
+        """The call since `before` ran `steps` decode steps (a decode block runs several); each is taken as
         the call's time / steps."""
         if self.mode is None:
             return

@@ -154,7 +154,7 @@ def reset(sync):
 @njit(cache=True, nogil=True)
 def reset_rows(sync, rows):
     """The counters of phases 0..rows-1 and the open-phase count to zero: what a region of that many
-    phases uses (a block of greedy passes sizes sync for the longest block, a single pass uses a part)."""
+    phases uses (a decode block's passes size sync for the longest block, a single pass uses a part)."""
     w = sync.shape[1]
     flat = sync.reshape(-1)
     for i in range(min(rows, sync.shape[0] - 1) * w):
