@@ -1,5 +1,7 @@
-"""Decode attention at 600 context, one thread: the whole work item and its parts (scores, softmax, weighted
-sum) timed apart, with the KV of one layer (cache-hot) or of 30 layers (not in L2). Prints us per layer."""
+"""Decode attention at 600 context, one thread: a layer's four work items (cpu_attn.attn_item_f16, and
+cpu_attn_int8.attn_item_int8 over the same values quantized), with the KV of one layer (cache-hot) or of 30
+layers (not in L2). Prints us per layer. In the decode step the KV comes from DRAM after the weight stream,
+so these are lower bounds (scripts/step_phases.py --with-attn measures attention in the step)."""
 import os
 import sys
 import time
@@ -10,36 +12,43 @@ from engine import numba_env  # noqa: E402,F401  (flags before numba)
 import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402
 
-from engine.kernels.cpu_attn import _work_item, _clear_part, _scores, _softmax_rows, _weighted_sum, attn_item_f16
+from engine.kernels import ref  # noqa: E402
+from engine.kernels.cpu_attn import SPLITS, attn_item_f16  # noqa: E402
+from engine.kernels.cpu_attn_int8 import attn_item_int8  # noqa: E402
+
 F32 = np.float32
 L, cap, n_kv, hd, group = 30, 2048, 3, 64, 3
 rng = np.random.default_rng(0)
-kc = (rng.standard_normal((L, cap, n_kv, hd)).astype(np.float16)).view(np.uint16)
-vc = (rng.standard_normal((L, cap, n_kv, hd)).astype(np.float16)).view(np.uint16)
-q = rng.standard_normal((1, 9, 64)).astype(np.float32)
-part = np.zeros((1, n_kv, 4, group, hd + 2), np.float32); sc = np.zeros((group, cap), np.float32)
+kf = rng.standard_normal((L, cap, n_kv, hd)).astype(np.float32)
+vf = rng.standard_normal((L, cap, n_kv, hd)).astype(np.float32)
+kc, vc = kf.astype(np.float16).view(np.uint16), vf.astype(np.float16).view(np.uint16)
+kq, ks = (np.ascontiguousarray(np.stack(a)) for a in zip(*(ref.quantize_kv_int8(kf[i], 32) for i in range(L))))
+vq, vs = (np.ascontiguousarray(np.stack(a)) for a in zip(*(ref.quantize_kv_int8(vf[i], 32) for i in range(L))))
+q = rng.standard_normal((1, n_kv * group, hd)).astype(np.float32)
+part = np.zeros((1, n_kv, SPLITS, group, hd + 2), np.float32)
+sc = np.zeros((n_kv * group, cap), np.float32)
+
 
 @njit(fastmath=True, nogil=True)
-def run(kc, vc, q, part, sc, pos0, reps, which, layers):
-    for r in range(reps):
+def run(kv16, kv8, q, part, sc, pos0, reps, int8, layers):
+    kc, vc = kv16
+    kq, ks, vq, vs = kv8
+    for _ in range(reps):
         for l in range(layers):
-            for it in range(4):
-                if which == 0:
+            for it in range(SPLITS):
+                if int8:
+                    attn_item_int8(part, sc, q, kq[l], ks[l], vq[l], vs[l], it, pos0, F32(0.125))
+                else:
                     attn_item_f16(part, sc, q, kc[l], vc[l], it, pos0, F32(0.125))
-                    continue
-                t, c, lo, hi = _work_item(it, pos0)
-                for kh in range(n_kv):
-                    pc = part[t, kh, c]
-                    if which == 1:
-                        _scores(sc, q[t, kh * group:(kh + 1) * group], kc[l], kh, lo, hi, F32(0.125))
-                    elif which == 2:
-                        _softmax_rows(pc, sc, hi - lo)
-                    else:
-                        _weighted_sum(pc, sc, vc[l], kh, lo, hi)
+
+
 for layers, label in ((1, "one layer (cache-hot)"), (30, "30 layers (KV not in L2)")):
-    for which, name in ((0, "whole item"), (1, "scores"), (2, "softmax"), (3, "weighted sum")):
-        run(kc, vc, q, part, sc, 600, 1, which, layers)
+    for int8, name in ((False, "f16 cache"), (True, "int8 cache")):
+        args = ((kc, vc), (kq, ks, vq, vs), q, part, sc, 600)
+        run(*args, 1, int8, layers)
         best = 1e9
         for _ in range(5):
-            t = time.perf_counter(); run(kc, vc, q, part, sc, 600, 20, which, layers); best = min(best, time.perf_counter() - t)
-        print(f"{label:28s} {name:13s} {best / 20 / layers * 1e6:7.1f} us per layer (4 items x 3 KV heads, one thread)")
+            t = time.perf_counter()
+            run(*args, 20, int8, layers)
+            best = min(best, time.perf_counter() - t)
+        print(f"{label:28s} {name:10s} {best / 20 / layers * 1e6:7.1f} us per layer ({SPLITS} items, one thread)")

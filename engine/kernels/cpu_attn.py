@@ -33,6 +33,7 @@ _LN2_HI = F32(0.693145751953125)
 _LN2_LO = F32(1.428606765330187e-06)
 
 SPLITS = 4  # decode attention: positions split in this many chunks per row (balanced over threads)
+V_BLOCK = 32  # positions per pass of the weighted V sums over every head (12 KiB of V rows at 3 heads of 64)
 
 
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
@@ -199,35 +200,6 @@ def _weighted_sum_loops(acc, s, vc, kh, lo, hi):
 
 
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
-def _scores_vec(s, qg, kc, kh, lo, hi, scale):
-    """_scores_loops' contract through cpu_attn_avx2: 8 positions per kdot8, then 4, then one at a time."""
-    group = qg.shape[0]
-    for g in range(group):
-        qv, sg = qg[g], s[g]
-        p = lo
-        while p + 8 <= hi:
-            kdot8(sg, p - lo, qv, kc, p, kh, scale)
-            p += 8
-        if p + 4 <= hi:
-            kdot4(sg, p - lo, qv, kc, p, kh, scale)
-            p += 4
-        while p < hi:
-            sg[p - lo] = _dot_f16(qv, kc[p, kh]) * scale
-            p += 1
-
-
-@njit(cache=True, nogil=True, fastmath=True, inline="always")
-def _weighted_sum_vec(acc, s, vc, kh, lo, hi):
-    """_weighted_sum_loops' contract through cpu_attn_avx2.vsum, one head at a time."""
-    for g in range(s.shape[0]):
-        vsum(acc[g], s[g], 0, hi - lo, vc, lo, kh)
-
-
-_scores = _scores_vec if VECTOR_ATTN else _scores_loops
-_weighted_sum = _weighted_sum_vec if VECTOR_ATTN else _weighted_sum_loops
-
-
-@njit(cache=True, nogil=True, fastmath=True, inline="always")
 def _softmax_rows(pc, s, n):
     """s[g, :n] <- exp(s[g, :n] - max) in place; pc[g, hd] <- max, pc[g, hd + 1] <- sum, for every head g."""
     hd = pc.shape[1] - 2
@@ -243,6 +215,11 @@ def _softmax_rows(pc, s, n):
             tot += e
         pc[g, hd] = m
         pc[g, hd + 1] = tot
+
+
+def chunk_cap(capacity: int) -> int:
+    """The most positions a work item covers over a cache of this capacity (the scores scratch's width)."""
+    return (capacity + SPLITS - 1) // SPLITS
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -265,41 +242,6 @@ def _clear_part(pc):
         for j in range(hd + 2):
             pc[g, j] = F32(0.0)
         pc[g, hd] = F32(-np.inf)
-
-
-# ------------------------------------------------------------------------------------ int8 attention
-@njit(cache=True, nogil=True, fastmath=True, inline="always")
-def _scores_q8(s, qg, kq, ks, kh, lo, hi, scale):
-    """s[g, p - lo] <- scale * qg[g] . dequant(K[p, kh]) for lo <= p < hi; per scale group a partial dot."""
-    group, hd = qg.shape
-    n_g = ks.shape[2]
-    gs = hd // n_g
-    for g in range(group):  # head outer: its q row stays in registers over the positions
-        qv = qg[g]
-        for p in range(lo, hi):
-            a = F32(0.0)
-            for gi in range(n_g):
-                part = F32(0.0)
-                for j in range(gs):
-                    part += qv[gi * gs + j] * F32(kq[p, kh, gi * gs + j])
-                a += part * ks[p, kh, gi]
-            s[g, p - lo] = a * scale
-
-
-@njit(cache=True, nogil=True, fastmath=True, inline="always")
-def _weighted_sum_q8(acc, s, vq, vs, kh, lo, hi):
-    """acc[g, :hd] += sum over lo <= p < hi of s[g, p - lo] * dequant(V[p, kh])."""
-    group = s.shape[0]
-    n_g = vs.shape[2]
-    gs = vq.shape[2] // n_g
-    for g in range(group):
-        ag = acc[g]
-        for p in range(lo, hi):
-            w = s[g, p - lo]
-            for gi in range(n_g):
-                ws = w * vs[p, kh, gi]
-                for j in range(gs):
-                    ag[gi * gs + j] += ws * F32(vq[p, kh, gi * gs + j])
 
 
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
@@ -328,37 +270,62 @@ def _merge_parts(out, part):
                     o[j] *= inv
 
 
+@njit(cache=True, nogil=True, fastmath=True, inline="always")
+def _item_heads_loops(part, sc, qt, kc, vc, t, c, lo, hi, scale):
+    """Positions lo:hi of every head of row t (qt (H, hd)) into part[t, :, c], one KV head after the other,
+    with the numba loops. sc (H, >= hi - lo) f32 scores."""
+    n_kv = kc.shape[1]
+    group = qt.shape[0] // n_kv
+    for kh in range(n_kv):
+        pc, sg = part[t, kh, c], sc[kh * group:(kh + 1) * group]
+        _scores_loops(sg, qt[kh * group:(kh + 1) * group], kc, kh, lo, hi, scale)
+        _softmax_rows(pc, sg, hi - lo)
+        _weighted_sum_loops(pc, sg, vc, kh, lo, hi)
+
+
+@njit(cache=True, nogil=True, fastmath=True, inline="always")
+def _item_heads_vec(part, sc, qt, kc, vc, t, c, lo, hi, scale):
+    """_item_heads_loops' contract through cpu_attn_avx2, positions outer: 8 positions' K rows (every head,
+    one contiguous block of the cache) serve every head's scores before the next 8 are read, and the
+    weighted V sums run over V_BLOCK positions at a time for every head. One head after the other instead
+    read each head's part of the rows in a pass of its own, a strided stream per head from DRAM."""
+    n_head = qt.shape[0]
+    group = n_head // kc.shape[1]
+    p = lo
+    while p + 8 <= hi:
+        for h in range(n_head):
+            kdot8(sc[h], p - lo, qt[h], kc, p, h // group, scale)
+        p += 8
+    if p + 4 <= hi:
+        for h in range(n_head):
+            kdot4(sc[h], p - lo, qt[h], kc, p, h // group, scale)
+        p += 4
+    while p < hi:
+        for h in range(n_head):
+            sc[h, p - lo] = _dot_f16(qt[h], kc[p, h // group]) * scale
+        p += 1
+    for kh in range(kc.shape[1]):
+        _softmax_rows(part[t, kh, c], sc[kh * group:(kh + 1) * group], hi - lo)
+    for b in range(lo, hi, V_BLOCK):
+        n = min(V_BLOCK, hi - b)
+        for h in range(n_head):
+            vsum(part[t, h // group, c, h % group], sc[h], b - lo, n, vc, b, h // group)
+
+
+_item_heads = _item_heads_vec if VECTOR_ATTN else _item_heads_loops
+
+
 @njit(cache=True, nogil=True, fastmath=True)
 def attn_item_f16(part, sc, q, kc, vc, it, pos0, scale):
     """Work item it (row t, chunk c; _work_item) of f16 attention into part[t, kh, c] (group, hd + 2) for
-    every KV head kh: [0:hd] weighted V sum, [hd] max, [hd + 1] sum of the chunk. sc (group, >= chunk) f32
+    every KV head kh: [0:hd] weighted V sum, [hd] max, [hd + 1] sum of the chunk. sc (H, >= chunk) f32
     scores. A function of its own (not inlined) so that every caller runs it under the same fastmath flags:
     attention_f16_split and the one-region fused step (cpu_fast_step) give bit-identical rows."""
-    n_kv = kc.shape[1]
-    group = q.shape[1] // n_kv
     t, c, lo, hi = _work_item(it, pos0)
-    for kh in range(n_kv):
-        pc = part[t, kh, c]
-        _clear_part(pc)
-        if lo < hi:
-            _scores(sc, q[t, kh * group:(kh + 1) * group], kc, kh, lo, hi, scale)
-            _softmax_rows(pc, sc, hi - lo)
-            _weighted_sum(pc, sc, vc, kh, lo, hi)
-
-
-@njit(cache=True, nogil=True, fastmath=True)
-def attn_item_int8(part, sc, q, kq, ks, vq, vs, it, pos0, scale):
-    """attn_item_f16 over an int8 cache (kq, vq int8; ks, vs f32 group scales)."""
-    n_kv = kq.shape[1]
-    group = q.shape[1] // n_kv
-    t, c, lo, hi = _work_item(it, pos0)
-    for kh in range(n_kv):
-        pc = part[t, kh, c]
-        _clear_part(pc)
-        if lo < hi:
-            _scores_q8(sc, q[t, kh * group:(kh + 1) * group], kq, ks, kh, lo, hi, scale)
-            _softmax_rows(pc, sc, hi - lo)
-            _weighted_sum_q8(pc, sc, vq, vs, kh, lo, hi)
+    for kh in range(kc.shape[1]):
+        _clear_part(part[t, kh, c])
+    if lo < hi:
+        _item_heads(part, sc, q[t], kc, vc, t, c, lo, hi, scale)
 
 
 @njit(cache=True, nogil=True, fastmath=True)
@@ -381,21 +348,11 @@ def attention_f16_split(out, q, kc, vc, pos0, scale, sbuf, rowbuf, part):
     """out (T, H, hd) <- causal GQA attention over kc, vc (cap, n_kv, hd) uint16 f16 bits, each row split
     over positions ("flash decoding"): KV heads alone are too little parallel work for 2 threads in
     decode (3 heads -> a 2:1 split). Work item (t, chunk) keeps each head's max, sum and weighted V sum in
-    part (T, n_kv, SPLITS, group, hd + 2); a merge per row rescales them into out. sbuf (threads, group,
-    cap) f32 holds a work item's scores; rowbuf is unused (kept for the scratch tuple's shape). Row t is
+    part (T, n_kv, SPLITS, group, hd + 2); a merge per row rescales them into out. sbuf (threads, H,
+    >= chunk_cap(cap)) f32 holds a work item's scores; rowbuf is unused (kept for the scratch tuple's shape). Row t is
     computed exactly as a one-row call at pos0 + t would (chunks depend only on its own length): a verify
     pass over T drafted tokens gives bit-identical rows to T decode steps, which lossless speculation needs."""
     t_n = q.shape[0]
     for it in prange(t_n * SPLITS):
         attn_item_f16(part, sbuf[numba.get_thread_id()], q, kc, vc, it, pos0, scale)
     merge_parts(out, part[:t_n])  # part has rows for the largest T seen; only t_n are filled
-
-
-@njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def attention_int8_split(out, q, kq, ks, vq, vs, pos0, scale, sbuf, rowbuf, part):
-    """As attention_f16_split over an int8 cache: kq, vq (cap, n_kv, hd) int8, ks, vs (cap, n_kv, hd // g)
-    f32 scales, one per g values (ref.quantize_kv_int8). Same chunks, scratch and merge: no allocation."""
-    t_n = q.shape[0]
-    for it in prange(t_n * SPLITS):
-        attn_item_int8(part, sbuf[numba.get_thread_id()], q, kq, ks, vq, vs, it, pos0, scale)
-    merge_parts(out, part[:t_n])

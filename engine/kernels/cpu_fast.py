@@ -605,11 +605,11 @@ def embed(out, w, tokens):
 def _split_scratch(q, k_cache):
     """(scores, rowbuf, part) scratch of the split attention kernels for q (T, H, hd) over k_cache (cap, n_kv,
     hd); made per call: tensor-parallel shards may run concurrently, so nothing is shared."""
-    from .cpu_attn import SPLITS
+    from .cpu_attn import SPLITS, chunk_cap
     t_n, n_head, hd = q.shape
     cap, n_kv = k_cache.shape[:2]
     nt = numba.config.NUMBA_NUM_THREADS
-    return (np.zeros((nt, n_head // n_kv, cap), np.float32), np.zeros((nt, hd), np.float32),
+    return (np.zeros((nt, n_head, chunk_cap(cap)), np.float32), np.zeros((nt, hd), np.float32),
             np.zeros((t_n, n_kv, SPLITS, n_head // n_kv, hd + 2), np.float32))
 
 
@@ -623,5 +623,5 @@ def attention_f16(out, q, k_cache, v_cache, pos0, scale):
 
 def attention_int8(out, q, k_q, k_s, v_q, v_s, pos0, scale):
     """ref.attention_int8's contract through the fused step's split kernel (see attention_f16)."""
-    from .cpu_attn import attention_int8_split
+    from .cpu_attn_int8 import attention_int8_split
     attention_int8_split(out, q, k_q, k_s, v_q, v_s, pos0, F32(scale), *_split_scratch(q, k_q))

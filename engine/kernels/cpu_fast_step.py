@@ -25,8 +25,8 @@ from numba.extending import overload
 from ..quant import QK
 from . import cpu
 from . import cpu_attn as A
-from .cpu_attn import (SPLITS, attention_f16_split, attention_int8_split, exp_fast,  # noqa: F401
-                       f32_to_f16_bits, store_f16)
+from . import cpu_attn_int8 as A8
+from .cpu_attn import SPLITS, attention_f16_split, exp_fast, f32_to_f16_bits, store_f16  # noqa: F401
 from .cpu_fast import (BATCHED_MIN_T, FastWeight, _q4, embed_q4, embed_q8, q8_group, q8_group_batched,
                        quantize_rows)
 from ..sampling_fast import argmax_choice, block_choice
@@ -143,7 +143,8 @@ def _kv_store_impl(kv, l, k3, v3, pos0):
 
 
 def _attn_item(kv, l, it, q3, pos0, scale, sc, part):
-    """One work item (row, chunk) of attention_f16_split / attention_int8_split into part."""
+    """One work item (row, chunk) of cpu_attn.attention_f16_split / cpu_attn_int8.attention_int8_split
+    into part."""
     raise NotImplementedError  # numba-only, see the overload below
 
 
@@ -155,7 +156,7 @@ def _attn_item_impl(kv, l, it, q3, pos0, scale, sc, part):
         return f16
 
     def int8(kv, l, it, q3, pos0, scale, sc, part):
-        A.attn_item_int8(part, sc, q3, kv[0][l], kv[1][l], kv[2][l], kv[3][l], it, pos0, scale)
+        A8.attn_item_int8(part, sc, q3, kv[0][l], kv[1][l], kv[2][l], kv[3][l], it, pos0, scale)
     return int8
 
 
@@ -324,8 +325,8 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
     norms = (attn_norm (L, d), ffn_norm (L, d), out_norm (d,), eps); rope_p = (inv_freq, neox, n_head,
     n_kv, hd, attn_scale); w* = per role (qs (L, ng, nb, 16, G), d, m (L, ng, nb, G) f16 bits, acc16);
     bias = (has, bq (L, q_dim), bk, bv); qk_norm = (has, qn (L, hd), kn (L, hd)); kv = (k16, v16) (L, cap,
-    n_kv, hd) uint16 f16 bits, or (k_q, k_s, v_q, v_s) for an int8 cache; attn_scr = (sbuf (threads, group,
-    cap), unused, part) attention scratch; sync = cpu_sync.new_sync(BLOCK * (n_phases(L) + 1), threads);
+    n_kv, hd) uint16 f16 bits, or (k_q, k_s, v_q, v_s) for an int8 cache; attn_scr = (sbuf (threads, n_head,
+    chunk_cap(cap)), unused, part) attention scratch; sync = cpu_sync.new_sync(BLOCK * (n_phases(L) + 1), threads);
     nt = the caller's numba.get_num_threads() (called in here, it would keep numba from caching this
     function). Writes logits rows for the last `rows_out` positions into bufs[13][:rows_out].
 
@@ -442,11 +443,12 @@ class FusedForward:
         self.max_t, self.logit_rows = max_t, logit_rows
 
     def _attn_scratch(self, capacity: int):
-        """(sbuf (threads, group, capacity), rowbuf (threads, hd), part (max_t, n_kv, SPLITS, group, hd + 2))."""
+        """(sbuf (threads, n_head, A.chunk_cap(capacity)), rowbuf (threads, hd), part (max_t, n_kv, SPLITS, group,
+        hd + 2))."""
         if capacity > self.attn_cap or self.attn_scr[2].shape[0] < self.max_t:
             a = self.args
             nt = numba.config.NUMBA_NUM_THREADS
-            self.attn_scr = (np.zeros((nt, a.group, capacity), np.float32), np.zeros((nt, a.head_dim), np.float32),
+            self.attn_scr = (np.zeros((nt, a.n_head, A.chunk_cap(capacity)), np.float32), np.zeros((nt, a.head_dim), np.float32),
                              np.zeros((self.max_t, a.n_kv_head, SPLITS, a.group, a.head_dim + 2), np.float32))
             self.attn_cap = capacity
         return self.attn_scr

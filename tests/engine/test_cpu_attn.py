@@ -8,7 +8,7 @@ import numba
 import numpy as np
 import pytest
 
-from engine.kernels import cpu_attn, ref
+from engine.kernels import cpu_attn, cpu_attn_int8, ref
 
 
 def _convert_all(h2f):
@@ -44,15 +44,16 @@ def test_split_attention_matches_reference_at_model_shapes(pos0, t_n, n_kv, hd, 
     nt = numba.config.NUMBA_NUM_THREADS
     part = np.full((t_n + 2, n_kv, cpu_attn.SPLITS, n_head // n_kv, hd + 2), np.nan, np.float32)  # unused rows
     cpu_attn.attention_f16_split(got, q, k.view(np.uint16), v.view(np.uint16), pos0, np.float32(0.125),
-                                 np.zeros((nt, n_head // n_kv, cap), np.float32), np.zeros((nt, hd), np.float32),
+                                 np.zeros((nt, n_head, cap), np.float32), np.zeros((nt, hd), np.float32),
                                  part)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("pos0,t_n", [(597, 3), (2, 2)])
-def test_split_int8_attention_matches_reference(pos0, t_n):
+@pytest.mark.parametrize("pos0,t_n", [(597, 3), (61, 1), (2, 2)])
+@pytest.mark.parametrize("n_kv,hd,n_head", [(3, 64, 9), (2, 128, 4)])
+def test_split_int8_attention_matches_reference(pos0, t_n, n_kv, hd, n_head):
     rng = np.random.default_rng(pos0 + 1)
-    cap, n_kv, hd, n_head = 640, 3, 64, 9
+    cap = 640
     group = ref.kv_group(hd)
     k = (rng.standard_normal((cap, n_kv, hd)) * 2).astype(np.float32)
     v = rng.standard_normal((cap, n_kv, hd)).astype(np.float32)
@@ -63,56 +64,92 @@ def test_split_int8_attention_matches_reference(pos0, t_n):
     ref.attention_int8(want, q, kq, ks, vq, vs, pos0, 0.125)
     got = np.zeros_like(q)
     nt = numba.config.NUMBA_NUM_THREADS
-    cpu_attn.attention_int8_split(got, q, kq, ks, vq, vs, pos0, np.float32(0.125),
-                                  np.zeros((nt, n_head // n_kv, cap), np.float32), np.zeros((nt, hd), np.float32),
+    cpu_attn_int8.attention_int8_split(got, q, kq, ks, vq, vs, pos0, np.float32(0.125),
+                                  np.zeros((nt, n_head, cap), np.float32), np.zeros((nt, hd), np.float32),
                                   np.zeros((t_n, n_kv, cpu_attn.SPLITS, n_head // n_kv, hd + 2), np.float32))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
 @numba.njit(fastmath=True)
-def _inner_loops(which, s, acc, qg, kc, vc, kh, lo, hi):
-    if which == 0:
-        cpu_attn._scores_loops(s, qg, kc, kh, lo, hi, np.float32(0.125))
-        cpu_attn._weighted_sum_loops(acc, s, vc, kh, lo, hi)
-    else:
-        cpu_attn._scores_vec(s, qg, kc, kh, lo, hi, np.float32(0.125))
-        cpu_attn._weighted_sum_vec(acc, s, vc, kh, lo, hi)
+def _items(which, part, sc, qt, kc, vc, chunks):
+    for c in range(chunks.shape[0]):
+        lo, hi = chunks[c, 0], chunks[c, 1]
+        if which == 0:
+            cpu_attn._item_heads_loops(part, sc, qt, kc, vc, 0, c, lo, hi, np.float32(0.125))
+        else:
+            cpu_attn._item_heads_vec(part, sc, qt, kc, vc, 0, c, lo, hi, np.float32(0.125))
+
+
+@numba.njit(fastmath=True)
+def _items_q8(which, part, sc, qt, kq, ks, vq, vs, chunks):
+    for c in range(chunks.shape[0]):
+        lo, hi = chunks[c, 0], chunks[c, 1]
+        if which == 0:
+            cpu_attn_int8._item_heads_q8_loops(part, sc, qt, kq, ks, vq, vs, 0, c, lo, hi, np.float32(0.125))
+        else:
+            cpu_attn_int8._item_heads_q8_vec(part, sc, qt, kq, ks, vq, vs, 0, c, lo, hi, np.float32(0.125))
+
+
+# chunks (lo, hi) of one row: 8-, 4- and single-position tails, V sums over one and several V_BLOCKs
+CHUNKS = np.array([(0, 1), (3, 7), (5, 13), (0, 12), (9, 24), (1, 28), (7, 64), (0, 71), (2, 80)], np.int64)
+
+
+def _check_items(run, qt, k, v, hd):
+    """Both item forms (which 0: numba loops, 1: IR) against numpy: part[0, kh, c] holds the chunk's weighted
+    V sum (by exp(score - max)), max and sum for every head of every KV head."""
+    n_head, n_kv = qt.shape[0], k.shape[1]
+    group = n_head // n_kv
+    for which in (0, 1):
+        part = np.zeros((1, n_kv, len(CHUNKS), group, hd + 2), np.float32)  # as _clear_part leaves it
+        run(which, part, np.full((n_head, 96), np.nan, np.float32))
+        for c, (lo, hi) in enumerate(CHUNKS):
+            for h in range(n_head):
+                s = 0.125 * k[lo:hi, h // group] @ qt[h].astype(np.float64)
+                e = np.exp(s - s.max())
+                got = part[0, h // group, c, h % group]
+                np.testing.assert_allclose(got[hd], s.max(), rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(got[hd + 1], e.sum(), rtol=1e-4)
+                np.testing.assert_allclose(got[:hd], e @ v[lo:hi, h // group], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("hd", [64, 128, 16, 40, 42, 8])  # 16, 40: 8-lane parts; 42: a masked last block
-def test_vector_inner_loops_match_numba_loops_and_numpy(hd):
-    """cpu_attn_avx2's scores and weighted sum (8 + 4 + single positions; 32-, 8- and masked lanes) against the
-    numba loops that other CPUs run and against numpy, over chunk lengths that exercise every tail."""
+def test_vector_items_match_numba_loops_and_numpy(hd):
+    """cpu_attn's work item through cpu_attn_avx2 (positions outer) and through the numba loops that other
+    CPUs run (one KV head after the other), against numpy, over chunks that exercise every tail."""
     if not cpu_attn.VECTOR_ATTN:
         pytest.skip("target without AVX2/FMA/F16C (or NINFER_CPU_GENERIC set)")
     rng = np.random.default_rng(hd)
-    cap, n_kv, group = 64, 3, 3
-    kc = rng.standard_normal((cap, n_kv, hd)).astype(np.float16)
-    vc = rng.standard_normal((cap, n_kv, hd)).astype(np.float16)
-    qg = rng.standard_normal((group, hd)).astype(np.float32)
-    for lo, hi in [(0, 1), (3, 7), (5, 13), (0, 12), (9, 24), (1, 28), (7, 64)]:
-        kh = hi % n_kv
-        got = []
-        for which in (0, 1):
-            s = np.full((group, cap), np.nan, np.float32)
-            acc0 = rng.standard_normal((group, hd + 2)).astype(np.float32)
-            acc = acc0.copy()
-            _inner_loops(which, s, acc, qg, kc.view(np.uint16), vc.view(np.uint16), kh, lo, hi)
-            got.append((s[:, :hi - lo], acc - acc0))
-        k = kc[lo:hi, kh].astype(np.float64)
-        v = vc[lo:hi, kh].astype(np.float64)
-        want_s = 0.125 * qg @ k.T
-        for s, acc in got:
-            np.testing.assert_allclose(s, want_s, rtol=1e-5, atol=1e-5)
-            np.testing.assert_allclose(acc[:, :hd], s @ v, rtol=1e-5, atol=1e-5)  # added to what was there
-            assert not acc[:, hd:].any()  # the max/sum slots are not touched
+    cap, n_kv, n_head = 96, 3, 9
+    kc = rng.standard_normal((2, cap, n_kv, hd)).astype(np.float16)  # a layer of a 4-d cache: strided rows
+    vc = rng.standard_normal((2, cap, n_kv, hd)).astype(np.float16)
+    qt = rng.standard_normal((n_head, hd)).astype(np.float32)
+    _check_items(lambda which, part, sc: _items(which, part, sc, qt, kc[1].view(np.uint16), vc[1].view(np.uint16),
+                                                CHUNKS),
+                 qt, kc[1].astype(np.float64), vc[1].astype(np.float64), hd)
+
+
+@pytest.mark.parametrize("hd,gs", [(64, 32), (128, 32), (64, 64), (96, 32), (48, 16), (16, 8), (40, 40), (12, 12)])
+def test_int8_vector_items_match_numba_loops_and_numpy(hd, gs):
+    """The same over an int8 cache (cpu_attn_int8_avx2): groups of 32 lanes and of 8; groups that are not a
+    multiple of 8 values (40, 12) take the loops."""
+    if not cpu_attn.VECTOR_ATTN:
+        pytest.skip("target without AVX2/FMA/F16C (or NINFER_CPU_GENERIC set)")
+    rng = np.random.default_rng(hd + gs)
+    cap, n_kv, n_head = 96, 3, 9
+    k = rng.standard_normal((2, cap, n_kv, hd)).astype(np.float32)
+    v = rng.standard_normal((2, cap, n_kv, hd)).astype(np.float32)
+    kq, ks = (np.stack(x) for x in zip(*(ref.quantize_kv_int8(k[i], gs) for i in range(2))))
+    vq, vs = (np.stack(x) for x in zip(*(ref.quantize_kv_int8(v[i], gs) for i in range(2))))
+    qt = rng.standard_normal((n_head, hd)).astype(np.float32)
+    _check_items(lambda which, part, sc: _items_q8(which, part, sc, qt, kq[1], ks[1], vq[1], vs[1], CHUNKS),
+                 qt, ref.dequantize_kv_int8(kq[1], ks[1]), ref.dequantize_kv_int8(vq[1], vs[1]), hd)
 
 
 def test_generic_env_selects_the_numba_loops():
-    """NINFER_CPU_GENERIC=1 (what a CPU without AVX2 runs) takes cpu_attn's numba loops (tested above)."""
+    """NINFER_CPU_GENERIC=1 (what a CPU without AVX2 runs) takes the numba loops (tested above), f16 and int8."""
     root = Path(__file__).resolve().parents[2]
-    code = ("from engine.kernels import cpu_attn as A; "
-            "print(A.VECTOR_ATTN, A._scores is A._scores_loops, A._weighted_sum is A._weighted_sum_loops)")
+    code = ("from engine.kernels import cpu_attn as A, cpu_attn_int8 as B; "
+            "print(A.VECTOR_ATTN, A._item_heads is A._item_heads_loops, B._item_heads_q8 is B._item_heads_q8_loops)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(root), timeout=300,
                        env=dict(os.environ, NINFER_CPU_GENERIC="1", PYTHONPATH=str(root)))
     assert p.returncode == 0, p.stderr[-2000:]

@@ -97,7 +97,7 @@ def test_fast_attention_matches_reference():
     got = np.zeros_like(q)
     nt = numba.config.NUMBA_NUM_THREADS
     attention_f16_split(got, q, k.view(np.uint16), v.view(np.uint16), pos0, np.float32(0.25),
-                        np.zeros((nt, n_head // n_kv, cap), np.float32), np.zeros((nt, hd), np.float32),
+                        np.zeros((nt, n_head, cap), np.float32), np.zeros((nt, hd), np.float32),
                         np.zeros((t_n, n_kv, SPLITS, n_head // n_kv, hd + 2), np.float32))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
@@ -383,6 +383,6 @@ def test_split_decode_attention_matches_reference(pos0):
     got = np.zeros_like(q)
     nt = numba.config.NUMBA_NUM_THREADS
     attention_f16_split(got, q, k.view(np.uint16), v.view(np.uint16), pos0, np.float32(0.25),
-                        np.zeros((nt, 3, cap), np.float32), np.zeros((nt, hd), np.float32),
+                        np.zeros((nt, n_head, cap), np.float32), np.zeros((nt, hd), np.float32),
                         np.zeros((1, n_kv, SPLITS, 3, hd + 2), np.float32))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
