@@ -22,8 +22,16 @@ rng = np.random.default_rng(0)
 kf = rng.standard_normal((L, cap, n_kv, hd)).astype(np.float32)
 vf = rng.standard_normal((L, cap, n_kv, hd)).astype(np.float32)
 kc, vc = kf.astype(np.float16).view(np.uint16), vf.astype(np.float16).view(np.uint16)
-kq, ks = (np.ascontiguousarray(np.stack(a)) for a in zip(*(ref.quantize_kv_int8(kf[i], 32) for i in range(L))))
-vq, vs = (np.ascontiguousarray(np.stack(a)) for a in zip(*(ref.quantize_kv_int8(vf[i], 32) for i in range(L))))
+
+
+def _int8(x):
+    """(L, cap, n_kv, hd) f32 -> the int8 cache's (quants, scales), layer by layer."""
+    qs, ss = zip(*(ref.quantize_kv_int8(x[i], ref.kv_group(hd)) for i in range(L)))
+    return np.stack(qs), np.stack(ss)
+
+
+kq, ks = _int8(kf)
+vq, vs = _int8(vf)
 q = rng.standard_normal((1, n_kv * group, hd)).astype(np.float32)
 part = np.zeros((1, n_kv, SPLITS, group, hd + 2), np.float32)
 sc = np.zeros((n_kv * group, cap), np.float32)

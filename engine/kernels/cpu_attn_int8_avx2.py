@@ -8,8 +8,9 @@ int8 one (vpmovsxbd + vcvtdq2ps: 8 values to 8 floats) and the group scales appl
   R partial sums multiplied by the R positions' scales of that group into the running total.
 - `vsum_q8`: the weighted sum over n positions, 32 lanes (or 8) of one group in registers over all
   positions; a position's weight is its score times its scale for the group.
-The cache rows are 72 bytes per (position, head) at hd 64 instead of f16's 128, which is what counts at long
-context, where the KV comes from DRAM after the weight stream.
+A cache row is 72 bytes per (position, head) at hd 64 instead of f16's 128, but the dequantizing loads
+(sign-extend, convert) and a reduction per group cost more instructions than F16C's one conversion: at
+512-640 context the step decodes about as fast as over an f16 cache (bench/results-cpu.md).
 
 Both need gs % 8 == 0 (every block of 8 values inside one group): cpu_attn_int8 calls them only then, and
 its numba loops otherwise. The sums run in another order than those loops: results agree to float

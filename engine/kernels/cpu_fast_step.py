@@ -443,12 +443,13 @@ class FusedForward:
         self.max_t, self.logit_rows = max_t, logit_rows
 
     def _attn_scratch(self, capacity: int):
-        """(sbuf (threads, n_head, A.chunk_cap(capacity)), rowbuf (threads, hd), part (max_t, n_kv, SPLITS, group,
-        hd + 2))."""
+        """(sbuf (threads, n_head, A.chunk_cap(capacity)), rowbuf (threads, hd), part (max_t, n_kv, SPLITS,
+        group, hd + 2))."""
         if capacity > self.attn_cap or self.attn_scr[2].shape[0] < self.max_t:
             a = self.args
             nt = numba.config.NUMBA_NUM_THREADS
-            self.attn_scr = (np.zeros((nt, a.n_head, A.chunk_cap(capacity)), np.float32), np.zeros((nt, a.head_dim), np.float32),
+            self.attn_scr = (np.zeros((nt, a.n_head, A.chunk_cap(capacity)), np.float32),
+                             np.zeros((nt, a.head_dim), np.float32),
                              np.zeros((self.max_t, a.n_kv_head, SPLITS, a.group, a.head_dim + 2), np.float32))
             self.attn_cap = capacity
         return self.attn_scr
