@@ -96,6 +96,15 @@ def _tail_mask(builder, hd):
     return builder.icmp_unsigned(">=", _const(ir.VectorType(I32, 8), list(range(8))), first)
 
 
+def _store_scores(context, builder, sty, s, o, tot, scale, rows):
+    """s[o : o + rows] <- scale * the first rows lanes of tot (<8 x float>): a kdot's R scores."""
+    tot = builder.fmul(tot, _splat(builder, scale, V8F))
+    if rows < 8:
+        tot = _shuf(builder, tot, tot, list(range(rows)))
+    dst = _elem_ptr(context, builder, sty, s, [o])
+    builder.store(tot, builder.bitcast(dst, ir.VectorType(F, rows).as_pointer()), align=4)
+
+
 def _make_kdot(rows):
     @intrinsic
     def kdot(typingctx, s, o, q, k, p, kh, scale):
@@ -124,11 +133,7 @@ def _make_kdot(rows):
                 off = builder.sub(hd, _i(8))
                 block(off, builder.select(_tail_mask(builder, hd), _floats8(builder, qa.data, off), ZERO))
             sums = [builder.load(a) for a in acc] + [ZERO] * (8 - rows)
-            tot = builder.fmul(_reduce8(builder, sums), _splat(builder, sc, V8F))
-            if rows < 8:
-                tot = _shuf(builder, tot, tot, list(range(rows)))
-            dst = _elem_ptr(context, builder, ty[0], s_, [o_])
-            builder.store(tot, builder.bitcast(dst, ir.VectorType(F, rows).as_pointer()), align=4)
+            _store_scores(context, builder, ty[0], s_, o_, _reduce8(builder, sums), sc, rows)
             return context.get_dummy_value()
         return sig, codegen
     return kdot

@@ -25,7 +25,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .cpu_attn_avx2 import F, I8, I32, V8F, ZERO, _elem_ptr, _fma8, _floats8, _i, _reduce8, _shuf
+from .cpu_attn_avx2 import F, I8, I32, V8F, ZERO, _elem_ptr, _fma8, _floats8, _i, _reduce8, _store_scores
 from .cpu_avx2 import _fn, _splat
 
 V8I8, V8I32 = ir.VectorType(I8, 8), ir.VectorType(I32, 8)
@@ -85,11 +85,7 @@ def _make_kdot(rows):
                     scales = builder.insert_element(scales, builder.load(builder.gep(srow[r], [g])),
                                                     ir.Constant(I32, r))
                 builder.store(builder.call(fmuladd, [sums, scales, builder.load(tot)]), tot)
-            out = builder.fmul(builder.load(tot), _splat(builder, sc, V8F))
-            if rows < 8:
-                out = _shuf(builder, out, out, list(range(rows)))
-            dst = _elem_ptr(context, builder, ty[0], s_, [o_])
-            builder.store(out, builder.bitcast(dst, ir.VectorType(F, rows).as_pointer()), align=4)
+            _store_scores(context, builder, ty[0], s_, o_, builder.load(tot), sc, rows)
             return context.get_dummy_value()
         return sig, codegen
     return kdot
