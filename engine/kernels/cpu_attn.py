@@ -23,9 +23,10 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from .cpu_attn_avx2 import kdot4, kdot8, vsum
+from .cpu_attn_int8_avx2 import kdot4_q8, kdot8_q8, vsum_q8
 
 F32 = np.float32
 _LOG2E = F32(1.4426950408889634)
@@ -137,6 +138,20 @@ def _dot_f16(qv, kr):
     a = F32(0.0)
     for j in range(qv.shape[0]):
         a += qv[j] * h2f(kr[j])
+    return a
+
+
+@njit(cache=True, nogil=True, fastmath=True, inline="always")
+def _dot_q8(qv, kr, ksr):
+    """qv (hd,) f32 . dequant(kr (hd,) int8, ksr (hd // gs,) f32): one position's score over an int8 cache
+    (the IR item's last 1-3 positions)."""
+    gs = qv.shape[0] // ksr.shape[0]
+    a = F32(0.0)
+    for gi in range(ksr.shape[0]):
+        part = F32(0.0)
+        for j in range(gi * gs, (gi + 1) * gs):
+            part += qv[j] * F32(kr[j])
+        a += part * ksr[gi]
     return a
 
 
@@ -271,9 +286,10 @@ def _merge_parts(out, part):
 
 
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
-def _item_heads_loops(part, sc, qt, kc, vc, t, c, lo, hi, scale):
-    """Positions lo:hi of every head of row t (qt (H, hd)) into part[t, :, c], one KV head after the other,
-    with the numba loops. sc (H, >= hi - lo) f32 scores."""
+def _item_heads_loops(part, sc, qt, kv, t, c, lo, hi, scale):
+    """Positions lo:hi of every head of row t (qt (H, hd)) into part[t, :, c] over an f16 cache kv = (kc,
+    vc), one KV head after the other, with the numba loops. sc (H, >= hi - lo) f32 scores."""
+    kc, vc = kv
     n_kv = kc.shape[1]
     group = qt.shape[0] // n_kv
     for kh in range(n_kv):
@@ -283,33 +299,109 @@ def _item_heads_loops(part, sc, qt, kc, vc, t, c, lo, hi, scale):
         _weighted_sum_loops(pc, sg, vc, kh, lo, hi)
 
 
+# The IR kernels of the positions-outer item, by cache: kv = (kc, vc) f16 bits (cpu_attn_avx2), or
+# (kq, ks, vq, vs) int8 values and their group scales (cpu_attn_int8_avx2, scale groups of 8k values).
+def _f16(kv):
+    return isinstance(kv, types.UniTuple) and kv.count == 2
+
+
+def _kdot8(kv, s, o, q, p, kh, scale):
+    """s[o:o + 8] <- scale * q . K[p:p + 8, kh] (numba only, see the overload)."""
+    raise NotImplementedError
+
+
+def _kdot4(kv, s, o, q, p, kh, scale):
+    """s[o:o + 4] <- scale * q . K[p:p + 4, kh] (numba only, see the overload)."""
+    raise NotImplementedError
+
+
+def _dot1(kv, q, p, kh):
+    """q . K[p, kh] (numba only, see the overload)."""
+    raise NotImplementedError
+
+
+def _vsum(kv, acc, s, o, n, p, kh):
+    """acc[:hd] += sum over i < n of s[o + i] * V[p + i, kh] (numba only, see the overload)."""
+    raise NotImplementedError
+
+
+@overload(_kdot8, inline="always")
+def _kdot8_impl(kv, s, o, q, p, kh, scale):
+    if _f16(kv):
+        def f16(kv, s, o, q, p, kh, scale):
+            kdot8(s, o, q, kv[0], p, kh, scale)
+        return f16
+
+    def int8(kv, s, o, q, p, kh, scale):
+        kdot8_q8(s, o, q, kv[0], kv[1], p, kh, scale)
+    return int8
+
+
+@overload(_kdot4, inline="always")
+def _kdot4_impl(kv, s, o, q, p, kh, scale):
+    if _f16(kv):
+        def f16(kv, s, o, q, p, kh, scale):
+            kdot4(s, o, q, kv[0], p, kh, scale)
+        return f16
+
+    def int8(kv, s, o, q, p, kh, scale):
+        kdot4_q8(s, o, q, kv[0], kv[1], p, kh, scale)
+    return int8
+
+
+@overload(_dot1, inline="always")
+def _dot1_impl(kv, q, p, kh):
+    if _f16(kv):
+        def f16(kv, q, p, kh):
+            return _dot_f16(q, kv[0][p, kh])
+        return f16
+
+    def int8(kv, q, p, kh):
+        return _dot_q8(q, kv[0][p, kh], kv[1][p, kh])
+    return int8
+
+
+@overload(_vsum, inline="always")
+def _vsum_impl(kv, acc, s, o, n, p, kh):
+    if _f16(kv):
+        def f16(kv, acc, s, o, n, p, kh):
+            vsum(acc, s, o, n, kv[1], p, kh)
+        return f16
+
+    def int8(kv, acc, s, o, n, p, kh):
+        vsum_q8(acc, s, o, n, kv[2], kv[3], p, kh)
+    return int8
+
+
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
-def _item_heads_vec(part, sc, qt, kc, vc, t, c, lo, hi, scale):
-    """_item_heads_loops' contract through cpu_attn_avx2, positions outer: 8 positions' K rows (every head,
-    one contiguous block of the cache) serve every head's scores before the next 8 are read, and the
-    weighted V sums run over V_BLOCK positions at a time for every head. One head after the other instead
-    read each head's part of the rows in a pass of its own, a strided stream per head from DRAM."""
+def _item_heads_vec(part, sc, qt, kv, t, c, lo, hi, scale):
+    """_item_heads_loops' contract through the IR kernels, over an f16 or int8 cache kv (see _f16),
+    positions outer: 8 positions' K rows (every head, one contiguous block of the cache) serve every
+    head's scores before the next 8 are read, and the weighted V sums run over V_BLOCK positions at a time
+    for every head. One head after the other instead read each head's part of the rows in a pass of its
+    own, a strided stream per head from DRAM."""
     n_head = qt.shape[0]
-    group = n_head // kc.shape[1]
+    n_kv = kv[0].shape[1]
+    group = n_head // n_kv
     p = lo
     while p + 8 <= hi:
         for h in range(n_head):
-            kdot8(sc[h], p - lo, qt[h], kc, p, h // group, scale)
+            _kdot8(kv, sc[h], p - lo, qt[h], p, h // group, scale)
         p += 8
     if p + 4 <= hi:
         for h in range(n_head):
-            kdot4(sc[h], p - lo, qt[h], kc, p, h // group, scale)
+            _kdot4(kv, sc[h], p - lo, qt[h], p, h // group, scale)
         p += 4
     while p < hi:
         for h in range(n_head):
-            sc[h, p - lo] = _dot_f16(qt[h], kc[p, h // group]) * scale
+            sc[h, p - lo] = _dot1(kv, qt[h], p, h // group) * scale
         p += 1
-    for kh in range(kc.shape[1]):
+    for kh in range(n_kv):
         _softmax_rows(part[t, kh, c], sc[kh * group:(kh + 1) * group], hi - lo)
     for b in range(lo, hi, V_BLOCK):
         n = min(V_BLOCK, hi - b)
         for h in range(n_head):
-            vsum(part[t, h // group, c, h % group], sc[h], b - lo, n, vc, b, h // group)
+            _vsum(kv, part[t, h // group, c, h % group], sc[h], b - lo, n, b, h // group)
 
 
 _item_heads = _item_heads_vec if VECTOR_ATTN else _item_heads_loops
@@ -325,7 +417,7 @@ def attn_item_f16(part, sc, q, kc, vc, it, pos0, scale):
     for kh in range(kc.shape[1]):
         _clear_part(part[t, kh, c])
     if lo < hi:
-        _item_heads(part, sc, q[t], kc, vc, t, c, lo, hi, scale)
+        _item_heads(part, sc, q[t], (kc, vc), t, c, lo, hi, scale)
 
 
 @njit(cache=True, nogil=True, fastmath=True)

@@ -1,9 +1,9 @@
 """Decode attention over an int8 KV cache (`--kv-dtype int8`) for the fused CPU step (numba).
 
-Same work items, chunks, softmax and merge as cpu_attn's f16 attention (imported from there); only the
-inner loops differ. Where the target has AVX2/FMA/F16C (cpu_attn.VECTOR_ATTN) and a scale group is a
-multiple of 8 values (SmolLM2, Qwen: 32), they are cpu_attn_int8_avx2's IR blocks; otherwise the numba loops
-below, which dequantize value by value.
+Same work items, chunks, softmax and merge as cpu_attn's f16 attention (imported from there). Where the
+target has AVX2/FMA/F16C (cpu_attn.VECTOR_ATTN) and a scale group is a multiple of 8 values (SmolLM2, Qwen:
+32), cpu_attn's positions-outer item with cpu_attn_int8_avx2's IR kernels; otherwise the numba loops below,
+which dequantize value by value.
 """
 from __future__ import annotations
 
@@ -13,24 +13,9 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .cpu_attn import SPLITS, V_BLOCK, VECTOR_ATTN, _clear_part, _softmax_rows, _work_item, merge_parts
-from .cpu_attn_int8_avx2 import kdot4_q8, kdot8_q8, vsum_q8
+from .cpu_attn import SPLITS, VECTOR_ATTN, _clear_part, _item_heads_vec, _softmax_rows, _work_item, merge_parts
 
 F32 = np.float32
-
-
-@njit(cache=True, nogil=True, fastmath=True, inline="always")
-def _dot_q8(qv, kr, ksr):
-    """qv (hd,) f32 . dequant(kr (hd,) int8, ksr (hd // gs,) f32): one position's score (the IR path's last
-    positions)."""
-    gs = qv.shape[0] // ksr.shape[0]
-    a = F32(0.0)
-    for gi in range(ksr.shape[0]):
-        part = F32(0.0)
-        for j in range(gi * gs, (gi + 1) * gs):
-            part += qv[j] * F32(kr[j])
-        a += part * ksr[gi]
-    return a
 
 
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
@@ -68,9 +53,10 @@ def _weighted_sum_q8_loops(acc, s, vq, vs, kh, lo, hi):
 
 
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
-def _item_heads_q8_loops(part, sc, qt, kq, ks, vq, vs, t, c, lo, hi, scale):
-    """Positions lo:hi of every head of row t (qt (H, hd)) into part[t, :, c], one KV head after the other,
-    with the numba loops. sc (H, >= hi - lo) f32 scores."""
+def _item_heads_q8_loops(part, sc, qt, kv, t, c, lo, hi, scale):
+    """Positions lo:hi of every head of row t (qt (H, hd)) into part[t, :, c] over an int8 cache kv = (kq,
+    ks, vq, vs), one KV head after the other, with the numba loops. sc (H, >= hi - lo) f32 scores."""
+    kq, ks, vq, vs = kv
     n_kv = kq.shape[1]
     group = qt.shape[0] // n_kv
     for kh in range(n_kv):
@@ -81,33 +67,13 @@ def _item_heads_q8_loops(part, sc, qt, kq, ks, vq, vs, t, c, lo, hi, scale):
 
 
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
-def _item_heads_q8_vec(part, sc, qt, kq, ks, vq, vs, t, c, lo, hi, scale):
-    """_item_heads_q8_loops' contract through cpu_attn_int8_avx2, positions outer as in
-    cpu_attn._item_heads_vec; the loops where a scale group is not a multiple of 8 values."""
-    if (kq.shape[2] // ks.shape[2]) % 8 != 0:
-        _item_heads_q8_loops(part, sc, qt, kq, ks, vq, vs, t, c, lo, hi, scale)
-        return
-    n_head = qt.shape[0]
-    group = n_head // kq.shape[1]
-    p = lo
-    while p + 8 <= hi:
-        for h in range(n_head):
-            kdot8_q8(sc[h], p - lo, qt[h], kq, ks, p, h // group, scale)
-        p += 8
-    if p + 4 <= hi:
-        for h in range(n_head):
-            kdot4_q8(sc[h], p - lo, qt[h], kq, ks, p, h // group, scale)
-        p += 4
-    while p < hi:
-        for h in range(n_head):
-            sc[h, p - lo] = _dot_q8(qt[h], kq[p, h // group], ks[p, h // group]) * scale
-        p += 1
-    for kh in range(kq.shape[1]):
-        _softmax_rows(part[t, kh, c], sc[kh * group:(kh + 1) * group], hi - lo)
-    for b in range(lo, hi, V_BLOCK):
-        n = min(V_BLOCK, hi - b)
-        for h in range(n_head):
-            vsum_q8(part[t, h // group, c, h % group], sc[h], b - lo, n, vq, vs, b, h // group)
+def _item_heads_q8_vec(part, sc, qt, kv, t, c, lo, hi, scale):
+    """_item_heads_q8_loops' contract through cpu_attn._item_heads_vec (the IR kernels, positions outer);
+    the loops where a scale group is not a multiple of 8 values."""
+    if (kv[0].shape[2] // kv[1].shape[2]) % 8 != 0:
+        _item_heads_q8_loops(part, sc, qt, kv, t, c, lo, hi, scale)
+    else:
+        _item_heads_vec(part, sc, qt, kv, t, c, lo, hi, scale)
 
 
 _item_heads_q8 = _item_heads_q8_vec if VECTOR_ATTN else _item_heads_q8_loops
@@ -121,7 +87,7 @@ def attn_item_int8(part, sc, q, kq, ks, vq, vs, it, pos0, scale):
     for kh in range(kq.shape[1]):
         _clear_part(part[t, kh, c])
     if lo < hi:
-        _item_heads_q8(part, sc, q[t], kq, ks, vq, vs, t, c, lo, hi, scale)
+        _item_heads_q8(part, sc, q[t], (kq, ks, vq, vs), t, c, lo, hi, scale)
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=True)

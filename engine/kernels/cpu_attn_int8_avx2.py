@@ -12,9 +12,9 @@ A cache row is 72 bytes per (position, head) at hd 64 instead of f16's 128, but 
 (sign-extend, convert) and a reduction per group cost more instructions than F16C's one conversion: at
 512-640 context the step decodes about as fast as over an f16 cache (bench/results-cpu.md).
 
-Both need gs % 8 == 0 (every block of 8 values inside one group): cpu_attn_int8 calls them only then, and
-its numba loops otherwise. The sums run in another order than those loops: results agree to float
-rounding, not bit for bit.
+Both need gs % 8 == 0 (every block of 8 values inside one group): cpu_attn_int8 runs them (through
+cpu_attn's positions-outer item) only then, and its numba loops otherwise. The sums run in another order
+than those loops: results agree to float rounding, not bit for bit.
 """
 from __future__ import annotations
 

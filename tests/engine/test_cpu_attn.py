@@ -75,9 +75,9 @@ def _items(which, part, sc, qt, kc, vc, chunks):
     for c in range(chunks.shape[0]):
         lo, hi = chunks[c, 0], chunks[c, 1]
         if which == 0:
-            cpu_attn._item_heads_loops(part, sc, qt, kc, vc, 0, c, lo, hi, np.float32(0.125))
+            cpu_attn._item_heads_loops(part, sc, qt, (kc, vc), 0, c, lo, hi, np.float32(0.125))
         else:
-            cpu_attn._item_heads_vec(part, sc, qt, kc, vc, 0, c, lo, hi, np.float32(0.125))
+            cpu_attn._item_heads_vec(part, sc, qt, (kc, vc), 0, c, lo, hi, np.float32(0.125))
 
 
 @numba.njit(fastmath=True)
@@ -85,9 +85,9 @@ def _items_q8(which, part, sc, qt, kq, ks, vq, vs, chunks):
     for c in range(chunks.shape[0]):
         lo, hi = chunks[c, 0], chunks[c, 1]
         if which == 0:
-            cpu_attn_int8._item_heads_q8_loops(part, sc, qt, kq, ks, vq, vs, 0, c, lo, hi, np.float32(0.125))
+            cpu_attn_int8._item_heads_q8_loops(part, sc, qt, (kq, ks, vq, vs), 0, c, lo, hi, np.float32(0.125))
         else:
-            cpu_attn_int8._item_heads_q8_vec(part, sc, qt, kq, ks, vq, vs, 0, c, lo, hi, np.float32(0.125))
+            cpu_attn_int8._item_heads_q8_vec(part, sc, qt, (kq, ks, vq, vs), 0, c, lo, hi, np.float32(0.125))
 
 
 # chunks (lo, hi) of one row: 8-, 4- and single-position tails, V sums over one and several V_BLOCKs
