@@ -64,3 +64,15 @@ def weight_bytes_per_token(model_path: str) -> dict:
             name = t.tensor_type.name
             per_type[name] = per_type.get(name, 0) + int(t.n_bytes)
     return {"bytes": total, "per_type": per_type}
+
+
+def kv_bytes_per_position(model_path: str, kv_dtype: str = "f16") -> int:
+    """Bytes of KV cache a decode step reads per position of context: K and V of every layer and KV head,
+    f16 (2 bytes a value) or int8 (1 byte a value plus a float32 scale per ref.kv_group values)."""
+    from ..gguf import load_gguf
+    from ..kernels.ref import kv_group
+    a = load_gguf(model_path).args
+    values = 2 * a.n_layer * a.n_kv_head * a.head_dim
+    if kv_dtype == "int8":
+        return values + values // kv_group(a.head_dim) * 4
+    return values * 2

@@ -178,7 +178,12 @@ def main(argv: list[str] | None = None) -> int:
                         max_context=a.max_context, log=log, warmup=not a.no_warmup, bandwidth=probe)
     agg = aggregate(results, [v.name for v in variants])
     rat = ratios(agg, baseline)
-    roof = roofline(results, [v.name for v in variants], weight_bytes_per_token(model)["bytes"]) if probe else {}
+    roof = {}
+    if probe:
+        from .bandwidth import kv_bytes_per_position
+        kv = {v.name: kv_bytes_per_position(model, v.engine.get("kv_dtype", "f16") if v.kind == "ours" else "f16")
+              for v in variants}
+        roof = roofline(results, [v.name for v in variants], weight_bytes_per_token(model)["bytes"], kv)
     print(table(agg, rat, baseline, roof))
     doc = {"machine": machine, "model": model, "workload": {k: v for k, v in asdict(wl).items() if k != "prompt_ids"},
            "variants": [asdict(v) for v in variants], "baseline": baseline, "repeats": a.repeats,

@@ -51,22 +51,41 @@ def ratios(agg: dict[str, dict], baseline: str) -> dict[str, dict]:
     return out
 
 
-def roofline(results: list[dict], variant_names: list[str], weight_bytes: int | None) -> dict:
+def roofline(results: list[dict], variant_names: list[str], weight_bytes: int | None,
+             kv_bytes: dict[str, int] | None = None) -> dict:
     """Decode bound if every weight byte is read once per token at the measured read bandwidth. Each run is
     set against the bandwidth measured around its own round (run_bench's "read_bandwidth"); per variant
-    the share's mean and range over its runs, as for the other figures."""
+    the share's mean and range over its runs, as for the other figures. kv_bytes (variant -> KV cache bytes
+    per position of context) adds a second share that also counts the KV cache every decode step reads,
+    at the run's mean context (prompt + half the output): at long context the weights alone understate
+    what a token costs to read."""
     bws = [r["read_bandwidth"] for r in results if r.get("ok") and r.get("read_bandwidth")]
     if not weight_bytes or not bws:
         return {}
-    share = {}
+
+    def shares(name, per_token):
+        vals = [float(r["decode_tok_s"]) * per_token(r) / r["read_bandwidth"] for r in results
+                if r.get("variant") == name and r.get("ok") and r.get("decode_tok_s") and r.get("read_bandwidth")
+                and per_token(r) is not None]
+        return {"mean": statistics.fmean(vals), "min": min(vals), "max": max(vals), "n": len(vals)} if vals else None
+
+    share, with_kv = {}, {}
     for name in variant_names:
-        vals = [float(r["decode_tok_s"]) * weight_bytes / r["read_bandwidth"] for r in results
-                if r.get("variant") == name and r.get("ok") and r.get("decode_tok_s") and r.get("read_bandwidth")]
-        if vals:
-            share[name] = {"mean": statistics.fmean(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+        if (s := shares(name, lambda r: weight_bytes)) is not None:
+            share[name] = s
+        if kv_bytes and name in kv_bytes:
+            kv = kv_bytes[name]
+            s = shares(name, lambda r: weight_bytes + kv * (r["prompt_tokens"] + r["output_tokens"] / 2)
+                       if "prompt_tokens" in r and "output_tokens" in r else None)
+            if s is not None:
+                with_kv[name] = s
     bw = {"mean": statistics.fmean(bws) / 1e9, "min": min(bws) / 1e9, "max": max(bws) / 1e9, "n": len(bws)}
-    return {"weight_bytes_per_token": weight_bytes, "read_bandwidth_gb_s": bw,
-            "roofline_tok_s": statistics.fmean(bws) / weight_bytes, "share_of_roofline": share}
+    out = {"weight_bytes_per_token": weight_bytes, "read_bandwidth_gb_s": bw,
+           "roofline_tok_s": statistics.fmean(bws) / weight_bytes, "share_of_roofline": share}
+    if with_kv:
+        out["kv_bytes_per_position"] = kv_bytes
+        out["share_with_kv"] = with_kv
+    return out
 
 
 def _range(m: dict, fmt: str, scale: float = 1.0) -> str:
@@ -107,6 +126,9 @@ def table(agg: dict[str, dict], rat: dict[str, dict], baseline: str, roof: dict 
                      f"each round) -> {roof['roofline_tok_s']:.0f} tok/s; share, each run against its round's "
                      "bandwidth: " + ", ".join(f"{n} {_range(s, '{:.0f}', 100)}%"
                                                 for n, s in roof["share_of_roofline"].items()))
+        if roof.get("share_with_kv"):
+            lines.append("counting the KV cache read per token too (at each run's mean context): "
+                         + ", ".join(f"{n} {_range(s, '{:.0f}', 100)}%" for n, s in roof["share_with_kv"].items()))
     for name, a in agg.items():
         for e in a.get("errors", []):
             lines.append(f"{name}: FAILED {e}")

@@ -102,6 +102,29 @@ def test_roofline_share_uses_each_runs_own_bandwidth():
     assert report.roofline([{"variant": "ours", "ok": True, "decode_tok_s": 1.0}], ["ours"], 100) == {}
 
 
+def test_roofline_with_kv_counts_the_cache_read_at_the_mean_context():
+    runs = [{"variant": "ours", "ok": True, "decode_tok_s": 100.0, "read_bandwidth": 20e9,
+             "prompt_tokens": 500, "output_tokens": 200},
+            {"variant": "peer", "ok": True, "decode_tok_s": 50.0, "read_bandwidth": 20e9}]  # no token counts
+    roof = report.roofline(runs, ["ours", "peer"], weight_bytes=100e6, kv_bytes={"ours": 1000, "peer": 1000})
+    # 100 MB of weights + 1000 B x 600 positions (500 prompt + 200 / 2) = 100.6 MB a token, at 100 tok/s
+    assert roof["share_with_kv"]["ours"]["mean"] == pytest.approx(100 * 100.6e6 / 20e9)
+    assert roof["share_of_roofline"]["ours"]["mean"] == pytest.approx(0.5)
+    assert "peer" not in roof["share_with_kv"]  # a run without token counts has no such share
+    text = report.table(report.aggregate(runs, ["ours", "peer"]), {}, "peer", roof)
+    assert "counting the KV cache" in text and "ours 50%" in text
+    assert "share_with_kv" not in report.roofline(runs, ["ours"], 100e6)
+
+
+def test_kv_bytes_per_position_of_the_default_model():
+    from engine import paths
+    from engine.bench.bandwidth import kv_bytes_per_position
+    model = str(paths.resolve_model(None))
+    # SmolLM2-135M: 30 layers x 3 KV heads x 64 values, K and V; int8 adds a float32 scale per 32 values
+    assert kv_bytes_per_position(model) == 2 * 30 * 3 * 64 * 2
+    assert kv_bytes_per_position(model, "int8") == 2 * 30 * 3 * 64 * (1 + 4 / 32)
+
+
 def test_run_bench_brackets_each_round_with_bandwidth_and_turns_the_order(monkeypatch):
     order = []
     monkeypatch.setattr(runner, "run_one", lambda spec: order.append(spec.variant.name) or
