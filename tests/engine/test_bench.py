@@ -125,6 +125,32 @@ def test_kv_bytes_per_position_of_the_default_model():
     assert kv_bytes_per_position(model, "int8") == 2 * 30 * 3 * 64 * (1 + 4 / 32)
 
 
+def test_warm_up_writes_our_bytecode_even_where_imports_do_not(tmp_path, monkeypatch):
+    import os
+    import stat
+    import sys
+    from engine.bench import runner
+    pkg = tmp_path / "bc_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "mod.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # as PYTHONDONTWRITEBYTECODE=1
+    said = []
+    runner._byte_compile(said.append, ("bc_pkg",))
+    assert any(p.name.startswith("mod.") for p in (pkg / "__pycache__").iterdir()) and not said
+    if os.geteuid() != 0:  # root writes into read-only folders anyway
+        ro = tmp_path / "ro_pkg"
+        ro.mkdir()
+        (ro / "__init__.py").write_text("")
+        ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
+        try:
+            runner._byte_compile(said.append, ("ro_pkg",))
+        finally:
+            ro.chmod(stat.S_IRWXU)
+        assert said and "read-only" in said[0]
+
+
 def test_run_bench_brackets_each_round_with_bandwidth_and_turns_the_order(monkeypatch):
     order = []
     monkeypatch.setattr(runner, "run_one", lambda spec: order.append(spec.variant.name) or
