@@ -59,8 +59,8 @@ class TokenChooser:
         self._us = np.zeros(0, np.float64)  # a decode block's uniforms (block)
         self._rewind = None  # the generator's state before a block drew them
         self._argmax = None  # a greedy block's choice tuple (built once: it holds self.counts)
-        if p.is_greedy:  # argmax = top-1: (1,) i64 / f32 buffers
-            self._ids, self._vals = np.zeros(1, np.int64), np.empty(1, np.float32)
+        if p.is_greedy:  # argmax = top-1: (1,) i64 / f32 buffers, and its probability in a block (see block)
+            self._ids, self._vals, self._p = np.zeros(1, np.int64), np.empty(1, np.float32), np.empty(1, np.float64)
         else:
             self._ids, self._vals, self._p, self._work = _buffers(vocab_size, p.top_k)
 
@@ -92,7 +92,9 @@ class TokenChooser:
     def block(self, n: int) -> tuple | None:
         """The choice of the next n tokens as a decode block takes it inside one call (Model.decode_block,
         cpu_fast_step._choose), or None when a choice needs this class: the thinking state may still force,
-        ban or redirect; greedy with penalties; top-k off or above KMAX (the full-vocabulary path).
+        ban or redirect; top-k off or above KMAX (the full-vocabulary path). Greedy with penalties goes as
+        top-1 sampling over the penalised logits: one candidate (top_scan's, the one `choose` takes),
+        drawn with probability 1 from a zero uniform, so the generator is not touched (greedy draws none).
         (mode 0 argmax | 1 sampled, temperature, top_k, top_p, min_p, presence, frequency, penalty row or
         empty, counts, n uniforms, ids, vals, probs). The uniforms are drawn ahead; `accepted` rewinds the
         generator to where one draw per token taken leaves it, so the tokens and the draws that follow are
@@ -103,7 +105,10 @@ class TokenChooser:
             return None
         if p.is_greedy:
             if self._penalised:
-                return None
+                if self._us.shape[0] < n:
+                    self._us = np.zeros(n, np.float64)
+                return (1, 1.0, 1, 1.0, 0.0, float(p.presence_penalty), float(p.frequency_penalty), self._pen,
+                        self.counts, self._us[:n], self._ids, self._vals, self._p)
             if self._argmax is None:
                 self._argmax = argmax_choice(self.counts)
             return self._argmax

@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-tokens", type=int, default=128, help="tokens decoded per run (default 128)")
     p.add_argument("--sampled", action="store_true", help="user preset T=0.7 top-p 0.8 top-k 20 presence 1.5 "
                                                            "seed 42 (message workloads); default greedy")
+    p.add_argument("--presence-penalty", type=float, metavar="P",
+                   help="presence penalty: with --sampled instead of the preset's 1.5; without, greedy with it")
     p.add_argument("--repeats", type=int, default=2,
                    help="runs per variant, interleaved A-B, B-A (the order turns each round; default 2)")
     p.add_argument("--idle-gap", type=float, default=2.0, help="seconds of idle between runs (default 2)")
@@ -134,6 +136,13 @@ def _variants(a) -> list[Variant]:
 
 def _workload(a, model: str) -> Workload:
     sampling = {} if not a.sampled else {"greedy": False}
+    if a.presence_penalty is not None:
+        if a.presence_penalty < 0:
+            raise NinferError(f"--presence-penalty {a.presence_penalty}: give a value >= 0")
+        if not (a.workload or a.messages or a.prompt):
+            raise NinferError("--presence-penalty applies to message workloads (--workload, --messages or "
+                              "--prompt); the synthetic token prompt decodes plain greedy")
+        sampling["presence_penalty" if a.sampled else "greedy_presence_penalty"] = a.presence_penalty
     if a.workload or a.messages or a.prompt:
         if a.prompt:
             msgs, name = [{"role": "user", "content": a.prompt}], "prompt"

@@ -148,6 +148,7 @@ class Workload:
     top_p: float = 0.8
     top_k: int = 20
     presence_penalty: float = 1.5
+    greedy_presence_penalty: float = 0.0  # greedy runs' presence penalty (--presence-penalty without --sampled)
     seed: int = 42
 
     def __post_init__(self):

@@ -232,6 +232,32 @@ def test_bench_cli_bad_variant_is_one_line_error(capsys):
     assert err.startswith("ninfer-bench: ") and "unknown key" in err and "Traceback" not in err
 
 
+def test_bench_cli_presence_penalty_greedy_or_sampled(tiny_models, tmp_path, capsys):
+    """--presence-penalty: greedy runs with that penalty (without --sampled), or the preset with it instead of
+    1.5; the run's output differs from plain greedy once the penalty moves a token. Bad values and synthetic
+    workloads are one-line errors."""
+    from engine.bench.cli import _workload, build_parser
+
+    def wl(*argv):
+        return _workload(build_parser().parse_args(["--prompt", "Hi", *argv]), str(tiny_models["llama"]))
+    assert wl().greedy_presence_penalty == 0.0 and wl("--presence-penalty", "1.5").greedy_presence_penalty == 1.5
+    w = wl("--sampled", "--presence-penalty", "0.5")
+    assert not w.greedy and w.presence_penalty == 0.5 and w.greedy_presence_penalty == 0.0
+    shas = {}
+    for pen in ("0", "8"):
+        out = tmp_path / f"r{pen}.json"
+        assert bench_main([str(tiny_models["llama"]), "--variant", "a:backend=ref,threads=1", "--prompt", "Hello",
+                           "--decode-tokens", "12", "--repeats", "1", "--idle-gap", "0", "--no-warmup",
+                           "--no-roofline", "--presence-penalty", pen, "--json", str(out)]) == 0
+        shas[pen] = json.loads(out.read_text())["runs"][0]["output_sha256"]
+    assert shas["0"] != shas["8"]
+    capsys.readouterr()
+    for bad in (["--prompt", "Hi", "--presence-penalty", "-1"], ["--presence-penalty", "1"]):
+        assert bench_main([str(tiny_models["llama"]), *bad, "--no-roofline"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("ninfer-bench: --presence-penalty") and "Traceback" not in err
+
+
 @pytest.mark.skipif(os.environ.get("NINFER_BENCH_LLAMA") != "1", reason="set NINFER_BENCH_LLAMA=1 (slow peer run)")
 @pytest.mark.slow
 def test_llama_cpp_peer_run(smollm2_path):

@@ -242,9 +242,9 @@ def test_fused_step_matches_leaf_forward_bit_for_bit(q4_tiny):
         tok = int(want[0].argmax())
 
 
-def test_plain_round_uses_a_greedy_block_only_for_a_plain_argmax(q4_tiny):
-    """The decode loop's round: a greedy chooser gets up to block_size() tokens per round (the tokens single
-    rounds give, each accepted by the chooser); greedy with penalties keeps one token per round."""
+def test_plain_round_uses_a_greedy_block(q4_tiny):
+    """The decode loop's round: a greedy chooser, with penalties or without, gets up to block_size() tokens
+    per round (the tokens single rounds give, each accepted by the chooser)."""
     from engine.config import SamplingParams
     from engine.generate import RoundContext, block_size, plain_round
     from engine.sampling import TokenChooser
@@ -257,13 +257,13 @@ def test_plain_round_uses_a_greedy_block_only_for_a_plain_argmax(q4_tiny):
         cache = model.new_cache(64)
         model.forward(np.array(toks, np.int32), 0, cache)
         chooser = TokenChooser(sp, model.args.vocab_size)
-        assert (chooser.block(4) is not None) == (name == "greedy")
+        assert chooser.block(4) is not None
         chooser.accepted([])
         ctx = RoundContext(model, cache, toks + [first], chooser, 12, frozenset())
         rnd = plain_round(ctx)
         runs[name] = rnd.tokens
         assert cache.length == len(toks) + len(rnd.tokens) and chooser.n_accepted == len(rnd.tokens)
-    assert len(runs["greedy"]) == min(12, block_size()) and len(runs["penalised"]) == 1
+    assert len(runs["greedy"]) == len(runs["penalised"]) == min(12, block_size())
     cache = model.new_cache(64)
     model.forward(np.array(toks, np.int32), 0, cache)
     ctx = RoundContext(model, cache, toks + [first], TokenChooser(SamplingParams(greedy=True), model.args.vocab_size),
@@ -327,6 +327,42 @@ def test_sampled_block_chooses_what_single_rounds_choose(q4_tiny):
     assert ch2.n_accepted == ch1.n_accepted and ch2.rng.random() == ch1.rng.random()
 
 
+def test_penalised_greedy_block_chooses_what_single_rounds_choose(q4_tiny):
+    """Greedy with penalties in decode blocks (top-1 of the penalised logits; penalties strong enough to move
+    this tiny model off its one peaked token): the tokens, counts and penalty row of choose + accept
+    rounds, and the generator untouched, as greedy rounds leave it."""
+    from engine.config import SamplingParams
+    from engine.kernels.cpu_fast_step import BLOCK
+    from engine.sampling import TokenChooser
+    model, ff = _tiny_fused(q4_tiny)
+    sp = SamplingParams(greedy=True, presence_penalty=12.0, frequency_penalty=0.5, seed=7)
+    toks = np.array([3, 17, 42, 5, 99, 7], np.int32)
+    c1, c2 = model.new_cache(64), model.new_cache(64)
+    ch1, ch2 = TokenChooser(sp, model.args.vocab_size), TokenChooser(sp, model.args.vocab_size)
+    first = ch1.choose(model.forward(toks, 0, c1)[0])
+    ch1.accept(first)
+    assert ch2.choose(model.forward(toks, 0, c2)[0]) == first
+    ch2.accept(first)
+    n_new = 2 * BLOCK + 3
+    want, tok = [], first
+    for i in range(n_new):
+        tok = ch1.choose(model.forward(np.array([tok], np.int32), len(toks) + i, c1)[0])
+        ch1.accept(tok)
+        want.append(tok)
+    got, tok = [], first
+    while len(got) < n_new:
+        n = min(BLOCK, n_new - len(got))
+        blk = model.decode_block(tok, len(toks) + len(got), c2, n, frozenset(), ch2.block(n))
+        ch2.accepted(blk)
+        got += blk
+        tok = got[-1]
+    assert got == want and len(set(got)) > 3
+    np.testing.assert_array_equal(ch2.counts, ch1.counts)
+    np.testing.assert_array_equal(ch2._pen, ch1._pen)
+    assert ch2.n_accepted == ch1.n_accepted
+    assert ch2.rng.random() == ch1.rng.random() == np.random.default_rng(7).random()
+
+
 def test_block_choice_only_where_the_chain_allows_it(q4_tiny):
     """TokenChooser.block hands the choice over for greedy and small top-k sampling only, and only once the
     thinking state is settled; a block that was not run (None) leaves the generator untouched."""
@@ -337,7 +373,8 @@ def test_block_choice_only_where_the_chain_allows_it(q4_tiny):
     assert TokenChooser(SamplingParams(greedy=True), v).block(4)[0] == 0
     assert TokenChooser(SamplingParams(temperature=0.7, top_k=20), v).block(4)[0] == 1
     assert TokenChooser(SamplingParams(temperature=0.7, top_k=0), v).block(4) is None  # the full-vocabulary path
-    assert TokenChooser(SamplingParams(greedy=True, frequency_penalty=0.5), v).block(4) is None
+    pen = TokenChooser(SamplingParams(greedy=True, frequency_penalty=0.5), v)
+    assert pen.block(4)[:3] == (1, 1.0, 1) and pen.block(4)[9].tolist() == [0.0] * 4  # top-1, zero uniforms
     plan = ThinkingPlan("prompted", open_ids=(5,), close_ids=(6,), start="reasoning")
     assert TokenChooser(SamplingParams(greedy=True), v, thinking=ThinkingState(plan)).block(4) is None
     ch, ref = (TokenChooser(SamplingParams(temperature=0.7, top_k=20, seed=1), v) for _ in range(2))
