@@ -76,10 +76,10 @@ def block_size() -> int:
 
 def plain_round(ctx: RoundContext) -> Round:
     """One token: forward the pending token, choose the next one. When the chooser can hand its choice to
-    the model for the rest of the reply (TokenChooser.block: greedy with or without penalties, or top-k sampling, with a
-    settled thinking state) and the model can choose by itself, a decode block instead: up to block_size() tokens
-    in one call (Model.decode_block), the tokens single rounds would give. Not for the reply's first
-    token (ctx.reply_start), which the user waits for."""
+    the model for the rest of the reply (TokenChooser.block: greedy with or without penalties, or top-k
+    sampling, with a settled thinking state) and the model can choose by itself, a decode block instead: up
+    to block_size() tokens in one call (Model.decode_block), the tokens single rounds would give. Not for the
+    reply's first token (ctx.reply_start), which the user waits for."""
     t0 = time.perf_counter()
     pos = len(ctx.seq) - 1
     # the reply's first token goes out alone: its text shows one forward after the prefill, not a block's

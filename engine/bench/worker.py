@@ -44,8 +44,8 @@ def run_ours(spec, t0_wall: float) -> dict:
     out = {"load_s": time.perf_counter() - t, "warmup_s": getattr(eng.model, "warmup_s", None)}
     session = eng.session()
     sp = SamplingParams(greedy=w.greedy, temperature=0.0 if w.greedy else w.temperature, top_p=w.top_p,
-                        top_k=w.top_k, presence_penalty=w.greedy_presence_penalty if w.greedy else w.presence_penalty, seed=w.seed,
-                        max_new=w.decode_tokens)
+                        top_k=w.top_k, seed=w.seed, max_new=w.decode_tokens,
+                        presence_penalty=w.greedy_presence_penalty if w.greedy else w.presence_penalty)
     first = None
     fs = None
     if w.mode == "synthetic":  # the token prompt as it is, exactly decode_tokens tokens (no end-of-text stop)
@@ -107,8 +107,10 @@ def run_llama_cpp(spec, t0_wall: float) -> dict:
                    tokens_per_round=1.0, output_sha256=hashlib.sha256(text.encode()).hexdigest(),
                    token_ids=gen[:64], text_head=text[:120])
         return out
-    kw = dict(temperature=0.0, top_k=1, presence_penalty=w.greedy_presence_penalty) if w.greedy else dict(temperature=w.temperature, top_p=w.top_p,
-                                                               top_k=w.top_k, presence_penalty=w.presence_penalty)
+    if w.greedy:
+        kw = dict(temperature=0.0, top_k=1, presence_penalty=w.greedy_presence_penalty)
+    else:
+        kw = dict(temperature=w.temperature, top_p=w.top_p, top_k=w.top_k, presence_penalty=w.presence_penalty)
     t = time.perf_counter()
     first = t_first = None
     parts = []
