@@ -6,6 +6,7 @@ only partly, so the threads run in separate processes). The best of a few repeat
 """
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import time
 
@@ -67,12 +68,17 @@ def weight_bytes_per_token(model_path: str) -> dict:
 
 
 def kv_bytes_per_position(model_path: str, kv_dtype: str = "f16") -> int:
-    """Bytes of KV cache a decode step reads per position of context: K and V of every layer and KV head,
-    f16 (2 bytes a value) or int8 (1 byte a value plus a float32 scale per ref.kv_group values)."""
+    """Bytes of KV cache a decode step reads per position of context: K and V of every layer and KV head in
+    the cache's own layout (engine.kv_cache.KVCache of one position, f16 or int8 with its scales)."""
+    from ..backend import get_backend
+    from ..kv_cache import KVCache
+    n_layer, n_kv_head, head_dim = _kv_shape(model_path)
+    return KVCache(get_backend("ref"), n_layer, 1, n_kv_head, head_dim, kv_dtype).nbytes
+
+
+@functools.lru_cache(maxsize=4)
+def _kv_shape(model_path: str) -> tuple[int, int, int]:
+    """(n_layer, n_kv_head, head_dim) from the file's metadata, read once per file."""
     from ..gguf import load_gguf
-    from ..kernels.ref import kv_group
     a = load_gguf(model_path).args
-    values = 2 * a.n_layer * a.n_kv_head * a.head_dim
-    if kv_dtype == "int8":
-        return values + values // kv_group(a.head_dim) * 4
-    return values * 2
+    return a.n_layer, a.n_kv_head, a.head_dim

@@ -325,28 +325,22 @@ def _vsum(kv, acc, s, o, n, p, kh):
     raise NotImplementedError
 
 
-@overload(_kdot8, inline="always")
-def _kdot8_impl(kv, s, o, q, p, kh, scale):
-    if _f16(kv):
-        def f16(kv, s, o, q, p, kh, scale):
-            kdot8(s, o, q, kv[0], p, kh, scale)
-        return f16
+def _kdot_by_cache(kdot_f16, kdot_q8):
+    """The overload of _kdot8 / _kdot4: the IR kdot of R positions for the cache's type."""
+    def impl(kv, s, o, q, p, kh, scale):
+        if _f16(kv):
+            def f16(kv, s, o, q, p, kh, scale):
+                kdot_f16(s, o, q, kv[0], p, kh, scale)
+            return f16
 
-    def int8(kv, s, o, q, p, kh, scale):
-        kdot8_q8(s, o, q, kv[0], kv[1], p, kh, scale)
-    return int8
+        def int8(kv, s, o, q, p, kh, scale):
+            kdot_q8(s, o, q, kv[0], kv[1], p, kh, scale)
+        return int8
+    return impl
 
 
-@overload(_kdot4, inline="always")
-def _kdot4_impl(kv, s, o, q, p, kh, scale):
-    if _f16(kv):
-        def f16(kv, s, o, q, p, kh, scale):
-            kdot4(s, o, q, kv[0], p, kh, scale)
-        return f16
-
-    def int8(kv, s, o, q, p, kh, scale):
-        kdot4_q8(s, o, q, kv[0], kv[1], p, kh, scale)
-    return int8
+overload(_kdot8, inline="always")(_kdot_by_cache(kdot8, kdot8_q8))
+overload(_kdot4, inline="always")(_kdot_by_cache(kdot4, kdot4_q8))
 
 
 @overload(_dot1, inline="always")
