@@ -76,21 +76,24 @@ def block_size() -> int:
 
 def plain_round(ctx: RoundContext) -> Round:
     """One token: forward the pending token, choose the next one. When the chooser can hand its choice to
-    the model for the rest of the reply (TokenChooser.block: greedy with or without penalties, or top-k
-    sampling, with a settled thinking state) and the model can choose by itself, a decode block instead: up
-    to block_size() tokens in one call (Model.decode_block), the tokens single rounds would give. Not for the
+    the model (TokenChooser.block: greedy with or without penalties, or top-k sampling; in the answer, or in
+    the reasoning up to its budget) and the model can choose by itself, a decode block instead: up to
+    block_size() tokens in one call (Model.decode_block), the tokens single rounds would give. A stop token
+    the chooser gives back (see TokenChooser.accepted) leaves the cache one position shorter. Not for the
     reply's first token (ctx.reply_start), which the user waits for."""
     t0 = time.perf_counter()
     pos = len(ctx.seq) - 1
     # the reply's first token goes out alone: its text shows one forward after the prefill, not a block's
-    n = 1 if len(ctx.seq) == ctx.reply_start else min(ctx.max_tokens, block_size())
+    n = 1 if len(ctx.seq) == ctx.reply_start else ctx.chooser.block_room(min(ctx.max_tokens, block_size()))
     block = getattr(ctx.model, "decode_block", None) if n > 1 else None
     choice = ctx.chooser.block(n) if block is not None else None
     if choice is not None:
-        toks = block(ctx.seq[-1], pos, ctx.cache, n, ctx.stop_ids, choice)
-        ctx.chooser.accepted(toks or [])  # None (not yet): rewinds the generator, nothing taken
-        if toks:
-            return Round(toks, verify_ms=(time.perf_counter() - t0) * 1e3)
+        toks = block(ctx.seq[-1], pos, ctx.cache, n, ctx.stop_ids, choice) or []  # None: not yet
+        taken = ctx.chooser.accepted(toks)  # [] for none: rewinds the generator, nothing taken
+        if len(taken) < len(toks):  # a stop token given back: its position is chosen again
+            ctx.cache.truncate(ctx.cache.length - (len(toks) - len(taken)))
+        if taken:
+            return Round(taken, verify_ms=(time.perf_counter() - t0) * 1e3)
     logits = ctx.model.forward(np.array([ctx.seq[-1]], np.int32), pos, ctx.cache)  # (1, vocab)
     tok = ctx.chooser.choose(logits[0])
     ctx.chooser.accept(tok)

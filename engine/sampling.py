@@ -10,10 +10,14 @@ Order (one `TokenChooser` per reply):
   5. the thinking state machine may replace the drawn token: at the budget boundary by the first forced one,
      inside the reasoning an end of turn by the close marker.
 `accept(token)` must follow every `choose` with the token actually taken (plain decode: the chosen one;
-speculative verify: the chosen one at each verified position, in order). Nothing is ever rolled back.
+speculative verify: the chosen one at each verified position, in order). Nothing is ever rolled back,
+except a decode block's last token (below).
 A decode block (`block(n)` -> Model.decode_block -> `accepted(tokens)`) makes the same choices inside the
-model's call (sampling_fast.block_choice) when the thinking state is settled: the same tokens, counts,
-penalty row and random stream as n choose + accept calls.
+model's call (sampling_fast.block_choice) where the thinking state cannot force or ban within n tokens (in
+the answer, or inside the reasoning short of the budget): the same tokens, counts, penalty row and random
+stream as n choose + accept calls. A block stops after a stop token; if single rounds would not have taken
+it (the reasoning redirects it to the close marker; a close inside the block bans it until the answer
+shows), `accepted` redirects it or gives it back.
 
 Candidate order (what `candidates` returns and the draw walks): processed logit descending, ties by the lower
 token id; with no truncation at all (top_k off, top_p 1, min_p 0) every allowed token in id order. Banned
@@ -30,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from .config import SamplingParams
+from .thinking import REASONING
 
 _NEG_INF = np.float32(-np.inf)
 _NO_PEN = np.zeros(0, np.float32)  # "no penalty row": the scans skip the subtraction
@@ -91,17 +96,17 @@ class TokenChooser:
 
     def block(self, n: int) -> tuple | None:
         """The choice of the next n tokens as a decode block takes it inside one call (Model.decode_block,
-        cpu_fast_step._choose), or None when a choice needs this class: the thinking state may still force,
-        ban or redirect; top-k off or above KMAX (the full-vocabulary path). Greedy with penalties goes as
-        top-1 sampling over the penalised logits: one candidate (top_scan's, the one `choose` takes),
-        drawn with probability 1 from a zero uniform, so the generator is not touched (greedy draws none).
-        (mode 0 argmax | 1 sampled, temperature, top_k, top_p, min_p, presence, frequency, penalty row or
-        empty, counts, n uniforms, ids, vals, probs). The uniforms are drawn ahead; `accepted` rewinds the
-        generator to where one draw per token taken leaves it, so the tokens and the draws that follow are
-        those of single `choose` calls."""
+        cpu_fast_step._choose), or None when a choice needs this class: the thinking state may force or ban
+        within n tokens (`block_room`); top-k off or above KMAX (the full-vocabulary path). Greedy with
+        penalties goes as top-1 sampling over the penalised logits: one candidate (top_scan's, the one
+        `choose` takes), drawn with probability 1 from a zero uniform, so the generator is not touched
+        (greedy draws none). (mode 0 argmax | 1 sampled, temperature, top_k, top_p, min_p, presence,
+        frequency, penalty row or empty, counts, n uniforms, ids, vals, probs). The uniforms are drawn
+        ahead; `accepted` rewinds the generator to where one draw per token taken leaves it, so the tokens
+        and the draws that follow are those of single `choose` calls."""
         from .sampling_fast import KMAX, argmax_choice
         th, p = self.thinking, self.params
-        if th is not None and not th.settled():
+        if th is not None and th.block_room(n) < n:
             return None
         if p.is_greedy:
             if self._penalised:
@@ -123,20 +128,52 @@ class TokenChooser:
         return (1, t, k, top_p, min_p, float(p.presence_penalty), float(p.frequency_penalty),
                 self._pen if self._penalised else _NO_PEN, self.counts, us, self._ids, self._vals, self._p)
 
-    def accepted(self, tokens: list[int]) -> None:
+    def block_room(self, n: int) -> int:
+        """How many of the next n tokens a decode block may choose (fewer inside a thinking budget; 0: none)."""
+        return n if self.thinking is None else self.thinking.block_room(n)
+
+    def accepted(self, tokens: list[int]) -> list[int]:
         """After a decode block from `block`: its tokens were chosen and counted (penalty row included)
-        inside the call. The generator is rewound to one draw per token (sampled), the thinking state
-        advances. Raises like `choose` when the block found no token to take (-1, last)."""
+        inside the call. Returns the tokens the reply takes: the block's, except for a stop token that ends
+        it where single rounds would not take it. Inside the reasoning it becomes the close marker's token
+        (as `choose` redirects it); where the thinking state bans it (a close went by in the block, and no
+        answer yet) it is given back, and the caller drops the cache's last position so that the next
+        round chooses that position again. The generator is rewound to one draw per token taken (sampled),
+        the thinking state advances. Raises like `choose` when the block found no token to take (-1, last)."""
+        taken = list(tokens)
+        th = self.thinking
+        if th is not None and taken and taken[-1] >= 0:
+            for tok in taken[:-1]:
+                th.accept(tok)
+            last = taken[-1]
+            if last in th.stop_ids and th.state == REASONING:
+                taken[-1] = th.redirect(last)
+                self._recount(last, taken[-1])
+            elif last in th.ban():
+                self._recount(last, None)
+                taken.pop()
+            if len(taken) == len(tokens):
+                th.accept(taken[-1])
         if self._rewind is not None:
             self.rng.bit_generator.state, self._rewind = self._rewind, None
-            if tokens:
-                self.rng.random(len(tokens))
-        if tokens and tokens[-1] < 0:
+            if taken:
+                self.rng.random(len(taken))
+        if taken and taken[-1] < 0:
             raise ValueError("every token is banned or the logits are not finite")
-        self.n_accepted += len(tokens)
-        if self.thinking is not None:
-            for tok in tokens:
-                self.thinking.accept(tok)
+        self.n_accepted += len(taken)
+        return taken
+
+    def _recount(self, old: int, new: int | None) -> None:
+        """A block counted `old` (block_choice, as `accept` does); count `new` instead (None: nothing)."""
+        if new == old:
+            return
+        p = self.params
+        for tok, d in ((old, -1), (new, 1)):
+            if tok is not None:
+                self.counts[tok] += d
+                c = int(self.counts[tok])
+                if self._penalised:
+                    self._pen[tok] = p.presence_penalty + p.frequency_penalty * c if c else 0.0
 
     def accept(self, token: int) -> None:
         """Advance: count the token for penalties and feed the thinking state machine."""

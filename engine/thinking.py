@@ -185,6 +185,19 @@ class ThinkingState:
         none later (the ban lasts only until the answer has a visible token)."""
         return self.state == ANSWER and not self.ban()
 
+    def block_room(self, n: int) -> int:
+        """How many of the next n tokens a decode block may choose by itself with the outcome of single
+        choose + accept rounds (`TokenChooser.accepted` redirects or gives back a stop token that ends the
+        block): n once settled; inside the reasoning, up to the budget boundary, where a position may be
+        forced; 0 while a position is forced (the insert, a close after an end of turn), banned, or the
+        reply is still deciding whether it opens."""
+        if self.settled():
+            return n
+        if self.state != REASONING or self._pick is not None:
+            return 0
+        b = self.plan.budget
+        return n if b is None else max(0, min(n, b - self.reasoning_tokens))
+
     def ban(self) -> frozenset[int]:
         """Tokens this position must not take: stop tokens before the first visible answer token after a
         close, so a reply never ends with reasoning and no content."""

@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "seed 42 (message workloads); default greedy")
     p.add_argument("--presence-penalty", type=float, metavar="P",
                    help="presence penalty: with --sampled instead of the preset's 1.5; without, greedy with it")
+    p.add_argument("--thinking-budget", type=int, metavar="N",
+                   help="message workloads, our engine only: reason first (the model's markers, or prompted "
+                        "ones) with a budget of N tokens")
     p.add_argument("--repeats", type=int, default=2,
                    help="runs per variant, interleaved A-B, B-A (the order turns each round; default 2)")
     p.add_argument("--idle-gap", type=float, default=2.0, help="seconds of idle between runs (default 2)")
@@ -114,8 +117,10 @@ def _variants(a) -> list[Variant]:
     vs += [parse_variant(t) for t in a.variant]
     if not vs:
         vs = [Variant("ours")]
-        if llama_cpp_available():
+        if llama_cpp_available() and a.thinking_budget is None:
             vs.append(Variant("llama.cpp", kind="llama.cpp"))
+    if a.thinking_budget is not None and any(v.kind == "llama.cpp" for v in vs):
+        raise NinferError("--thinking-budget: llama.cpp has no thinking budget; leave its variant out")
     names = [v.name for v in vs]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
@@ -143,6 +148,12 @@ def _workload(a, model: str) -> Workload:
             raise NinferError("--presence-penalty applies to message workloads (--workload, --messages or "
                               "--prompt); the synthetic token prompt decodes plain greedy")
         sampling["presence_penalty" if a.sampled else "greedy_presence_penalty"] = a.presence_penalty
+    if a.thinking_budget is not None:
+        if a.thinking_budget < 0:
+            raise NinferError(f"--thinking-budget {a.thinking_budget}: give a value >= 0")
+        if not (a.workload or a.messages or a.prompt):
+            raise NinferError("--thinking-budget applies to message workloads (--workload, --messages or --prompt)")
+        sampling["thinking_budget"] = a.thinking_budget
     if a.workload or a.messages or a.prompt:
         if a.prompt:
             msgs, name = [{"role": "user", "content": a.prompt}], "prompt"

@@ -100,8 +100,8 @@ def run_bench(variants: list[Variant], workload: Workload, model: str, repeats: 
             if v.cold or v.kind != "ours":
                 continue
             log(f"[warm-up] {v.name}: populating caches (not measured)")
-            spec = RunSpec(replace(v, busy=False), replace(workload, decode_tokens=min(4, workload.decode_tokens)),
-                           model, repeat=-1, max_context=max_context)
+            short = replace(workload, decode_tokens=min(4, workload.decode_tokens), thinking_budget=None)
+            spec = RunSpec(replace(v, busy=False), short, model, repeat=-1, max_context=max_context)
             res = run_one(spec)
             if not res.get("ok"):
                 log(f"[warm-up] {v.name} failed: {res.get('error')}")

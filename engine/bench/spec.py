@@ -150,6 +150,7 @@ class Workload:
     presence_penalty: float = 1.5
     greedy_presence_penalty: float = 0.0  # greedy runs' presence penalty (--presence-penalty without --sampled)
     seed: int = 42
+    thinking_budget: int | None = None  # ours, message workloads: reasoning (prompted if not native) with this budget
 
     def __post_init__(self):
         if self.mode not in ("synthetic", "messages"):

@@ -33,7 +33,7 @@ def run_ours(spec, t0_wall: float) -> dict:
     generate_ids for the synthetic token prompt): its decode blocks, speculation and statistics."""
     from .. import numba_env  # noqa: F401  (flags before numba is imported)
     from ..api import Engine
-    from ..config import EngineArgs, GenerateRequest, SamplingParams
+    from ..config import EngineArgs, GenerateRequest, SamplingParams, ThinkingParams
     from ..events import FinalStats, ReasoningDelta, TextDelta
 
     v, w = spec.variant, spec.workload
@@ -51,7 +51,8 @@ def run_ours(spec, t0_wall: float) -> dict:
     if w.mode == "synthetic":  # the token prompt as it is, exactly decode_tokens tokens (no end-of-text stop)
         events = session.generate_ids(w.prompt_ids, GenerateRequest(sampling=sp))
     else:
-        events = session.generate(w.messages, GenerateRequest(sampling=sp))
+        thinking = ThinkingParams() if w.thinking_budget is None else ThinkingParams(budget=w.thinking_budget)
+        events = session.generate(w.messages, GenerateRequest(sampling=sp, thinking=thinking))
     for ev in events:
         if first is None and isinstance(ev, (TextDelta, ReasoningDelta)):
             first = _since_spawn(t0_wall)
@@ -62,7 +63,8 @@ def run_ours(spec, t0_wall: float) -> dict:
                ms_per_round=fs.ms_per_round or (1e3 / fs.decode_tok_s if fs.decode_tok_s else None),
                tokens_per_round=fs.tokens_per_round or 1.0, acceptance=fs.acceptance if fs.drafted else None,
                rounds=fs.rounds, finish_reason=fs.finish_reason, output_sha256=fs.output_sha256,
-               token_ids=list(fs.token_ids[:64]), wall_s=fs.wall_s)
+               token_ids=list(fs.token_ids[:64]), wall_s=fs.wall_s, reasoning_tokens=fs.reasoning_tokens,
+               thinking_forced=fs.thinking_forced)
     return out
 
 

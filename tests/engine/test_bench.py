@@ -258,6 +258,26 @@ def test_bench_cli_presence_penalty_greedy_or_sampled(tiny_models, tmp_path, cap
         assert err.startswith("ninfer-bench: --presence-penalty") and "Traceback" not in err
 
 
+def test_bench_cli_thinking_budget(tiny_models, tmp_path, capsys):
+    """--thinking-budget N: our runs reason first (prompted markers on a model without its own) and the budget
+    forces the close; llama.cpp variants, synthetic workloads and negative budgets are one-line errors."""
+    out = tmp_path / "r.json"
+    assert bench_main([str(tiny_models["llama"]), "--variant", "a:backend=ref,threads=1", "--prompt", "Hello",
+                       "--decode-tokens", "100", "--repeats", "1", "--idle-gap", "0", "--no-warmup",
+                       "--no-roofline", "--thinking-budget", "3", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    run = doc["runs"][0]
+    assert doc["workload"]["thinking_budget"] == 3
+    assert run["ok"] and run["reasoning_tokens"] == 3 and run["thinking_forced"]
+    capsys.readouterr()
+    for bad, what in ((["--prompt", "Hi", "--thinking-budget", "-1"], "give a value >= 0"),
+                      (["--thinking-budget", "8"], "message workloads"),
+                      (["--prompt", "Hi", "--thinking-budget", "8", "--variant", "l:kind=llama.cpp"], "llama.cpp")):
+        assert bench_main([str(tiny_models["llama"]), *bad, "--no-roofline"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("ninfer-bench: ") and what in err and "Traceback" not in err
+
+
 @pytest.mark.skipif(os.environ.get("NINFER_BENCH_LLAMA") != "1", reason="set NINFER_BENCH_LLAMA=1 (slow peer run)")
 @pytest.mark.slow
 def test_llama_cpp_peer_run(smollm2_path):

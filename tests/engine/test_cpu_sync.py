@@ -331,8 +331,9 @@ def test_penalised_block_chooses_what_single_rounds_choose(q4_tiny, sp):
 
 
 def test_block_choice_only_where_the_chain_allows_it(q4_tiny):
-    """TokenChooser.block hands the choice over for greedy and small top-k sampling only, and only once the
-    thinking state is settled; a block that was not run (None) leaves the generator untouched."""
+    """TokenChooser.block hands the choice over for greedy and small top-k sampling only, and only where the
+    thinking state cannot force within the block; a block that was not run (None) leaves the generator
+    untouched."""
     from engine.config import SamplingParams
     from engine.sampling import TokenChooser
     from engine.thinking import ThinkingPlan, ThinkingState
@@ -342,8 +343,11 @@ def test_block_choice_only_where_the_chain_allows_it(q4_tiny):
     assert TokenChooser(SamplingParams(temperature=0.7, top_k=0), v).block(4) is None  # the full-vocabulary path
     pen = TokenChooser(SamplingParams(greedy=True, frequency_penalty=0.5), v)
     assert pen.block(4)[:3] == (1, 1.0, 1) and pen.block(4)[9].tolist() == [0.0] * 4  # top-1, zero uniforms
-    plan = ThinkingPlan("prompted", open_ids=(5,), close_ids=(6,), start="reasoning")
-    assert TokenChooser(SamplingParams(greedy=True), v, thinking=ThinkingState(plan)).block(4) is None
+    plan = ThinkingPlan("prompted", open_ids=(5,), close_ids=(6,), forced_ids=(6,), budget=3, start="reasoning")
+    reasoning = TokenChooser(SamplingParams(greedy=True), v, thinking=ThinkingState(plan))
+    assert reasoning.block(4) is None and reasoning.block_room(4) == 3  # the budget's boundary may force
+    assert reasoning.block(3) is not None
+    assert TokenChooser(SamplingParams(greedy=True), v, thinking=ThinkingState(plan, start="idle")).block(4) is None
     ch, ref = (TokenChooser(SamplingParams(temperature=0.7, top_k=20, seed=1), v) for _ in range(2))
     assert ch.block(8) is not None
     ch.accepted([])

@@ -227,20 +227,27 @@ def test_stop_string_never_matches_inside_the_forced_insert():
 
 
 def test_settled_only_once_the_answer_can_take_any_token():
-    """settled() (a greedy block may choose from here on): not while reasoning, not in the forced close, not
-    while stop tokens are banned after the close; yes once the answer has a visible token, and always when
-    the reply has no reasoning at all."""
+    """settled(): not while reasoning, not in the forced close, not while stop tokens are banned after the
+    close; yes once the answer has a visible token, and always when the reply has no reasoning at all.
+    block_room(n) (how many tokens a decode block may choose): those and the reasoning short of the budget."""
     from engine.thinking import ThinkingPlan, ThinkingState
     assert ThinkingState(ThinkingPlan("off"), stop_ids=(0,)).settled()
     plan = ThinkingPlan("prompted", open_ids=(5,), close_ids=(6,), forced_ids=(7, 6), budget=2, start="reasoning")
     st = ThinkingState(plan, stop_ids=(0,))
-    seen, taken = [], []
+    seen, room, taken = [], [], []
     for raw in (11, 12, 13, 99, 21, 22):  # the model's picks; the state forces / redirects as choose does
         seen.append(st.settled())
+        room.append(st.block_room(8))
         forced = st.force()
         tok = forced if forced is not None else st.redirect(raw)
         taken.append(tok)
         st.accept(tok)
     seen.append(st.settled())
+    room.append(st.block_room(8))
     assert taken == [11, 12, 7, 6, 21, 22]  # the budget of 2 forces the close (7, 6)
     assert seen == [False, False, False, False, False, True, True]  # 21: answer, stop tokens still banned
+    # a decode block's room: the reasoning up to the budget, none while forcing or banning, all once settled
+    assert room == [2, 1, 0, 0, 0, 8, 8]
+    assert ThinkingState(plan, stop_ids=(0,), start="idle").block_room(8) == 0  # may still open
+    unlimited = ThinkingState(ThinkingPlan("prompted", close_ids=(6,), start="reasoning"), stop_ids=(0,))
+    assert unlimited.block_room(8) == 8
