@@ -67,7 +67,8 @@ RoundFn = Callable[[RoundContext], Round]
 @functools.cache
 def block_size() -> int:
     """Tokens per decode block (plain_round): 8, the UI getting them in bursts of ~8 x 5 ms; the environment
-    variable NINFER_DECODE_BLOCK=1 turns blocks off (benchmarks compare the two in one run)."""
+    variable NINFER_DECODE_BLOCK=1 turns blocks off, and the batched forced insert with them (benchmarks
+    compare one token per round in the same run)."""
     v = os.environ.get("NINFER_DECODE_BLOCK", "8")
     if not v.isdigit() or int(v) < 1:
         raise ConfigError(f"NINFER_DECODE_BLOCK must be a whole number >= 1, got {v!r}")
@@ -80,9 +81,16 @@ def plain_round(ctx: RoundContext) -> Round:
     the reasoning up to its budget) and the model can choose by itself, a decode block instead: up to
     block_size() tokens in one call (Model.decode_block), the tokens single rounds would give. A stop token
     the chooser gives back (see TokenChooser.accepted) leaves the cache one position shorter. Not for the
-    reply's first token (ctx.reply_start), which the user waits for."""
+    reply's first token (ctx.reply_start), which the user waits for. Tokens the thinking state forces (the
+    budget's insert) need no choice: the rest of them go through one batched forward."""
     t0 = time.perf_counter()
     pos = len(ctx.seq) - 1
+    forced = ctx.chooser.forced_run()[:ctx.max_tokens] if block_size() > 1 else ()
+    if len(forced) > 1:  # known tokens (a forced insert): one batched forward, as a prefill; no choice to make
+        ctx.model.forward(np.array([ctx.seq[-1], *forced[:-1]], np.int32), pos, ctx.cache)
+        for tok in forced:
+            ctx.chooser.accept(tok)
+        return Round(list(forced), verify_ms=(time.perf_counter() - t0) * 1e3)
     # the reply's first token goes out alone: its text shows one forward after the prefill, not a block's
     n = 1 if len(ctx.seq) == ctx.reply_start else ctx.chooser.block_room(min(ctx.max_tokens, block_size()))
     block = getattr(ctx.model, "decode_block", None) if n > 1 else None
@@ -289,7 +297,8 @@ def run_reply(model, cache, cached: list[int], prompt: list[int], chooser, think
                 emit, hit = stopper.push(detok.feed(tok))
             out_text += emit
             events += _route(splitter.feed(emit))
-            if thinking.forced and not forced_sent and thinking.state != FORCING:  # insert complete
+            if thinking.forced and not forced_sent and i - thinking.forced_at >= len(thinking.plan.forced_ids) - 1:
+                # the insert is complete (at this token, also where the round took all of it at once)
                 events.append(ThinkingForced(thinking.reasoning_tokens, thinking.plan.forced_text))
                 forced_sent = True
             if hit is not None:

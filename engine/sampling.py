@@ -128,6 +128,11 @@ class TokenChooser:
         return (1, t, k, top_p, min_p, float(p.presence_penalty), float(p.frequency_penalty),
                 self._pen if self._penalised else _NO_PEN, self.counts, us, self._ids, self._vals, self._p)
 
+    def forced_run(self) -> tuple[int, ...]:
+        """The tokens the thinking state forces from this position on (`choose` would return them one by
+        one without a draw); () when none."""
+        return () if self.thinking is None else self.thinking.forced_run()
+
     def block_room(self, n: int) -> int:
         """How many of the next n tokens a decode block may choose (fewer inside a thinking budget; 0: none)."""
         return n if self.thinking is None else self.thinking.block_room(n)

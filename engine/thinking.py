@@ -198,6 +198,15 @@ class ThinkingState:
         b = self.plan.budget
         return n if b is None else max(0, min(n, b - self.reasoning_tokens))
 
+    def forced_run(self) -> tuple[int, ...]:
+        """The tokens forced from this position on: the rest of the insert, or of a close after an end of
+        turn (() when the next token is the model's)."""
+        if self.state == FORCING:
+            return self.plan.forced_ids[self._idx:]
+        if self.state == CLOSING:
+            return self.plan.close_ids[self._idx:]
+        return ()
+
     def ban(self) -> frozenset[int]:
         """Tokens this position must not take: stop tokens before the first visible answer token after a
         close, so a reply never ends with reasoning and no content."""

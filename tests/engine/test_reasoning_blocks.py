@@ -1,7 +1,8 @@
-"""Decode blocks inside the reasoning (ThinkingState.block_room, TokenChooser.accepted, generate.plain_round):
-a reply with a thinking plan gets what single rounds give it (tokens, thinking state, penalty state, the
-generator, the cache) through the budget's forced insert, an end of turn turned into the close marker, and an
-end of turn given back after a close inside a block."""
+"""Decode rounds of a reply with a thinking plan (ThinkingState.block_room / forced_run, TokenChooser.accepted,
+generate.plain_round): blocks inside the reasoning, and the budget's forced insert after its first token in one
+batched forward, give what single steps give (tokens, thinking state, penalty state, the generator, the
+cache), through the insert, an end of turn turned into the close marker, and an end of turn given back after
+a close inside a block."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,13 +20,13 @@ CHOOSERS = [SamplingParams(greedy=True, presence_penalty=100.0, frequency_penalt
             SamplingParams(temperature=1.5, top_k=20, presence_penalty=100.0, seed=42)]
 
 
-def _reply(model, sp, plan, stops, blocks, monkeypatch):
-    """A reply's rounds as the decode loop runs them (the first token alone, then plain_round with blocks of
-    8 or of 1) -> (reply tokens, tokens per round, thinking state, chooser, cache)."""
+def _reply(model, sp, plan, stops, rounds_of_the_loop):
+    """A reply: the first token alone, then the decode loop's rounds (generate.plain_round: blocks, forced
+    runs), or single forward + choose + accept steps -> (reply tokens, tokens per round, thinking state,
+    chooser, cache)."""
     from engine import generate
     from engine.sampling import TokenChooser
     from engine.thinking import ThinkingState
-    monkeypatch.setattr(generate, "block_size", lambda: 8 if blocks else 1)
     th = ThinkingState(plan, stop_ids=stops)
     ch = TokenChooser(sp, model.args.vocab_size, thinking=th)
     cache = model.new_cache(96)
@@ -33,23 +34,27 @@ def _reply(model, sp, plan, stops, blocks, monkeypatch):
     ch.accept(seq[-1])
     rounds = []
     while len(seq) - len(PROMPT) < N_NEW and seq[-1] not in stops:
-        ctx = generate.RoundContext(model, cache, seq, ch, N_NEW - (len(seq) - len(PROMPT)), stops)
-        rnd = generate.plain_round(ctx)
-        rounds.append(len(rnd.tokens))
-        seq = seq + rnd.tokens
+        if rounds_of_the_loop:
+            ctx = generate.RoundContext(model, cache, seq, ch, N_NEW - (len(seq) - len(PROMPT)), stops)
+            toks = generate.plain_round(ctx).tokens
+        else:
+            toks = [ch.choose(model.forward(np.array(seq[-1:], np.int32), len(seq) - 1, cache)[0])]
+            ch.accept(toks[0])
+        rounds.append(len(toks))
+        seq = seq + toks
         assert cache.length == len(seq) - 1
     return seq[len(PROMPT):], rounds, th, ch, cache
 
 
 @pytest.mark.parametrize("sp", CHOOSERS, ids=["greedy", "sampled"])
 @pytest.mark.parametrize("case", ["budget", "stop_in_reasoning", "stop_after_close"])
-def test_reasoning_blocks_take_what_single_rounds_take(q4_tiny, monkeypatch, sp, case):
+def test_reasoning_blocks_take_what_single_rounds_take(q4_tiny, sp, case):
     from engine.thinking import REASONING, ThinkingPlan
     model, _ = _tiny_fused(q4_tiny)
-    free = _reply(model, sp, ThinkingPlan("off"), frozenset(), False, monkeypatch)[0]  # no thinking, no stops
+    free = _reply(model, sp, ThinkingPlan("off"), frozenset(), False)[0]  # no thinking, no stops
     assert len(set(free[:6])) == 6
     unused = [t for t in range(model.args.vocab_size) if t not in free][:3]
-    if case == "budget":  # 5 reasoning tokens: the first, a block of 4, then the forced insert
+    if case == "budget":  # 5 reasoning tokens (the first, a block of 4), the insert's first token, its rest
         plan, stops, first_round = ThinkingPlan("prompted", close_ids=(unused[2],), forced_ids=tuple(unused),
                                                 budget=5, start=REASONING), frozenset(), 4
     elif case == "stop_in_reasoning":  # free[4] ends the turn: it becomes the close marker
@@ -58,10 +63,11 @@ def test_reasoning_blocks_take_what_single_rounds_take(q4_tiny, monkeypatch, sp,
     else:  # free[2] closes the reasoning, free[3] would end the turn with no answer: given back
         plan, stops, first_round = ThinkingPlan("prompted", close_ids=(free[2],), start=REASONING), \
             frozenset({free[3]}), 2
-    one = _reply(model, sp, plan, stops, False, monkeypatch)
-    toks, rounds, th, ch, cache = _reply(model, sp, plan, stops, True, monkeypatch)
+    one = _reply(model, sp, plan, stops, False)
+    toks, rounds, th, ch, cache = _reply(model, sp, plan, stops, True)
     assert toks == one[0] and rounds[0] == first_round and max(rounds) > 1
-    assert max(one[1]) == 1
+    if case == "budget":
+        assert rounds[1:3] == [1, 2]  # the insert's first token replaces a choice; the other two are known
     for a in ("state", "reasoning_tokens", "answer_tokens", "forced", "forced_at", "closed_at_stop", "tokens"):
         assert getattr(th, a) == getattr(one[2], a), a
     assert (th.forced, th.closed_at_stop) == (case == "budget", case == "stop_in_reasoning")
