@@ -170,22 +170,21 @@ class TokenChooser:
 
     def _recount(self, old: int, new: int | None) -> None:
         """A block counted `old` (block_choice, as `accept` does); count `new` instead (None: nothing)."""
-        if new == old:
-            return
-        p = self.params
-        for tok, d in ((old, -1), (new, 1)):
-            if tok is not None:
-                self.counts[tok] += d
-                c = int(self.counts[tok])
-                if self._penalised:
-                    self._pen[tok] = p.presence_penalty + p.frequency_penalty * c if c else 0.0
+        if new != old:
+            self._count(old, -1)
+            if new is not None:
+                self._count(new, 1)
+
+    def _count(self, token: int, d: int) -> None:
+        """counts[token] += d, and its penalty row entry to match (0 for a token no longer counted)."""
+        self.counts[token] += d
+        if self._penalised:
+            p, c = self.params, int(self.counts[token])
+            self._pen[token] = p.presence_penalty + p.frequency_penalty * c if c else 0.0
 
     def accept(self, token: int) -> None:
         """Advance: count the token for penalties and feed the thinking state machine."""
-        self.counts[token] += 1
-        if self._penalised:
-            p = self.params
-            self._pen[token] = p.presence_penalty + p.frequency_penalty * int(self.counts[token])
+        self._count(token, 1)
         self.n_accepted += 1
         if self.thinking is not None:
             self.thinking.accept(token)
