@@ -16,7 +16,8 @@ rows already in order: no byte shuffles and no widening. A 16-bit lane takes the
 file's 20 bytes.
 
 The decode form (grp_q4) runs all blocks of a group in one call with the 32 outputs in registers; the
-batched form unpacks each block once (unpack_q4, 1 KiB in L1) and every activation row reuses it (blk_q4u).
+batched form unpacks each block once (unpack_q4: its nibbles and its rows' float scale terms, 1.25 KiB in
+L1) and every activation row reuses it (blk_q4u).
 Only used when the host has AVX2 (cpu_fast.HAVE_AVX2); cpu_fast's generic kernels serve the others.
 """
 from __future__ import annotations
@@ -32,7 +33,8 @@ I8, I16, I32, I64, F = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType
 V32I8, V16I16, V8I32, V16I32 = ir.VectorType(I8, 32), ir.VectorType(I16, 16), ir.VectorType(I32, 8), ir.VectorType(I32, 16)
 V32I32, V32F = ir.VectorType(I32, 32), ir.VectorType(F, 32)
 V32I16, V32H = ir.VectorType(I16, 32), ir.VectorType(ir.HalfType(), 32)
-UNBUF = 1024  # bytes of one unpacked block: 16 vectors x (low, high nibbles) x 32 bytes
+NIBBLES = 1024  # bytes of one block's unpacked nibbles: 16 vectors x (low, high nibbles) x 32 bytes
+UNBUF = NIBBLES + 256  # and its 32 rows' d and m + 8 d as f32 (unpack_q4)
 # Software prefetch distance of the decode kernels, in bytes of the weight stream (4 Q4 / 2 Q8 blocks ahead).
 # A decode step has ~150 short parallel regions (a few hundred KB per thread each); the hardware
 # prefetcher ramps up anew in every one. Measured at two threads (SmolLM2 shapes, random weights, runs
@@ -106,9 +108,15 @@ def _isum(builder, nib_of, a):
     return builder.shuffle_vector(lo16, hi16, _const(ir.VectorType(I32, 32), list(range(32))))
 
 
-def _block_term(builder, isum, a, d, m, sb, xsb):
+def _dm8(builder, d, m):
+    """d, m i16* to the 32 rows' f16 scales and mins -> (d, m + 8 d) as <32 x float> (8 d exact)."""
+    dv = _halves(builder, d)
+    return dv, builder.fadd(_halves(builder, m), builder.fmul(_const(V32F, 8.0), dv))
+
+
+def _block_term(builder, isum, a, dv, m8, sb, xsb):
     """(d * sb) * (S - 8 A) + (m + 8 d) * xsb over the 32 rows (<32 x float>); a = the block's activations
-    (i8*, A = their sum), d, m i16* to the rows' f16 bits; the generic kernels' expression and order
+    (i8*, A = their sum), dv, m8 the rows' d and m + 8 d (_dm8); the generic kernels' expression and order
     (cpu_fast._q4_term). Mathematically d sb S + m xs (llama.cpp's Q4_1 x Q8_1 formula), but xs is an f16
     rounding of sb A: written with (m + 8 d), which is small for most blocks, the rounding error of xs
     nearly cancels (6x smaller rms error than m * xs on SmolLM2's weights, measured against the exact dot
@@ -119,9 +127,7 @@ def _block_term(builder, isum, a, d, m, sb, xsb):
     s8 = builder.call(madd, [_const(V32I8, 8), _vload(builder, a, V32I8)])  # pair sums of 8 a (|.| <= 2048)
     asum8 = builder.call(radd, [builder.call(pmaddwd, [s8, _const(V16I16, 1)])])
     signed = builder.sub(isum, _splat(builder, asum8, V32I32))
-    dv = _halves(builder, d)
     t = builder.fmul(builder.fmul(dv, _splat(builder, sb, V32F)), builder.sitofp(signed, V32F))
-    m8 = builder.fadd(_halves(builder, m), builder.fmul(_const(V32F, 8.0), dv))  # 8 d exact
     u = builder.fmul(m8, _splat(builder, xsb, V32F))
     return builder.fadd(t, u)
 
@@ -160,8 +166,9 @@ def grp_q4(typingctx, o, o_off, qs, qs_off, qa, qa_off, sa, xs, s_off, x_off, d,
                 return _split(builder, _vload(builder, builder.gep(q, [ir.Constant(I64, 32 * v)]), V32I8))
             ab = builder.gep(a0, [builder.mul(b, ir.Constant(b.type, 32))])
             isum = _isum(builder, nib_of, ab)
-            term = _block_term(builder, isum, ab, builder.gep(dp, [off]), builder.gep(mp, [off]),
-                               builder.load(builder.gep(sp, [b])), builder.load(builder.gep(xp, [b])))
+            dv, m8 = _dm8(builder, builder.gep(dp, [off]), builder.gep(mp, [off]))
+            term = _block_term(builder, isum, ab, dv, m8, builder.load(builder.gep(sp, [b])),
+                               builder.load(builder.gep(xp, [b])))
             builder.store(builder.fadd(builder.load(accp), term), accp)
         op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
         builder.store(builder.load(accp), op, align=4)
@@ -169,42 +176,52 @@ def grp_q4(typingctx, o, o_off, qs, qs_off, qa, qa_off, sa, xs, s_off, x_off, d,
     return sig, codegen
 
 
+def _unpacked_scales(builder, b, i):
+    """<32 x float>* to an unpacked block's d (i = 0) or m + 8 d (i = 1), in the buffer at b (i8*)."""
+    return builder.bitcast(builder.gep(b, [ir.Constant(I64, NIBBLES + 128 * i)]), V32F.as_pointer())
+
+
 @intrinsic
-def unpack_q4(typingctx, buf, qs, qs_off):
-    """buf[0:UNBUF] (uint8) <- the low and high nibbles of the block at qs[qs_off:], as blk_q4u reads them:
-    for a multi-row matmul each block is unpacked once and used by every activation row."""
-    sig = types.void(buf, qs, qs_off)
+def unpack_q4(typingctx, buf, qs, qs_off, d, m, dm_off):
+    """buf[0:UNBUF] (uint8) <- the block at qs[qs_off:] as blk_q4u reads it: its low and high nibbles (1 KiB),
+    then the rows' d and m + 8 d (32 f32 each, _dm8, from d/m[dm_off:]). For a multi-row matmul each block is
+    unpacked and its scales converted once, and every activation row uses them."""
+    if not _check_f16(d, m):
+        return None
+    sig = types.void(buf, qs, qs_off, d, m, dm_off)
 
     def codegen(context, builder, signature, args):
-        buf_, qs_, qo = args
-        q = _ptr(context, builder, signature.args[1], qs_, qo)
-        b = _ptr(context, builder, signature.args[0], buf_, ir.Constant(I64, 0))
+        buf_, qs_, qo, d_, m_, do = args
+        ty = signature.args
+        q = _ptr(context, builder, ty[1], qs_, qo)
+        b = _ptr(context, builder, ty[0], buf_, ir.Constant(I64, 0))
         for v in range(16):
             for i, x in enumerate(_split(builder, _vload(builder, builder.gep(q, [ir.Constant(I64, 32 * v)]), V32I8))):
                 p = builder.bitcast(builder.gep(b, [ir.Constant(I64, 64 * v + 32 * i)]), V32I8.as_pointer())
                 builder.store(x, p, align=1)
+        dm8 = _dm8(builder, _ptr(context, builder, ty[3], d_, do), _ptr(context, builder, ty[4], m_, do))
+        for i, x in enumerate(dm8):
+            builder.store(x, _unpacked_scales(builder, b, i), align=1)
         return context.get_dummy_value()
     return sig, codegen
 
 
 @intrinsic
-def blk_q4u(typingctx, o, o_off, buf, qa, qa_off, d, m, dm_off, sb, xsb):
-    """o[o_off : o_off + 32] += one block's term (_block_term) for 32 rows, from a block unpacked by
-    unpack_q4 into buf; qa[qa_off:] the block's 32 int8 activations, d/m[dm_off:] f16 scales and mins."""
-    if not _check_f16(d, m):
-        return None
-    sig = types.void(o, o_off, buf, qa, qa_off, d, m, dm_off, sb, xsb)
+def blk_q4u(typingctx, o, o_off, buf, qa, qa_off, sb, xsb):
+    """o[o_off : o_off + 32] += one block's term (_block_term) for 32 rows, from a block unpacked by unpack_q4
+    into buf; qa[qa_off:] the block's 32 int8 activations."""
+    sig = types.void(o, o_off, buf, qa, qa_off, sb, xsb)
 
     def codegen(context, builder, signature, args):
-        o_, oo, buf_, qa_, ao, d_, m_, do, sb_, xsb_ = args
+        o_, oo, buf_, qa_, ao, sb_, xsb_ = args
         ty = signature.args
         b = _ptr(context, builder, ty[2], buf_, ir.Constant(I64, 0))
 
         def nib_of(v):
             return [_vload(builder, builder.gep(b, [ir.Constant(I64, 64 * v + 32 * i)]), V32I8) for i in range(2)]
         a = _ptr(context, builder, ty[3], qa_, ao)
-        term = _block_term(builder, _isum(builder, nib_of, a), a, _ptr(context, builder, ty[5], d_, do),
-                           _ptr(context, builder, ty[6], m_, do), sb_, xsb_)
+        dv, m8 = (builder.load(_unpacked_scales(builder, b, i), align=1) for i in range(2))
+        term = _block_term(builder, _isum(builder, nib_of, a), a, dv, m8, sb_, xsb_)
         op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
         builder.store(builder.fadd(builder.load(op, align=4), term), op, align=4)
         return context.get_dummy_value()

@@ -369,20 +369,21 @@ def q4_group_avx2(out, qa, sa, xs, qs, d, m, acc, g):
 
 @njit(cache=True, nogil=True)
 def q4_group_batched_avx2(out, qa, sa, xs, qs, d, m, g):
-    """q4_group_batched with the AVX2 kernels: each block's nibbles are unpacked once (1 KiB, L1) and
-    every activation row runs vpmaddubsw on them (cpu_avx2.unpack_q4 / blk_q4u). Bit-identical."""
+    """q4_group_batched with the AVX2 kernels: each block's nibbles, and its rows' scale terms, are unpacked
+    once (1.25 KiB, L1) and every activation row runs vpmaddubsw on them (cpu_avx2.unpack_q4 / blk_q4u).
+    Bit-identical."""
     t_n = out.shape[0]
     full, part = _batched_target(out, g)
     buf = np.empty(cpu_avx2.UNBUF, np.uint8)
     for b in range(qs.shape[1]):
-        cpu_avx2.unpack_q4(buf, qs, g * qs.strides[0] + b * qs.strides[1])
-        dm = (g * d.strides[0] + b * d.strides[1]) // 2
+        cpu_avx2.unpack_q4(buf, qs, g * qs.strides[0] + b * qs.strides[1], d, m,
+                           (g * d.strides[0] + b * d.strides[1]) // 2)
         for t in range(t_n):
             if full:
                 cpu_avx2.blk_q4u(out, (t * out.strides[0]) // 4 + g * G, buf, qa, t * qa.strides[0] + b * QK,
-                                 d, m, dm, sa[t, b], xs[t, b])
+                                 sa[t, b], xs[t, b])
             else:
-                cpu_avx2.blk_q4u(part, t * G, buf, qa, t * qa.strides[0] + b * QK, d, m, dm, sa[t, b], xs[t, b])
+                cpu_avx2.blk_q4u(part, t * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b], xs[t, b])
     if not full:
         for t in range(t_n):
             _copy_partial(out, part[t], t, g)
