@@ -5,7 +5,7 @@ lower TTFT in the first slot than in the second (count300_en, 2026-11-30).
 
 Between runs it sleeps `idle_gap_s` (lets the CPU cool and other load settle). A variant with `busy=True`
 runs while a busy-loop process is pinned to core 0: the "another process holds a core" case in which
-numba's OpenMP threads once collapsed to ~1 tok/s. `cold=True` gives the run empty numba/repack caches.
+numba's OpenMP threads once collapsed to ~1 tok/s. `cold=True` gives the run empty numba/tokenizer caches.
 """
 from __future__ import annotations
 

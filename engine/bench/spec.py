@@ -11,7 +11,7 @@ Written on the command line as `--variant NAME:key=val,key=val` or in a TOML fil
     kind = "llama.cpp"
 
 Run-level keys a variant may also set: `busy=1` (run it while another process spins on one core), `cold=1`
-(empty numba/repack caches: a cold start), `threads=N`, and `env.NAME=value` (an environment variable of
+(empty numba/tokenizer caches: a cold start), `threads=N`, and `env.NAME=value` (an environment variable of
 the run, e.g. `env.NINFER_THREADING_LAYER=workqueue` or `env.GOMP_SPINCOUNT=10000`).
 """
 from __future__ import annotations
