@@ -110,23 +110,26 @@ class TokenChooser:
             return None
         if p.is_greedy:
             if self._penalised:
-                if self._us.shape[0] < n:
-                    self._us = np.zeros(n, np.float64)
                 return (1, 1.0, 1, 1.0, 0.0, float(p.presence_penalty), float(p.frequency_penalty), self._pen,
-                        self.counts, self._us[:n], self._ids, self._vals, self._p)
+                        self.counts, self._uniforms(n), self._ids, self._vals, self._p)
             if self._argmax is None:
                 self._argmax = argmax_choice(self.counts)
             return self._argmax
         t, k, top_p, min_p = self._args
         if not (0 < k < self.vocab_size and k <= KMAX):
             return None
-        if self._us.shape[0] < n:
-            self._us = np.zeros(n, np.float64)
         self._rewind = self.rng.bit_generator.state
-        us = self._us[:n]
+        us = self._uniforms(n)
         self.rng.random(out=us)
         return (1, t, k, top_p, min_p, float(p.presence_penalty), float(p.frequency_penalty),
                 self._pen if self._penalised else _NO_PEN, self.counts, us, self._ids, self._vals, self._p)
+
+    def _uniforms(self, n: int) -> np.ndarray:
+        """(n,) f64 view of the block's uniforms buffer (grown when needed; zeros until a sampled block
+        draws into it, which greedy blocks, never drawing, rely on)."""
+        if self._us.shape[0] < n:
+            self._us = np.zeros(n, np.float64)
+        return self._us[:n]
 
     def forced_run(self) -> tuple[int, ...]:
         """The tokens the thinking state forces from this position on (`choose` would return them one by

@@ -139,20 +139,24 @@ def _variants(a) -> list[Variant]:
     return out
 
 
+def _message_option(a, option: str, value) -> bool:
+    """Whether a message-workload-only option is given; one-line errors for a negative value or the
+    synthetic token prompt (which decodes plain greedy)."""
+    if value is None:
+        return False
+    if value < 0:
+        raise NinferError(f"{option} {value}: give a value >= 0")
+    if not (a.workload or a.messages or a.prompt):
+        raise NinferError(f"{option} applies to message workloads (--workload, --messages or --prompt); the "
+                          "synthetic token prompt decodes plain greedy")
+    return True
+
+
 def _workload(a, model: str) -> Workload:
     sampling = {} if not a.sampled else {"greedy": False}
-    if a.presence_penalty is not None:
-        if a.presence_penalty < 0:
-            raise NinferError(f"--presence-penalty {a.presence_penalty}: give a value >= 0")
-        if not (a.workload or a.messages or a.prompt):
-            raise NinferError("--presence-penalty applies to message workloads (--workload, --messages or "
-                              "--prompt); the synthetic token prompt decodes plain greedy")
+    if _message_option(a, "--presence-penalty", a.presence_penalty):
         sampling["presence_penalty" if a.sampled else "greedy_presence_penalty"] = a.presence_penalty
-    if a.thinking_budget is not None:
-        if a.thinking_budget < 0:
-            raise NinferError(f"--thinking-budget {a.thinking_budget}: give a value >= 0")
-        if not (a.workload or a.messages or a.prompt):
-            raise NinferError("--thinking-budget applies to message workloads (--workload, --messages or --prompt)")
+    if _message_option(a, "--thinking-budget", a.thinking_budget):
         sampling["thinking_budget"] = a.thinking_budget
     if a.workload or a.messages or a.prompt:
         if a.prompt:

@@ -64,9 +64,10 @@ def roofline(results: list[dict], variant_names: list[str], weight_bytes: int | 
         return {}
 
     def shares(name, per_token):
-        vals = [float(r["decode_tok_s"]) * per_token(r) / r["read_bandwidth"] for r in results
-                if r.get("variant") == name and r.get("ok") and r.get("decode_tok_s") and r.get("read_bandwidth")
-                and per_token(r) is not None]
+        runs = [r for r in results
+                if r.get("variant") == name and r.get("ok") and r.get("decode_tok_s") and r.get("read_bandwidth")]
+        vals = [float(r["decode_tok_s"]) * b / r["read_bandwidth"] for r, b in ((r, per_token(r)) for r in runs)
+                if b is not None]
         return {"mean": statistics.fmean(vals), "min": min(vals), "max": max(vals), "n": len(vals)} if vals else None
 
     share, with_kv = {}, {}

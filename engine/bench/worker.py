@@ -51,8 +51,8 @@ def run_ours(spec, t0_wall: float) -> dict:
     if w.mode == "synthetic":  # the token prompt as it is, exactly decode_tokens tokens (no end-of-text stop)
         events = session.generate_ids(w.prompt_ids, GenerateRequest(sampling=sp))
     else:
-        thinking = ThinkingParams() if w.thinking_budget is None else ThinkingParams(budget=w.thinking_budget)
-        events = session.generate(w.messages, GenerateRequest(sampling=sp, thinking=thinking))
+        req = GenerateRequest(sampling=sp, thinking=ThinkingParams(budget=w.thinking_budget))
+        events = session.generate(w.messages, req)
     for ev in events:
         if first is None and isinstance(ev, (TextDelta, ReasoningDelta)):
             first = _since_spawn(t0_wall)
