@@ -33,6 +33,7 @@ import numpy as np
 
 from .kernels import cpu
 from .kernels.cpu_attn import SPLITS, attention_f16_part, merge_parts
+from .kernels.cpu_attn_prefill import MIN_ROWS, TILE, attention_tiles_part
 from .kernels.cpu_fast import BATCHED_MIN_T, embed_q4, embed_q8, mm_q4x3_part, mm_q8_batched, mm_q8_part, quantize_rows
 from .kernels.cpu_fast_step import store_f16, swiglu_fast
 
@@ -40,7 +41,7 @@ from .kernels.cpu_fast_step import store_f16, swiglu_fast
 # half the work each after the helper's own start-up. Measured in a fresh cache: this process's kernels 7.6 s
 # while the helper took 2.6 s to start and 4.4 s to compile attention and the head; with merge_parts and
 # swiglu_fast moved to the helper, 5.1 s here and "leaves" 7.1 s after the start (the load 10.3 -> 7.8 s).
-CHILD_KERNELS = (attention_f16_part, mm_q8_part, merge_parts, swiglu_fast)
+CHILD_KERNELS = (attention_f16_part, attention_tiles_part, mm_q8_part, merge_parts, swiglu_fast)
 HELPER_WAIT_S = 600.0  # a helper alive but stuck this long: compile its kernels here
 
 
@@ -153,10 +154,14 @@ class LeafForward:
             # cpu_fast_step._kv_store and the attention phase, f16 cache
             c("store_k", store_f16, (kv[0][l], k3, pos0))
             c("store_v", store_f16, (kv[1][l], v3, pos0))
-            args = (part, sbuf[0], q3, kv[0][l], kv[1][l], pos0, scale)
-            other = (part, sbuf[1], *args[2:]) if self.two else None  # its own scores scratch
-            self._split("attn", attention_f16_part, t_n * SPLITS, args, (), other)
-            c("attn_merge", merge_parts, (a3, part[:t_n]))
+            if t_n >= MIN_ROWS or self.record is not None:  # a prompt: row tiles (planned with the rest)
+                self._split("attn_tiles", attention_tiles_part, -(-t_n // TILE) * n_kv,
+                            (a3, q3, kv[0][l], kv[1][l], pos0, scale))
+            if t_n < MIN_ROWS:
+                args = (part, sbuf[0], q3, kv[0][l], kv[1][l], pos0, scale)
+                other = (part, sbuf[1], *args[2:]) if self.two else None  # its own scores scratch
+                self._split("attn", attention_f16_part, t_n * SPLITS, args, (), other)
+                c("attn_merge", merge_parts, (a3, part[:t_n]))
             self._mm("o", proj[:t_n], None, None, at, wo, None, None, l)
             c("resid1", cpu.residual_add, (xt, proj[:t_n]))
             c("norm2", cpu.rmsnorm, (xbt, xt, ffn_norm[l], eps))

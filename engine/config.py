@@ -73,8 +73,7 @@ class EngineArgs:
             raise ConfigError(f"--spec {self.spec!r} is not one of {', '.join(SPEC_MODES)}")
         if self.prefill_chunk < 1:
             raise ConfigError(f"--prefill-chunk must be >= 1, got {self.prefill_chunk}")
-        if not 1 <= self.draft_tokens <= 15:
-            raise ConfigError(f"--draft-tokens must be 1..15, got {self.draft_tokens}")
+        _check_draft_tokens(self.draft_tokens)
         if self.transport not in ("auto", "p2p", "mapped"):
             raise ConfigError(f"--transport {self.transport!r} is not one of auto, p2p, mapped")
         if self.max_context is not None and self.max_context < 1:
@@ -157,3 +156,14 @@ class GenerateRequest:
     thinking: ThinkingParams = field(default_factory=ThinkingParams)
     spec: str | None = None  # None: EngineArgs.spec; else overrides for this reply
     draft_tokens: int | None = None
+
+    def __post_init__(self):
+        if self.draft_tokens is not None:
+            _check_draft_tokens(self.draft_tokens)
+
+
+def _check_draft_tokens(n: int) -> None:
+    """1..15 drafts: a verify pass of at most 16 rows, which the CPU step computes row for row as decode
+    steps (lossless speculation; a prompt's 32+ rows take kernels that sum in another order)."""
+    if not 1 <= n <= 15:
+        raise ConfigError(f"--draft-tokens must be 1..15, got {n}")

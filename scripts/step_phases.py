@@ -125,6 +125,8 @@ def main() -> int:
     ap.add_argument("revs", nargs="*", default=["."])
     ap.add_argument("--ctx", type=int, default=60, help="context length before the measured steps")
     ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--rows", type=int, default=1,
+                    help="tokens per pass: 1 is a decode step; more is one prefill chunk (e.g. 256)")
     ap.add_argument("--with-attn", action="store_true",
                     help="each version also uses its revision's engine/kernels/cpu_attn.py (attention's kernels)")
     a = ap.parse_args()
@@ -156,7 +158,7 @@ def main() -> int:
         mods[rev] = importlib.import_module(f"step_v{j}")
     n_layer = len(ff.norms[0])
     arity = {r: m.fused_forward.py_func.__code__.co_argcount - 1 for r, m in mods.items()}  # older: fewer
-    cache = model.new_cache(max(2048, a.ctx + 64))
+    cache = model.new_cache(max(2048, a.ctx + 64 + a.rows))
     model.forward(np.arange(1, a.ctx + 1, dtype=np.int32) % 1000 + 100, 0, cache)
     ff.guard.before = lambda: None
     ff.guard.after = lambda steps=1: None
@@ -170,11 +172,11 @@ def main() -> int:
     def step(rev, pos):
         def run(kv, scratch):
             edges[0] = cyc()
-            args = ff.call_args(np.array([5], np.int32), pos, 1, kv, scratch, 2)
+            args = ff.call_args(np.full(a.rows, 5, np.int32), pos, 1, kv, scratch, 2)
             mods[rev].fused_forward(stamps[rev], *args[:arity[rev]])
             edges[1] = cyc()
         cache.length = pos
-        ff.guarded(1, pos, cache, 1, run)
+        ff.guarded(a.rows, pos, cache, 1, run)
         return ff.bufs[13][0].copy()
 
     for rev in a.revs:

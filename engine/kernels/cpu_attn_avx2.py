@@ -15,6 +15,9 @@ counted masked off (so no second, scalar form has to be compiled next to them: t
 Measured on the 2-core dev host (scripts/attn_parts.py): ~7-8.5 and ~6-7 cycles per (position, head).
 Converting K/V rows once for all heads of a GQA group (a scratch block, or 12 accumulators in registers)
 measured no faster: the multiply-adds, not the conversions, are the limit.
+`kdot8_f32` / `vsum_f32` are the same loops over rows already converted to f32 (a prompt's blocks in
+cpu_attn_prefill, where every row serves a tile of queries); vsum_f32 keeps 64 lanes (8 chains of
+multiply-adds) in registers, since there the loop is compute-bound, not waiting on memory.
 
 Used by cpu_attn when the target has AVX2, FMA and F16C (cpu_attn.VECTOR_ATTN); cpu_attn's numba loops serve
 the others. The sums run in another order than those loops: results agree to float rounding, not bit for bit.
@@ -83,9 +86,14 @@ def _fma8(builder, a, b, acc_ptr):
     builder.store(builder.call(fmuladd, [a, b, builder.load(acc_ptr)]), acc_ptr)
 
 
-def _kv_ok(s, q, k):
-    return (isinstance(k, types.Array) and k.ndim == 3 and k.dtype == types.uint16
+def _kv_ok(s, q, k, kdt=types.uint16):
+    return (isinstance(k, types.Array) and k.ndim == 3 and k.dtype == kdt
             and all(isinstance(a, types.Array) and a.ndim == 1 and a.dtype == types.float32 for a in (s, q)))
+
+
+def _row_loader(f32):
+    """(pointer type, load of 8 values at an offset as <8 x float>) for a cache row of f16 bits or f32."""
+    return (F.as_pointer(), _floats8) if f32 else (I16.as_pointer(), _halves8)
 
 
 def _tail_mask(builder, hd):
@@ -105,13 +113,15 @@ def _store_scores(context, builder, sty, s, o, tot, scale, rows):
     builder.store(tot, builder.bitcast(dst, ir.VectorType(F, rows).as_pointer()), align=4)
 
 
-def _make_kdot(rows):
+def _make_kdot(rows, f32=False):
+    ptr_ty, load = _row_loader(f32)
+
     @intrinsic
     def kdot(typingctx, s, o, q, k, p, kh, scale):
         """s[o + r] <- scale * q . K[p + r, kh] for r < R: s (>= o + R,) f32, q (hd,) f32 contiguous, K (cap,
-        n_kv, hd) f16 bits, hd >= 8 (ModelArgs checks); a last partial block of 8 is read from hd - 8 with
-        the values already counted masked off."""
-        if not _kv_ok(s, q, k):
+        n_kv, hd) f16 bits (f32 values for the f32 form), hd >= 8 (ModelArgs checks); a last partial block of
+        8 is read from hd - 8 with the values already counted masked off."""
+        if not _kv_ok(s, q, k, types.float32 if f32 else types.uint16):
             return None
         sig = types.void(s, o, q, k, p, kh, scale)
 
@@ -125,7 +135,7 @@ def _make_kdot(rows):
 
             def block(off, qv):
                 for r in range(rows):
-                    _fma8(builder, _halves8(builder, krow[r], off), qv, acc[r])
+                    _fma8(builder, load(builder, krow[r], off), qv, acc[r])
             with cgutils.for_range(builder, builder.udiv(hd, _i(8))) as loop:
                 off = builder.mul(loop.index, _i(8))
                 block(off, _floats8(builder, qa.data, off))
@@ -141,17 +151,27 @@ def _make_kdot(rows):
 
 kdot8 = _make_kdot(8)
 kdot4 = _make_kdot(4)
+kdot8_f32 = _make_kdot(8, f32=True)  # over rows already converted to f32 (cpu_attn_prefill's blocks)
+kdot4_f32 = _make_kdot(4, f32=True)
 
 
-@intrinsic
-def vsum(typingctx, acc, s, o, n, v, p, kh):
-    """acc[:hd] += sum over i < n of s[o + i] * V[p + i, kh]: acc (>= hd,) f32, s (>= o + n,) f32, V (cap, n_kv,
-    hd) f16 bits, hd >= 8. Per 32 lanes of acc (then per 8, then a masked last 8): registers carried over all
-    n positions, one load and store of acc at the end."""
-    if not _kv_ok(acc, s, v):
-        return None
-    sig = types.void(acc, s, o, n, v, p, kh)
 
+def _make_vsum(f32=False, width=4):
+    ptr_ty, load = _row_loader(f32)
+
+    @intrinsic
+    def vsum(typingctx, acc, s, o, n, v, p, kh):
+        """acc[:hd] += sum over i < n of s[o + i] * V[p + i, kh]: acc (>= hd,) f32, s (>= o + n,) f32, V (cap,
+        n_kv, hd) f16 bits (f32 values for the f32 form), hd >= 8. Per 8 * width lanes of acc (then per 8,
+        then a masked last 8): registers carried over all n positions, one load and store of acc at the end."""
+        if not _kv_ok(acc, s, v, types.float32 if f32 else types.uint16):
+            return None
+        return types.void(acc, s, o, n, v, p, kh), _vsum_codegen(ptr_ty, load, width)
+    return vsum
+
+
+def _vsum_codegen(ptr_ty, load, width):
+    """vsum's code, reading V rows through (ptr_ty, load) (_row_loader), width vectors of 8 lanes at a time."""
     def codegen(context, builder, signature, args):
         a_, s_, o_, n_, v_, p_, kh_ = args
         ty = signature.args
@@ -161,28 +181,33 @@ def vsum(typingctx, acc, s, o, n, v, p, kh):
         arow = context.make_array(ty[0])(context, builder, a_).data
         srow = _elem_ptr(context, builder, ty[1], s_, [o_])
         v0 = builder.bitcast(_elem_ptr(context, builder, ty[4], v_, [p_, kh_]), I8.as_pointer())
-        regs = [cgutils.alloca_once(builder, V8F) for _ in range(4)]
+        regs = [cgutils.alloca_once(builder, V8F) for _ in range(width)]
 
-        def lanes(base, width, mask=None):
-            """acc[base : base + 8 * width] += the weighted sum (lanes off in mask are left as they are)."""
-            for r in regs[:width]:
+        def lanes(base, w, mask=None):
+            """acc[base : base + 8 * w] += the weighted sum (lanes off in mask are left as they are)."""
+            for r in regs[:w]:
                 builder.store(ZERO, r)
             with cgutils.for_range(builder, n_) as loop:
                 i = loop.index
-                vrow = builder.bitcast(builder.gep(v0, [builder.mul(i, row_bytes)]), I16.as_pointer())
-                w = _splat(builder, builder.load(builder.gep(srow, [i])), V8F)
-                for c, r in enumerate(regs[:width]):
-                    _fma8(builder, _halves8(builder, vrow, builder.add(base, _i(8 * c))), w, r)
-            for c, r in enumerate(regs[:width]):
+                vrow = builder.bitcast(builder.gep(v0, [builder.mul(i, row_bytes)]), ptr_ty)
+                wt = _splat(builder, builder.load(builder.gep(srow, [i])), V8F)
+                for c, r in enumerate(regs[:w]):
+                    _fma8(builder, load(builder, vrow, builder.add(base, _i(8 * c))), wt, r)
+            for c, r in enumerate(regs[:w]):
                 dst = builder.bitcast(builder.gep(arow, [builder.add(base, _i(8 * c))]), V8F.as_pointer())
                 add = builder.load(r) if mask is None else builder.select(mask, builder.load(r), ZERO)
                 builder.store(builder.fadd(builder.load(dst, align=4), add), dst, align=4)
-        with cgutils.for_range(builder, builder.udiv(hd, _i(32))) as part:
-            lanes(builder.mul(part.index, _i(32)), 4)
-        full8 = builder.udiv(builder.urem(hd, _i(32)), _i(8))
+        span = 8 * width
+        with cgutils.for_range(builder, builder.udiv(hd, _i(span))) as part:
+            lanes(builder.mul(part.index, _i(span)), width)
+        full8 = builder.udiv(builder.urem(hd, _i(span)), _i(8))
         with cgutils.for_range(builder, full8) as part:
-            lanes(builder.add(builder.mul(builder.udiv(hd, _i(32)), _i(32)), builder.mul(part.index, _i(8))), 1)
+            lanes(builder.add(builder.mul(builder.udiv(hd, _i(span)), _i(span)), builder.mul(part.index, _i(8))), 1)
         with cgutils.if_unlikely(builder, builder.icmp_unsigned("!=", builder.urem(hd, _i(8)), _i(0))):
             lanes(builder.sub(hd, _i(8)), 1, _tail_mask(builder, hd))
         return context.get_dummy_value()
-    return sig, codegen
+    return codegen
+
+
+vsum = _make_vsum()
+vsum_f32 = _make_vsum(f32=True, width=8)  # 8 chains of multiply-adds: prefill is compute-bound

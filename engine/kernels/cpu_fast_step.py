@@ -26,6 +26,7 @@ from ..quant import QK
 from . import cpu
 from . import cpu_attn as A
 from . import cpu_attn_int8 as A8
+from . import cpu_attn_prefill as AP
 from .cpu_attn import SPLITS, attention_f16_split, exp_fast, f32_to_f16_bits, store_f16  # noqa: F401
 from .cpu_fast import (BATCHED_MIN_T, FastWeight, _q4, embed_q4, embed_q8, q8_group, q8_group_batched,
                        quantize_rows)
@@ -160,10 +161,39 @@ def _attn_item_impl(kv, l, it, q3, pos0, scale, sc, part):
     return int8
 
 
+def _tiles(kv, t_n):
+    """Whether a pass of t_n rows runs attention as cpu_attn_prefill's row tiles (an f16 cache, a prompt)."""
+    raise NotImplementedError  # numba-only, see the overload below
+
+
+@overload(_tiles, inline="always")
+def _tiles_impl(kv, t_n):
+    if isinstance(kv, types.UniTuple) and kv.count == 2:
+        return lambda kv, t_n: t_n >= AP.MIN_ROWS
+    return lambda kv, t_n: False
+
+
+def _tile_item(kv, l, it, q3, a3, pos0, scale):
+    """One work item (row tile, KV head) of cpu_attn_prefill into a3 (f16 cache only: see _tiles)."""
+    raise NotImplementedError  # numba-only, see the overload below
+
+
+@overload(_tile_item, inline="always")
+def _tile_item_impl(kv, l, it, q3, a3, pos0, scale):
+    if isinstance(kv, types.UniTuple) and kv.count == 2:
+        def f16(kv, l, it, q3, a3, pos0, scale):
+            AP.attn_tile_f16(a3, q3, kv[0][l], kv[1][l], it, pos0, scale)
+        return f16
+    return lambda kv, l, it, q3, a3, pos0, scale: None
+
+
 @njit(cache=True, nogil=True, inline="always")
-def _attn_phase(sync, ph, tid, nt, kv, l, q3, pos0, scale, sc, part):
-    """Phase ph: attention's work items (row, chunk) of layer l; True for the finisher."""
-    n = q3.shape[0] * SPLITS
+def _attn_phase(sync, ph, tid, nt, kv, l, q3, a3, pos0, scale, sc, part):
+    """Phase ph: attention's work items of layer l, (row, chunk) into part, or for a prompt (_tiles) (row
+    tile, KV head) straight into a3; True for the finisher."""
+    t_n = q3.shape[0]
+    tiles = _tiles(kv, t_n)
+    n = AP.n_items(t_n, kv[0].shape[2]) if tiles else t_n * SPLITS
     fin = False
     h = 0
     while True:
@@ -171,7 +201,10 @@ def _attn_phase(sync, ph, tid, nt, kv, l, q3, pos0, scale, sc, part):
         if lo >= hi:
             break
         for it in range(lo, hi):
-            _attn_item(kv, l, it, q3, pos0, scale, sc, part)
+            if tiles:
+                _tile_item(kv, l, it, q3, a3, pos0, scale)
+            else:
+                _attn_item(kv, l, it, q3, pos0, scale, sc, part)
         fin = finish(sync, ph, hi - lo, n)
     return fin
 
@@ -221,8 +254,9 @@ def _step_thread(tid, nt, sync, ph0, tokens, pos0, rows_out, bufs, emb, head, no
             open_phase(sync, ph)
         wait_open(sync, ph)
         ph += 1
-        if _attn_phase(sync, ph, tid, nt, kv, l, q3, pos0, scale, sc, part):
-            A.merge_parts(a3, part[:t_n])
+        if _attn_phase(sync, ph, tid, nt, kv, l, q3, a3, pos0, scale, sc, part):
+            if not _tiles(kv, t_n):
+                A.merge_parts(a3, part[:t_n])
             _quant(qa, sa, xs, at)
             open_phase(sync, ph)
         wait_open(sync, ph)

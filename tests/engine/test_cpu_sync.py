@@ -109,7 +109,7 @@ def test_fused_step_threads_in_sequence_match_the_region(q4_tiny):
         cache.length = pos0 + len(tokens)
         return ff.bufs[13][:1].copy()
 
-    toks = np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32)
+    toks = np.resize(np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32), n_prompt)
     c1, c2 = model.new_cache(64), model.new_cache(64)
     want = ff(toks, 0, c1)
     np.testing.assert_array_equal(by_hand(toks, 0, c2, (1, 0)), want)
@@ -148,7 +148,7 @@ def test_greedy_block_chooses_what_single_steps_choose(q4_tiny):
     length of plain forward + np.argmax rounds; a token in the stop set ends the block and is returned."""
     from engine.kernels.cpu_fast_step import BLOCK
     model, ff = _tiny_fused(q4_tiny)
-    toks = np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32)
+    toks = np.resize(np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32), n_prompt)
     c1, c2 = model.new_cache(64), model.new_cache(64)
     first = int(np.argmax(model.forward(toks, 0, c1)[0]))
     model.forward(toks, 0, c2)
@@ -206,7 +206,8 @@ def test_argmax_row_is_numpys(n):
     assert argmax_row(x) == np.argmax(x)
 
 
-def test_fused_step_matches_leaf_forward_bit_for_bit(q4_tiny):
+@pytest.mark.parametrize("n_prompt", [11, 40])  # 40: a prompt's attention in row tiles (cpu_attn_prefill)
+def test_fused_step_matches_leaf_forward_bit_for_bit(q4_tiny, n_prompt):
     """compile_tier.LeafForward (the per-kernel form that runs while the fused step compiles) and the fused
     step give the same bits, prefill and decode: same kernels on the same items, whichever thread runs
     them, and the fastmath helpers keep their own flags inside the (non-fastmath) step."""
@@ -219,7 +220,7 @@ def test_fused_step_matches_leaf_forward_bit_for_bit(q4_tiny):
     model = Model(mf.args, mf.tensors, Backend("cpu", cpu_fast), max_batch=8)
     ff = getattr(model, "fused", None) or cpu_fast_step.build(model)
     leaf = LeafForward(ff)
-    toks = np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32)
+    toks = np.resize(np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32), n_prompt)
     c1, c2 = model.new_cache(64), model.new_cache(64)
 
     def both(tokens, pos0):

@@ -108,8 +108,9 @@ def q4_tiny(tmp_path_factory, make_tiny):
     return make_tiny(tmp_path_factory.mktemp("q4") / "tiny-q4.gguf", "llama", seed=3, qtypes=ALL_Q4)
 
 
+@pytest.mark.parametrize("n_prompt", [11, 40])  # 40: the prompt's attention in row tiles (f16 cache)
 @pytest.mark.parametrize("kv_dtype", ["f16", pytest.param("int8", marks=pytest.mark.slow)])  # int8: +1 compile
-def test_fused_forward_matches_model_forward(q4_tiny, kv_dtype):
+def test_fused_forward_matches_model_forward(q4_tiny, kv_dtype, n_prompt):
     from engine.backend import Backend
     from engine.gguf import load_gguf
     from engine.kernels import cpu_fast, cpu_fast_step
@@ -119,7 +120,7 @@ def test_fused_forward_matches_model_forward(q4_tiny, kv_dtype):
     fused = getattr(model, "fused", None) or cpu_fast_step.build(model)
     assert fused is not None
     model.fused = None  # Model.forward below: the kernel-by-kernel path over the same weights
-    toks = np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32)
+    toks = np.resize(np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32), n_prompt)
     c1, c2 = model.new_cache(64, kv_dtype), model.new_cache(64, kv_dtype)
     want = model.forward(toks, 0, c1, all_logits=True)
     got = fused(toks, 0, c2, all_logits=True)
@@ -136,7 +137,15 @@ def test_fused_forward_matches_model_forward(q4_tiny, kv_dtype):
 
 
 def test_fused_verify_rows_equal_decode_steps(q4_tiny):
-    """Lossless speculation: a T-row pass must give each row bit-identical to a one-token step."""
+    """Lossless speculation: a T-row pass must give each row bit-identical to a one-token step. (A prompt of
+    cpu_attn_prefill.MIN_ROWS rows or more takes row tiles, which sum in another order: every verify pass
+    must stay below that, and does: --draft-tokens <= 15, so at most 16 rows.)"""
+    from engine.config import EngineArgs, GenerateRequest
+    from engine.errors import ConfigError
+    from engine.kernels import cpu_attn_prefill
+    for make in (EngineArgs, GenerateRequest):  # the engine's setting and a reply's override
+        with pytest.raises(ConfigError):
+            make(draft_tokens=cpu_attn_prefill.MIN_ROWS - 1)
     from engine.backend import Backend
     from engine.gguf import load_gguf
     from engine.kernels import cpu_fast, cpu_fast_step
