@@ -78,6 +78,11 @@ def instrument(src: str) -> str:
             out += [ln, re.sub(r"ph = \w+", "T[tid, 0, 0] = _cyc()", ln)]
             i += 1
             continue
+        if in_step and ln.strip() == "if f_:":  # a phase whose call is already "f_ = _x_phase(...)"
+            ind = re.match(r"(\s+)", ln).group(1)
+            out += [f"{ind}T[tid, ph, 0] = _cyc()", f"{ind}T[tid, ph, 2] = 1 if f_ else 0", ln]
+            i += 1
+            continue
         if in_step and re.match(r"\s+if _\w+_phase\(", ln):  # a phase: stamp between its items and its tail
             ind = re.match(r"(\s+)", ln).group(1)
             call = [ln.replace("if _", "f_ = _", 1)]
@@ -103,11 +108,21 @@ def source(rev: str, path: str = "engine/kernels/cpu_fast_step.py") -> str:
                           text=True).stdout
 
 
+def used_phases(recs, n_layer: int) -> int:
+    """How many phases a version's passes had: 5 per layer + 2, or for a prompt's pass (tails as phases of
+    their own, cpu_fast_step._wide) 10 per layer + 2."""
+    import numpy as np
+    return 10 * n_layer + 2 if np.asarray(recs)[:, :, 5 * n_layer + 2:].any() else 5 * n_layer + 2
+
+
 def breakdown(recs, us_per_tick: float, n_layer: int) -> list[tuple[str, list[float]]]:
     import numpy as np
-    kinds = ["embed"] + ["qkv", "attn", "o", "gateup", "down"] * n_layer + ["head"]
+    layer = ["qkv", "attn", "o", "gateup", "down"]
+    if used_phases(recs, n_layer) > 5 * n_layer + 2:  # a prompt's pass: a tail phase after each
+        layer = [k + t for k in layer for t in ("", "+tail")]
+    kinds = ["embed"] + layer * n_layer + ["head"]
     acc: dict[str, list] = {}
-    for r in np.asarray(recs, np.float64) * us_per_tick:
+    for r in np.asarray(recs, np.float64)[:, :, :len(kinds)] * us_per_tick:
         for p in range(1, r.shape[1]):
             fin = int(np.argmax(r[:, p, 2]))
             oth = 1 - fin
@@ -163,7 +178,7 @@ def main() -> int:
     ff.guard.before = lambda: None
     ff.guard.after = lambda steps=1: None
     numba.set_num_threads(2)
-    stamps = {r: np.zeros((2, 5 * n_layer + 2, 3), np.int64) for r in a.revs}
+    stamps = {r: np.zeros((2, 10 * n_layer + 2, 3), np.int64) for r in a.revs}  # room for a prompt's tail phases
     stamp = mods[a.revs[0]]._cyc
     cyc = njit(lambda: stamp())
     cyc()
@@ -218,7 +233,7 @@ def main() -> int:
         t, e = np.asarray(recs[rev][warm:], np.float64), np.asarray(outer[rev][warm:], np.float64)
         pre = np.median(t[:, :, 0, 0].min(axis=1) - e[:, 0]) * us_per_tick
         emb = np.median(t[:, :, 0, 1].max(axis=1) - t[:, :, 0, 0].min(axis=1)) * us_per_tick
-        post = np.median(e[:, 1] - t[:, :, -1, 1].max(axis=1)) * us_per_tick
+        post = np.median(e[:, 1] - t[:, :, used_phases(t, n_layer) - 1, 1].max(axis=1)) * us_per_tick
         call = np.median(e[:, 1] - e[:, 0]) * us_per_tick
         print(f"   the jitted call {call:.0f} us; outside the phases: call to the first stamp {pre:.1f} us, phase 0 (embedding) {emb:.1f} us, "
               f"last phase to return {post:.1f} us")

@@ -209,22 +209,103 @@ def _attn_phase(sync, ph, tid, nt, kv, l, q3, a3, pos0, scale, sc, part):
     return fin
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _quant_at(qa, sa, xs, xin, lo):
+    """_quant of xin's rows into rows lo.. of the activation buffers."""
+    t_n, n = xin.shape
+    nb = n // QK
+    quantize_rows(qa[lo:lo + t_n, :n], sa[lo:lo + t_n, :nb], xs[lo:lo + t_n, :nb], xin)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _tail(kind, lo, hi, l, t_n, pos0, bufs, norms, rope_p, bias, qk_norm, kv, part):
+    """The serial work after a phase of layer l, for rows lo:hi of the pass: kind 0 after q/k/v (bias,
+    q/k norms, rope, the KV store), 1 after attention (the merge, unless row tiles wrote the rows; the
+    activations' quantization), 2 after o (residual, norm), 3 after gate/up (swiglu), 4 after down
+    (residual, the next layer's norm). Row by row throughout: rows split between threads (_tail_phase) give
+    the bits one thread doing them all gives."""
+    x, xb, q, k, v, att, proj, gate, up, hb, qa, sa, xs, logits, cs = bufs
+    attn_norm, ffn_norm, out_norm, eps = norms
+    inv_freq, neox, n_head, n_kv, hd, scale = rope_p
+    r = hi - lo
+    if kind == 0:
+        qr, kr, vr = q[lo:hi], k[lo:hi], v[lo:hi]
+        if bias[0]:
+            cpu.bias_add(qr, bias[1][l])
+            cpu.bias_add(kr, bias[2][l])
+            cpu.bias_add(vr, bias[3][l])
+        if qk_norm[0]:
+            qh = qr.reshape(r * n_head, hd)
+            kh = kr.reshape(r * n_kv, hd)
+            cpu.rmsnorm(qh, qh, qk_norm[1][l], eps)
+            cpu.rmsnorm(kh, kh, qk_norm[2][l], eps)
+        k3 = kr.reshape(r, n_kv, hd)
+        cpu.rope_apply(qr.reshape(r, n_head, hd), cs[lo:hi], neox)
+        cpu.rope_apply(k3, cs[lo:hi], neox)
+        _kv_store(kv, l, k3, vr.reshape(r, n_kv, hd), pos0 + lo)
+    elif kind == 1:
+        if not _tiles(kv, t_n):
+            A.merge_parts(att[lo:hi].reshape(r, n_head, hd), part[lo:hi])
+        _quant_at(qa, sa, xs, att[lo:hi], lo)
+    elif kind == 2:
+        cpu.residual_add(x[lo:hi], proj[lo:hi])
+        cpu.rmsnorm(xb[lo:hi], x[lo:hi], ffn_norm[l], eps)
+        _quant_at(qa, sa, xs, xb[lo:hi], lo)
+    elif kind == 3:
+        swiglu_fast(hb[lo:hi], gate[lo:hi], up[lo:hi])
+        _quant_at(qa, sa, xs, hb[lo:hi], lo)
+    else:
+        cpu.residual_add(x[lo:hi], proj[lo:hi])
+        if l + 1 < attn_norm.shape[0]:
+            cpu.rmsnorm(xb[lo:hi], x[lo:hi], attn_norm[l + 1], eps)
+            _quant_at(qa, sa, xs, xb[lo:hi], lo)
+
+
+@njit(cache=True, nogil=True)
+def _tail_call(kind, lo, hi, l, t_n, pos0, bufs, norms, rope_p, bias, qk_norm, kv, part):
+    """_tail as a function of its own for the tail phases: inlined there too, the five kinds made the step's
+    compile +37% (step_phases' uncached copies, 196 -> 268 s); a call per decode tail instead cost ~0.6 us
+    each (+86 us per token at 600 context: the arrays' reference counts), so the decode tails inline it."""
+    _tail(kind, lo, hi, l, t_n, pos0, bufs, norms, rope_p, bias, qk_norm, kv, part)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _tail_phase(sync, ph, tid, nt, kind, l, t_n, pos0, bufs, norms, rope_p, bias, qk_norm, kv, part):
+    """Phase ph of a prompt's pass (wide): the tail of kind `kind` shared out by rows, which on one thread
+    cost ~14% of a 256-row pass (scripts/step_phases.py --rows 256). True for the finisher."""
+    fin = False
+    h = 0
+    while True:
+        h, lo, hi = grab(sync, ph, tid, nt, t_n, h)
+        if lo >= hi:
+            break
+        _tail_call(kind, lo, hi, l, t_n, pos0, bufs, norms, rope_p, bias, qk_norm, kv, part)
+        fin = finish(sync, ph, hi - lo, t_n)
+    return fin
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _wide(t_n):
+    """Whether a pass of t_n rows shares its tails out by rows (phases of their own: one more wait each)."""
+    return t_n >= AP.MIN_ROWS
+
+
 @njit(cache=True, nogil=True)
 def _step_thread(tid, nt, sync, ph0, tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg,
                  wu, wd, bias, qk_norm, kv, attn_scr):
     """Thread tid's share of the forward pass (see fused_forward): phase by phase, the same operations in
-    the same order as the per-kernel form. Every thread runs this; the tails run once, on the finisher.
-    Its phases are ph0 .. ph0 + n_phases(L) - 1 of sync."""
+    the same order as the per-kernel form. Every thread runs this; each phase's tail (_tail) runs on the
+    phase's finisher, or for a prompt (_wide) as a phase of its own shared out by rows. Its phases are
+    ph0 .. ph0 + n_phases(L, wide) - 1 of sync."""
     x, xb, q, k, v, att, proj, gate, up, hb, qa, sa, xs, logits, cs = bufs
     attn_norm, ffn_norm, out_norm, eps = norms
     inv_freq, neox, n_head, n_kv, hd, scale = rope_p
     t_n = tokens.shape[0]
+    wide = _wide(t_n)
     n_layer = attn_norm.shape[0]
     xt, xbt = x[:t_n], xb[:t_n]
     qt, kt, vt, at = q[:t_n], k[:t_n], v[:t_n], att[:t_n]
     q3 = qt.reshape(t_n, n_head, hd)
-    k3 = kt.reshape(t_n, n_kv, hd)
-    v3 = vt.reshape(t_n, n_kv, hd)
     a3 = at.reshape(t_n, n_head, hd)
     sc, part = attn_scr[0][tid], attn_scr[2]
     ph = ph0
@@ -237,55 +318,36 @@ def _step_thread(tid, nt, sync, ph0, tokens, pos0, rows_out, bufs, emb, head, no
         open_phase(sync, ph)
     wait_open(sync, ph)
     for l in range(n_layer):
-        ph += 1
-        if _mm_phase(sync, ph, tid, nt, qt, kt, vt, xbt.shape[1], qa, sa, xs, wq, wk, wv, l, 3):
-            if bias[0]:
-                cpu.bias_add(qt, bias[1][l])
-                cpu.bias_add(kt, bias[2][l])
-                cpu.bias_add(vt, bias[3][l])
-            if qk_norm[0]:
-                qh = qt.reshape(t_n * n_head, hd)
-                kh = kt.reshape(t_n * n_kv, hd)
-                cpu.rmsnorm(qh, qh, qk_norm[1][l], eps)
-                cpu.rmsnorm(kh, kh, qk_norm[2][l], eps)
-            cpu.rope_apply(q3, cs[:t_n], neox)
-            cpu.rope_apply(k3, cs[:t_n], neox)
-            _kv_store(kv, l, k3, v3, pos0)
-            open_phase(sync, ph)
-        wait_open(sync, ph)
-        ph += 1
-        if _attn_phase(sync, ph, tid, nt, kv, l, q3, a3, pos0, scale, sc, part):
-            if not _tiles(kv, t_n):
-                A.merge_parts(a3, part[:t_n])
-            _quant(qa, sa, xs, at)
-            open_phase(sync, ph)
-        wait_open(sync, ph)
-        ph += 1
-        if _mm_phase(sync, ph, tid, nt, proj[:t_n], proj[:t_n], proj[:t_n], at.shape[1], qa, sa, xs, wo, wo, wo,
-                     l, 1):
-            cpu.residual_add(xt, proj[:t_n])
-            cpu.rmsnorm(xbt, xt, ffn_norm[l], eps)
-            _quant(qa, sa, xs, xbt)
-            open_phase(sync, ph)
-        wait_open(sync, ph)
-        ph += 1
-        if _mm_phase(sync, ph, tid, nt, gate[:t_n], up[:t_n], up[:t_n], xbt.shape[1], qa, sa, xs, wg, wu, wu, l, 2):
-            swiglu_fast(hb[:t_n], gate[:t_n], up[:t_n])
-            _quant(qa, sa, xs, hb[:t_n])
-            open_phase(sync, ph)
-        wait_open(sync, ph)
-        ph += 1
-        if _mm_phase(sync, ph, tid, nt, proj[:t_n], proj[:t_n], proj[:t_n], hb.shape[1], qa, sa, xs, wd, wd, wd,
-                     l, 1):
-            cpu.residual_add(xt, proj[:t_n])
-            if l + 1 < n_layer:
-                cpu.rmsnorm(xbt, xt, attn_norm[l + 1], eps)
-                _quant(qa, sa, xs, xbt)
+        for kind in range(5):
+            ph += 1
+            if kind == 0:
+                f_ = _mm_phase(sync, ph, tid, nt, qt, kt, vt, xbt.shape[1], qa, sa, xs, wq, wk, wv, l, 3)
+            elif kind == 1:
+                f_ = _attn_phase(sync, ph, tid, nt, kv, l, q3, a3, pos0, scale, sc, part)
+            elif kind == 2:
+                f_ = _mm_phase(sync, ph, tid, nt, proj[:t_n], proj[:t_n], proj[:t_n], at.shape[1], qa, sa, xs, wo, wo,
+                               wo, l, 1)
+            elif kind == 3:
+                f_ = _mm_phase(sync, ph, tid, nt, gate[:t_n], up[:t_n], up[:t_n], xbt.shape[1], qa, sa, xs, wg, wu,
+                               wu, l, 2)
             else:
-                cpu.rmsnorm(xb[:rows_out], x[t_n - rows_out:t_n], out_norm, eps)
-                _quant(qa, sa, xs, xb[:rows_out])
-            open_phase(sync, ph)
-        wait_open(sync, ph)
+                f_ = _mm_phase(sync, ph, tid, nt, proj[:t_n], proj[:t_n], proj[:t_n], hb.shape[1], qa, sa, xs, wd, wd,
+                               wd, l, 1)
+            last = kind == 4 and l + 1 == n_layer  # then also the final norm of the rows_out rows
+            if f_:
+                if not wide:
+                    _tail(kind, 0, t_n, l, t_n, pos0, bufs, norms, rope_p, bias, qk_norm, kv, part)
+                    if last:
+                        _final_norm(rows_out, t_n, bufs, norms)
+                open_phase(sync, ph)
+            wait_open(sync, ph)
+            if wide:
+                ph += 1
+                if _tail_phase(sync, ph, tid, nt, kind, l, t_n, pos0, bufs, norms, rope_p, bias, qk_norm, kv, part):
+                    if last:
+                        _final_norm(rows_out, t_n, bufs, norms)
+                    open_phase(sync, ph)
+                wait_open(sync, ph)
     ph += 1
     if _head_phase(sync, ph, tid, nt, logits[:rows_out], xb.shape[1], qa, sa, xs, head):
         open_phase(sync, ph)
@@ -293,9 +355,18 @@ def _step_thread(tid, nt, sync, ph0, tokens, pos0, rows_out, bufs, emb, head, no
 
 
 @njit(cache=True, nogil=True, inline="always")
-def n_phases(n_layer):
-    """Phases of one fused step: the embedding, five per layer (qkv, attention, o, gate/up, down), the head."""
-    return 5 * n_layer + 2
+def _final_norm(rows_out, t_n, bufs, norms):
+    """The output norm of the pass's last rows_out rows into xb[:rows_out], quantized for the head."""
+    x, xb, qa, sa, xs = bufs[0], bufs[1], bufs[10], bufs[11], bufs[12]
+    cpu.rmsnorm(xb[:rows_out], x[t_n - rows_out:t_n], norms[2], norms[3])
+    _quant(qa, sa, xs, xb[:rows_out])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def n_phases(n_layer, wide=False):
+    """Phases of one fused step: the embedding, five per layer (qkv, attention, o, gate/up, down; for a
+    prompt's pass (_wide) ten: each tail a phase of its own), the head."""
+    return (10 if wide else 5) * n_layer + 2
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -360,7 +431,8 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
     n_kv, hd, attn_scale); w* = per role (qs (L, ng, nb, 16, G), d, m (L, ng, nb, G) f16 bits, acc16);
     bias = (has, bq (L, q_dim), bk, bv); qk_norm = (has, qn (L, hd), kn (L, hd)); kv = (k16, v16) (L, cap,
     n_kv, hd) uint16 f16 bits, or (k_q, k_s, v_q, v_s) for an int8 cache; attn_scr = (sbuf (threads, n_head,
-    chunk_cap(cap)), unused, part) attention scratch; sync = cpu_sync.new_sync(BLOCK * (n_phases(L) + 1), threads);
+    chunk_cap(cap)), unused, part) attention scratch; sync = cpu_sync.new_sync(n, threads) with n the larger
+    of BLOCK * (n_phases(L) + 1) and n_phases(L, True) + 1;
     nt = the caller's numba.get_num_threads() (called in here, it would keep numba from caching this
     function). Writes logits rows for the last `rows_out` positions into bufs[13][:rows_out].
 
@@ -373,7 +445,7 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
     n - 1 calls into numba (~140 us each after a step's weight stream) and the Python of n - 1 rounds
     (logits copy, choice)."""
     n = chain.shape[0] - 1
-    reset_rows(sync, max(n, 1) * (n_phases(norms[0].shape[0]) + 1))
+    reset_rows(sync, max(n, 1) * (n_phases(norms[0].shape[0], n == 0 and _wide(tokens.shape[0])) + 1))
     for tid in prange(nt):
         _passes(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg, wu, wd,
                 bias, qk_norm, kv, attn_scr, chain, stops, choice)
@@ -446,7 +518,9 @@ class FusedForward:
         self.bufs = None
         self.attn_cap = 0
         self.attn_scr = (None, None, np.zeros((0,)))
-        self.sync = new_sync(BLOCK * (n_phases(len(layers)) + 1), numba.config.NUMBA_NUM_THREADS)
+        n_l = len(layers)  # a decode block of BLOCK passes, or a prompt's pass with its tail phases
+        self.sync = new_sync(max(BLOCK * (n_phases(n_l) + 1), n_phases(n_l, True) + 1),
+                             numba.config.NUMBA_NUM_THREADS)
         self.chain = np.zeros(BLOCK + 1, np.int32)  # a decode block's tokens (fused_forward)
         self._stops = (frozenset(), np.zeros(0, np.int32))  # the last stop set and its array
         self.argmax = argmax_choice()  # a block's choice when the caller gives none (plain argmax)

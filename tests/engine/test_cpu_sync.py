@@ -86,7 +86,8 @@ def test_grab_takes_own_part_first_then_steals():
     assert sizes[:7] == [6, 4, 3, 2, 1, 1, 1]  # guided: a third of what is left of the part, down to one item
 
 
-def test_fused_step_threads_in_sequence_match_the_region(q4_tiny):
+@pytest.mark.parametrize("n_prompt", [11, 40])  # 40: a prompt's pass, its tails phases of their own
+def test_fused_step_threads_in_sequence_match_the_region(q4_tiny, n_prompt):
     """The one-region fused step: its threads' functions run one after another in any order (as a runtime
     with fewer threads would run them) give the region's logits bit for bit, prefill and decode."""
     from engine.backend import Backend
@@ -148,7 +149,7 @@ def test_greedy_block_chooses_what_single_steps_choose(q4_tiny):
     length of plain forward + np.argmax rounds; a token in the stop set ends the block and is returned."""
     from engine.kernels.cpu_fast_step import BLOCK
     model, ff = _tiny_fused(q4_tiny)
-    toks = np.resize(np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32), n_prompt)
+    toks = np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32)
     c1, c2 = model.new_cache(64), model.new_cache(64)
     first = int(np.argmax(model.forward(toks, 0, c1)[0]))
     model.forward(toks, 0, c2)
