@@ -1,6 +1,9 @@
 """Where the fused decode step's time goes, phase by phase, and an A-B of step versions in one process.
 
-    PYTHONPATH=. .venv/bin/python scripts/step_phases.py [--ctx 60] [--steps 400] [REV ...]
+    PYTHONPATH=. .venv/bin/python scripts/step_phases.py [--ctx 60] [--steps 400] [--rows 256] [REV ...]
+
+--rows N (> 1) times a prompt's pass of N rows at positions ctx.. instead of a decode step (figures are
+then us per pass); a pass of 32+ rows has a tail phase after each phase ("+tail").
 
 Each REV (a git revision, or "." for the working tree; default ".") gives the source of
 engine/kernels/cpu_fast_step.py (and of cpu_attn.py, attention's kernels, with --with-attn), which is copied with cycle stamps (`llvm.readcyclecounter`) added after each

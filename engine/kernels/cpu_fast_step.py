@@ -169,7 +169,7 @@ def _tiles(kv, t_n):
 @overload(_tiles, inline="always")
 def _tiles_impl(kv, t_n):
     if isinstance(kv, types.UniTuple) and kv.count == 2:
-        return lambda kv, t_n: t_n >= AP.MIN_ROWS
+        return lambda kv, t_n: _wide(t_n)
     return lambda kv, t_n: False
 
 
@@ -286,7 +286,8 @@ def _tail_phase(sync, ph, tid, nt, kind, l, t_n, pos0, bufs, norms, rope_p, bias
 
 @njit(cache=True, nogil=True, inline="always")
 def _wide(t_n):
-    """Whether a pass of t_n rows shares its tails out by rows (phases of their own: one more wait each)."""
+    """Whether a pass of t_n rows is a prompt's: its tails shared out by rows (phases of their own, one more
+    wait each), its attention (f16 cache) in row tiles (_tiles)."""
     return t_n >= AP.MIN_ROWS
 
 

@@ -51,6 +51,8 @@ def test_bad_config_value_is_one_clear_error():
         ChatSettings.from_config({"sampling": {"temperature": "hot"}})
     with pytest.raises(ConfigError, match="spec mode 'fast'"):
         ChatSettings.from_config({"spec": {"mode": "fast"}})
+    with pytest.raises(ConfigError, match="--draft-tokens must be 1..15, got 40"):  # a reply's verify pass
+        ChatSettings.from_config({"spec": {"mode": "ngram", "draft_tokens": 40}})
 
 
 def test_save_user_settings_merges_and_reloads():
