@@ -33,7 +33,7 @@ import numpy as np
 
 from .kernels import cpu
 from .kernels.cpu_attn import SPLITS, attention_f16_part, merge_parts
-from .kernels.cpu_attn_prefill import MIN_ROWS, TILE, attention_tiles_part
+from .kernels.cpu_attn_prefill import MIN_ROWS, attention_tiles_part, n_tiles
 from .kernels.cpu_fast import BATCHED_MIN_T, embed_q4, embed_q8, mm_q4x3_part, mm_q8_batched, mm_q8_part, quantize_rows
 from .kernels.cpu_fast_step import store_f16, swiglu_fast
 
@@ -155,7 +155,7 @@ class LeafForward:
             c("store_k", store_f16, (kv[0][l], k3, pos0))
             c("store_v", store_f16, (kv[1][l], v3, pos0))
             if t_n >= MIN_ROWS or self.record is not None:  # a prompt: row tiles (planned with the rest)
-                self._split("attn_tiles", attention_tiles_part, -(-t_n // TILE) * n_kv,
+                self._split("attn_tiles", attention_tiles_part, n_tiles(t_n, n_kv),
                             (a3, q3, kv[0][l], kv[1][l], pos0, scale))
             if t_n < MIN_ROWS:
                 args = (part, sbuf[0], q3, kv[0][l], kv[1][l], pos0, scale)

@@ -114,7 +114,7 @@ def _store_scores(context, builder, sty, s, o, tot, scale, rows):
 
 
 def _make_kdot(rows, f32=False):
-    ptr_ty, load = _row_loader(f32)
+    _, load = _row_loader(f32)
 
     @intrinsic
     def kdot(typingctx, s, o, q, k, p, kh, scale):

@@ -32,10 +32,12 @@ PB = 32  # cache positions per block: their K and V rows in f32 are 2 x 8 KiB at
 MIN_ROWS = 32  # passes of this many rows use the tiles (above any verify pass: --draft-tokens <= 15)
 
 
-@njit(cache=True, nogil=True, inline="always")
-def n_items(t_n, n_kv):
-    """Work items of a pass of t_n rows: (row tile, KV head) pairs."""
+def n_tiles(t_n, n_kv):
+    """Work items of a pass of t_n rows: (row tile, KV head) pairs (Python; n_items in numba)."""
     return (t_n + TILE - 1) // TILE * n_kv
+
+
+n_items = njit(cache=True, nogil=True, inline="always")(n_tiles)
 
 
 @njit(cache=True, nogil=True, fastmath=True, inline="always")

@@ -66,10 +66,16 @@ def _embed(x, tokens, emb):
 # results are bit-identical whichever thread runs it. Helpers are inlined into _step_thread (numba IR);
 # the kernels they call are not, and keep their own flags (attention's fastmath: cpu_attn.attn_item_f16).
 @njit(cache=True, nogil=True, inline="always")
-def _quant(qa, sa, xs, xin):
+def _quant_at(qa, sa, xs, xin, lo):
+    """_quant of xin's rows into rows lo.. of the activation buffers."""
     t_n, n = xin.shape
     nb = n // QK
-    quantize_rows(qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb], xin)
+    quantize_rows(qa[lo:lo + t_n, :n], sa[lo:lo + t_n, :nb], xs[lo:lo + t_n, :nb], xin)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _quant(qa, sa, xs, xin):
+    _quant_at(qa, sa, xs, xin, 0)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -207,14 +213,6 @@ def _attn_phase(sync, ph, tid, nt, kv, l, q3, a3, pos0, scale, sc, part):
                 _attn_item(kv, l, it, q3, pos0, scale, sc, part)
         fin = finish(sync, ph, hi - lo, n)
     return fin
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _quant_at(qa, sa, xs, xin, lo):
-    """_quant of xin's rows into rows lo.. of the activation buffers."""
-    t_n, n = xin.shape
-    nb = n // QK
-    quantize_rows(qa[lo:lo + t_n, :n], sa[lo:lo + t_n, :nb], xs[lo:lo + t_n, :nb], xin)
 
 
 @njit(cache=True, nogil=True, inline="always")
