@@ -16,6 +16,10 @@ the fused step alone and exits (a one-shot `ninfer --prompt` run leaves a warm c
 numba writes a cache entry's data file and index each by atomic rename, so a killed helper leaves no half
 entry; `install_cache_lock` also serializes the index read-modify-write across processes (two writers
 could otherwise give two signatures one data file).
+
+One helper at a time per cache dir and phase (`phase_locks`): a helper started while another one compiles
+(a second start within the minutes a cold first start's helper needs) waits for it, then loads what it
+cached instead of compiling the same functions beside it on the same two cores.
 """
 from __future__ import annotations
 
@@ -155,19 +159,60 @@ class Helper:
             self.proc.wait()
 
 
+PHASES = ("leaves", "fused")
+
+
+def phase_lock_path(cache_dir: str, phase: str) -> str:
+    return os.path.join(cache_dir, f".ninfer-helper-{phase}.lock")
+
+
+def phase_locks(cache_dir: str) -> dict[str, int]:
+    """Open (creating) the lock file of each phase in the numba cache dir: {phase: fd}; {} if it cannot be
+    written (then helpers do not wait for each other). Opened at once: a later open could recreate a cache
+    dir that a benchmark's cold run removed meanwhile."""
+    fds: dict[str, int] = {}
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+        for phase in PHASES:
+            fds[phase] = os.open(phase_lock_path(cache_dir, phase), os.O_CREAT | os.O_RDWR, 0o644)
+    except OSError:
+        for fd in fds.values():
+            os.close(fd)
+        return {}
+    return fds
+
+
+@contextlib.contextmanager
+def _holding(fd: int | None):
+    """An exclusive flock on fd while the block runs (released when the process dies, too)."""
+    if fd is None:
+        yield
+        return
+    import fcntl
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
 def main() -> int:
     """The helper process: compile the job's kernels, report, wait, compile the fused step, report."""
     from . import numba_env  # noqa: F401  (flags and cache dir before numba)
+    from numba.core import config
     job = pickle.load(sys.stdin.buffer)
     install_cache_lock()
     _keep_removed_cache_removed()
-    for ref, sig in job["leaves"]:
-        _resolve(ref).compile(sig)
+    locks = phase_locks(config.CACHE_DIR)
+    with _holding(locks.get("leaves")):  # compile() loads what another helper cached meanwhile
+        for ref, sig in job["leaves"]:
+            _resolve(ref).compile(sig)
     _say("leaves")
     if not sys.stdin.buffer.readline():  # end of file: the engine is gone
         return 0
-    for ref, sig in job["fused"]:
-        _resolve(ref).compile(sig)
+    with _holding(locks.get("fused")):
+        for ref, sig in job["fused"]:
+            _resolve(ref).compile(sig)
     _say("fused")
     return 0
 

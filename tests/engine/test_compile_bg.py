@@ -230,3 +230,28 @@ def test_helper_compiles_the_sampler_of_the_usual_settings():
     assert plan == compile_plan(False, 40, 49152) + compile_plan(True, 0, 49152) and len(plan) == 3  # + draw
     for disp, sig in plan:
         assert _resolve(_ref(disp)) is disp and len(sig) > 0
+
+
+def test_a_second_helper_waits_for_the_first_ones_fused_compile(tmp_path, monkeypatch):
+    """While another helper holds the fused phase (here: this test holds its lock), a new helper still
+    reports its kernels, but compiles its fused step only after that lock is released (then from the
+    cache), instead of compiling the same functions beside it."""
+    import fcntl
+
+    from engine.compile_bg import Helper, phase_locks
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    locks = phase_locks(str(tmp_path))
+    assert set(locks) == {"leaves", "fused"}
+    fcntl.flock(locks["fused"], fcntl.LOCK_EX)
+    helper = Helper([], [])
+    try:
+        assert helper.leaves_done.wait(120) and helper.failure is None  # the leaves lock is free
+        helper.go()
+        assert not helper.fused_done.wait(3)  # waiting for the "other helper"
+        fcntl.flock(locks["fused"], fcntl.LOCK_UN)
+        assert helper.fused_done.wait(60), helper.failure
+        assert helper.ended.wait(60) and helper.proc.returncode == 0
+    finally:
+        helper.stop()
+        for fd in locks.values():
+            os.close(fd)
