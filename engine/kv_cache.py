@@ -5,7 +5,9 @@ Layout per layer (what the kernels take, see engine/kernels/ref.py):
     int8: k_q, v_q              (capacity, n_kv_head, head_dim) int8
           k_s, v_s              (capacity, n_kv_head, head_dim // group) float32, one scale per group values
 The whole cache is one array per role with a leading n_layer axis; `layer(i)` returns the per-layer views in
-the argument order of `kv_store_<dtype>` / `attention_<dtype>`.
+the argument order of `kv_store_<dtype>` / `attention_<dtype>`. On the host the arrays come from the backend's
+`zeros_sparse` (4 KiB pages, see engine/backend.py): a reply faults in the positions it writes, not a 2 MiB
+page per layer and role.
 """
 from __future__ import annotations
 
@@ -27,16 +29,16 @@ class KVCache:
         self.length = 0
         shape = (n_layer, capacity, n_kv_head, head_dim)
         if kv_dtype == "f16":
-            self.k = backend.zeros(shape, "float16")  # (n_layer, capacity, n_kv_head, head_dim) f16
-            self.v = backend.zeros(shape, "float16")
+            self.k = backend.zeros_sparse(shape, "float16")  # (n_layer, capacity, n_kv_head, head_dim) f16
+            self.v = backend.zeros_sparse(shape, "float16")
             self._arrays = (self.k, self.v)
         else:
             group = backend.kv_group(head_dim)
             s_shape = (n_layer, capacity, n_kv_head, head_dim // group)
-            self.k_q = backend.zeros(shape, "int8")  # (n_layer, capacity, n_kv_head, head_dim) int8
-            self.k_s = backend.zeros(s_shape, "float32")  # (n_layer, capacity, n_kv_head, head_dim // g) f32
-            self.v_q = backend.zeros(shape, "int8")
-            self.v_s = backend.zeros(s_shape, "float32")
+            self.k_q = backend.zeros_sparse(shape, "int8")  # (n_layer, capacity, n_kv_head, head_dim) int8
+            self.k_s = backend.zeros_sparse(s_shape, "float32")  # (n_layer, capacity, n_kv_head, head_dim // g) f32
+            self.v_q = backend.zeros_sparse(shape, "int8")
+            self.v_s = backend.zeros_sparse(s_shape, "float32")
             self._arrays = (self.k_q, self.k_s, self.v_q, self.v_s)
         self._layers = [tuple(a[i] for a in self._arrays) for i in range(n_layer)]  # views, built once
 

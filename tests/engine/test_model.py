@@ -2,6 +2,7 @@
 architecture, cache semantics (chunked prefill == one-shot == token by token, truncate), and the real
 SmolLM2 file."""
 import os
+import sys
 
 os.environ.setdefault("NUMBA_NUM_THREADS", "2")
 
@@ -220,3 +221,32 @@ def test_kv_cache_dtypes_and_sizes():
     from engine.errors import ConfigError
     with pytest.raises(ConfigError, match="kv-dtype"):
         KVCache(be, 2, 10, 3, 64, "fp8")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_large_kv_cache_is_zeroed_writable_and_without_huge_pages():
+    """A KV cache of 4 MiB+ on the host lives in its own mapping with huge pages off (a first reply then
+    touches 4 KiB pages, not a 2 MiB page per layer and role); smaller ones are plain numpy arrays."""
+    from engine.backend import SPARSE_MIN_BYTES
+    from engine.kv_cache import KVCache
+    be = get_backend("cpu")
+    big = KVCache(be, 30, 4096, 3, 64, "f16")
+    small = KVCache(be, 2, 10, 3, 64, "f16")
+    assert big.k.nbytes >= SPARSE_MIN_BYTES > small.k.nbytes
+    for a in (big.k, big.v):
+        assert a.flags.c_contiguous and a.flags.writeable and not a[5].any()
+        a[5, 7] = 1.5
+        assert a[5, 7, 0, 0] == 1.5
+    flags = {}
+    start = None
+    for line in open("/proc/self/smaps"):
+        if "-" in line.split()[0] and ":" not in line.split()[0]:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            start = (lo, hi)
+        elif line.startswith("VmFlags:"):
+            flags[start] = line.split()[1:]
+    for a in (big.k, big.v):
+        p = a.ctypes.data
+        vm = [f for (lo, hi), f in flags.items() if lo <= p < hi]
+        assert vm and "nh" in vm[0], vm
+    assert small.k.base is None or not hasattr(small.k.base, "madvise")
