@@ -130,10 +130,23 @@ def table(agg: dict[str, dict], rat: dict[str, dict], baseline: str, roof: dict 
         if roof.get("share_with_kv"):
             lines.append("counting the KV cache read per token too (at each run's mean context): "
                          + ", ".join(f"{n} {_range(s, '{:.0f}', 100)}%" for n, s in roof["share_with_kv"].items()))
+    if note := length_note(agg):
+        lines.append(note)
     for name, a in agg.items():
         for e in a.get("errors", []):
             lines.append(f"{name}: FAILED {e}")
     return "\n".join(lines)
+
+
+def length_note(agg: dict[str, dict]) -> str | None:
+    """A warning when the variants' replies have different lengths (one stopped at end-of-sequence, another
+    ran to the limit): their tok/s then average over different contexts and are not like for like."""
+    n = {name: a["output_tokens"] for name, a in agg.items() if a.get("output_tokens") is not None}
+    if len(set(n.values())) < 2:
+        return None
+    return ("note: the replies differ in length (" + ", ".join(f"{k} {v}" for k, v in n.items()) + " tokens), so "
+            "decode tok/s compares different contexts; the synthetic workload (--prompt-tokens) decodes exactly "
+            "--decode-tokens for every variant")
 
 
 def markdown_table(agg: dict[str, dict], rat: dict[str, dict], baseline: str) -> str:

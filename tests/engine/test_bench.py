@@ -86,6 +86,17 @@ def test_aggregate_mean_range_ratio_and_hashes():
     assert md.startswith("| variant") and "| ours |" in md
 
 
+def test_table_notes_replies_of_different_lengths():
+    """One variant stopped at end-of-sequence, the other ran to the limit: the table says their tok/s are not
+    like for like; equal lengths say nothing."""
+    runs = [dict(_run("ours", 0, 200, 400), output_tokens=122), dict(_run("peer", 0, 100, 300), output_tokens=1024)]
+    agg = report.aggregate(runs, ["ours", "peer"])
+    text = report.table(agg, report.ratios(agg, "peer"), "peer")
+    assert "replies differ in length (ours 122, peer 1024 tokens)" in text
+    same = report.aggregate([dict(r, output_tokens=64) for r in runs], ["ours", "peer"])
+    assert "differ in length" not in report.table(same, report.ratios(same, "peer"), "peer")
+
+
 def test_roofline_share_uses_each_runs_own_bandwidth():
     runs = [{"variant": "ours", "ok": True, "decode_tok_s": 150.0, "read_bandwidth": 30e9},
             {"variant": "ours", "ok": True, "decode_tok_s": 100.0, "read_bandwidth": 20e9},
