@@ -32,10 +32,10 @@ import numba
 import numpy as np
 
 from .kernels import cpu
-from .kernels.cpu_attn import SPLITS, attention_f16_part, merge_parts
+from .kernels.cpu_attn import SPLITS, attention_f16_part, merge_parts, store_f16
 from .kernels.cpu_attn_prefill import MIN_ROWS, attention_tiles_part, n_tiles
 from .kernels.cpu_fast import BATCHED_MIN_T, embed_q4, embed_q8, mm_q4x3_part, mm_q8_batched, mm_q8_part, quantize_rows
-from .kernels.cpu_fast_step import store_f16, swiglu_fast
+from .kernels.cpu_fast_step import swiglu_fast
 
 # kernels the helper process compiles (the rest, and the sampling chain, are compiled here meanwhile): about
 # half the work each after the helper's own start-up. Measured in a fresh cache: this process's kernels 7.6 s
@@ -127,7 +127,7 @@ class LeafForward:
         self.two = t_n > 1 and numba.get_num_threads() > 1 and attn_scr[0].shape[0] > 1
         xt, xbt = x[:t_n], xb[:t_n]
         qt, kt, vt, at = q[:t_n], k[:t_n], v[:t_n], att[:t_n]
-        sbuf, part = attn_scr[0], attn_scr[2]
+        sbuf, part = attn_scr
         if emb[0] == 0:
             c("embed_q4", embed_q4, (xt, emb[1], emb[3], emb[4], tokens))
         else:

@@ -430,13 +430,12 @@ def attention_f16_part(lo, hi, part, sc, q, kc, vc, pos0, scale):
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def attention_f16_split(out, q, kc, vc, pos0, scale, sbuf, rowbuf, part):
+def attention_f16_split(out, q, kc, vc, pos0, scale, sbuf, part):
     """out (T, H, hd) <- causal GQA attention over kc, vc (cap, n_kv, hd) uint16 f16 bits, each row split
     over positions ("flash decoding"): KV heads alone are too little parallel work for 2 threads in
     decode (3 heads -> a 2:1 split). Work item (t, chunk) keeps each head's max, sum and weighted V sum in
     part (T, n_kv, SPLITS, group, hd + 2); a merge per row rescales them into out. sbuf (threads, H,
-    >= chunk_cap(cap)) f32 holds a work item's scores; rowbuf is unused (kept for the scratch tuple's
-    shape). Row t is computed exactly as a one-row call at pos0 + t would (chunks depend only on its own
+    >= chunk_cap(cap)) f32 holds a work item's scores. Row t is computed exactly as a one-row call at pos0 + t would (chunks depend only on its own
     length): a verify pass over T drafted tokens gives bit-identical rows to T decode steps, which lossless
     speculation needs."""
     t_n = q.shape[0]

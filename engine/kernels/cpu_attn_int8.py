@@ -91,7 +91,7 @@ def attn_item_int8(part, sc, q, kq, ks, vq, vs, it, pos0, scale):
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=True)
-def attention_int8_split(out, q, kq, ks, vq, vs, pos0, scale, sbuf, rowbuf, part):
+def attention_int8_split(out, q, kq, ks, vq, vs, pos0, scale, sbuf, part):
     """As cpu_attn.attention_f16_split over an int8 cache: kq, vq (cap, n_kv, hd) int8, ks, vs (cap, n_kv,
     hd // g) f32 scales, one per g values (ref.quantize_kv_int8). Same chunks, scratch and merge: no
     allocation."""

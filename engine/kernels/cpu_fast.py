@@ -604,13 +604,13 @@ def embed(out, w, tokens):
 
 
 def _split_scratch(q, k_cache):
-    """(scores, rowbuf, part) scratch of the split attention kernels for q (T, H, hd) over k_cache (cap, n_kv,
+    """(scores, part) scratch of the split attention kernels for q (T, H, hd) over k_cache (cap, n_kv,
     hd); made per call: tensor-parallel shards may run concurrently, so nothing is shared."""
     from .cpu_attn import SPLITS, chunk_cap
     t_n, n_head, hd = q.shape
     cap, n_kv = k_cache.shape[:2]
     nt = numba.config.NUMBA_NUM_THREADS
-    return (np.zeros((nt, n_head, chunk_cap(cap)), np.float32), np.zeros((nt, hd), np.float32),
+    return (np.zeros((nt, n_head, chunk_cap(cap)), np.float32),
             np.zeros((t_n, n_kv, SPLITS, n_head // n_kv, hd + 2), np.float32))
 
 

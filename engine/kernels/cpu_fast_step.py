@@ -27,12 +27,12 @@ from . import cpu
 from . import cpu_attn as A
 from . import cpu_attn_int8 as A8
 from . import cpu_attn_prefill as AP
-from .cpu_attn import SPLITS, attention_f16_split, exp_fast, f32_to_f16_bits, store_f16  # noqa: F401
+from .cpu_attn import SPLITS, exp_fast, store_f16
 from .cpu_fast import (BATCHED_MIN_T, FastWeight, _q4, embed_q4, embed_q8, q8_group, q8_group_batched,
                        quantize_rows)
 from ..sampling_fast import argmax_choice, block_choice
 from .cpu_guard import ContentionGuard
-from .cpu_sync import finish, grab, new_sync, open_phase, reset, reset_rows, wait_open  # noqa: F401
+from .cpu_sync import finish, grab, new_sync, open_phase, reset_rows, wait_open
 
 F32 = np.float32
 BLOCK = 8  # the most tokens one call chooses (FusedForward.block): the UI gets them 8 at a time
@@ -306,7 +306,7 @@ def _step_thread(tid, nt, sync, ph0, tokens, pos0, rows_out, bufs, emb, head, no
     qt, kt, vt, at = q[:t_n], k[:t_n], v[:t_n], att[:t_n]
     q3 = qt.reshape(t_n, n_head, hd)
     a3 = at.reshape(t_n, n_head, hd)
-    sc, part = attn_scr[0][tid], attn_scr[2]
+    sc, part = attn_scr[0][tid], attn_scr[1]
     ph = ph0
     h, lo, hi = grab(sync, ph, tid, nt, 1, 0)  # phase 0, one item: the embedding and the first norm
     if lo < hi:
@@ -430,7 +430,7 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
     n_kv, hd, attn_scale); w* = per role (qs (L, ng, nb, 16, G), d, m (L, ng, nb, G) f16 bits, acc16);
     bias = (has, bq (L, q_dim), bk, bv); qk_norm = (has, qn (L, hd), kn (L, hd)); kv = (k16, v16) (L, cap,
     n_kv, hd) uint16 f16 bits, or (k_q, k_s, v_q, v_s) for an int8 cache; attn_scr = (sbuf (threads, n_head,
-    chunk_cap(cap)), unused, part) attention scratch; sync = cpu_sync.new_sync(n, threads) with n the larger
+    chunk_cap(cap)), part) attention scratch; sync = cpu_sync.new_sync(n, threads) with n the larger
     of BLOCK * (n_phases(L) + 1) and n_phases(L, True) + 1;
     nt = the caller's numba.get_num_threads() (called in here, it would keep numba from caching this
     function). Writes logits rows for the last `rows_out` positions into bufs[13][:rows_out].
@@ -516,7 +516,7 @@ class FusedForward:
         self.logit_rows = 0
         self.bufs = None
         self.attn_cap = 0
-        self.attn_scr = (None, None, np.zeros((0,)))
+        self.attn_scr = (None, np.zeros((0,)))
         n_l = len(layers)  # a decode block of BLOCK passes, or a prompt's pass with its tail phases
         self.sync = new_sync(max(BLOCK * (n_phases(n_l) + 1), n_phases(n_l, True) + 1),
                              numba.config.NUMBA_NUM_THREADS)
@@ -550,13 +550,11 @@ class FusedForward:
         self.max_t, self.logit_rows = max_t, logit_rows
 
     def _attn_scratch(self, capacity: int):
-        """(sbuf (threads, n_head, A.chunk_cap(capacity)), rowbuf (threads, hd), part (max_t, n_kv, SPLITS,
-        group, hd + 2))."""
-        if capacity > self.attn_cap or self.attn_scr[2].shape[0] < self.max_t:
+        """(sbuf (threads, n_head, A.chunk_cap(capacity)), part (max_t, n_kv, SPLITS, group, hd + 2))."""
+        if capacity > self.attn_cap or self.attn_scr[1].shape[0] < self.max_t:
             a = self.args
             nt = numba.config.NUMBA_NUM_THREADS
             self.attn_scr = (np.zeros((nt, a.n_head, A.chunk_cap(capacity)), np.float32),
-                             np.zeros((nt, a.head_dim), np.float32),
                              np.zeros((self.max_t, a.n_kv_head, SPLITS, a.group, a.head_dim + 2), np.float32))
             self.attn_cap = capacity
         return self.attn_scr

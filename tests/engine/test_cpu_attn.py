@@ -44,7 +44,7 @@ def test_split_attention_matches_reference_at_model_shapes(pos0, t_n, n_kv, hd, 
     nt = numba.config.NUMBA_NUM_THREADS
     part = np.full((t_n + 2, n_kv, cpu_attn.SPLITS, n_head // n_kv, hd + 2), np.nan, np.float32)  # unused rows
     cpu_attn.attention_f16_split(got, q, k.view(np.uint16), v.view(np.uint16), pos0, np.float32(0.125),
-                                 np.zeros((nt, n_head, cap), np.float32), np.zeros((nt, hd), np.float32),
+                                 np.zeros((nt, n_head, cap), np.float32),
                                  part)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
@@ -65,7 +65,7 @@ def test_split_int8_attention_matches_reference(pos0, t_n, n_kv, hd, n_head):
     got = np.zeros_like(q)
     nt = numba.config.NUMBA_NUM_THREADS
     cpu_attn_int8.attention_int8_split(got, q, kq, ks, vq, vs, pos0, np.float32(0.125),
-                                  np.zeros((nt, n_head, cap), np.float32), np.zeros((nt, hd), np.float32),
+                                  np.zeros((nt, n_head, cap), np.float32),
                                   np.zeros((t_n, n_kv, cpu_attn.SPLITS, n_head // n_kv, hd + 2), np.float32))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 

@@ -45,7 +45,6 @@ def test_tiles_agree_with_the_decode_split():
     nt = numba.config.NUMBA_NUM_THREADS
     cpu_attn.attention_f16_split(split, q, kc, vc, pos0, np.float32(0.125),
                                  np.zeros((nt, n_head, cpu_attn.chunk_cap(cap)), np.float32),
-                                 np.zeros((nt, hd), np.float32),
                                  np.zeros((t_n, n_kv, cpu_attn.SPLITS, n_head // n_kv, hd + 2), np.float32))
     tiles = np.zeros_like(q)
     _tiles(tiles, q, kc, vc, pos0, np.float32(0.125))

@@ -101,7 +101,7 @@ def test_fused_step_threads_in_sequence_match_the_region(q4_tiny, n_prompt):
 
     def by_hand(tokens, pos0, cache, order):
         ff._alloc(len(tokens), 1)
-        cpu_fast_step.reset(ff.sync)
+        reset(ff.sync)
         for tid in order:
             cpu_fast_step._step_thread(tid, len(order), ff.sync, 0, tokens, pos0, 1, ff.bufs, ff.emb, ff.head,
                                        ff.norms, ff.rope, r["wq"], r["wk"], r["wv"], r["wo"], r["w_gate"], r["w_up"],
@@ -187,7 +187,7 @@ def test_greedy_block_threads_in_sequence_match_the_region(q4_tiny):
     chain = np.zeros(6, np.int32)
     chain[0] = first
     args = ff.call_args(chain[:1], len(toks), 1, ff.kv_tuple(c2), ff._attn_scratch(c2.capacity), 2, chain)
-    cpu_fast_step.reset(ff.sync)
+    reset(ff.sync)
     for tid in (1, 0):
         cpu_fast_step._passes(tid, *args[20:21], *args[19:20], *args[:19], *args[21:])
     assert chain[1:].tolist() == want

@@ -58,7 +58,7 @@ def test_fast_matmul_matches_reference(qtype, rows, cols, t_n):
 
 
 def test_f16_store_bits_match_numpy():
-    from engine.kernels.cpu_fast_step import store_f16
+    from engine.kernels.cpu_attn import store_f16
     rng = np.random.default_rng(0)
     vals = np.concatenate([rng.standard_normal(4000) * 10.0 ** rng.integers(-9, 6, 4000),
                            [0.0, -0.0, 65504.0, 65520.0, 1e6, -1e6, 6e-8, 3e-8, 2.98e-8, 6.1e-5, np.inf, -np.inf]])
@@ -71,7 +71,7 @@ def test_f16_store_bits_match_numpy():
 def test_exp_fast_accuracy():
     from numba import njit
 
-    from engine.kernels.cpu_fast_step import exp_fast
+    from engine.kernels.cpu_attn import exp_fast
 
     @njit
     def run(out, x):
@@ -85,7 +85,7 @@ def test_exp_fast_accuracy():
 
 def test_fast_attention_matches_reference():
     from engine.kernels import ref
-    from engine.kernels.cpu_fast_step import SPLITS, attention_f16_split
+    from engine.kernels.cpu_attn import SPLITS, attention_f16_split
     import numba
     rng = np.random.default_rng(1)
     cap, n_kv, hd, n_head, t_n, pos0 = 40, 2, 16, 6, 3, 20
@@ -97,7 +97,7 @@ def test_fast_attention_matches_reference():
     got = np.zeros_like(q)
     nt = numba.config.NUMBA_NUM_THREADS
     attention_f16_split(got, q, k.view(np.uint16), v.view(np.uint16), pos0, np.float32(0.25),
-                        np.zeros((nt, n_head, cap), np.float32), np.zeros((nt, hd), np.float32),
+                        np.zeros((nt, n_head, cap), np.float32),
                         np.zeros((t_n, n_kv, SPLITS, n_head // n_kv, hd + 2), np.float32))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
@@ -383,7 +383,7 @@ def test_split_decode_attention_matches_reference(pos0):
     import numba
 
     from engine.kernels import ref
-    from engine.kernels.cpu_fast_step import SPLITS, attention_f16_split
+    from engine.kernels.cpu_attn import SPLITS, attention_f16_split
     rng = np.random.default_rng(pos0)
     cap, n_kv, hd, n_head = 40, 2, 16, 6
     k = rng.standard_normal((cap, n_kv, hd)).astype(np.float16)
@@ -394,6 +394,6 @@ def test_split_decode_attention_matches_reference(pos0):
     got = np.zeros_like(q)
     nt = numba.config.NUMBA_NUM_THREADS
     attention_f16_split(got, q, k.view(np.uint16), v.view(np.uint16), pos0, np.float32(0.25),
-                        np.zeros((nt, n_head, cap), np.float32), np.zeros((nt, hd), np.float32),
+                        np.zeros((nt, n_head, cap), np.float32),
                         np.zeros((1, n_kv, SPLITS, 3, hd + 2), np.float32))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
