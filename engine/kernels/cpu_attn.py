@@ -435,9 +435,9 @@ def attention_f16_split(out, q, kc, vc, pos0, scale, sbuf, part):
     over positions ("flash decoding"): KV heads alone are too little parallel work for 2 threads in
     decode (3 heads -> a 2:1 split). Work item (t, chunk) keeps each head's max, sum and weighted V sum in
     part (T, n_kv, SPLITS, group, hd + 2); a merge per row rescales them into out. sbuf (threads, H,
-    >= chunk_cap(cap)) f32 holds a work item's scores. Row t is computed exactly as a one-row call at pos0 + t would (chunks depend only on its own
-    length): a verify pass over T drafted tokens gives bit-identical rows to T decode steps, which lossless
-    speculation needs."""
+    >= chunk_cap(cap)) f32 holds a work item's scores. Row t is computed exactly as a one-row call at pos0 + t
+    would (chunks depend only on its own length): a verify pass over T drafted tokens gives bit-identical
+    rows to T decode steps, which lossless speculation needs."""
     t_n = q.shape[0]
     for it in prange(t_n * SPLITS):
         attn_item_f16(part, sbuf[numba.get_thread_id()], q, kc, vc, it, pos0, scale)
