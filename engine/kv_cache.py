@@ -28,6 +28,17 @@ class KVCache:
         self.capacity = capacity
         self.length = 0
         shape = (n_layer, capacity, n_kv_head, head_dim)
+        try:
+            self._allocate(backend, shape, kv_dtype, head_dim)
+        except (MemoryError, OSError) as e:  # numpy's MemoryError, mmap's ENOMEM, a device's out of memory
+            per_pos = n_layer * n_kv_head * head_dim * 2 * (2 if kv_dtype == "f16" else 1)
+            raise ConfigError(f"a KV cache of {capacity} positions (about {per_pos * capacity / 2**30:.1f} GiB of "
+                              f"{kv_dtype}) cannot be allocated here ({e.__class__.__name__}); lower "
+                              "--kv-capacity or --max-context") from None
+        self._layers = [tuple(a[i] for a in self._arrays) for i in range(n_layer)]  # views, built once
+
+    def _allocate(self, backend, shape: tuple, kv_dtype: str, head_dim: int) -> None:
+        n_layer, capacity, n_kv_head = shape[:3]
         if kv_dtype == "f16":
             self.k = backend.zeros_sparse(shape, "float16")  # (n_layer, capacity, n_kv_head, head_dim) f16
             self.v = backend.zeros_sparse(shape, "float16")
@@ -40,7 +51,6 @@ class KVCache:
             self.v_q = backend.zeros_sparse(shape, "int8")
             self.v_s = backend.zeros_sparse(s_shape, "float32")
             self._arrays = (self.k_q, self.k_s, self.v_q, self.v_s)
-        self._layers = [tuple(a[i] for a in self._arrays) for i in range(n_layer)]  # views, built once
 
     def layer(self, i: int) -> tuple:
         """Per-layer views in kernel argument order: (k, v) for f16, (k_q, k_s, v_q, v_s) for int8."""

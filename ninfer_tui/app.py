@@ -100,6 +100,7 @@ class ChatApp(App):
         self.chat = ChatState(store, model_name)
         self.engine = None
         self.session = None
+        self.load_error: str | None = None  # why the model is not there, once loading failed
         self.spec_available: dict[str, str | None] = {m: None for m in SPEC_MODES}
         self.prompted_thinking = False
         self.bridge: br.ReplyBridge | None = None
@@ -176,8 +177,12 @@ class ChatApp(App):
         self._status(f"loading {self.model_name}: {p.stage} [{bar}] {p.done}/{p.total} {p.message}")
 
     def on_engine_ready(self, message: br.EngineReady) -> None:
-        self.engine = message.engine
-        self.session = self.engine.session()
+        try:  # the session allocates the KV cache: a capacity this machine cannot hold fails here
+            session = message.engine.session()
+        except NinferError as e:
+            self.on_engine_failed(br.EngineFailed(br.error_line(e)))
+            return
+        self.engine, self.session = message.engine, session
         facts = br.engine_facts(self.engine, self.engine_args)
         self.spec_available = facts.pop("spec_modes")
         self.prompted_thinking = facts.pop("native_thinking") is False
@@ -192,6 +197,7 @@ class ChatApp(App):
         self.notify(f"model ready in {message.seconds:.1f} s", timeout=3)
 
     def on_engine_failed(self, message: br.EngineFailed) -> None:
+        self.load_error = message.error
         self._status(f"model failed to load: {message.error}")
         self.notify(message.error, severity="error", timeout=30)
 
@@ -199,7 +205,8 @@ class ChatApp(App):
     @on(PromptInput.Submitted)
     async def _submitted(self, event: PromptInput.Submitted) -> None:
         if self.session is None:
-            self.notify("the model is still loading", severity="warning")
+            self.notify(f"no model: {self.load_error}" if self.load_error else "the model is still loading",
+                        severity="error" if self.load_error else "warning")
             return
         if self.generating:
             self.notify("a reply is being generated; Esc stops it", severity="warning")

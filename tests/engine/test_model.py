@@ -250,3 +250,21 @@ def test_large_kv_cache_is_zeroed_writable_and_without_huge_pages():
         vm = [f for (lo, hi), f in flags.items() if lo <= p < hi]
         assert vm and "nh" in vm[0], vm
     assert small.k.base is None or not hasattr(small.k.base, "madvise")
+
+
+def test_kv_cache_that_cannot_be_allocated_is_a_config_error():
+    """numpy's MemoryError or mmap's ENOMEM (a capacity far beyond the machine) becomes a one-line
+    ConfigError naming the size and the options to lower."""
+    from engine.errors import ConfigError
+    from engine.kv_cache import KVCache
+
+    class NoRoom:
+        def zeros_sparse(self, shape, dtype):
+            raise OSError(12, "Cannot allocate memory")
+
+        def kv_group(self, hd):
+            return 32
+    with pytest.raises(ConfigError, match=r"100000000 positions \(about 2145.8 GiB of f16\).*--kv-capacity"):
+        KVCache(NoRoom(), 30, 100_000_000, 3, 64, "f16")
+    with pytest.raises(ConfigError, match="of int8"):
+        KVCache(NoRoom(), 30, 100_000_000, 3, 64, "int8")

@@ -180,6 +180,24 @@ async def test_engine_error_is_notified_not_crashing(make_app):
         assert any("too long" in n.message for n in app._notifications)
 
 
+async def test_kv_cache_that_cannot_be_allocated_is_a_load_error(make_app):
+    """An engine whose session (its KV cache) cannot be made: the status line and a notification say why, and
+    the app keeps running without a session."""
+    from engine.errors import ConfigError
+    from ninfer_tui.fake import FakeEngine
+
+    class NoRoom(FakeEngine):
+        def session(self):
+            raise ConfigError("a KV cache of 100000000 positions cannot be allocated here; lower --kv-capacity")
+    app = make_app(loader=lambda args, progress=None: NoRoom.load(args, progress=progress, script=Script()))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: any("kv-capacity" in n.message for n in app._notifications))
+        assert app.session is None and app.is_running
+        app.query_one("#prompt").load_text("x")
+        await pilot.press("enter")
+        assert any(n.message.startswith("no model: a KV cache") for n in app._notifications)
+
+
 async def test_new_chat_while_generating_stops_first(make_app):
     script = Script(answer="a b c d e f", hold_after=2)
     app = make_app(script)
