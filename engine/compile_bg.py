@@ -219,10 +219,18 @@ def main() -> int:
 
 def _keep_removed_cache_removed() -> None:
     """A helper finishing after its engine exited must not recreate a cache dir someone removed meanwhile
-    (a benchmark's cold run deletes its NINFER_CACHE_DIR; numba would make it again at save)."""
+    (a benchmark's cold run deletes its NINFER_CACHE_DIR; numba would make it again at save). Nor go on
+    compiling for it: a watchdog ends the process once the dir is gone (a cold run's helper otherwise
+    compiled the fused step for minutes into the next runs' measurements)."""
     root = os.environ.get("NINFER_CACHE_DIR")
     if not root:
         return
+
+    def watch():
+        while os.path.isdir(root):
+            threading.Event().wait(0.5)
+        os._exit(0)
+    threading.Thread(target=watch, name="ninfer-cache-watch", daemon=True).start()
     from numba.core import caching
     orig = caching.Cache.save_overload
 

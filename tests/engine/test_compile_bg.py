@@ -255,3 +255,24 @@ def test_a_second_helper_waits_for_the_first_ones_fused_compile(tmp_path, monkey
         helper.stop()
         for fd in locks.values():
             os.close(fd)
+
+
+def test_helper_ends_when_its_cache_dir_is_removed(tmp_path, monkeypatch):
+    """A benchmark's cold run removes its NINFER_CACHE_DIR after the run: the helper it started stops then
+    (here while it waits for "go"), instead of compiling on into the next runs."""
+    import shutil
+
+    from engine.compile_bg import Helper
+    root = tmp_path / "cold"
+    root.mkdir()
+    monkeypatch.setenv("NINFER_CACHE_DIR", str(root))
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(root / "numba"))
+    helper = Helper([], [])
+    try:
+        assert helper.leaves_done.wait(120) and helper.failure is None
+        assert not helper.ended.wait(1)  # alive, waiting for go
+        shutil.rmtree(root)
+        assert helper.ended.wait(30) and helper.proc.returncode == 0
+        assert not root.exists()
+    finally:
+        helper.stop()
