@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 log = logging.getLogger("ninfer.compile")
 _lock_installed = False
@@ -228,7 +229,7 @@ def _keep_removed_cache_removed() -> None:
 
     def watch():
         while os.path.isdir(root):
-            threading.Event().wait(0.5)
+            time.sleep(0.5)
         os._exit(0)
     threading.Thread(target=watch, name="ninfer-cache-watch", daemon=True).start()
     from numba.core import caching

@@ -32,9 +32,10 @@ class KVCache:
             self._allocate(backend, shape, kv_dtype, head_dim)
         except (MemoryError, OSError) as e:  # numpy's MemoryError, mmap's ENOMEM, a device's out of memory
             per_pos = n_layer * n_kv_head * head_dim * 2 * (2 if kv_dtype == "f16" else 1)
+            why = getattr(e, "strerror", None) or "out of memory"
             raise ConfigError(f"a KV cache of {capacity} positions (about {per_pos * capacity / 2**30:.1f} GiB of "
-                              f"{kv_dtype}) cannot be allocated here ({e.__class__.__name__}); lower "
-                              "--kv-capacity or --max-context") from None
+                              f"{kv_dtype}) cannot be allocated here ({why}); lower --kv-capacity or --max-context"
+                              ) from None
         self._layers = [tuple(a[i] for a in self._arrays) for i in range(n_layer)]  # views, built once
 
     def _allocate(self, backend, shape: tuple, kv_dtype: str, head_dim: int) -> None:
