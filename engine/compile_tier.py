@@ -33,7 +33,7 @@ import numpy as np
 
 from .kernels import cpu
 from .kernels.cpu_attn import SPLITS, attention_f16_part, merge_parts, store_f16
-from .kernels.cpu_attn_prefill import MIN_ROWS, attention_tiles_part, n_tiles
+from .kernels.cpu_attn_prefill import attention_tiles_part, n_tiles, prompt_pass
 from .kernels.cpu_fast import BATCHED_MIN_T, embed_q4, embed_q8, mm_q4x3_part, mm_q8_batched, mm_q8_part, quantize_rows
 from .kernels.cpu_fast_step import swiglu_fast
 
@@ -154,10 +154,10 @@ class LeafForward:
             # cpu_fast_step._kv_store and the attention phase, f16 cache
             c("store_k", store_f16, (kv[0][l], k3, pos0))
             c("store_v", store_f16, (kv[1][l], v3, pos0))
-            if t_n >= MIN_ROWS or self.record is not None:  # a prompt: row tiles (planned with the rest)
+            if prompt_pass(t_n) or self.record is not None:  # a prompt: row tiles (planned with the rest)
                 self._split("attn_tiles", attention_tiles_part, n_tiles(t_n, n_kv),
                             (a3, q3, kv[0][l], kv[1][l], pos0, scale))
-            if t_n < MIN_ROWS:
+            if not prompt_pass(t_n):
                 args = (part, sbuf[0], q3, kv[0][l], kv[1][l], pos0, scale)
                 other = (part, sbuf[1], *args[2:]) if self.two else None  # its own scores scratch
                 self._split("attn", attention_f16_part, t_n * SPLITS, args, (), other)

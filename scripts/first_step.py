@@ -66,13 +66,15 @@ def pages(ctx: int, steps: int) -> None:
     import numpy as np
     from engine.api import Engine
     from engine.config import EngineArgs
+    from engine.kv_cache import KVCache
     eng = Engine.load(EngineArgs(threads=2))
-    m = eng.model
-    caches = {"4 KiB (zeros_sparse)": m.new_cache(eng.capacity, "f16"), "numpy zeros": m.new_cache(eng.capacity, "f16")}
-    c = caches["numpy zeros"]
-    c.k, c.v = np.zeros(c.k.shape, c.k.dtype), np.zeros(c.v.shape, c.v.dtype)
-    c._arrays = (c.k, c.v)
-    c._layers = [tuple(a[i] for a in c._arrays) for i in range(c.k.shape[0])]
+    m, a = eng.model, eng.model.args
+
+    class NumpyZeros:  # the backend's memory, but plain numpy arrays for the cache
+        zeros_sparse = staticmethod(np.zeros)
+        kv_group = staticmethod(m.be.kv_group)
+    caches = {"4 KiB (zeros_sparse)": m.new_cache(eng.capacity, "f16"),
+              "numpy zeros": KVCache(NumpyZeros(), a.n_layer, eng.capacity, a.n_kv_head, a.head_dim, "f16")}
     ids = np.random.default_rng(0).integers(100, 40000, ctx).astype(np.int32)
     for c in caches.values():
         for s in range(0, ctx, eng.args.prefill_chunk):

@@ -113,7 +113,7 @@ def source(rev: str, path: str = "engine/kernels/cpu_fast_step.py") -> str:
 
 def used_phases(recs, n_layer: int) -> int:
     """How many phases a version's passes had: 5 per layer + 2, or for a prompt's pass (tails as phases of
-    their own, cpu_fast_step._wide) 10 per layer + 2."""
+    their own, cpu_attn_prefill.wide) 10 per layer + 2."""
     import numpy as np
     return 10 * n_layer + 2 if np.asarray(recs)[:, :, 5 * n_layer + 2:].any() else 5 * n_layer + 2
 

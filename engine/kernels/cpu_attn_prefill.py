@@ -40,6 +40,15 @@ def n_tiles(t_n, n_kv):
 n_items = njit(cache=True, nogil=True, inline="always")(n_tiles)
 
 
+def prompt_pass(t_n):
+    """Whether a pass of t_n rows is a prompt's (never a verify pass): its attention in row tiles (f16
+    cache), its tails shared out by rows (cpu_fast_step). Python; `wide` in numba."""
+    return t_n >= MIN_ROWS
+
+
+wide = njit(cache=True, nogil=True, inline="always")(prompt_pass)
+
+
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
 def _scores_vec(s, q, k32, n, scale):
     """s[:n] <- scale * q . k32[j, 0] (rows n.. of a block of 8 are computed too, and ignored)."""

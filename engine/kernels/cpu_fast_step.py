@@ -175,7 +175,7 @@ def _tiles(kv, t_n):
 @overload(_tiles, inline="always")
 def _tiles_impl(kv, t_n):
     if isinstance(kv, types.UniTuple) and kv.count == 2:
-        return lambda kv, t_n: _wide(t_n)
+        return lambda kv, t_n: AP.wide(t_n)
     return lambda kv, t_n: False
 
 
@@ -282,25 +282,18 @@ def _tail_phase(sync, ph, tid, nt, kind, l, t_n, pos0, bufs, norms, rope_p, bias
     return fin
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _wide(t_n):
-    """Whether a pass of t_n rows is a prompt's: its tails shared out by rows (phases of their own, one more
-    wait each), its attention (f16 cache) in row tiles (_tiles)."""
-    return t_n >= AP.MIN_ROWS
-
-
 @njit(cache=True, nogil=True)
 def _step_thread(tid, nt, sync, ph0, tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg,
                  wu, wd, bias, qk_norm, kv, attn_scr):
     """Thread tid's share of the forward pass (see fused_forward): phase by phase, the same operations in
     the same order as the per-kernel form. Every thread runs this; each phase's tail (_tail) runs on the
-    phase's finisher, or for a prompt (_wide) as a phase of its own shared out by rows. Its phases are
-    ph0 .. ph0 + n_phases(L, wide) - 1 of sync."""
+    phase's finisher, or for a prompt (cpu_attn_prefill.wide) as a phase of its own shared out by rows. Its
+    phases are ph0 .. ph0 + n_phases(L, wide) - 1 of sync."""
     x, xb, q, k, v, att, proj, gate, up, hb, qa, sa, xs, logits, cs = bufs
-    attn_norm, ffn_norm, out_norm, eps = norms
-    inv_freq, neox, n_head, n_kv, hd, scale = rope_p
+    attn_norm, eps = norms[0], norms[3]
+    inv_freq, n_head, hd, scale = rope_p[0], rope_p[2], rope_p[4], rope_p[5]
     t_n = tokens.shape[0]
-    wide = _wide(t_n)
+    wide = AP.wide(t_n)
     n_layer = attn_norm.shape[0]
     xt, xbt = x[:t_n], xb[:t_n]
     qt, kt, vt, at = q[:t_n], k[:t_n], v[:t_n], att[:t_n]
@@ -364,7 +357,7 @@ def _final_norm(rows_out, t_n, bufs, norms):
 @njit(cache=True, nogil=True, inline="always")
 def n_phases(n_layer, wide=False):
     """Phases of one fused step: the embedding, five per layer (qkv, attention, o, gate/up, down; for a
-    prompt's pass (_wide) ten: each tail a phase of its own), the head."""
+    prompt's pass (cpu_attn_prefill.wide) ten: each tail a phase of its own), the head."""
     return (10 if wide else 5) * n_layer + 2
 
 
@@ -444,7 +437,7 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
     n - 1 calls into numba (~140 us each after a step's weight stream) and the Python of n - 1 rounds
     (logits copy, choice)."""
     n = chain.shape[0] - 1
-    reset_rows(sync, max(n, 1) * (n_phases(norms[0].shape[0], n == 0 and _wide(tokens.shape[0])) + 1))
+    reset_rows(sync, max(n, 1) * (n_phases(norms[0].shape[0], n == 0 and AP.wide(tokens.shape[0])) + 1))
     for tid in prange(nt):
         _passes(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg, wu, wd,
                 bias, qk_norm, kv, attn_scr, chain, stops, choice)
