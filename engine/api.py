@@ -58,6 +58,8 @@ class Engine:
         report = progress or (lambda p: None)
         path = paths.resolve_model(args.model, config_model)
         report(Progress("load", 0, 3, f"opening {path.name}"))
+        # repacked weights an earlier start stored, read in the background while the tokenizer and numba load
+        store = _weight_store(path) if args.backend == "cpu" and args.tp <= 1 else None
         mf = load_gguf(path)
         tok = Tokenizer.from_gguf(mf)
         max_ctx, cap = args.resolve_context(mf.args.context_length)
@@ -71,7 +73,9 @@ class Engine:
             from .tp import build_tp_model
             model = build_tp_model(mf.args, mf.tensors, args, max_batch=max_batch)
         else:
-            model = Model(mf.args, mf.tensors, get_backend(args.backend), max_batch=max_batch)
+            model = Model(mf.args, mf.tensors, get_backend(args.backend), max_batch=max_batch, store=store)
+            if store is not None:
+                store.save()  # a first start of this model (or layout): the next one reads these arrays
             if args.backend == "cuda":  # single-token steps replay one captured CUDA graph
                 from .kernels.cuda_graph import GraphDecoder
                 model = GraphDecoder(model)
@@ -244,6 +248,19 @@ def _set_threads(n: int) -> None:
         pass
     except ValueError as e:
         raise ConfigError(f"--threads {n}: {e}") from None
+
+
+def _weight_store(path):
+    """The repacked-weights store of this model file (engine/weight_store.py), its arrays being read; None
+    when NINFER_WEIGHT_STORE is 0 (A-B comparisons) or the file cannot be looked at."""
+    import os
+    if os.environ.get("NINFER_WEIGHT_STORE") == "0":
+        return None
+    from .weight_store import WeightStore
+    try:
+        return WeightStore(path).preload()
+    except OSError:
+        return None
 
 
 def _prepare_numba() -> None:

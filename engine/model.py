@@ -86,9 +86,11 @@ class Model:
     (LayerWeights), tok_embd, output, output_norm, inv_freq, attn_scale, state (RunState), captured.
     """
 
-    def __init__(self, args: ModelArgs, tensors: dict[str, QTensor], backend, max_batch: int = 64):
+    def __init__(self, args: ModelArgs, tensors: dict[str, QTensor], backend, max_batch: int = 64,
+                 store=None):
         """max_batch: the largest T a forward call is expected to take (prefill chunk, verify block); a
-        larger T grows the run state once."""
+        larger T grows the run state once. store: an engine.weight_store.WeightStore for a backend whose
+        module prepares weights with one (cpu_fast: arrays an earlier start repacked); None: prepare all."""
         self.args, self.be = args, backend
         a, be = args, backend
         missing = [n for n in _required_names(a) if n not in tensors]
@@ -100,15 +102,16 @@ class Model:
 
         # a backend may prepare one role of every layer at once, into stacked arrays (cpu_fast.prepare_stacked)
         stacked: dict[str, object] = {}
+        kw = {} if store is None else {"store": store}
         prepare_stacked = getattr(getattr(be, "module", None), "prepare_stacked", None)
         if prepare_stacked is not None:
             for role in _STACKED_ROLES:
                 names = [f"blk.{i}.{role}.weight" for i in range(a.n_layer)]
-                ws = prepare_stacked([tensors[n] for n in names])
+                ws = prepare_stacked([tensors[n] for n in names], **kw)
                 stacked.update(zip(names, ws or ()))
 
         def mat(name):
-            return stacked[name] if name in stacked else be.prepare_weight(tensors[name])
+            return stacked[name] if name in stacked else be.prepare_weight(tensors[name], **kw)
 
         self.tok_embd = mat("token_embd.weight")  # prepared (vocab, d)
         self.output = mat("output.weight") if "output.weight" in tensors else self.tok_embd  # tied head

@@ -99,24 +99,48 @@ def _file_blocks(qt: QTensor) -> np.ndarray:
     return np.ascontiguousarray(qt.data).view(np.uint8).reshape(qt.shape[0], -1)
 
 
-def repack(qt: QTensor) -> FastWeight:
-    """File blocks (rows, nb * bytes_per_block) -> the interleaved layout, in one jitted pass
-    (engine/kernels/cpu_repack.py). Rows are padded with zero blocks up to a multiple of G; kernels never
-    write the padding rows to `out`. None for a Q4_0 weight whose -8 d overflows f16 (|d| > 8188)."""
+def repack(qt: QTensor, store=None) -> FastWeight:
+    """File blocks (rows, nb * bytes_per_row) -> the interleaved layout, in one jitted pass
+    (engine/kernels/cpu_repack.py), or the arrays an earlier start stored (store: engine.weight_store
+    .WeightStore or None). Rows are padded with zero blocks up to a multiple of G; kernels never write the
+    padding rows to `out`. None for a Q4_0 weight whose -8 d overflows f16 (|d| > 8188)."""
     from .cpu_repack import repack_arrays
     rows, cols = qt.shape[0], qt.shape[-1]
-    arrays = repack_arrays(_file_blocks(qt), QT(qt.qtype).name.lower(), cols)
+    kind = "q8" if qt.qtype == QT.Q8_0 else "q4"
+    arrays = _stored(store, qt.name, _layout(kind, (), rows, cols))
     if arrays is None:
+        arrays = repack_arrays(_file_blocks(qt), QT(qt.qtype).name.lower(), cols)
+        if arrays is None:
+            return None
+        arrays = tuple(a for a in arrays if a is not None)
+        if store is not None:
+            store.put(qt.name, arrays)
+    return FastWeight(qt.name, kind, (rows, cols), *arrays)
+
+
+def _layout(kind: str, lead: tuple, rows: int, cols: int) -> list:
+    """[(dtype, shape)] of a FastWeight's arrays of this kind; lead: () for one weight, (L,) for L stacked."""
+    nb, ng = cols // QK, (rows + G - 1) // G
+    if kind == "q8":
+        return [(np.int8, lead + (ng, nb, 16, 2 * G)), (np.uint16, lead + (ng, nb, G))]
+    return [(np.uint8, lead + (ng, nb, 16, G)), (np.uint16, lead + (ng, nb, G)), (np.uint16, lead + (ng, nb, G))]
+
+
+def _stored(store, name: str, layout: list):
+    """The store's arrays for name when they have the layout's dtypes and shapes, else None."""
+    got = store.get(name) if store is not None else None
+    if got is None or len(got) != len(layout) or \
+            any(a.dtype != dt or a.shape != shape for a, (dt, shape) in zip(got, layout)):
         return None
-    return FastWeight(qt.name, "q8" if qt.qtype == QT.Q8_0 else "q4", (rows, cols), *arrays)
+    return got
 
 
-def prepare_stacked(role_tensors: list[QTensor]) -> list | None:
+def prepare_stacked(role_tensors: list[QTensor], store=None) -> list | None:
     """One role's matrices of every layer (same shape and 4-bit type) repacked straight into stacked arrays
     (L, ng, nb, ...): the FastWeights returned view their layer's slot, and the fused step uses the stacks
     as they are (cpu_fast_step: no np.stack copy of the weights at load, ~60-170 ms and a second copy of
-    them in memory while it ran). None when they do not qualify (the model then prepares them one by one)."""
-    from .cpu_repack import repack_q4
+    them in memory while it ran). None when they do not qualify (the model then prepares them one by one).
+    store (engine.weight_store.WeightStore or None): the stacks an earlier start stored, else stored now."""
     qt0 = role_tensors[0]
     if qt0.qtype not in (QT.Q4_0, QT.Q4_1) or len(qt0.shape) != 2 or \
             any(qt.qtype != qt0.qtype or tuple(qt.shape) != tuple(qt0.shape) for qt in role_tensors):
@@ -124,27 +148,40 @@ def prepare_stacked(role_tensors: list[QTensor]) -> list | None:
     for qt in role_tensors:
         validate(qt)
     rows, cols = qt0.shape[0], qt0.shape[-1]
-    n, nb, ng = len(role_tensors), cols // QK, (rows + G - 1) // G
-    qs = np.zeros((n, ng, nb, 16, G), np.uint8)
-    d, m = np.zeros((n, ng, nb, G), np.uint16), np.zeros((n, ng, nb, G), np.uint16)
-    kind = QT(qt0.qtype).name.lower()
-
-    def one(i):  # the jitted repack releases the GIL: two layers at a time on two cores
-        return repack_q4(_file_blocks(role_tensors[i]), kind, qs[i], d[i], m[i])
-    with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
-        if not all(pool.map(one, range(n))):
+    n = len(role_tensors)
+    key = f"stack:{qt0.name}"
+    layout = _layout("q4", (n,), rows, cols)
+    arrays = _stored(store, key, layout)
+    if arrays is None:
+        arrays = tuple(np.zeros(shape, dt) for dt, shape in layout)
+        if not _repack_stack(role_tensors, *arrays):
             return None
+        if store is not None:
+            store.put(key, arrays)
+    qs, d, m = arrays
     out = [FastWeight(qt.name, "q4", (rows, cols), qs[i], d[i], m[i]) for i, qt in enumerate(role_tensors)]
     for qt in role_tensors:
         release_pages(qt.data)
     return out
 
 
-def prepare_weight(qt: QTensor):
-    """Interleaved layout for Q4_0/Q4_1/Q8_0 matrices; cpu.py's layout for everything else."""
+def _repack_stack(role_tensors: list[QTensor], qs, d, m) -> bool:
+    """Repack each layer's file blocks into its slot of the stacks (L, ...); False if one does not fit."""
+    from .cpu_repack import repack_q4
+    kind = QT(role_tensors[0].qtype).name.lower()
+
+    def one(i):  # the jitted repack releases the GIL: two layers at a time on two cores
+        return repack_q4(_file_blocks(role_tensors[i]), kind, qs[i], d[i], m[i])
+    with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
+        return all(pool.map(one, range(len(role_tensors))))
+
+
+def prepare_weight(qt: QTensor, store=None):
+    """Interleaved layout for Q4_0/Q4_1/Q8_0 matrices; cpu.py's layout for everything else. store: as for
+    `repack`."""
     validate(qt)
     if qt.qtype in (QT.Q4_0, QT.Q4_1, QT.Q8_0) and len(qt.shape) == 2:
-        w = repack(qt)
+        w = repack(qt, store)
         if w is not None:
             release_pages(qt.data)
             return w
