@@ -83,7 +83,8 @@ class Model:
     """Weights prepared for a backend + preallocated run state. See `forward`.
 
     Read by engine/tp.py, kernels/cpu_fast_step.py and kernels/cuda_graph.py (keep stable): args, be, layers
-    (LayerWeights), tok_embd, output, output_norm, inv_freq, attn_scale, state (RunState), captured.
+    (LayerWeights), tok_embd, output, output_norm, inv_freq, attn_scale, state (RunState), captured; tp.py
+    runs each rank's layers through attention_partial / ffn_partial.
     """
 
     def __init__(self, args: ModelArgs, tensors: dict[str, QTensor], backend, max_batch: int = 64,
@@ -180,8 +181,10 @@ class Model:
         be.embed(x, self.tok_embd, tok)
         self.captured = {}
         for i, lw in enumerate(self.layers):
-            self._attention_block(lw, cache.layer(i), cache.kv_dtype, s, t_n, pos0)
-            self._ffn_block(lw, s, t_n)
+            self.attention_partial(lw, cache.layer(i), cache.kv_dtype, t_n, pos0)
+            be.residual_add(x, s.proj[:t_n])
+            self.ffn_partial(lw, t_n)
+            be.residual_add(x, s.proj[:t_n])
             if i in capture:
                 self.captured[i] = be.to_host(x)
         cache.length = pos0 + t_n
@@ -194,8 +197,10 @@ class Model:
         be.matmul(logits, xb[:rows], self.output, s.scratch)
         return be.to_host(logits)
 
-    def _attention_block(self, lw: LayerWeights, kv: tuple, kv_dtype: str, s: RunState, t_n: int, pos0: int):
-        a, be = self.args, self.be
+    def attention_partial(self, lw: LayerWeights, kv: tuple, kv_dtype: str, t_n: int, pos0: int):
+        """A layer's attention block up to its output projection, into state.proj[:t_n] (T, d); the caller
+        adds it to the residual stream (forward; engine/tp.py after summing the ranks' partial sums)."""
+        a, be, s = self.args, self.be, self.state
         x, xb = s.x[:t_n], s.xb[:t_n]
         q, k, v = s.q[:t_n], s.k[:t_n], s.v[:t_n]
         be.rmsnorm(xb, x, lw.attn_norm, a.rms_eps)
@@ -223,17 +228,16 @@ class Model:
             be.kv_store_int8(*kv, k3, v3, pos0)
             be.attention_int8(att3, q3, *kv, pos0, self.attn_scale)
         be.matmul(s.proj[:t_n], s.att[:t_n], lw.wo, s.scratch)
-        be.residual_add(x, s.proj[:t_n])
 
-    def _ffn_block(self, lw: LayerWeights, s: RunState, t_n: int):
-        a, be = self.args, self.be
-        x, xb = s.x[:t_n], s.xb[:t_n]
-        be.rmsnorm(xb, x, lw.ffn_norm, a.rms_eps)
+    def ffn_partial(self, lw: LayerWeights, t_n: int):
+        """A layer's feed-forward block, into state.proj[:t_n] (T, d); the caller adds it (as above)."""
+        a, be, s = self.args, self.be, self.state
+        xb = s.xb[:t_n]
+        be.rmsnorm(xb, s.x[:t_n], lw.ffn_norm, a.rms_eps)
         be.matmul(s.gate[:t_n], xb, lw.w_gate, s.scratch)
         be.matmul(s.up[:t_n], xb, lw.w_up, s.scratch)
         be.swiglu(s.hb[:t_n], s.gate[:t_n], s.up[:t_n])
         be.matmul(s.proj[:t_n], s.hb[:t_n], lw.w_down, s.scratch)
-        be.residual_add(x, s.proj[:t_n])
 
 
 _STACKED_ROLES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")

@@ -273,11 +273,12 @@ class TPModel:
         for i in range(a.n_layer):
             for rk, c in zip(self.ranks, cache.caches):
                 with rk.ctx():
-                    _attention_partial(rk.model, i, c.layer(i), c.kv_dtype, t_n, pos0)
+                    # each rank's partial sums (its heads' share of the output projection) into state.proj
+                    rk.model.attention_partial(rk.model.layers[i], c.layer(i), c.kv_dtype, t_n, pos0)
             self._reduce_into_residual(t_n)
             for rk in self.ranks:
                 with rk.ctx():
-                    _ffn_partial(rk.model, i, t_n)
+                    rk.model.ffn_partial(rk.model.layers[i], t_n)  # its FFN columns' share
             self._reduce_into_residual(t_n)
             if i in capture:
                 with self.ranks[0].ctx():
@@ -304,48 +305,6 @@ class TPModel:
         for rk, b in zip(self.ranks, bufs):
             with rk.ctx():
                 rk.be.residual_add(rk.model.state.x[:t_n], b)
-
-
-# The per-rank halves of Model._attention_block / _ffn_block, stopping at the partial sum in state.proj
-# (the residual add waits for the all-reduce). Same kernel sequence as engine/model.py on the shard shapes.
-def _attention_partial(m: Model, i: int, kv: tuple, kv_dtype: str, t_n: int, pos0: int):
-    a, be, s, lw = m.args, m.be, m.state, m.layers[i]
-    x, xb = s.x[:t_n], s.xb[:t_n]
-    q, k, v = s.q[:t_n], s.k[:t_n], s.v[:t_n]
-    be.rmsnorm(xb, x, lw.attn_norm, a.rms_eps)
-    be.matmul(q, xb, lw.wq, s.scratch)
-    be.matmul(k, xb, lw.wk, s.scratch)
-    be.matmul(v, xb, lw.wv, s.scratch)
-    if lw.bq is not None:
-        be.bias_add(q, lw.bq)
-        be.bias_add(k, lw.bk)
-        be.bias_add(v, lw.bv)
-    if lw.q_norm is not None:  # qwen3: per-head RMSNorm
-        qh, kh = q.reshape(t_n * a.n_head, a.head_dim), k.reshape(t_n * a.n_kv_head, a.head_dim)
-        be.rmsnorm(qh, qh, lw.q_norm, a.rms_eps)
-        be.rmsnorm(kh, kh, lw.k_norm, a.rms_eps)
-    q3 = q.reshape(t_n, a.n_head, a.head_dim)  # (T, H_rank, hd)
-    k3 = k.reshape(t_n, a.n_kv_head, a.head_dim)  # (T, n_kv_rank, hd)
-    v3 = v.reshape(t_n, a.n_kv_head, a.head_dim)
-    be.rope(q3, pos0, m.inv_freq, a.rope_neox)
-    be.rope(k3, pos0, m.inv_freq, a.rope_neox)
-    att3 = s.att[:t_n].reshape(t_n, a.n_head, a.head_dim)
-    if kv_dtype == "f16":
-        be.kv_store_f16(*kv, k3, v3, pos0)
-        be.attention_f16(att3, q3, *kv, pos0, m.attn_scale)
-    else:
-        be.kv_store_int8(*kv, k3, v3, pos0)
-        be.attention_int8(att3, q3, *kv, pos0, m.attn_scale)
-    be.matmul(s.proj[:t_n], s.att[:t_n], lw.wo, s.scratch)  # (T, d) partial: this rank's heads only
-
-
-def _ffn_partial(m: Model, i: int, t_n: int):
-    a, be, s, lw = m.args, m.be, m.state, m.layers[i]
-    be.rmsnorm(s.xb[:t_n], s.x[:t_n], lw.ffn_norm, a.rms_eps)
-    be.matmul(s.gate[:t_n], s.xb[:t_n], lw.w_gate, s.scratch)
-    be.matmul(s.up[:t_n], s.xb[:t_n], lw.w_up, s.scratch)
-    be.swiglu(s.hb[:t_n], s.gate[:t_n], s.up[:t_n])
-    be.matmul(s.proj[:t_n], s.hb[:t_n], lw.w_down, s.scratch)  # (T, d) partial: this rank's FFN columns
 
 
 def _device_scope(be, device):
