@@ -229,119 +229,15 @@ def _softmax_chunk(sp, cn, m):
     return cmax, csum
 
 
-def attention_f16(out, q, k_cache, v_cache, pos, pos_base, scale):
-    # out (T, H, hd) <- softmax(q K^T * scale) V, causal, GQA; q (T, H, hd) f32; caches (cap, n_kv, hd) f16
-    pos0 = pos[0] + pos_base
-    t = cuda.blockIdx.x
-    h = cuda.blockIdx.y
+@cuda.jit(device=True, inline=True)
+def _attend(qs, acc, sp, hd, k_c, k_s, v_c, v_s, has_scale, kvh, p_begin, p_end, scale):
+    # The block's online softmax over positions [p_begin, p_end) for one query row (qs[:hd], shared) of one
+    # head (KV head kvh) -> (m, l): acc[:hd] (shared) <- the unnormalised weighted V sum, m the running max, l
+    # the sum of exp(score - m). has_scale 1: int8 caches with per-group scales k_s / v_s; 0: f16 caches (the
+    # scale arguments are not read). Every thread returns the same (m, l).
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
-    hd = q.shape[2]
-    kvh = h // (q.shape[1] // k_cache.shape[1])
-    n_see = pos0 + t + 1
-    qs = cuda.shared.array(MAX_HD, float32)
-    acc = cuda.shared.array(MAX_HD, float32)
-    sp = cuda.shared.array(MAX_BLOCK, float32)
-    for d in range(tid, hd, nt):
-        qs[d] = q[t, h, d]
-        acc[d] = float32(0.0)
-    cuda.syncthreads()
-    m = float32(-math.inf)
-    ltot = float32(0.0)
-    for c0 in range(0, n_see, nt):
-        p = c0 + tid
-        if p < n_see:
-            dot = float32(0.0)
-            for d in range(hd):
-                dot += qs[d] * float32(k_cache[p, kvh, d])
-            sp[tid] = dot * float32(scale)
-        cuda.syncthreads()
-        cn = min(nt, n_see - c0)
-        cmax, csum = _softmax_chunk(sp, cn, m)
-        alpha = math.exp(m - cmax)
-        ltot = ltot * alpha + csum
-        for d in range(tid, hd, nt):
-            a = acc[d] * alpha
-            for i in range(cn):
-                a += sp[i] * float32(v_cache[c0 + i, kvh, d])
-            acc[d] = a
-        m = cmax
-        cuda.syncthreads()
-    for d in range(tid, hd, nt):
-        out[t, h, d] = acc[d] / ltot
-
-
-def attention_int8(out, q, k_q, k_s, v_q, v_s, pos, pos_base, scale):
-    # as attention_f16 over int8 caches: k_q, v_q (cap, n_kv, hd) int8; k_s, v_s (cap, n_kv, hd/g) f32
-    pos0 = pos[0] + pos_base
-    t = cuda.blockIdx.x
-    h = cuda.blockIdx.y
-    tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    hd = q.shape[2]
     group = hd // k_s.shape[2]
-    kvh = h // (q.shape[1] // k_q.shape[1])
-    n_see = pos0 + t + 1
-    qs = cuda.shared.array(MAX_HD, float32)
-    acc = cuda.shared.array(MAX_HD, float32)
-    sp = cuda.shared.array(MAX_BLOCK, float32)
-    for d in range(tid, hd, nt):
-        qs[d] = q[t, h, d]
-        acc[d] = float32(0.0)
-    cuda.syncthreads()
-    m = float32(-math.inf)
-    ltot = float32(0.0)
-    for c0 in range(0, n_see, nt):
-        p = c0 + tid
-        if p < n_see:
-            dot = float32(0.0)
-            for g in range(k_s.shape[2]):
-                part = float32(0.0)
-                for d in range(g * group, (g + 1) * group):
-                    part += qs[d] * float32(k_q[p, kvh, d])
-                dot += part * k_s[p, kvh, g]
-            sp[tid] = dot * float32(scale)
-        cuda.syncthreads()
-        cn = min(nt, n_see - c0)
-        cmax, csum = _softmax_chunk(sp, cn, m)
-        alpha = math.exp(m - cmax)
-        ltot = ltot * alpha + csum
-        for d in range(tid, hd, nt):
-            a = acc[d] * alpha
-            for i in range(cn):
-                a += sp[i] * (float32(v_q[c0 + i, kvh, d]) * v_s[c0 + i, kvh, d // group])
-            acc[d] = a
-        m = cmax
-        cuda.syncthreads()
-    for d in range(tid, hd, nt):
-        out[t, h, d] = acc[d] / ltot
-
-
-# Split attention ("flash-decoding") for few query rows over a long cache: grid (T, H, S), block s handles
-# positions [s*split_len, (s+1)*split_len) of the causal range and writes its partial softmax state (running
-# max m, sum l, unnormalised acc); attention_combine merges the S partials. Decode at 4k context otherwise
-# runs H = 9 blocks on a 80-132 SM GPU. has_scale = 1: int8 cache with scales k_s/v_s; 0: f16 (scales unused).
-def attention_split(pm, pl, pacc, q, k_c, k_s, v_c, v_s, has_scale, pos, pos_base, scale, split_len):
-    # pm, pl (T, H, S) f32; pacc (T, H, S, hd) f32; q (T, H, hd); caches (cap, n_kv, hd) f16 or int8
-    t = cuda.blockIdx.x
-    h = cuda.blockIdx.y
-    si = cuda.blockIdx.z
-    tid = cuda.threadIdx.x
-    nt = cuda.blockDim.x
-    hd = q.shape[2]
-    kvh = h // (q.shape[1] // k_c.shape[1])
-    ng = k_s.shape[2]
-    group = hd // ng
-    n_see = pos[0] + pos_base + t + 1
-    p_begin = si * split_len
-    p_end = min(n_see, p_begin + split_len)
-    qs = cuda.shared.array(MAX_HD, float32)
-    acc = cuda.shared.array(MAX_HD, float32)
-    sp = cuda.shared.array(MAX_BLOCK, float32)
-    for d in range(tid, hd, nt):
-        qs[d] = q[t, h, d]
-        acc[d] = float32(0.0)
-    cuda.syncthreads()
     m = float32(-math.inf)
     ltot = float32(0.0)
     for c0 in range(p_begin, p_end, nt):
@@ -349,11 +245,11 @@ def attention_split(pm, pl, pacc, q, k_c, k_s, v_c, v_s, has_scale, pos, pos_bas
         if p < p_end:
             dot = float32(0.0)
             if has_scale:
-                for g in range(ng):
+                for g in range(k_s.shape[2]):
                     part = float32(0.0)
                     for d in range(g * group, (g + 1) * group):
                         part += qs[d] * float32(k_c[p, kvh, d])
-                    dot += part * k_s[p, kvh, g]
+                    dot += part * float32(k_s[p, kvh, g])
             else:
                 for d in range(hd):
                     dot += qs[d] * float32(k_c[p, kvh, d])
@@ -368,15 +264,69 @@ def attention_split(pm, pl, pacc, q, k_c, k_s, v_c, v_s, has_scale, pos, pos_bas
             for i in range(cn):
                 vv = float32(v_c[c0 + i, kvh, d])
                 if has_scale:
-                    vv *= v_s[c0 + i, kvh, d // group]
+                    vv *= float32(v_s[c0 + i, kvh, d // group])
                 a += sp[i] * vv
             acc[d] = a
         m = cmax
         cuda.syncthreads()
+    return m, ltot
+
+
+@cuda.jit(device=True, inline=True)
+def _attend_row(out, q, k_c, k_s, v_c, v_s, has_scale, pos, pos_base, scale):
+    # out[t, h] <- softmax(q[t, h] K^T * scale) V over the causal range 0..pos0+t (grid (T, H))
+    t = cuda.blockIdx.x
+    h = cuda.blockIdx.y
+    hd = q.shape[2]
+    qs = cuda.shared.array(MAX_HD, float32)
+    acc = cuda.shared.array(MAX_HD, float32)
+    sp = cuda.shared.array(MAX_BLOCK, float32)
+    for d in range(cuda.threadIdx.x, hd, cuda.blockDim.x):
+        qs[d] = q[t, h, d]
+        acc[d] = float32(0.0)
+    cuda.syncthreads()
+    kvh = h // (q.shape[1] // k_c.shape[1])
+    m, ltot = _attend(qs, acc, sp, hd, k_c, k_s, v_c, v_s, has_scale, kvh, 0, pos[0] + pos_base + t + 1, scale)
+    for d in range(cuda.threadIdx.x, hd, cuda.blockDim.x):
+        out[t, h, d] = acc[d] / ltot
+
+
+def attention_f16(out, q, k_cache, v_cache, pos, pos_base, scale):
+    # out (T, H, hd) <- softmax(q K^T * scale) V, causal, GQA; q (T, H, hd) f32; caches (cap, n_kv, hd) f16
+    _attend_row(out, q, k_cache, k_cache, v_cache, v_cache, 0, pos, pos_base, scale)
+
+
+def attention_int8(out, q, k_q, k_s, v_q, v_s, pos, pos_base, scale):
+    # as attention_f16 over int8 caches: k_q, v_q (cap, n_kv, hd) int8; k_s, v_s (cap, n_kv, hd/g) f32
+    _attend_row(out, q, k_q, k_s, v_q, v_s, 1, pos, pos_base, scale)
+
+
+# Split attention ("flash-decoding") for few query rows over a long cache: grid (T, H, S), block s handles
+# positions [s*split_len, (s+1)*split_len) of the causal range and writes its partial softmax state (running
+# max m, sum l, unnormalised acc); attention_combine merges the S partials. Decode at 4k context otherwise
+# runs H = 9 blocks on a 80-132 SM GPU. has_scale = 1: int8 cache with scales k_s/v_s; 0: f16 (scales unused).
+def attention_split(pm, pl, pacc, q, k_c, k_s, v_c, v_s, has_scale, pos, pos_base, scale, split_len):
+    # pm, pl (T, H, S) f32; pacc (T, H, S, hd) f32; q (T, H, hd); caches (cap, n_kv, hd) f16 or int8
+    t = cuda.blockIdx.x
+    h = cuda.blockIdx.y
+    si = cuda.blockIdx.z
+    tid = cuda.threadIdx.x
+    hd = q.shape[2]
+    qs = cuda.shared.array(MAX_HD, float32)
+    acc = cuda.shared.array(MAX_HD, float32)
+    sp = cuda.shared.array(MAX_BLOCK, float32)
+    for d in range(tid, hd, cuda.blockDim.x):
+        qs[d] = q[t, h, d]
+        acc[d] = float32(0.0)
+    cuda.syncthreads()
+    kvh = h // (q.shape[1] // k_c.shape[1])
+    p_begin = si * split_len
+    p_end = min(pos[0] + pos_base + t + 1, p_begin + split_len)
+    m, ltot = _attend(qs, acc, sp, hd, k_c, k_s, v_c, v_s, has_scale, kvh, p_begin, p_end, scale)
     if tid == 0:
         pm[t, h, si] = m
         pl[t, h, si] = ltot
-    for d in range(tid, hd, nt):
+    for d in range(tid, hd, cuda.blockDim.x):
         pacc[t, h, si, d] = acc[d]
 
 
