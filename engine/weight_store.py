@@ -93,7 +93,7 @@ class WeightStore:
             self._index = {}
 
     def preload(self) -> "WeightStore":
-        """Start reading every stored array (two threads); `get` waits for them."""
+        """Start reading every stored array in a background thread; `get` waits for it."""
         if self._loader is None and self._index:
             self._loader = threading.Thread(target=self._load_all, name="weight-store", daemon=True)
             self._loader.start()
@@ -102,33 +102,35 @@ class WeightStore:
     def _load_all(self) -> None:
         """All arrays into memory, each checked against its crc32; any problem: none (prepare again). One
         thread: the load's own work (tokenizer, numba's import) has the other core meanwhile."""
-        out: dict[str, list] = {name: [None] * len(es) for name, es in self._index.items()}
-        part = [(name, i, e) for name, es in self._index.items() for i, e in enumerate(es)]
+        arrays: dict[str, tuple[np.ndarray, ...]] = {}
         try:
             with open(self.path, "rb", buffering=0) as f:
-                ok = self._read(f.fileno(), part, out)
-            self._arrays = {name: tuple(arrs) for name, arrs in out.items()} if ok else {}
+                for name, entries in self._index.items():
+                    arrs = tuple(self._read(f.fileno(), e) for e in entries)
+                    if any(a is None for a in arrs):
+                        arrays = {}
+                        break
+                    arrays[name] = arrs
         except Exception:  # noqa: BLE001 - unreadable: prepare again
-            self._arrays = {}
+            arrays = {}
+        self._arrays = arrays
 
-    def _read(self, fd: int, part: list, out: dict) -> bool:
-        for name, i, (dtype, shape, offset, crc) in part:
-            a = np.empty(shape, np.dtype(dtype))
-            view = memoryview(a.reshape(-1).view(np.uint8))
-            got = 0
-            while got < a.nbytes:  # preadv may return short counts
-                k = os.preadv(fd, [view[got:]], self._base + offset + got)
-                if k <= 0:
-                    return False
-                got += k
-            if zlib.crc32(view) != crc:
-                return False
-            out[name][i] = a
-        return True
+    def _read(self, fd: int, entry: list) -> np.ndarray | None:
+        """One array [dtype, shape, offset, crc32] of the file, or None when short or damaged."""
+        dtype, shape, offset, crc = entry
+        a = np.empty(shape, np.dtype(dtype))
+        view = memoryview(a.reshape(-1).view(np.uint8))
+        got = 0
+        while got < a.nbytes:  # preadv may return short counts
+            k = os.preadv(fd, [view[got:]], self._base + offset + got)
+            if k <= 0:
+                return None
+            got += k
+        return a if zlib.crc32(view) == crc else None
 
     @property
     def hits(self) -> bool:
-        """Whether the stored arrays were all read back intact (waits for `preload`)."""
+        """Whether stored arrays were read back intact and are not all handed out yet (waits for `preload`)."""
         self._wait()
         return bool(self._arrays)
 
