@@ -74,6 +74,7 @@ class WeightStore:
         self._arrays: dict[str, tuple[np.ndarray, ...]] | None = None
         self._loader: threading.Thread | None = None
         self._new: dict[str, tuple[np.ndarray, ...]] = {}
+        self._served: dict[str, tuple[np.ndarray, ...]] = {}
         self._open()
 
     def _open(self) -> None:
@@ -146,7 +147,10 @@ class WeightStore:
     def get(self, name: str) -> tuple[np.ndarray, ...] | None:
         """The arrays stored under name (fresh, writable, in memory; handed out once), or None."""
         self._wait()
-        return self._arrays.pop(name, None)
+        got = self._arrays.pop(name, None)
+        if got is not None:
+            self._served[name] = got  # kept in a rewrite, should anything be put beside them
+        return got
 
     def put(self, name: str, arrays: tuple[np.ndarray, ...]) -> None:
         self._new[name] = tuple(np.ascontiguousarray(a) for a in arrays)
@@ -154,14 +158,17 @@ class WeightStore:
     def save(self) -> None:
         """Write every array put (when any was) to a new file, atomically; then drop this model's older
         files and all but the KEEP most recently used ones. Errors are ignored: the model is loaded already."""
-        if sum(a.nbytes for arrs in self._new.values() for a in arrs) < MIN_BYTES:
+        if not self._new:
+            return
+        every = {**self._served, **self._new}  # what this start got from the file too: the file stays whole
+        if sum(a.nbytes for arrs in every.values() for a in arrs) < MIN_BYTES:
             return
         d = cache_dir()
         tmp = None
         try:
             d.mkdir(parents=True, exist_ok=True)
             arrays, size = {}, 0
-            for name, arrs in self._new.items():
+            for name, arrs in every.items():
                 arrays[name] = []
                 for a in arrs:
                     arrays[name].append([a.dtype.str, list(a.shape), size,
@@ -172,14 +179,14 @@ class WeightStore:
             fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".bin")
             with os.fdopen(fd, "wb") as f:
                 f.write(MAGIC + len(blob).to_bytes(8, "little") + blob)
-                for name, arrs in self._new.items():
+                for name, arrs in every.items():
                     for a, (_, _, off, _) in zip(arrs, arrays[name]):
                         f.seek(base + off)
                         f.write(memoryview(a.reshape(-1).view(np.uint8)))
                 f.truncate(base + size)
             os.replace(tmp, self.path)
             tmp = None
-            self._index, self._base, self._new = arrays, base, {}
+            self._index, self._base, self._new, self._served = arrays, base, {}, {}
             self._prune(d)
         except Exception:  # noqa: BLE001 - read-only or full disk: run without the store
             if tmp is not None:

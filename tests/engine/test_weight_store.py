@@ -49,6 +49,22 @@ def test_arrays_come_back_as_stored(store_dir, tmp_path):
     assert list(store_dir.glob("*.bin")) == [f]
 
 
+def test_a_rewrite_keeps_what_was_read(store_dir, tmp_path):
+    """An array put beside ones read from the file (one that was missing) rewrites the file with all of
+    them: the next start reads everything, not only the newcomer."""
+    model = _model_file(tmp_path)
+    s = WeightStore(model)
+    s.put("a", _arrays()[:1])
+    s.save()
+    s2 = WeightStore(model)
+    assert s2.get("a") is not None and s2.get("b") is None
+    s2.put("b", _arrays(1)[1:2])
+    s2.save()
+    s3 = WeightStore(model)
+    np.testing.assert_array_equal(s3.get("a")[0], _arrays()[0])
+    np.testing.assert_array_equal(s3.get("b")[0], _arrays(1)[1])
+
+
 def test_a_changed_model_file_is_not_served_old_arrays(store_dir, tmp_path):
     model = _model_file(tmp_path)
     s = WeightStore(model)
