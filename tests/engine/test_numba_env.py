@@ -39,6 +39,8 @@ calls = []
 orig = base.BaseContext.refresh
 base.BaseContext.refresh = lambda self: (calls.append(1), orig(self))[1]
 print("lazy", ne.lazy_cache_refresh())
+elf, elf_sets = ne._elf_defined_symbols, []
+ne._elf_defined_symbols = lambda obj: (elf_sets.append(elf(obj)), elf_sets[-1])[1]
 import probe_mod
 print("sum", probe_mod.total(3))
 n = len(calls)
@@ -46,12 +48,22 @@ print("hash", probe_mod.text_hash("abc") == hash("abc"))
 print("refreshed", n > 0, len(calls) > n)
 from numba import njit
 print("fresh", njit(lambda x: x + 1)(41))
+import llvmlite.binding as ll
+lib = probe_mod.total.overloads[probe_mod.total.signatures[0]].library
+pending = lib.__dict__.get("_lazy_bitcode")
+print("pending", pending is not None)
+if pending is not None:
+    mod = ll.parse_bitcode(pending)
+    want = {g.name for gs in (mod.functions, mod.global_variables) for g in gs if not g.is_declaration}
+    print("symbols", want in elf_sets, len(want) > 0)
+print("linked", njit(lambda n: probe_mod.total(n) * 2)(3), "_lazy_bitcode" not in lib.__dict__)
 """
 
 
 def test_lazy_cache_refresh_loads_without_refresh_and_still_refreshes_when_needed(tmp_path):
     """A cached function loads without numba's context refresh; one that hashes strings (needs the hash
-    secret symbols) gets the refresh; a new function still compiles (its compiler refreshes)."""
+    secret symbols) gets the refresh; a new function still compiles (its compiler refreshes); the loaded
+    library's bitcode is parsed only when a new function links against it (_lazy_linking_module)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -67,5 +79,13 @@ def test_lazy_cache_refresh_loads_without_refresh_and_still_refreshes_when_neede
                                  capture_output=True, text=True, check=True).stdout.split("\n")
     cold = run()  # compiles and caches both (compiling refreshes)
     assert cold[:4] == ["lazy True", "sum 6", "hash True", "refreshed True True"]
+    assert cold[5:7] == ["pending False", "linked 12 True"]
     warm = run()  # loads both: `total` without a refresh, `text_hash` with one
     assert warm[:5] == ["lazy True", "sum 6", "hash True", "refreshed False True", "fresh 42"]
+    # loaded from the cache: its module for linking not parsed, its symbols from the ELF object the same as
+    # the module's; a new function that calls it links it (parsed then) and runs
+    assert warm[5:8] == ["pending True", "symbols True True", "linked 12 True"]
+
+
+def test_elf_symbols_only_from_elf():
+    assert numba_env._elf_defined_symbols(b"\xcf\xfa\xed\xfe not an ELF object") is None
