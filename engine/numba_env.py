@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import struct
 import sys
 from pathlib import Path
 
@@ -245,7 +246,8 @@ def _lazy_linking_module() -> None:
     function, kept so that other jitted code can inline it) only when something links against it, and takes
     its defined symbols from the object code's ELF symbol table instead: the fused step's bitcode took ~0.1 s
     of every warm start to parse, and nothing links against an entry point called from Python. Object code
-    that is not ELF (other platforms) goes numba's way."""
+    that is not ELF (other platforms), or that does not parse, goes numba's way. Applied by
+    lazy_cache_refresh, so for the same numba versions; NINFER_NUMBA_FULL_REFRESH=1 turns both off."""
     from numba.core.codegen import CPUCodeLibrary
     import llvmlite.binding as ll
     unserialize, for_linking = CPUCodeLibrary._unserialize.__func__, CPUCodeLibrary._get_module_for_linking
@@ -276,9 +278,17 @@ def _lazy_linking_module() -> None:
 def _elf_defined_symbols(obj: bytes) -> set[str] | None:
     """Names of the functions and data an ELF64 little-endian object defines (what numba's
     _load_defined_symbols takes from the module), or None when obj is not such an object."""
-    import struct
     if obj[:6] != b"\x7fELF\x02\x01":
         return None
+    try:
+        return _elf_symbols(obj)
+    except (struct.error, IndexError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def _elf_symbols(obj: bytes) -> set[str]:
+    """_elf_defined_symbols' walk of the section headers and the symbol tables (struct.error, IndexError
+    or ValueError when the object is cut short)."""
     shoff, = struct.unpack_from("<Q", obj, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", obj, 0x3A)
     sections = [struct.unpack_from("<IIQQQQIIQQ", obj, shoff + i * shentsize) for i in range(shnum)]

@@ -87,5 +87,7 @@ def test_lazy_cache_refresh_loads_without_refresh_and_still_refreshes_when_neede
     assert warm[5:8] == ["pending True", "symbols True True", "linked 12 True"]
 
 
-def test_elf_symbols_only_from_elf():
+def test_elf_symbols_only_from_whole_elf_objects():
+    """Not ELF (another platform's object code) or cut short: None, and numba's own way is taken."""
     assert numba_env._elf_defined_symbols(b"\xcf\xfa\xed\xfe not an ELF object") is None
+    assert numba_env._elf_defined_symbols(b"\x7fELF\x02\x01\x01" + bytes(20)) is None
