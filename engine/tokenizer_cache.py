@@ -12,10 +12,10 @@ file and renamed into place; any problem reading it (missing, truncated, corrupt
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from pathlib import Path
 from typing import Iterable
+
+from .paths import write_atomically
 
 SUBDIR = "tokenizers"
 
@@ -68,14 +68,7 @@ def store(k: str, tk) -> None:
     try:
         d.mkdir(parents=True, exist_ok=True)
         body = _compact(tk.to_str()).encode("utf-8")
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
-            os.replace(tmp, d / f"{k}.json")
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_atomically(d / f"{k}.json", lambda f: f.write(hashlib.sha256(body).hexdigest().encode() + b"\n" + body))
         model_part = k.split("-")[0]
         for old in d.glob(f"{model_part}-*.json"):
             if old.name != f"{k}.json":

@@ -19,12 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import threading
 import zlib
 from pathlib import Path
 
 import numpy as np
+
+from .paths import write_atomically
 
 SUBDIR = "weights"
 MAGIC = b"NINFER-WEIGHTS-1\n"
@@ -164,7 +165,6 @@ class WeightStore:
         if sum(a.nbytes for arrs in every.values() for a in arrs) < MIN_BYTES:
             return
         d = cache_dir()
-        tmp = None
         try:
             d.mkdir(parents=True, exist_ok=True)
             arrays, size = {}, 0
@@ -176,21 +176,19 @@ class WeightStore:
                     size += _aligned(a.nbytes)
             blob = json.dumps({"identity": self.identity, "arrays": arrays, "size": size}).encode()
             base = _data_start(len(blob))
-            fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".bin")
-            with os.fdopen(fd, "wb") as f:
+
+            def write(f):
                 f.write(MAGIC + len(blob).to_bytes(8, "little") + blob)
                 for name, arrs in every.items():
                     for a, (_, _, off, _) in zip(arrs, arrays[name]):
                         f.seek(base + off)
                         f.write(memoryview(a.reshape(-1).view(np.uint8)))
                 f.truncate(base + size)
-            os.replace(tmp, self.path)
-            tmp = None
+            write_atomically(self.path, write)
             self._index, self._base, self._new, self._served = arrays, base, {}, {}
             self._prune(d)
         except Exception:  # noqa: BLE001 - read-only or full disk: run without the store
-            if tmp is not None:
-                Path(tmp).unlink(missing_ok=True)
+            pass
 
     def _prune(self, d: Path) -> None:
         files = [p for p in d.glob("*.bin") if p != self.path]

@@ -104,10 +104,10 @@ def repack(qt: QTensor, store=None) -> FastWeight:
     (engine/kernels/cpu_repack.py), or the arrays an earlier start stored (store: engine.weight_store
     .WeightStore or None). Rows are padded with zero blocks up to a multiple of G; kernels never write the
     padding rows to `out`. None for a Q4_0 weight whose -8 d overflows f16 (|d| > 8188)."""
-    from .cpu_repack import repack_arrays
+    from .cpu_repack import layout, repack_arrays
     rows, cols = qt.shape[0], qt.shape[-1]
     kind = "q8" if qt.qtype == QT.Q8_0 else "q4"
-    arrays = _stored(store, qt.name, _layout(kind, (), rows, cols))
+    arrays = _stored(store, qt.name, layout(kind, (), rows, cols))
     if arrays is None:
         arrays = repack_arrays(_file_blocks(qt), QT(qt.qtype).name.lower(), cols)
         if arrays is None:
@@ -118,19 +118,11 @@ def repack(qt: QTensor, store=None) -> FastWeight:
     return FastWeight(qt.name, kind, (rows, cols), *arrays)
 
 
-def _layout(kind: str, lead: tuple, rows: int, cols: int) -> list:
-    """[(dtype, shape)] of a FastWeight's arrays of this kind; lead: () for one weight, (L,) for L stacked."""
-    nb, ng = cols // QK, (rows + G - 1) // G
-    if kind == "q8":
-        return [(np.int8, lead + (ng, nb, 16, 2 * G)), (np.uint16, lead + (ng, nb, G))]
-    return [(np.uint8, lead + (ng, nb, 16, G)), (np.uint16, lead + (ng, nb, G)), (np.uint16, lead + (ng, nb, G))]
-
-
-def _stored(store, name: str, layout: list):
-    """The store's arrays for name when they have the layout's dtypes and shapes, else None."""
+def _stored(store, name: str, shapes: list):
+    """The store's arrays for name when they have these [(dtype, shape)] (cpu_repack.layout), else None."""
     got = store.get(name) if store is not None else None
-    if got is None or len(got) != len(layout) or \
-            any(a.dtype != dt or a.shape != shape for a, (dt, shape) in zip(got, layout)):
+    if got is None or len(got) != len(shapes) or \
+            any(a.dtype != dt or a.shape != shape for a, (dt, shape) in zip(got, shapes)):
         return None
     return got
 
@@ -147,13 +139,14 @@ def prepare_stacked(role_tensors: list[QTensor], store=None) -> list | None:
         return None
     for qt in role_tensors:
         validate(qt)
+    from .cpu_repack import layout
     rows, cols = qt0.shape[0], qt0.shape[-1]
     n = len(role_tensors)
     key = f"stack:{qt0.name}"
-    layout = _layout("q4", (n,), rows, cols)
-    arrays = _stored(store, key, layout)
+    shapes = layout("q4", (n,), rows, cols)
+    arrays = _stored(store, key, shapes)
     if arrays is None:
-        arrays = tuple(np.zeros(shape, dt) for dt, shape in layout)
+        arrays = tuple(np.zeros(shape, dt) for dt, shape in shapes)
         if not _repack_stack(role_tensors, *arrays):
             return None
         if store is not None:

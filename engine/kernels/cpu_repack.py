@@ -3,8 +3,8 @@
 Why jitted: the numpy version (strided f16 gathers, then 4-D transposes of uint8 arrays, which numpy copies
 element by element) took ~0.55 s of every start for SmolLM2's 211 matrices and made several temporaries per
 weight; this reads each file block once and writes each output byte once (~0.06 s, measured; the layer
-matrices of one role go straight into their stack, cpu_fast.prepare_stacked). A disk cache of repacked
-weights was not chosen: it would double the model on disk and need its own invalidation.
+matrices of one role go straight into their stack, cpu_fast.prepare_stacked). A warm start does not even do
+that: it reads what the first start repacked back from engine/weight_store.py (checked against `layout`).
 Output is bit-identical to the numpy version (tests/engine/test_repack.py keeps it as the reference).
 Scales and mins stay f16 bit patterns, copied as they are (the kernels convert them with vcvtph2ps).
 """
@@ -73,15 +73,25 @@ def repack_q8_into(qs, d, raw):
                 qs[g, b, i, 2 * rr + 1] = raw[r, base + 3 + 2 * i]
 
 
+def layout(kind: str, lead: tuple, rows: int, cols: int) -> list:
+    """[(dtype, shape)] of a cpu_fast.FastWeight's arrays, kind 'q8' (qs, d) or 'q4' (qs, d, m), for a
+    (rows, cols) matrix; lead: () for one weight, (L,) for L stacked."""
+    nb, ng = cols // QK, (rows + G - 1) // G
+    if kind == "q8":
+        return [(np.int8, lead + (ng, nb, 16, 2 * G)), (np.uint16, lead + (ng, nb, G))]
+    return [(np.uint8, lead + (ng, nb, 16, G)), (np.uint16, lead + (ng, nb, G)), (np.uint16, lead + (ng, nb, G))]
+
+
 def repack_arrays(raw: np.ndarray, kind: str, cols: int):
     """raw (rows, bytes_per_row) uint8 blocks of kind 'q4_0' | 'q4_1' | 'q8_0' -> (qs, d, m): the
     cpu_fast.FastWeight arrays (m None for q8_0; qs int8 for q8_0); None for a Q4_0 weight whose min
     -8 d does not fit f16 (|d| > 8188: never seen in a real file; the caller keeps cpu.py's layout)."""
     rows = raw.shape[0]
-    nb, ng = cols // QK, (rows + G - 1) // G
-    d = np.zeros((ng, nb, G), np.uint16)
+    ng = (rows + G - 1) // G
+    arrays = [np.zeros(shape, dt) for dt, shape in layout("q8" if kind == "q8_0" else "q4", (), rows, cols)]
+    d = arrays[1]
     if kind == "q8_0":
-        qs = np.zeros((ng, nb, 16, 2 * G), np.uint8)
+        qs = arrays[0].view(np.uint8)
         raw = np.ascontiguousarray(raw)
         # two halves of the groups at once (the jitted pass releases the GIL): the token embedding, the
         # largest matrix (SmolLM2: 30 MB), took ~75 ms on one thread of every start
@@ -89,9 +99,8 @@ def repack_arrays(raw: np.ndarray, kind: str, cols: int):
         with ThreadPoolExecutor(max_workers=2) as pool:
             list(pool.map(lambda g: repack_q8_into(qs[g[0]:g[1]], d[g[0]:g[1]], raw[g[0] * G:g[1] * G]),
                           [(0, half), (half, ng)]))
-        return qs.view(np.int8), d, None
-    qs = np.zeros((ng, nb, 16, G), np.uint8)
-    m = np.zeros((ng, nb, G), np.uint16)
+        return arrays[0], d, None
+    qs, m = arrays[0], arrays[2]
     return (qs, d, m) if repack_q4(raw, kind, qs, d, m) else None
 
 
