@@ -440,5 +440,5 @@ def attention_f16_split(out, q, kc, vc, pos0, scale, sbuf, part):
     rows to T decode steps, which lossless speculation needs."""
     t_n = q.shape[0]
     for it in prange(t_n * SPLITS):
-        attn_item_f16(part, sbuf[numba.get_thread_id()], q, kc, vc, it, pos0, scale)
+        attn_item_f16(part, sbuf[numba.get_thread_id()], q, kc, vc, np.int64(it), pos0, scale)
     merge_parts(out, part[:t_n])  # part has rows for the largest T seen; only t_n are filled

@@ -97,5 +97,5 @@ def attention_int8_split(out, q, kq, ks, vq, vs, pos0, scale, sbuf, part):
     allocation."""
     t_n = q.shape[0]
     for it in prange(t_n * SPLITS):
-        attn_item_int8(part, sbuf[numba.get_thread_id()], q, kq, ks, vq, vs, it, pos0, scale)
+        attn_item_int8(part, sbuf[numba.get_thread_id()], q, kq, ks, vq, vs, np.int64(it), pos0, scale)
     merge_parts(out, part[:t_n])

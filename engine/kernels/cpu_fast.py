@@ -452,7 +452,7 @@ def mm_q4x2(out1, out2, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2):
 def mm_q4x3(out1, out2, out3, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2, qs3, d3, m3, acc3):
     """Three matmuls of the same input (q/k/v) in one parallel region."""
     for g in prange(qs1.shape[0] + qs2.shape[0] + qs3.shape[0]):
-        mm_q4x3_part(g, g + 1, out1, out2, out3, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2, qs3, d3, m3,
+        mm_q4x3_part(np.int64(g), np.int64(g) + 1, out1, out2, out3, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2, qs3, d3, m3,
                      acc3)
 
 
@@ -566,7 +566,7 @@ def mm_q8(out, qa, sa, qs, d, acc32):
     Two kernels rather than a branch: a cold start compiles only this one before the first token (the
     head of the kernel-by-kernel step, rows_out = 1): 6.4 -> 3.4 s of compiling, measured."""
     for g in prange(qs.shape[0]):
-        q8_group(out, qa, sa, qs, d, acc32[g], g)
+        q8_group(out, qa, sa, qs, d, acc32[g], np.int64(g))
 
 
 @njit(cache=True, nogil=True)
@@ -580,7 +580,7 @@ def mm_q8_part(lo, hi, out, qa, sa, qs, d, acc32):
 def mm_q8_batched(out, qa, sa, qs, d):
     """mm_q8 for T >= BATCHED_MIN_T rows: each block sign-extended once for all rows (q8_group_batched)."""
     for g in prange(qs.shape[0]):
-        q8_group_batched(out, qa, sa, qs, d, g)
+        q8_group_batched(out, qa, sa, qs, d, np.int64(g))
 
 
 def matmul(out, x, w, scratch):

@@ -382,13 +382,13 @@ def _passes(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, rope_
     chosen token to the chain; all threads stop after a token in stops (or -1: nothing to choose)."""
     n = chain.shape[0] - 1
     if n == 0:
-        _step_thread(tid, nt, sync, 0, tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg,
-                     wu, wd, bias, qk_norm, kv, attn_scr)
+        _step_thread(tid, nt, sync, np.int64(0), tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv,
+                     wo, wg, wu, wd, bias, qk_norm, kv, attn_scr)
         return
     per = n_phases(norms[0].shape[0]) + 1
     for s in range(n):
-        _step_thread(tid, nt, sync, s * per, chain[s:s + 1], pos0 + s, 1, bufs, emb, head, norms, rope_p, wq, wk,
-                     wv, wo, wg, wu, wd, bias, qk_norm, kv, attn_scr)
+        _step_thread(tid, nt, sync, s * per, chain[s:s + 1], pos0 + s, np.int64(1), bufs, emb, head, norms, rope_p,
+                     wq, wk, wv, wo, wg, wu, wd, bias, qk_norm, kv, attn_scr)
         ph = s * per + per - 1
         h, lo, hi = grab(sync, ph, tid, nt, 1, 0)
         if lo < hi:
@@ -438,8 +438,11 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
     (logits copy, choice)."""
     n = chain.shape[0] - 1
     reset_rows(sync, max(n, 1) * (n_phases(norms[0].shape[0], n == 0 and AP.wide(tokens.shape[0])) + 1))
+    # One signature for _passes and _step_thread (each compiled once, ~40-60 s apiece on this machine): prange's
+    # index is uint64 in the gufunc but int64 where numba types the loop, and a literal argument (0, 1) is a
+    # type of its own; as they were, the step compiled _passes twice and _step_thread four times.
     for tid in prange(nt):
-        _passes(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg, wu, wd,
+        _passes(np.int64(tid), nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg, wu, wd,
                 bias, qk_norm, kv, attn_scr, chain, stops, choice)
     for s in range(n):
         if _ends(chain[s + 1], stops):

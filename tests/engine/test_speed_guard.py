@@ -138,6 +138,27 @@ def test_fused_forward_matches_model_forward(q4_tiny, kv_dtype, n_prompt):
         a, b = int(la[0].argmax()), int(lb[0].argmax())
 
 
+def test_fused_step_compiles_each_thread_function_once_per_array_types(q4_tiny):
+    """The fused step's big callees (_passes, _step_thread: ~40-60 s of compiling each on a 2-core machine)
+    get one signature per set of array types: prange's index (uint64 in the gufunc, int64 where numba types
+    the loop) or a literal int argument would each add a whole compile of their own."""
+    from numba import types
+    from engine.backend import Backend
+    from engine.gguf import load_gguf
+    from engine.kernels import cpu_fast, cpu_fast_step
+    from engine.model import Model
+    mf = load_gguf(q4_tiny)
+    model = Model(mf.args, mf.tensors, Backend("cpu", cpu_fast), max_batch=8)
+    fused = getattr(model, "fused", None) or cpu_fast_step.build(model)
+    fused(np.array([3, 17], np.int32), 0, model.new_cache(16), all_logits=True)
+    funcs = (cpu_fast_step._passes, cpu_fast_step._step_thread)
+    if not any(f.signatures for f in funcs):
+        pytest.skip("the fused step came from numba's cache: its callees were not compiled in this process")
+    for f in funcs:
+        arrays = [tuple(t for t in sig if not isinstance(t, types.Integer)) for sig in f.signatures]
+        assert len(arrays) == len(set(arrays)), (f.__name__, f.signatures)
+
+
 def test_fused_verify_rows_equal_decode_steps(q4_tiny):
     """Lossless speculation: a T-row pass must give each row bit-identical to a one-token step. (A prompt of
     cpu_attn_prefill.MIN_ROWS rows or more takes row tiles, which sum in another order: every verify pass

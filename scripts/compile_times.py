@@ -1,0 +1,82 @@
+"""How long numba takes to compile the fused CPU step from an empty cache, function by function.
+
+    PYTHONPATH=. .venv/bin/python scripts/compile_times.py [--kv f16|int8] [--top 20]
+
+Runs with a fresh numba cache (a temporary NINFER_CACHE_DIR, removed at the end) and no compile helper, on a
+tiny llama model written by make_tiny_models (the compile depends on the weights' types, not their sizes),
+and times the first pass, which compiles the fused step. Then, per jitted function and signature: seconds
+under numba's compiler lock (nested: a function's figure includes the callees it compiled) and under LLVM's
+lock, and per function the number of signatures it was compiled for. A function compiled for two
+signatures that differ only in integer types (prange's index, a literal argument) is a whole compile paid
+twice. This is most of a cold CI run's time and of the wait before a cold start switches to the fused step.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kv", choices=("f16", "int8"), default="f16", help="the KV cache's type")
+    ap.add_argument("--top", type=int, default=20, help="rows to print")
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="ninfer-compile-times-")
+    os.environ["NINFER_CACHE_DIR"] = tmp
+    os.environ["NINFER_COMPILE_BG"] = "0"
+    os.environ.pop("NUMBA_CACHE_DIR", None)
+    sys.path[:0] = [ROOT, os.path.join(ROOT, "scripts")]
+    try:
+        run(args, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(args, tmp: str) -> None:
+    from engine import numba_env  # noqa: F401  (flags before numba)
+
+    import numpy as np
+    from make_tiny_models import make_tiny_model
+    from numba.core.registry import CPUDispatcher
+    from numba.core import types
+
+    from engine.backend import Backend
+    from engine.gguf import load_gguf
+    from engine.kernels import cpu_fast
+    from engine.model import Model
+
+    mf = load_gguf(make_tiny_model(os.path.join(tmp, "tiny-llama.gguf"), "llama", seed=0))
+    model = Model(mf.args, mf.tensors, Backend("cpu", cpu_fast), max_batch=8)
+    cache = model.new_cache(32, args.kv)
+    t0 = time.perf_counter()
+    model.forward(np.array([3, 17, 42], np.int32), 0, cache)
+    print(f"first pass (the fused step's compile, {args.kv} KV cache): {time.perf_counter() - t0:.1f} s")
+
+    rows, sigs = [], {}
+    for d in gc.get_objects():
+        if isinstance(d, CPUDispatcher):
+            name = f"{d.py_func.__module__}.{d.py_func.__qualname__}"
+            for sig, cres in d.overloads.items():
+                timers = (cres.metadata or {}).get("timers", {})
+                rows.append((timers.get("compiler_lock", 0.0), timers.get("llvm_lock", 0.0), name))
+                sigs.setdefault(name, []).append(sig)
+    rows.sort(reverse=True)
+    print(f"{'compile s':>10} {'llvm s':>8}  function (nested: callees included)")
+    for c, l, name in rows[:args.top]:
+        print(f"{c:10.1f} {l:8.1f}  {name}")
+    print(f"{len(rows)} compiled signatures of {len(sigs)} functions")
+    for name, ss in sorted(sigs.items()):
+        arrays = [tuple(t for t in s if not isinstance(t, types.Integer)) for s in ss]
+        if len(set(arrays)) < len(arrays):
+            print(f"compiled again for other integer types only: {name} ({len(ss)} signatures)")
+
+
+if __name__ == "__main__":
+    main()
