@@ -3,8 +3,8 @@
     PYTHONPATH=. .venv/bin/python scripts/compile_times.py [--kv f16|int8] [--top 20]
 
 Runs with a fresh numba cache (a temporary NINFER_CACHE_DIR, removed at the end) and no compile helper, on a
-tiny llama model written by make_tiny_models (the compile depends on the weights' types, not their sizes),
-and times the first pass, which compiles the fused step. Then, per jitted function and signature: seconds
+tiny llama model written by make_tiny_models with SmolLM2's weight types (the compile depends on the types,
+not the sizes), and times the first pass, which compiles the fused step. Then, per jitted function and signature: seconds
 under numba's compiler lock (nested: a function's figure includes the callees it compiled) and under LLVM's
 lock, and per function the number of signatures it was compiled for. A function compiled for two
 signatures that differ only in integer types (prange's index, a literal argument) is a whole compile paid
@@ -43,6 +43,7 @@ def run(args, tmp: str) -> None:
     from engine import numba_env  # noqa: F401  (flags before numba)
 
     import numpy as np
+    from gguf import GGMLQuantizationType as QT
     from make_tiny_models import make_tiny_model
     from numba.core.registry import CPUDispatcher
     from numba.core import types
@@ -52,8 +53,12 @@ def run(args, tmp: str) -> None:
     from engine.kernels import cpu_fast
     from engine.model import Model
 
-    mf = load_gguf(make_tiny_model(os.path.join(tmp, "tiny-llama.gguf"), "llama", seed=0))
+    q4 = dict(token_embd=QT.Q8_0, **{r: QT.Q4_1 for r in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
+                                                           "ffn_up")}, ffn_down=[QT.Q4_1])  # as SmolLM2's file
+    mf = load_gguf(make_tiny_model(os.path.join(tmp, "tiny-llama.gguf"), "llama", seed=0, qtypes=q4))
     model = Model(mf.args, mf.tensors, Backend("cpu", cpu_fast), max_batch=8)
+    if getattr(model, "fused", None) is None:
+        raise SystemExit("this model does not run the fused step (its weights' types)")
     cache = model.new_cache(32, args.kv)
     t0 = time.perf_counter()
     model.forward(np.array([3, 17, 42], np.int32), 0, cache)

@@ -88,7 +88,8 @@ def run_bench(variants: list[Variant], workload: Workload, model: str, repeats: 
               max_context: int = 2048, log: Callable[[str], None] = print, warmup: bool = True,
               bandwidth: Callable[[], float] | None = None) -> list[dict]:
     """All runs, interleaved: for r in repeats: for v in the variants turned by r. A first unmeasured pass
-    per variant populates the on-disk caches (unless `warmup` is False or the variant is cold).
+    per variant populates the on-disk caches (unless `warmup` is False or the variant is cold), the fused
+    step compiled in its own process (NINFER_COMPILE_BG=0), so that no compile helper outlives it.
 
     `bandwidth` (bytes/s), when given, is measured before every round and after the last: each run's
     "read_bandwidth" is the mean of the two that bracket its round, so its share of the roofline compares
@@ -101,7 +102,10 @@ def run_bench(variants: list[Variant], workload: Workload, model: str, repeats: 
                 continue
             log(f"[warm-up] {v.name}: populating caches (not measured)")
             short = replace(workload, decode_tokens=min(4, workload.decode_tokens), thinking_budget=None)
-            spec = RunSpec(replace(v, busy=False), short, model, repeat=-1, max_context=max_context)
+            # the fused step compiled in the warm-up's own process: on an empty cache a compile helper would
+            # go on compiling it for minutes after the warm-up ends, beside the measured runs
+            fg = replace(v, busy=False, env={**v.env, "NINFER_COMPILE_BG": "0"})
+            spec = RunSpec(fg, short, model, repeat=-1, max_context=max_context)
             res = run_one(spec)
             if not res.get("ok"):
                 log(f"[warm-up] {v.name} failed: {res.get('error')}")

@@ -162,6 +162,22 @@ def test_warm_up_writes_our_bytecode_even_where_imports_do_not(tmp_path, monkeyp
         assert said and "read-only" in said[0]
 
 
+def test_warm_up_compiles_in_its_own_process_and_measured_runs_keep_their_env(monkeypatch):
+    """A warm-up on an empty cache must not leave a compile helper running beside the measured runs."""
+    seen = []
+    monkeypatch.setattr(runner, "_byte_compile", lambda log: None)
+    monkeypatch.setattr(runner, "run_one", lambda spec: seen.append((spec.repeat, spec.variant.name,
+                                                                     dict(spec.variant.env))) or
+                        {"ok": True, "variant": spec.variant.name, "repeat": spec.repeat, "decode_tok_s": 1.0})
+    wl = Workload(name="w", decode_tokens=4)
+    variants = [Variant("a"), Variant("b", env={"NINFER_DECODE_BLOCK": "1"}), Variant("c", kind="llama.cpp")]
+    runner.run_bench(variants, wl, "m", repeats=1, idle_gap_s=0, log=lambda s: None)
+    warm = [(n, e) for r, n, e in seen if r == -1]
+    assert warm == [("a", {"NINFER_COMPILE_BG": "0"}), ("b", {"NINFER_DECODE_BLOCK": "1", "NINFER_COMPILE_BG": "0"})]
+    assert [(n, e) for r, n, e in seen if r == 0] == [("a", {}), ("b", {"NINFER_DECODE_BLOCK": "1"}),
+                                                      ("c", {})]
+
+
 def test_run_bench_brackets_each_round_with_bandwidth_and_turns_the_order(monkeypatch):
     order = []
     monkeypatch.setattr(runner, "run_one", lambda spec: order.append(spec.variant.name) or
