@@ -4,11 +4,12 @@
 
 Runs with a fresh numba cache (a temporary NINFER_CACHE_DIR, removed at the end) and no compile helper, on a
 tiny llama model written by make_tiny_models with SmolLM2's weight types (the compile depends on the types,
-not the sizes), and times the first pass, which compiles the fused step. Then, per jitted function and signature: seconds
-under numba's compiler lock (nested: a function's figure includes the callees it compiled) and under LLVM's
-lock, and per function the number of signatures it was compiled for. A function compiled for two
-signatures that differ only in integer types (prange's index, a literal argument) is a whole compile paid
-twice. This is most of a cold CI run's time and of the wait before a cold start switches to the fused step.
+not the sizes), and times the first pass, which compiles the fused step. Then, per jitted function and
+signature: seconds under numba's compiler lock (nested: a function's figure includes the callees it
+compiled) and under LLVM's lock, and per function the number of signatures it was compiled for. A function
+compiled for two signatures that differ only in integer types (prange's index, a literal argument) is a
+whole compile paid twice. This compile is most of a cold CI run's time and of the wait before a cold start
+switches to the fused step.
 """
 from __future__ import annotations
 
@@ -53,8 +54,8 @@ def run(args, tmp: str) -> None:
     from engine.kernels import cpu_fast
     from engine.model import Model
 
-    q4 = dict(token_embd=QT.Q8_0, **{r: QT.Q4_1 for r in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
-                                                           "ffn_up")}, ffn_down=[QT.Q4_1])  # as SmolLM2's file
+    roles = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up")
+    q4 = dict(token_embd=QT.Q8_0, **{r: QT.Q4_1 for r in roles}, ffn_down=[QT.Q4_1])  # as SmolLM2's file
     mf = load_gguf(make_tiny_model(os.path.join(tmp, "tiny-llama.gguf"), "llama", seed=0, qtypes=q4))
     model = Model(mf.args, mf.tensors, Backend("cpu", cpu_fast), max_batch=8)
     if getattr(model, "fused", None) is None:

@@ -452,8 +452,8 @@ def mm_q4x2(out1, out2, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2):
 def mm_q4x3(out1, out2, out3, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2, qs3, d3, m3, acc3):
     """Three matmuls of the same input (q/k/v) in one parallel region."""
     for g in prange(qs1.shape[0] + qs2.shape[0] + qs3.shape[0]):
-        mm_q4x3_part(np.int64(g), np.int64(g) + 1, out1, out2, out3, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2, qs3, d3, m3,
-                     acc3)
+        mm_q4x3_part(np.int64(g), np.int64(g) + 1, out1, out2, out3, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2,
+                     acc2, qs3, d3, m3, acc3)
 
 
 @njit(cache=True, nogil=True)

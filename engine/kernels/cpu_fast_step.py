@@ -374,7 +374,7 @@ def _choose(x, choice, s):
     return block_choice(x, pen, counts, temperature, k, top_p, min_p, presence, frequency, us[s], ids, vals, p)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _passes(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg, wu, wd,
             bias, qk_norm, kv, attn_scr, chain, stops, choice):
     """Thread tid's share of fused_forward: one pass over tokens, or (chain holding n > 0 tokens after the
@@ -438,12 +438,14 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
     (logits copy, choice)."""
     n = chain.shape[0] - 1
     reset_rows(sync, max(n, 1) * (n_phases(norms[0].shape[0], n == 0 and AP.wide(tokens.shape[0])) + 1))
-    # One signature for _passes and _step_thread (each compiled once, ~40-60 s apiece on this machine): prange's
-    # index is uint64 in the gufunc but int64 where numba types the loop, and a literal argument (0, 1) is a
-    # type of its own; as they were, the step compiled _passes twice and _step_thread four times.
+    # One signature for _step_thread (compiled once, ~50-65 s on this machine): prange's index is uint64 in the
+    # gufunc but int64 where numba types the loop, and a literal argument (0, 1) is a type of its own; as they
+    # were, the step compiled _passes twice and _step_thread four times. _passes is inlined here: as a function
+    # of its own it was one more final link, all of the step optimized and code-generated again (the step's
+    # cold compile 121-123 -> 105-112 s, scripts/compile_times.py).
     for tid in prange(nt):
-        _passes(np.int64(tid), nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg, wu, wd,
-                bias, qk_norm, kv, attn_scr, chain, stops, choice)
+        _passes(np.int64(tid), nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg,
+                wu, wd, bias, qk_norm, kv, attn_scr, chain, stops, choice)
     for s in range(n):
         if _ends(chain[s + 1], stops):
             return s + 1

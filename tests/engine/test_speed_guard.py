@@ -139,9 +139,9 @@ def test_fused_forward_matches_model_forward(q4_tiny, kv_dtype, n_prompt):
 
 
 def test_fused_step_compiles_each_thread_function_once_per_array_types(q4_tiny):
-    """The fused step's big callees (_passes, _step_thread: ~40-60 s of compiling each on a 2-core machine)
-    get one signature per set of array types: prange's index (uint64 in the gufunc, int64 where numba types
-    the loop) or a literal int argument would each add a whole compile of their own."""
+    """The fused step's big callee _step_thread (~50-65 s of compiling on a 2-core machine; and _passes, were
+    it not inlined) gets one signature per set of array types: prange's index (uint64 in the gufunc, int64
+    where numba types the loop) or a literal int argument would each add a whole compile of their own."""
     from numba import types
     from engine.backend import Backend
     from engine.gguf import load_gguf
