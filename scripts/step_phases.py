@@ -73,8 +73,8 @@ def instrument(src: str) -> str:
         elif ln.startswith("def fused_forward(") or ln.startswith("def _passes("):
             in_step = False
             ln = ln.replace("def fused_forward(", "def fused_forward(T, ").replace("def _passes(", "def _passes(T, ")
-        elif "_step_thread(tid," in ln or "_passes(tid," in ln:
-            ln = ln.replace("_step_thread(tid,", "_step_thread(T, tid,").replace("_passes(tid,", "_passes(T, tid,")
+        elif re.search(r"\b(_step_thread|_passes)\((np\.int64\(tid\)|tid),", ln):  # tid, or as int64 since ce0556d
+            ln = re.sub(r"\b(_step_thread|_passes)\(", r"\1(T, ", ln)
         if in_step and re.match(r"\s+\w+(, \w+)* = bufs$", ln):  # an older step: fewer buffers
             ln = ln.replace("= bufs", f"= bufs[:{ln.split('=')[0].count(',') + 1}]")
         if in_step and ln.strip() in ("ph = 0", "ph = ph0"):
