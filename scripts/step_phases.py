@@ -73,7 +73,7 @@ def instrument(src: str) -> str:
         elif ln.startswith("def fused_forward(") or ln.startswith("def _passes("):
             in_step = False
             ln = ln.replace("def fused_forward(", "def fused_forward(T, ").replace("def _passes(", "def _passes(T, ")
-        elif re.search(r"\b(_step_thread|_passes)\((np\.int64\(tid\)|tid),", ln):  # tid, or as int64 since ce0556d
+        elif re.search(r"\b(_step_thread|_passes)\((np\.int64\(tid\)|tid),", ln):  # tid, or np.int64(tid) since 841feec
             ln = re.sub(r"\b(_step_thread|_passes)\(", r"\1(T, ", ln)
         if in_step and re.match(r"\s+\w+(, \w+)* = bufs$", ln):  # an older step: fewer buffers
             ln = ln.replace("= bufs", f"= bufs[:{ln.split('=')[0].count(',') + 1}]")
