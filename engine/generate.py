@@ -77,7 +77,7 @@ def block_size() -> int:
 
 def plain_round(ctx: RoundContext) -> Round:
     """One token: forward the pending token, choose the next one. When the chooser can hand its choice to
-    the model (TokenChooser.block: greedy with or without penalties, or top-k sampling; in the answer, or in
+    the model (TokenChooser.block: greedy with or without penalties, or sampling; in the answer, or in
     the reasoning up to its budget) and the model can choose by itself, a decode block instead: up to
     block_size() tokens in one call (Model.decode_block), the tokens single rounds would give. A stop token
     the chooser gives back (see TokenChooser.accepted) leaves the cache one position shorter. Not for the

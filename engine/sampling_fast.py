@@ -238,11 +238,15 @@ def draw(p, n, u):
 
 
 @njit(cache=True)
-def block_choice(x, pen, counts, temperature, k, top_p, min_p, presence, frequency, u, ids, vals, p):
-    """One sampled choice inside a decode block (cpu_fast_step): select_top over x - pen, the draw with u,
-    then what TokenChooser.accept does to the penalty state: counts[token] += 1 and, with a penalty row
-    (pen non-empty), pen[token] = presence + frequency * count. -1 when no token is allowed."""
-    n = select_top(x, pen, temperature, k, top_p, min_p, ids, vals, p)
+def block_choice(x, pen, counts, temperature, k, top_p, min_p, presence, frequency, u, work, ids, vals, p):
+    """One sampled choice inside a decode block (cpu_fast_step): `select`'s path over x - pen (k as select
+    takes it: 0 for off, else below the vocabulary; work as there), the draw with u, then what
+    TokenChooser.accept does to the penalty state: counts[token] += 1 and, with a penalty row (pen
+    non-empty), pen[token] = presence + frequency * count. -1 when no token is allowed."""
+    if 0 < k <= KMAX:
+        n = select_top(x, pen, temperature, k, top_p, min_p, ids, vals, p)
+    else:
+        n = select_wide(x, pen, temperature, k, top_p, min_p, work, ids, vals, p)
     if n <= 0:
         return -1
     tok = ids[draw(p, n, u)]
@@ -257,7 +261,7 @@ def argmax_choice(counts=None) -> tuple:
     counts when given: the shape of TokenChooser.block's sampled one, so one compiled fused_forward serves
     both."""
     e32, e64 = np.zeros(0, np.float32), np.zeros(0, np.float64)
-    return (0, 0.0, 0, 1.0, 0.0, 0.0, 0.0, e32, np.zeros(0, np.int32) if counts is None else counts, e64,
+    return (0, 0.0, 0, 1.0, 0.0, 0.0, 0.0, e32, np.zeros(0, np.int32) if counts is None else counts, e64, e32,
             np.zeros(0, np.int64), e32, e64)
 
 

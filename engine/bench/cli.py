@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "seed 42 (message workloads); default greedy")
     p.add_argument("--presence-penalty", type=float, metavar="P",
                    help="presence penalty: with --sampled instead of the preset's 1.5; without, greedy with it")
+    p.add_argument("--top-k", type=int, metavar="K", help="with --sampled: top-k K instead of the preset's 20 "
+                                                          "(0: off, the full-vocabulary path)")
     p.add_argument("--thinking-budget", type=int, metavar="N",
                    help="message workloads, our engine only: reason first (the model's markers, or prompted "
                         "ones) with a budget of N tokens")
@@ -156,6 +158,10 @@ def _workload(a, model: str) -> Workload:
     sampling = {} if not a.sampled else {"greedy": False}
     if _message_option(a, "--presence-penalty", a.presence_penalty):
         sampling["presence_penalty" if a.sampled else "greedy_presence_penalty"] = a.presence_penalty
+    if _message_option(a, "--top-k", a.top_k):
+        if not a.sampled:
+            raise NinferError("--top-k applies with --sampled (greedy runs take the top token)")
+        sampling["top_k"] = a.top_k
     if _message_option(a, "--thinking-budget", a.thinking_budget):
         sampling["thinking_budget"] = a.thinking_budget
     if a.workload or a.messages or a.prompt:

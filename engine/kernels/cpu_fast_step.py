@@ -365,13 +365,14 @@ def n_phases(n_layer, wide=False):
 def _choose(x, choice, s):
     """Pass s's token from its logits x: the argmax (mode 0) or a sampled choice (engine.sampling_fast
     .block_choice with the pass's uniform); either counts it into the chooser's penalty state."""
-    mode, temperature, k, top_p, min_p, presence, frequency, pen, counts, us, ids, vals, p = choice
+    mode, temperature, k, top_p, min_p, presence, frequency, pen, counts, us, work, ids, vals, p = choice
     if mode == 0:
         tok = cpu.argmax_row(x)
         if counts.shape[0] > 0:
             counts[tok] += 1
         return tok
-    return block_choice(x, pen, counts, temperature, k, top_p, min_p, presence, frequency, us[s], ids, vals, p)
+    return block_choice(x, pen, counts, temperature, k, top_p, min_p, presence, frequency, us[s], work, ids,
+                        vals, p)
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -285,6 +285,23 @@ def test_bench_cli_presence_penalty_greedy_or_sampled(tiny_models, tmp_path, cap
         assert err.startswith("ninfer-bench: --presence-penalty") and "Traceback" not in err
 
 
+def test_bench_cli_top_k(tiny_models, capsys):
+    """--top-k K replaces the sampled preset's top-k 20 (0: off); without --sampled, negative, or on the
+    synthetic prompt it is a one-line error."""
+    from engine.bench.cli import _workload, build_parser
+
+    def wl(*argv):
+        return _workload(build_parser().parse_args(["--prompt", "Hi", *argv]), str(tiny_models["llama"]))
+    assert wl("--sampled").top_k == 20 and wl("--sampled", "--top-k", "0").top_k == 0
+    assert wl("--sampled", "--top-k", "200").top_k == 200
+    for bad, what in ((["--prompt", "Hi", "--top-k", "5"], "applies with --sampled"),
+                      (["--prompt", "Hi", "--sampled", "--top-k", "-1"], "give a value >= 0"),
+                      (["--sampled", "--top-k", "0"], "applies to message workloads")):
+        assert bench_main([str(tiny_models["llama"]), *bad, "--no-roofline"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("ninfer-bench: --top-k") and what in err and "Traceback" not in err
+
+
 def test_bench_cli_thinking_budget(tiny_models, tmp_path, capsys):
     """--thinking-budget N: our runs reason first (prompted markers on a model without its own) and the budget
     forces the close; llama.cpp variants, synthetic workloads and negative budgets are one-line errors."""

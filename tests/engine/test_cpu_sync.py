@@ -295,11 +295,15 @@ def test_greedy_block_of_one_is_a_plain_round(q4_tiny, monkeypatch):
 
 @pytest.mark.parametrize("sp", [
     SamplingParams(temperature=1.5, top_k=20, top_p=0.95, presence_penalty=12.0, frequency_penalty=0.5, seed=42),
-    SamplingParams(greedy=True, presence_penalty=12.0, frequency_penalty=0.5, seed=7)], ids=["sampled", "greedy"])
+    SamplingParams(temperature=2.0, top_k=0, top_p=0.98, presence_penalty=12.0, frequency_penalty=0.5, seed=3),
+    SamplingParams(temperature=1.2, top_k=200, min_p=0.02, frequency_penalty=3.0, seed=5),
+    SamplingParams(greedy=True, presence_penalty=12.0, frequency_penalty=0.5, seed=7)],
+    ids=["sampled", "top-k-off", "top-k-200", "greedy"])
 def test_penalised_block_chooses_what_single_rounds_choose(q4_tiny, sp):
-    """A decode block with penalties (strong enough to move this tiny model off its one peaked token), top-k
-    sampling (seeded) or greedy (top-1 of the penalised logits): the same tokens as choose + accept rounds,
-    the same penalty state after, and the generator where single rounds leave it (greedy: untouched)."""
+    """A decode block with penalties (strong enough to move this tiny model off its one peaked token),
+    sampling (seeded; top-k 20, or the full-vocabulary path: top-k off or above KMAX) or greedy (top-1 of
+    the penalised logits): the same tokens as choose + accept rounds, the same penalty state after, and the
+    generator where single rounds leave it (greedy: untouched)."""
     from engine.kernels.cpu_fast_step import BLOCK
     from engine.sampling import TokenChooser
     model, ff = _tiny_fused(q4_tiny)
@@ -333,16 +337,19 @@ def test_penalised_block_chooses_what_single_rounds_choose(q4_tiny, sp):
 
 
 def test_block_choice_only_where_the_chain_allows_it(q4_tiny):
-    """TokenChooser.block hands the choice over for greedy and small top-k sampling only, and only where the
-    thinking state cannot force within the block; a block that was not run (None) leaves the generator
-    untouched."""
+    """TokenChooser.block hands the choice over for greedy and sampling (top-k off as k 0, top-k at or above
+    the vocabulary too), and only where the thinking state cannot force within the block; a block that was
+    not run (None) leaves the generator untouched."""
     from engine.config import SamplingParams
     from engine.sampling import TokenChooser
     from engine.thinking import ThinkingPlan, ThinkingState
     v = 300
     assert TokenChooser(SamplingParams(greedy=True), v).block(4)[0] == 0
     assert TokenChooser(SamplingParams(temperature=0.7, top_k=20), v).block(4)[0] == 1
-    assert TokenChooser(SamplingParams(temperature=0.7, top_k=0), v).block(4) is None  # the full-vocabulary path
+    wide = TokenChooser(SamplingParams(temperature=0.7, top_k=0, top_p=0.9), v).block(4)  # the full-vocabulary path
+    assert wide[:3] == (1, 0.7, 0) and wide[10].shape == (v,)  # k 0, the chooser's work row
+    assert TokenChooser(SamplingParams(temperature=0.7, top_k=v), v).block(4)[2] == 0  # k >= vocabulary: off
+    assert TokenChooser(SamplingParams(temperature=0.7, top_k=20), v).block(4)[10].shape == (0,)
     pen = TokenChooser(SamplingParams(greedy=True, frequency_penalty=0.5), v)
     assert pen.block(4)[:3] == (1, 1.0, 1) and pen.block(4)[9].tolist() == [0.0] * 4  # top-1, zero uniforms
     plan = ThinkingPlan("prompted", open_ids=(5,), close_ids=(6,), forced_ids=(6,), budget=3, start="reasoning")

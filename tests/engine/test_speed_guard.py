@@ -238,11 +238,21 @@ cache.truncate(11)
 g0 = rtsys.get_allocation_stats().alloc
 got = fz.block(7, 11, cache, 4, frozenset({{3}}))
 block = rtsys.get_allocation_stats().alloc - g0 - unbox
+from engine.config import SamplingParams
+from engine.sampling import TokenChooser
+ch = TokenChooser(SamplingParams(temperature=1.0, top_k=0, top_p=0.9, seed=1), mf.args.vocab_size)
+cache.truncate(11)
+fz.block(7, 11, cache, 4, frozenset({{3}}), ch.block(4))  # a sampled block on the full-vocabulary path
+cache.truncate(11)
+choice = ch.block(4)
+w0 = rtsys.get_allocation_stats().alloc
+wide = fz.block(7, 11, cache, 4, frozenset({{3}}), choice)
+wide_allocs = rtsys.get_allocation_stats().alloc - w0 - unbox
 py_new = sum(s.count_diff for s in snap1.compare_to(snap0, "filename") if s.count_diff > 0
              and "tracemalloc" not in str(s.traceback))
 print(json.dumps({{"nrt_allocs": (after.alloc - before.alloc) / 3 - unbox, "unbox": unbox,
                   "py_blocks": py_new, "per_region": per_region, "block": block, "block_passes": len(got),
-                  "regions": 1}}))
+                  "wide": wide_allocs, "wide_passes": len(wide), "regions": 1}}))
 """
 
 
@@ -250,12 +260,13 @@ def test_decode_step_allocates_nothing(q4_tiny):
     """No array is allocated per decode step: beyond wrapping the argument arrays at the call boundary, the
     only NRT allocations are numba's per-launch bookkeeping of its one parallel region and the head's
     padded last row group (this vocab is not a multiple of 32); none in Python. A greedy block of passes
-    (FusedForward.greedy) the same per pass."""
+    (FusedForward.greedy) the same per pass, and a sampled one on the full-vocabulary path (top-k off)."""
     res = _run_py(NO_ALLOC.format(path=str(q4_tiny)), {"NUMBA_NRT_STATS": "1"})
     assert res["unbox"] > 0, res  # the probe works
     assert res["nrt_allocs"] <= res["regions"] * res["per_region"] + 1, res
     assert res["py_blocks"] <= 2, res  # the call's argument tuples are reused/freed; no array per step
     assert res["block"] <= res["per_region"] + res["block_passes"], res  # a greedy block: the same per pass
+    assert res["wide"] <= res["per_region"] + res["wide_passes"], res
 
 
 ASM = """
