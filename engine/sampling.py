@@ -66,6 +66,7 @@ class TokenChooser:
         self._argmax = None  # a greedy block's choice tuple (built once: it holds self.counts)
         if p.is_greedy:  # argmax = top-1: (1,) i64 / f32 buffers, and its probability in a block (see block)
             self._ids, self._vals, self._p = np.zeros(1, np.int64), np.empty(1, np.float32), np.empty(1, np.float64)
+            self._work = _NO_PEN  # (empty) no full-vocabulary path
         else:
             self._ids, self._vals, self._p, self._work = _buffers(vocab_size, p.top_k)
 
@@ -112,7 +113,7 @@ class TokenChooser:
         if p.is_greedy:
             if self._penalised:
                 return (1, 1.0, 1, 1.0, 0.0, float(p.presence_penalty), float(p.frequency_penalty), self._pen,
-                        self.counts, self._uniforms(n), _NO_PEN, self._ids, self._vals, self._p)
+                        self.counts, self._uniforms(n), self._work, self._ids, self._vals, self._p)
             if self._argmax is None:
                 self._argmax = argmax_choice(self.counts)
             return self._argmax
