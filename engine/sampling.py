@@ -58,7 +58,8 @@ class TokenChooser:
         # (vocab,) f32 presence + frequency * count for every token seen so far (0 elsewhere); +inf on banned
         # tokens for the duration of one choose.
         self._pen = np.zeros(vocab_size, np.float32)
-        self._args = (float(p.temperature), int(p.top_k), float(p.top_p), float(p.min_p))
+        k = int(p.top_k) if 0 < p.top_k < vocab_size else 0  # top-k at or above the vocabulary is off
+        self._args = (float(p.temperature), k, float(p.top_p), float(p.min_p))
         from . import sampling_fast as sf  # numba loads on first use, not when the UI imports the engine
         self._scan, self._select, self._draw = sf.top_scan, sf.select, sf.draw
         self._us = np.zeros(0, np.float64)  # a decode block's uniforms (block)
@@ -68,7 +69,7 @@ class TokenChooser:
             self._ids, self._vals, self._p = np.zeros(1, np.int64), np.empty(1, np.float32), np.empty(1, np.float64)
             self._work = _NO_PEN  # (empty) no full-vocabulary path
         else:
-            self._ids, self._vals, self._p, self._work = _buffers(vocab_size, p.top_k)
+            self._ids, self._vals, self._p, self._work = _buffers(vocab_size, k)
 
     # -- the chain -------------------------------------------------------------------------------------------
     def choose(self, logits_row: np.ndarray) -> int:
@@ -121,9 +122,9 @@ class TokenChooser:
         self._rewind = self.rng.bit_generator.state
         us = self._uniforms(n)
         self.rng.random(out=us)
-        return (1, t, k if 0 < k < self.vocab_size else 0, top_p, min_p, float(p.presence_penalty),
-                float(p.frequency_penalty), self._pen if self._penalised else _NO_PEN, self.counts, us,
-                self._work, self._ids, self._vals, self._p)
+        return (1, t, k, top_p, min_p, float(p.presence_penalty), float(p.frequency_penalty),
+                self._pen if self._penalised else _NO_PEN, self.counts, us, self._work, self._ids, self._vals,
+                self._p)
 
     def _uniforms(self, n: int) -> np.ndarray:
         """(n,) f64 view of the block's uniforms buffer (grown when needed; zeros until a sampled block

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
+from fast_cpu import fast_model
 
 ROOT = Path(__file__).resolve().parents[2]
 ALL_Q4 = dict(attn_q=QT.Q4_1, attn_k=QT.Q4_1, attn_v=QT.Q4_0, attn_output=QT.Q4_1, ffn_gate=QT.Q4_0,
@@ -30,15 +31,6 @@ TOKS = np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32)
 @pytest.fixture(scope="module")
 def q4_path(tmp_path_factory, make_tiny):
     return make_tiny(tmp_path_factory.mktemp("q4bg") / "tiny-q4.gguf", "llama", seed=3, qtypes=ALL_Q4)
-
-
-def _model(path):
-    from engine.backend import Backend
-    from engine.gguf import load_gguf
-    from engine.kernels import cpu_fast
-    from engine.model import Model
-    mf = load_gguf(path)
-    return Model(mf.args, mf.tensors, Backend("cpu", cpu_fast), max_batch=8)
 
 
 def _greedy(fwd, model, n=8):
@@ -64,7 +56,7 @@ def _helper(model, argv=None):
 
 def test_kernel_by_kernel_step_is_bit_identical_to_fused(q4_path):
     from engine.compile_tier import TieredForward
-    model = _model(q4_path)
+    model = fast_model(q4_path)[0]
     want_toks, want = _greedy(model.fused, model)
 
     class Never:  # a helper that has not finished yet: TieredForward stays on the kernel-by-kernel step
@@ -89,7 +81,7 @@ def test_kernel_by_kernel_step_shares_a_prompt_not_a_decode_step(q4_path, monkey
     from engine.compile_tier import TieredForward
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("needs 2 numba threads")
-    model = _model(q4_path)
+    model = fast_model(q4_path)[0]
     submitted = []
 
     class Pool:  # runs the half at once, here, and counts it
@@ -115,7 +107,7 @@ def test_kernel_by_kernel_step_shares_a_prompt_not_a_decode_step(q4_path, monkey
 
 def test_tiered_serves_first_then_switches_to_fused(q4_path):
     from engine.compile_tier import TieredForward
-    model = _model(q4_path)
+    model = fast_model(q4_path)[0]
     want_toks, want = _greedy(model.fused, model, n=12)
     helper = _helper(model)
     try:
@@ -143,7 +135,7 @@ def test_tiered_serves_first_then_switches_to_fused(q4_path):
 
 def test_failing_helper_keeps_kernel_path_and_says_so_once(q4_path, caplog):
     from engine.compile_tier import TieredForward
-    model = _model(q4_path)
+    model = fast_model(q4_path)[0]
     want_toks, _ = _greedy(model.fused, model)
     helper = _helper(model, argv=[sys.executable, "-c", "import sys; sys.stdin.buffer.read(1); sys.exit(3)"])
     assert helper.ended.wait(60)

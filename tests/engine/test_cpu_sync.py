@@ -8,6 +8,7 @@ from numba import njit, prange
 
 from engine.config import SamplingParams
 from engine.kernels.cpu_sync import finish, grab, new_sync, open_phase, reset, wait_open
+from fast_cpu import fast_model
 from test_speed_guard import q4_tiny  # noqa: F401  (the fixture: a tiny all-Q4 llama)
 
 
@@ -90,13 +91,8 @@ def test_grab_takes_own_part_first_then_steals():
 def test_fused_step_threads_in_sequence_match_the_region(q4_tiny, n_prompt):
     """The one-region fused step: its threads' functions run one after another in any order (as a runtime
     with fewer threads would run them) give the region's logits bit for bit, prefill and decode."""
-    from engine.backend import Backend
-    from engine.gguf import load_gguf
-    from engine.kernels import cpu_fast, cpu_fast_step
-    from engine.model import Model
-    mf = load_gguf(q4_tiny)
-    model = Model(mf.args, mf.tensors, Backend("cpu", cpu_fast), max_batch=8)
-    ff = getattr(model, "fused", None) or cpu_fast_step.build(model)
+    from engine.kernels import cpu_fast_step
+    model, ff = fast_model(q4_tiny)
     r = ff.roles
 
     def by_hand(tokens, pos0, cache, order):
@@ -121,18 +117,6 @@ def test_fused_step_threads_in_sequence_match_the_region(q4_tiny, n_prompt):
         tok = int(want[0].argmax())
 
 
-def _tiny_fused(path):
-    from engine.backend import Backend
-    from engine.gguf import load_gguf
-    from engine.kernels import cpu_fast, cpu_fast_step
-    from engine.model import Model
-    mf = load_gguf(path)
-    model = Model(mf.args, mf.tensors, Backend("cpu", cpu_fast), max_batch=8)
-    if getattr(model, "fused", None) is None:
-        model.fused = cpu_fast_step.build(model)
-    return model, model.fused
-
-
 def _single_steps(model, tok, pos0, cache, n, stops):
     """What n plain rounds choose: forward, np.argmax, until a token in stops (kept)."""
     out = []
@@ -148,7 +132,7 @@ def test_greedy_block_chooses_what_single_steps_choose(q4_tiny):
     """FusedForward.greedy (one call, the argmax chosen inside) gives the tokens, the KV rows and the cache
     length of plain forward + np.argmax rounds; a token in the stop set ends the block and is returned."""
     from engine.kernels.cpu_fast_step import BLOCK
-    model, ff = _tiny_fused(q4_tiny)
+    model, ff = fast_model(q4_tiny)
     toks = np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32)
     c1, c2 = model.new_cache(64), model.new_cache(64)
     first = int(np.argmax(model.forward(toks, 0, c1)[0]))
@@ -178,7 +162,7 @@ def test_greedy_block_threads_in_sequence_match_the_region(q4_tiny):
     """The block's per-thread function run one thread after another (a runtime with fewer threads) chooses
     the same tokens as the region: the choice phase never waits for a particular thread."""
     from engine.kernels import cpu_fast_step
-    model, ff = _tiny_fused(q4_tiny)
+    model, ff = fast_model(q4_tiny)
     toks = np.array([3, 17, 42, 5, 99, 7], np.int32)
     c1, c2 = model.new_cache(64), model.new_cache(64)
     first = int(np.argmax(model.forward(toks, 0, c1)[0]))
@@ -212,14 +196,8 @@ def test_fused_step_matches_leaf_forward_bit_for_bit(q4_tiny, n_prompt):
     """compile_tier.LeafForward (the per-kernel form that runs while the fused step compiles) and the fused
     step give the same bits, prefill and decode: same kernels on the same items, whichever thread runs
     them, and the fastmath helpers keep their own flags inside the (non-fastmath) step."""
-    from engine.backend import Backend
     from engine.compile_tier import LeafForward
-    from engine.gguf import load_gguf
-    from engine.kernels import cpu_fast, cpu_fast_step
-    from engine.model import Model
-    mf = load_gguf(q4_tiny)
-    model = Model(mf.args, mf.tensors, Backend("cpu", cpu_fast), max_batch=8)
-    ff = getattr(model, "fused", None) or cpu_fast_step.build(model)
+    model, ff = fast_model(q4_tiny)
     leaf = LeafForward(ff)
     toks = np.resize(np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32), n_prompt)
     c1, c2 = model.new_cache(64), model.new_cache(64)
@@ -251,7 +229,7 @@ def test_plain_round_uses_a_greedy_block(q4_tiny):
     from engine.config import SamplingParams
     from engine.generate import RoundContext, block_size, plain_round
     from engine.sampling import TokenChooser
-    model, ff = _tiny_fused(q4_tiny)
+    model, ff = fast_model(q4_tiny)
     toks = [3, 17, 42, 5, 99, 7]
     first = int(np.argmax(model.forward(np.array(toks, np.int32), 0, model.new_cache(64))[0]))
     runs = {}
@@ -282,7 +260,7 @@ def test_greedy_block_of_one_is_a_plain_round(q4_tiny, monkeypatch):
     from engine import generate
     from engine.config import SamplingParams
     from engine.sampling import TokenChooser
-    model, ff = _tiny_fused(q4_tiny)
+    model, ff = fast_model(q4_tiny)
     monkeypatch.setattr(generate, "block_size", lambda: 1)
     monkeypatch.setattr(model, "decode_block", lambda *a: pytest.fail("a block of one token"))
     toks = [3, 17, 42, 5, 99, 7]
@@ -306,7 +284,7 @@ def test_penalised_block_chooses_what_single_rounds_choose(q4_tiny, sp):
     generator where single rounds leave it (greedy: untouched)."""
     from engine.kernels.cpu_fast_step import BLOCK
     from engine.sampling import TokenChooser
-    model, ff = _tiny_fused(q4_tiny)
+    model, ff = fast_model(q4_tiny)
     toks = np.array([3, 17, 42, 5, 99, 7], np.int32)
     c1, c2 = model.new_cache(64), model.new_cache(64)
     ch1, ch2 = TokenChooser(sp, model.args.vocab_size), TokenChooser(sp, model.args.vocab_size)

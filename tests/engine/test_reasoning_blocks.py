@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from engine.config import SamplingParams
-from test_cpu_sync import _tiny_fused
+from fast_cpu import fast_model
 from test_speed_guard import q4_tiny  # noqa: F401  (the fixture: a tiny all-Q4 llama)
 
 PROMPT = [3, 17, 42, 5, 99, 7]
@@ -50,7 +50,7 @@ def _reply(model, sp, plan, stops, rounds_of_the_loop):
 @pytest.mark.parametrize("case", ["budget", "stop_in_reasoning", "stop_after_close"])
 def test_reasoning_blocks_take_what_single_rounds_take(q4_tiny, sp, case):
     from engine.thinking import REASONING, ThinkingPlan
-    model, _ = _tiny_fused(q4_tiny)
+    model, _ = fast_model(q4_tiny)
     free = _reply(model, sp, ThinkingPlan("off"), frozenset(), False)[0]  # no thinking, no stops
     assert len(set(free[:6])) == 6
     unused = [t for t in range(model.args.vocab_size) if t not in free][:3]

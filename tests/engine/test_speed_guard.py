@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
+from fast_cpu import fast_model
 
 from engine.quant import QTensor, dequantize
 
@@ -108,23 +109,12 @@ def q4_tiny(tmp_path_factory, make_tiny):
     return make_tiny(tmp_path_factory.mktemp("q4") / "tiny-q4.gguf", "llama", seed=3, qtypes=ALL_Q4)
 
 
-def _fast_model(path):
-    """(Model on the fast CPU backend, its fused step) for a model file."""
-    from engine.backend import Backend
-    from engine.gguf import load_gguf
-    from engine.kernels import cpu_fast, cpu_fast_step
-    from engine.model import Model
-    mf = load_gguf(path)
-    model = Model(mf.args, mf.tensors, Backend("cpu", cpu_fast), max_batch=8)
-    return model, getattr(model, "fused", None) or cpu_fast_step.build(model)
-
-
 # 40 rows: a prompt's pass (row tiles for an f16 cache; tails shared out by rows either way). The int8 fused
 # step is compiled anyway by test_model's int8 prefill test; its 11-row case adds nothing the others lack.
 @pytest.mark.parametrize("kv_dtype,n_prompt", [("f16", 11), ("f16", 40), ("int8", 40),
                                                pytest.param("int8", 11, marks=pytest.mark.slow)])
 def test_fused_forward_matches_model_forward(q4_tiny, kv_dtype, n_prompt):
-    model, fused = _fast_model(q4_tiny)
+    model, fused = fast_model(q4_tiny)
     assert fused is not None
     model.fused = None  # Model.forward below: the kernel-by-kernel path over the same weights
     toks = np.resize(np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32), n_prompt)
@@ -149,7 +139,7 @@ def test_fused_step_compiles_each_thread_function_once_per_array_types(q4_tiny):
     where numba types the loop) or a literal int argument would each add a whole compile of their own."""
     from numba import types
     from engine.kernels import cpu_fast_step
-    model, fused = _fast_model(q4_tiny)
+    model, fused = fast_model(q4_tiny)
     fused(np.array([3, 17], np.int32), 0, model.new_cache(16), all_logits=True)
     funcs = (cpu_fast_step._passes, cpu_fast_step._step_thread)
     if not any(f.signatures for f in funcs):
@@ -169,7 +159,7 @@ def test_fused_verify_rows_equal_decode_steps(q4_tiny):
     for make in (EngineArgs, GenerateRequest):  # the engine's setting and a reply's override
         with pytest.raises(ConfigError):
             make(draft_tokens=cpu_attn_prefill.MIN_ROWS - 1)
-    model, fused = _fast_model(q4_tiny)
+    model, fused = fast_model(q4_tiny)
     toks = np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77, 4, 9], np.int32)
     cache = model.new_cache(64)
     fused(toks[:8], 0, cache)
