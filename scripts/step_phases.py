@@ -97,7 +97,7 @@ def instrument(src: str) -> str:
             i += 1
             continue
         out.append(ln)
-        if in_step and ln.strip() == "wait_open(sync, ph)":
+        if in_step and (ln.strip() == "wait_open(sync, ph)" or ln.strip().startswith("_wait_next(sync, ph,")):
             out.append(re.match(r"(\s+)", ln).group(1) + "T[tid, ph, 1] = _cyc()")
         i += 1
     return "\n".join(out) + STAMPS

@@ -5,6 +5,7 @@
     ninfer-bench --variant a: --variant a-busy:busy=1          # decode with another process on one core
     ninfer-bench --workload count300_en --sampled --variant plain: --variant ngram:spec=ngram,draft_tokens=3
     ninfer-bench --variants bench.toml --json out.json --markdown out.md
+    ninfer-bench --variant new: --variant old:tree=../base --variant llama.cpp   # two builds, one run
 
 Synthetic workload (default): exactly --prompt-tokens prompt tokens (the same ids for every variant), then
 exactly --decode-tokens greedy tokens, end-of-sequence ignored. Message workloads (--workload / --messages /
@@ -82,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", help="GGUF file (default: the configured/embedded model)")
     p.add_argument("--variant", action="append", default=[], metavar="NAME:key=val,...",
                    help="a configuration; keys: EngineArgs fields (backend, kv_dtype, spec, draft_tokens, "
-                        "prefill_chunk ...), threads, busy, cold, kind=llama.cpp")
+                        "prefill_chunk ...), threads, busy, cold, kind=llama.cpp, env.NAME, tree=PATH (another "
+                        "checkout of ours, e.g. a git worktree of an earlier commit)")
     p.add_argument("--variants", metavar="FILE.toml", help="variants from [variant.NAME] tables")
     p.add_argument("--baseline", help="variant the ratios are relative to (default: llama.cpp if present, else "
                                       "the first)")

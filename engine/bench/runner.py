@@ -46,12 +46,18 @@ def stop_process(p: subprocess.Popen | None) -> None:
         p.wait(timeout=5)
 
 
+def variant_root(v: Variant) -> Path:
+    """The checkout a variant's worker runs from: its tree= (another checkout of ninfer-chat), else this one."""
+    return Path(v.tree).expanduser().resolve() if v.tree else REPO_ROOT
+
+
 def worker_env(v: Variant, cold_dir: str | None) -> dict:
-    """Environment of one worker: thread counts for numba/OpenMP/BLAS; a fresh cache dir for cold runs."""
+    """Environment of one worker: thread counts for numba/OpenMP/BLAS; a fresh cache dir for cold runs; its
+    checkout first on the import path."""
     env = dict(os.environ)
     n = str(v.threads)
     env.update(NUMBA_NUM_THREADS=n, OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = str(variant_root(v)) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(v.env)
     if cold_dir:
         env["NINFER_CACHE_DIR"] = cold_dir
@@ -70,7 +76,7 @@ def run_one(spec: RunSpec, timeout_s: float = 900.0) -> dict:
         env = worker_env(v, cold_dir)
         env["NINFER_BENCH_T0"] = repr(time.time())
         proc = subprocess.run([sys.executable, "-m", "engine.bench.worker"], input=spec.to_json(), text=True,
-                              capture_output=True, env=env, cwd=str(REPO_ROOT), timeout=timeout_s)
+                              capture_output=True, env=env, cwd=str(variant_root(v)), timeout=timeout_s)
         for line in reversed(proc.stdout.splitlines()):
             if line.startswith(RESULT_TAG):
                 return json.loads(line[len(RESULT_TAG):])
@@ -96,7 +102,7 @@ def run_bench(variants: list[Variant], workload: Workload, model: str, repeats: 
     it with the memory speed of the same minutes (the host's moves by tens of percent between minutes)."""
     results = []
     if warmup:
-        _byte_compile(log)
+        _byte_compile(log, trees=sorted({variant_root(v) for v in variants if v.kind == "ours"}))
         for v in variants:
             if v.cold or v.kind != "ours":
                 continue
@@ -129,18 +135,23 @@ def run_bench(variants: list[Variant], workload: Workload, model: str, repeats: 
     return results
 
 
-def _byte_compile(log: Callable[[str], None], packages: tuple[str, ...] = ("engine", "ninfer_tui")) -> None:
-    """Write the bytecode of our packages, as a warm start of an installed copy has it. Where
-    PYTHONDONTWRITEBYTECODE is set (this project's dev machines), imports never write it, and every run
-    compiled the engine's modules from source (~0.1 s of its TTFT). Read-only installs are left as they are."""
+def _byte_compile(log: Callable[[str], None], packages: tuple[str, ...] = ("engine", "ninfer_tui"),
+                  trees: list[Path] = ()) -> None:
+    """Write the bytecode of our packages, as a warm start of an installed copy has it (and of the same
+    packages in the variants' other checkouts, `trees`). Where PYTHONDONTWRITEBYTECODE is set (this
+    project's dev machines), imports never write it, and every run compiled the engine's modules from source
+    (~0.1 s of its TTFT). Read-only installs are left as they are."""
     import compileall
     import importlib.util
+    dirs = []
     for pkg in packages:
         spec = importlib.util.find_spec(pkg)
         if spec and spec.submodule_search_locations:
-            for d in spec.submodule_search_locations:
-                if not compileall.compile_dir(d, quiet=2):
-                    log(f"[warm-up] could not write the bytecode of {d} (read-only?): runs compile it from source")
+            dirs += list(spec.submodule_search_locations)
+        dirs += [str(t / pkg) for t in trees if t != REPO_ROOT and (t / pkg).is_dir()]
+    for d in dirs:
+        if not compileall.compile_dir(d, quiet=2):
+            log(f"[warm-up] could not write the bytecode of {d} (read-only?): runs compile it from source")
 
 
 def _probe(bandwidth: Callable[[], float] | None, log: Callable[[str], None]) -> float | None:

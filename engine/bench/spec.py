@@ -11,8 +11,12 @@ Written on the command line as `--variant NAME:key=val,key=val` or in a TOML fil
     kind = "llama.cpp"
 
 Run-level keys a variant may also set: `busy=1` (run it while another process spins on one core), `cold=1`
-(empty numba/tokenizer caches: a cold start), `threads=N`, and `env.NAME=value` (an environment variable of
-the run, e.g. `env.NINFER_THREADING_LAYER=workqueue` or `env.GOMP_SPINCOUNT=10000`).
+(empty numba/tokenizer caches: a cold start), `threads=N`, `env.NAME=value` (an environment variable of
+the run, e.g. `env.NINFER_THREADING_LAYER=workqueue` or `env.GOMP_SPINCOUNT=10000`), and `tree=PATH`: run
+our engine from another checkout of ninfer-chat (e.g. `git worktree add ../base HEAD~1`), so that two builds
+alternate in one run. Its worker takes this one's run spec (JSON) and its numba cache is its own (the cache
+folder is keyed on the kernels' sources); where the two differ in the repack code (engine/weight_store.py's
+digest), each start replaces the other's stored weights and repacks.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from ..config import EngineArgs
 from ..errors import ConfigError
 
 KINDS = ("ours", "llama.cpp")
-RUN_KEYS = {"kind", "busy", "cold", "threads"}  # not EngineArgs fields
+RUN_KEYS = {"kind", "busy", "cold", "threads", "tree"}  # not EngineArgs fields
 ENGINE_KEYS = {f.name for f in fields(EngineArgs)} - {"model", "prefix_reuse"}
 WORKLOAD_DIR = Path(__file__).resolve().parents[3] / "shared" / "workloads"
 
@@ -41,6 +45,7 @@ class Variant:
     cold: bool = False
     engine: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)  # extra environment variables of this variant's runs
+    tree: str = ""  # another checkout to run ours from (runner.variant_root); not sent to the worker
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -53,6 +58,14 @@ class Variant:
                               f"known: {', '.join(sorted(ENGINE_KEYS | RUN_KEYS))}")
         if self.kind == "ours":
             EngineArgs(**self.engine)  # validate now, not in the worker
+        if self.tree:
+            self.tree = str(self.tree)
+            if self.kind != "ours":
+                raise ConfigError(f"variant {self.name!r}: tree= runs our engine from another checkout; "
+                                  "llama.cpp takes none")
+            if not (Path(self.tree).expanduser() / "engine" / "bench" / "worker.py").is_file():
+                raise ConfigError(f"variant {self.name!r}: tree={self.tree!r} is not a ninfer-chat checkout (no "
+                                  "engine/bench/worker.py there); give the folder of one, e.g. a git worktree")
 
     @property
     def label(self) -> str:
@@ -195,7 +208,9 @@ class RunSpec:
     max_context: int = 2048
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        d = asdict(self)
+        del d["variant"]["tree"]  # the runner's business (where the worker runs), and unknown to older trees
+        return json.dumps(d)
 
     @classmethod
     def from_json(cls, text: str) -> "RunSpec":

@@ -32,10 +32,11 @@ from .cpu_fast import (BATCHED_MIN_T, FastWeight, _q4, embed_q4, embed_q8, q8_gr
                        quantize_rows)
 from ..sampling_fast import argmax_choice, block_choice
 from .cpu_guard import ContentionGuard
-from .cpu_sync import finish, grab, new_sync, open_phase, reset_rows, wait_open
+from .cpu_sync import finish, grab, is_open, new_sync, open_phase, reset_rows, wait_fetching, wait_open
 
 F32 = np.float32
 BLOCK = 8  # the most tokens one call chooses (FusedForward.block): the UI gets them 8 at a time
+AHEAD = 512  # cache lines of its next weights a waiting thread asks for (_wait_fetching): 32 KiB
 
 
 @njit(cache=True, nogil=True, fastmath={"nnan", "ninf", "nsz", "contract", "afn", "reassoc"}, error_model="numpy")
@@ -128,6 +129,90 @@ def _head_phase(sync, ph, tid, nt, logits, n_in, qa, sa, xs, h):
                 q8_group(logits, qa_, sa_, h[2], h[3], h[6][g], g)
         fin = finish(sync, ph, hi - lo, n)
     return fin
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _wait_next(sync, ph, tid, nt, kind, l, wq, wk, wv, wo, wg, wu, wd, head, kv, pos0, t_n):
+    """Wait for phase ph, which ends layer l's phase `kind` (kind 4 of layer -1: the embedding, or a decode
+    block's choice). A thread that has to wait asks meanwhile for the first cache lines it reads in the next
+    phase (_ahead): the finisher is running the phase's serial tail, which leaves the memory bus idle, and
+    the waiting thread's first items of the next phase then find their weights (or KV rows) in its cache."""
+    if not is_open(sync, ph):
+        _wait_ahead(sync, ph, tid, nt, kind, l, wq, wk, wv, wo, wg, wu, wd, head, kv, pos0, t_n)
+
+
+@njit(cache=True, nogil=True)
+def _wait_ahead(sync, ph, tid, nt, kind, l, wq, wk, wv, wo, wg, wu, wd, head, kv, pos0, t_n):
+    """_wait_next's wait. A function of its own: compiled once, where inlined at the step's four waits it
+    made the step's compile +33%; only a thread that has to wait calls it."""
+    a, lines, b, c, every = _ahead(tid, nt, kind, l, wq, wk, wv, wo, wg, wu, wd, head, kv, pos0, t_n)
+    wait_fetching(sync, ph, a, lines, b, c, every)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _ahead(tid, nt, kind, l, wq, wk, wv, wo, wg, wu, wd, head, kv, pos0, t_n):
+    """What thread tid of nt reads first in the phase after layer l's phase `kind`, as cpu_sync.wait_fetching's
+    (a, lines, b, c, every): the start of its part of the items (cpu_sync.grab hands a thread its own part
+    first), at most AHEAD lines. After q/k/v, a decode step's attention: the K rows of its first item's
+    positions (a) and their V rows (b, c: every = 1); after attention o's row groups (their blocks from a,
+    one line of d and of m from b and c per `every` lines), after o gate/up, after gate/up down, after down
+    the next layer's q/k/v or the head. Nothing (lines 0) before a prompt's attention."""
+    if kind == 0:
+        if t_n != 1:
+            return np.int64(0), np.int64(0), np.int64(0), np.int64(0), np.int64(1)
+        t, c, lo, hi = A._work_item(tid * SPLITS // nt, pos0)
+        kc, vc = _kv_kv(kv)
+        off = kc.strides[0] * l + kc.strides[1] * lo
+        v = np.int64(vc.ctypes.data) + off
+        return (np.int64(kc.ctypes.data) + off, min(AHEAD, max(0, (kc.strides[1] * (hi - lo) + 63) // 64)), v, v,
+                np.int64(1))
+    if kind == 1:
+        return _mm_ahead(tid, nt, wo, wo, wo, l, 1)
+    if kind == 2:
+        return _mm_ahead(tid, nt, wg, wu, wu, l, 2)
+    if kind == 3:
+        return _mm_ahead(tid, nt, wd, wd, wd, l, 1)
+    if l + 1 < wq[0].shape[0]:
+        return _mm_ahead(tid, nt, wq, wk, wv, l + 1, 3)
+    if head[0] == 0:
+        return _groups_ahead(head[1][None], head[3][None], head[4][None], 0, tid * head[1].shape[0] // nt)
+    return _groups_ahead(head[2][None], head[3][None], head[3][None], 0, tid * head[2].shape[0] // nt)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _mm_ahead(tid, nt, w1, w2, w3, l, nw):
+    """_ahead of a phase of the matmuls w1..w3 of layer l (nw used; _mm_phase's items: their row groups in
+    turn): thread tid's part starts at group tid * n // nt."""
+    n1 = w1[0].shape[1]
+    n2 = w2[0].shape[1] if nw >= 2 else 0
+    g = tid * (n1 + n2 + (w3[0].shape[1] if nw >= 3 else 0)) // nt
+    w = w1
+    if g >= n1 + n2:
+        w, g = w3, g - n1 - n2
+    elif g >= n1:
+        w, g = w2, g - n1
+    return _groups_ahead(w[0], w[1], w[2], l, g)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _groups_ahead(qs, d, m, i, g):
+    """_ahead of row groups qs[i, g:] (blocks), d[i, g:], m[i, g:] (their f16 scales and mins)."""
+    q0 = qs.strides[0] * i + qs.strides[1] * g
+    dm0 = d.strides[0] * i + d.strides[1] * g
+    return (np.int64(qs.ctypes.data) + q0, min(AHEAD, (qs.nbytes - q0) // 64), np.int64(d.ctypes.data) + dm0,
+            np.int64(m.ctypes.data) + dm0, qs.strides[1] // d.strides[1])
+
+
+def _kv_kv(kv):
+    """The cache's K and V values (L, cap, n_kv, hd): f16 bits, or int8 (their scales apart)."""
+    raise NotImplementedError  # numba-only, see the overload below
+
+
+@overload(_kv_kv, inline="always")
+def _kv_kv_impl(kv):
+    if isinstance(kv, types.UniTuple) and kv.count == 2:
+        return lambda kv: (kv[0], kv[1])
+    return lambda kv: (kv[0], kv[2])
 
 
 def _kv_store(kv, l, k3, v3, pos0):
@@ -308,7 +393,7 @@ def _step_thread(tid, nt, sync, ph0, tokens, pos0, rows_out, bufs, emb, head, no
         cpu.rmsnorm(xbt, xt, attn_norm[0], eps)
         _quant(qa, sa, xs, xbt)
         open_phase(sync, ph)
-    wait_open(sync, ph)
+    _wait_next(sync, ph, tid, nt, np.int64(4), np.int64(-1), wq, wk, wv, wo, wg, wu, wd, head, kv, pos0, t_n)
     for l in range(n_layer):
         for kind in range(5):
             ph += 1
@@ -332,14 +417,16 @@ def _step_thread(tid, nt, sync, ph0, tokens, pos0, rows_out, bufs, emb, head, no
                     if last:
                         _final_norm(rows_out, t_n, bufs, norms)
                 open_phase(sync, ph)
-            wait_open(sync, ph)
-            if wide:
+            if not wide:
+                _wait_next(sync, ph, tid, nt, kind, l, wq, wk, wv, wo, wg, wu, wd, head, kv, pos0, t_n)
+            else:
+                wait_open(sync, ph)
                 ph += 1
                 if _tail_phase(sync, ph, tid, nt, kind, l, t_n, pos0, bufs, norms, rope_p, bias, qk_norm, kv, part):
                     if last:
                         _final_norm(rows_out, t_n, bufs, norms)
                     open_phase(sync, ph)
-                wait_open(sync, ph)
+                _wait_next(sync, ph, tid, nt, kind, l, wq, wk, wv, wo, wg, wu, wd, head, kv, pos0, t_n)
     ph += 1
     if _head_phase(sync, ph, tid, nt, logits[:rows_out], xb.shape[1], qa, sa, xs, head):
         open_phase(sync, ph)
@@ -395,7 +482,7 @@ def _passes(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, rope_
         if lo < hi:
             chain[s + 1] = _choose(bufs[13][0], choice, s)
             open_phase(sync, ph)
-        wait_open(sync, ph)
+        _wait_next(sync, ph, tid, nt, np.int64(4), np.int64(-1), wq, wk, wv, wo, wg, wu, wd, head, kv, pos0, np.int64(1))
         if _ends(chain[s + 1], stops):
             return
 

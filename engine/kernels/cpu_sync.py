@@ -134,14 +134,56 @@ def open_phase(sync, ph):
     atomic_store(sync, (sync.shape[0] - 1) * sync.shape[1], ph + 1)
 
 
+@intrinsic
+def prefetch(typingctx, addr):
+    """Ask for the cache line at address addr (an integer: an array's ctypes.data plus a byte offset) to be
+    brought into L2. A hint: it never faults and returns nothing."""
+    if not isinstance(addr, types.Integer):
+        return None
+    sig = types.void(addr)
+
+    def codegen(context, builder, signature, args):
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        p = builder.inttoptr(context.cast(builder, args[0], signature.args[0], types.int64), i8p)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch.p0i8")
+        builder.call(fn, [p, ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])  # read, L2, data
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@njit(cache=True, nogil=True, inline="always")
+def is_open(sync, ph):
+    """Phase ph is complete, tail included."""
+    return atomic_load(sync, (sync.shape[0] - 1) * sync.shape[1]) > ph
+
+
 @njit(cache=True, nogil=True, inline="always")
 def wait_open(sync, ph):
     """Wait until phase ph is complete, tail included."""
     n = 0
-    slot = (sync.shape[0] - 1) * sync.shape[1]
-    while atomic_load(sync, slot) <= ph:
+    while not is_open(sync, ph):
         spin_pause(n)
         n += 1
+
+
+@njit(cache=True, nogil=True)
+def wait_fetching(sync, ph, a, lines, b, c, every):
+    """wait_open(sync, ph), asking meanwhile for up to `lines` cache lines from address a on, and for one
+    line from b on and one from c on per `every` lines of a (addresses as ints: what a waiting thread will
+    read next: cpu_fast_step._ahead)."""
+    n = 0
+    i = 0
+    while not is_open(sync, ph):
+        if i < lines:
+            prefetch(a + 64 * i)
+            if i % every == 0:
+                prefetch(b + 64 * (i // every))
+                prefetch(c + 64 * (i // every))
+            i += 1
+        else:
+            spin_pause(n)
+            n += 1
 
 
 @njit(cache=True, nogil=True)

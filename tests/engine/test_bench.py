@@ -41,6 +41,8 @@ def test_parse_variant_peer_and_plain_name():
     ("x:threads", "not key=value"),
     (":kv_dtype=int8", "give a name"),
     ("p:kind=llama.cpp,kv_dtype=int8", "llama.cpp takes only"),
+    ("old:tree=/nonexistent/ninfer", "not a ninfer-chat checkout"),
+    (f"p:kind=llama.cpp,tree={runner.REPO_ROOT}", "llama.cpp takes none"),
 ])
 def test_parse_variant_errors_name_the_problem(text, fragment):
     with pytest.raises(ConfigError, match=fragment):
@@ -62,6 +64,28 @@ def test_runspec_json_roundtrip():
     spec = RunSpec(parse_variant("a:kv_dtype=int8"), Workload("w", prompt_ids=[1, 2, 3], decode_tokens=5), "m.gguf", 1)
     back = RunSpec.from_json(spec.to_json())
     assert back == spec
+
+
+def test_variant_tree_runs_its_worker_from_that_checkout(tmp_path, monkeypatch):
+    """tree=PATH: the worker runs from another checkout (its cwd and first import path); the run spec sent
+    to it leaves the key out (an older checkout's worker does not know it)."""
+    (tmp_path / "engine" / "bench").mkdir(parents=True)
+    (tmp_path / "engine" / "bench" / "worker.py").write_text("")
+    v = parse_variant(f"old:tree={tmp_path},kv_dtype=int8")
+    assert v.tree == str(tmp_path) and v.engine == {"kv_dtype": "int8"}
+    spec = RunSpec(v, Workload("w", prompt_ids=[1, 2], decode_tokens=3), "m.gguf")
+    assert "tree" not in json.loads(spec.to_json())["variant"]
+    assert RunSpec.from_json(spec.to_json()).variant.tree == ""
+    seen = {}
+
+    def fake_run(cmd, **kw):
+        seen.update(cwd=kw["cwd"], path=kw["env"]["PYTHONPATH"].split(os.pathsep)[0], spec=json.loads(kw["input"]))
+        raise runner.subprocess.TimeoutExpired(cmd, 1)
+    monkeypatch.setattr(runner.subprocess, "run", fake_run)
+    assert not runner.run_one(spec)["ok"]
+    assert seen["cwd"] == seen["path"] == str(tmp_path.resolve()) and seen["spec"]["variant"]["name"] == "old"
+    runner.run_one(RunSpec(Variant("new"), spec.workload, "m.gguf"))
+    assert seen["cwd"] == seen["path"] == str(runner.REPO_ROOT)
 
 
 # ---------------------------------------------------------------------------------------- aggregation
@@ -165,7 +189,7 @@ def test_warm_up_writes_our_bytecode_even_where_imports_do_not(tmp_path, monkeyp
 def test_warm_up_compiles_in_its_own_process_and_measured_runs_keep_their_env(monkeypatch):
     """A warm-up on an empty cache must not leave a compile helper running beside the measured runs."""
     seen = []
-    monkeypatch.setattr(runner, "_byte_compile", lambda log: None)
+    monkeypatch.setattr(runner, "_byte_compile", lambda log, **kw: None)
     monkeypatch.setattr(runner, "run_one", lambda spec: seen.append((spec.repeat, spec.variant.name,
                                                                      dict(spec.variant.env))) or
                         {"ok": True, "variant": spec.variant.name, "repeat": spec.repeat, "decode_tok_s": 1.0})

@@ -7,14 +7,15 @@ import pytest
 from numba import njit, prange
 
 from engine.config import SamplingParams
-from engine.kernels.cpu_sync import finish, grab, new_sync, open_phase, reset, wait_open
+from engine.kernels.cpu_sync import finish, grab, new_sync, open_phase, reset, wait_fetching, wait_open
 from fast_cpu import fast_model
 from test_speed_guard import q4_tiny  # noqa: F401  (the fixture: a tiny all-Q4 llama)
 
 
 @njit(nogil=True)
-def _chain(tid, nt, sync, x, y, n_ph):
-    """n_ph phases over x's items; each phase's tail (on the finisher) needs every item of it done."""
+def _chain(tid, nt, sync, x, y, n_ph, fetch=False):
+    """n_ph phases over x's items; each phase's tail (on the finisher) needs every item of it done. fetch:
+    a waiting thread asks for x's and y's cache lines meanwhile (wait_fetching), else just waits."""
     n = x.shape[0]
     for ph in range(n_ph):
         h = 0
@@ -27,14 +28,18 @@ def _chain(tid, nt, sync, x, y, n_ph):
             if finish(sync, ph, hi - lo, n):
                 y[0] = x.sum() % 7 + 1
                 open_phase(sync, ph)
-        wait_open(sync, ph)
+        if fetch:
+            wait_fetching(sync, ph, np.int64(x.ctypes.data), (x.nbytes + 63) // 64, np.int64(y.ctypes.data),
+                          np.int64(y.ctypes.data), 4)
+        else:
+            wait_open(sync, ph)
 
 
 @njit(nogil=True, parallel=True)
-def _region(nt, sync, x, y, n_ph):
+def _region(nt, sync, x, y, n_ph, fetch):
     reset(sync)
     for tid in prange(nt):
-        _chain(tid, nt, sync, x, y, n_ph)
+        _chain(tid, nt, sync, x, y, n_ph, fetch)
 
 
 def _expected(n, n_ph):
@@ -45,8 +50,9 @@ def _expected(n, n_ph):
     return x
 
 
+@pytest.mark.parametrize("fetch", [False, True])
 @pytest.mark.parametrize("n", [1, 5, 50])
-def test_phases_complete_in_order_on_all_threads(n):
+def test_phases_complete_in_order_on_all_threads(n, fetch):
     n_ph = 40
     sync = new_sync(n_ph, numba.config.NUMBA_NUM_THREADS)
     for nt in sorted({1, numba.config.NUMBA_NUM_THREADS}):
@@ -54,7 +60,7 @@ def test_phases_complete_in_order_on_all_threads(n):
         try:
             for _ in range(5):  # repeated: a race would show as a wrong sum sooner or later
                 x, y = np.zeros(n), np.ones(1)
-                _region(nt, sync, x, y, n_ph)
+                _region(nt, sync, x, y, n_ph, fetch)
                 np.testing.assert_array_equal(x, _expected(n, n_ph))
         finally:
             numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
@@ -71,6 +77,55 @@ def test_threads_run_one_after_another_do_not_deadlock(order):
     for tid in order:
         _chain(tid, nt, sync, x, y, n_ph)
     np.testing.assert_array_equal(x, _expected(n, n_ph))
+
+
+@pytest.mark.parametrize("kv_dtype", ["f16", "int8"])
+def test_a_waiting_thread_fetches_where_its_next_items_start(q4_tiny, kv_dtype):
+    """_ahead (what a thread waiting at a phase's end asks the caches for): the first bytes of the first
+    items cpu_sync.grab hands the thread in the next phase, in the arrays those items read."""
+    from engine.kernels import cpu_attn
+    from engine.kernels.cpu_fast_step import AHEAD, SPLITS, _ahead
+    model, ff = fast_model(q4_tiny)
+    r = ff.roles
+    cache = model.new_cache(64, kv_dtype)
+    kv = ff.kv_tuple(cache)
+    n_layer = r["wq"][0].shape[0]
+    nxt = {1: ["wo"], 2: ["w_gate", "w_up"], 3: ["w_down"], 4: ["wq", "wk", "wv"]}  # the matmuls after kind k
+
+    def first(tid, n):
+        return grab(new_sync(1, 2), 0, tid, 2, n, 0)[1]
+
+    def ahead(tid, kind, l, pos0=37, t_n=1):
+        return _ahead(tid, 2, kind, l, r["wq"], r["wk"], r["wv"], r["wo"], r["w_gate"], r["w_up"], r["w_down"],
+                      ff.head, kv, pos0, t_n)
+
+    for tid in (0, 1):
+        for l in (0, n_layer - 1):
+            for kind, roles in nxt.items():
+                if kind == 4 and l == n_layer - 1:
+                    continue
+                layer = l + 1 if kind == 4 else l
+                g = first(tid, sum(r[x][0].shape[1] for x in roles))
+                for role in roles:  # the item's matmul and its row group within it
+                    if g < r[role][0].shape[1]:
+                        break
+                    g -= r[role][0].shape[1]
+                qs, d, m = (r[role][i][layer, g] for i in range(3))
+                lines = min(AHEAD, (r[role][0].ctypes.data + r[role][0].nbytes - qs.ctypes.data) // 64)  # to its end
+                assert ahead(tid, kind, l) == (qs.ctypes.data, lines, d.ctypes.data, m.ctypes.data, 8)
+        head = ff.head[2]  # a Q8_0 head (ff.head[0] == 1): blocks in head[2], scales in head[3]
+        assert ff.head[0] == 1
+        g = first(tid, head.shape[0])
+        lines = min(AHEAD, (head.ctypes.data + head.nbytes - head[g].ctypes.data) // 64)
+        want = (head[g].ctypes.data, lines, ff.head[3][g].ctypes.data, ff.head[3][g].ctypes.data, 16)
+        assert ahead(tid, 4, n_layer - 1) == want
+        it = first(tid, SPLITS)  # a decode step's attention: its first item's positions, K then V rows
+        _, _, lo, hi = cpu_attn._work_item(it, 37)
+        kc, vc = (kv[0], kv[1]) if kv_dtype == "f16" else (kv[0], kv[2])
+        lines = -(-(hi - lo) * kc.strides[1] // 64)
+        assert 0 < lines <= AHEAD
+        assert ahead(tid, 0, 1) == (kc[1, lo].ctypes.data, lines, vc[1, lo].ctypes.data, vc[1, lo].ctypes.data, 1)
+        assert ahead(tid, 0, 1, t_n=5)[1] == 0  # a prompt's attention: nothing
 
 
 def test_grab_takes_own_part_first_then_steals():
