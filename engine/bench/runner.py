@@ -18,7 +18,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from .spec import RunSpec, Variant, Workload
 from .worker import RESULT_TAG
@@ -136,7 +136,7 @@ def run_bench(variants: list[Variant], workload: Workload, model: str, repeats: 
 
 
 def _byte_compile(log: Callable[[str], None], packages: tuple[str, ...] = ("engine", "ninfer_tui"),
-                  trees: list[Path] = ()) -> None:
+                  trees: Sequence[Path] = ()) -> None:
     """Write the bytecode of our packages, as a warm start of an installed copy has it (and of the same
     packages in the variants' other checkouts, `trees`). Where PYTHONDONTWRITEBYTECODE is set (this
     project's dev machines), imports never write it, and every run compiled the engine's modules from source
