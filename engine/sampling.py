@@ -58,9 +58,9 @@ class TokenChooser:
         # (vocab,) f32 presence + frequency * count for every token seen so far (0 elsewhere); +inf on banned
         # tokens for the duration of one choose.
         self._pen = np.zeros(vocab_size, np.float32)
-        k = int(p.top_k) if 0 < p.top_k < vocab_size else 0  # top-k at or above the vocabulary is off
-        self._args = (float(p.temperature), k, float(p.top_p), float(p.min_p))
         from . import sampling_fast as sf  # numba loads on first use, not when the UI imports the engine
+        k = sf.top_k_of(p.top_k, vocab_size)
+        self._args = (float(p.temperature), k, float(p.top_p), float(p.min_p))
         self._scan, self._select, self._draw = sf.top_scan, sf.select, sf.draw
         self._us = np.zeros(0, np.float64)  # a decode block's uniforms (block)
         self._rewind = None  # the generator's state before a block drew them
@@ -221,11 +221,11 @@ def _row(logits_row: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(logits_row, dtype=np.float32).reshape(-1)
 
 
-def _buffers(vocab: int, top_k: int):
-    """Candidate buffers for `sampling_fast.select`: ids (cap,) i64, vals (cap,) f32, probs (cap,) f64, and the
-    exp work row (vocab,) f32 the threshold path needs (empty on the small top-k path, which does not)."""
+def _buffers(vocab: int, k: int):
+    """Candidate buffers for `sampling_fast.select` with top-k k (sampling_fast.top_k_of's): ids (cap,) i64,
+    vals (cap,) f32, probs (cap,) f64, and the exp work row (vocab,) f32 the threshold path needs (empty on
+    the small top-k path, which does not)."""
     from .sampling_fast import KMAX
-    k = top_k if 0 < top_k < vocab else 0
     cap = k if 0 < k <= KMAX else vocab
     work = np.empty(0 if 0 < k <= KMAX else vocab, np.float32)
     return np.empty(cap, np.int64), np.empty(cap, np.float32), np.empty(cap, np.float64), work
@@ -236,9 +236,9 @@ def candidates(x: np.ndarray, temperature: float, top_k: int, top_p: float, min_
     """Processed logits x (vocab,) -> (token ids (n,) int64, probabilities (n,) float64 summing to 1) after
     temperature, top-k, top-p and min-p, renormalised, in the candidate order of the module docstring.
     Model-free, exact, and testable by hand (the same jitted code `TokenChooser.choose` runs)."""
-    from .sampling_fast import select
+    from .sampling_fast import select, top_k_of
     x = _row(x)
-    ids, vals, probs, work = _buffers(x.shape[0], int(top_k))
+    ids, vals, probs, work = _buffers(x.shape[0], top_k_of(top_k, x.shape[0]))
     n = select(x, _NO_PEN, float(temperature), int(top_k), float(top_p), float(min_p), work, ids, vals, probs)
     if n <= 0:
         raise ValueError("every token is banned or the logits are not finite")

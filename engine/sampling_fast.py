@@ -265,6 +265,11 @@ def argmax_choice(counts=None) -> tuple:
             np.zeros(0, np.int64), e32, e64)
 
 
+def top_k_of(top_k: int, vocab: int) -> int:
+    """The top-k the chain applies: 0 (off) for 0 or anything at or above the vocabulary."""
+    return int(top_k) if 0 < top_k < vocab else 0
+
+
 def select(x, pen, temperature, top_k, top_p, min_p, work, ids, vals, p):
     """Processed logits x - pen (V,) -> n candidates: ids[:n] (i64), p[:n] (f64, sums to 1), canonical order.
 
@@ -272,7 +277,7 @@ def select(x, pen, temperature, top_k, top_p, min_p, work, ids, vals, p):
     p: capacity top_k on the small-k path, V otherwise. Returns -1 when no token is allowed or the logits are
     not finite. top_k >= V counts as off. Plain Python: the two paths are separate jitted functions so a
     first start compiles only the one its settings use."""
-    k = top_k if 0 < top_k < x.shape[0] else 0
+    k = top_k_of(top_k, x.shape[0])
     if 0 < k <= KMAX:
         return select_top(x, pen, temperature, k, top_p, min_p, ids, vals, p)
     return select_wide(x, pen, temperature, k, top_p, min_p, work, ids, vals, p)
@@ -286,7 +291,7 @@ def compile_plan(greedy: bool, top_k: int, vocab: int) -> list:
     f32, i64, f64 = types.float32[::1], types.int64[::1], types.float64[::1]
     if greedy:
         return [(top_scan, (f32, f32, types.int64, i64, f32))]
-    k = top_k if 0 < top_k < vocab else 0
+    k = top_k_of(top_k, vocab)
     if 0 < k <= KMAX:
         return [(select_top, (f32, f32, types.float64, types.int64, types.float64, types.float64, i64, f32, f64)),
                 (draw, (f64, types.int64, types.float64))]

@@ -80,15 +80,22 @@ def _quant(qa, sa, xs, xin):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _mm_groups(w1, w2, w3, nw):
+    """(groups of w1, of w2, of the nw matmuls together): a matmul phase's items are their row groups in
+    turn."""
+    n1 = w1[0].shape[1]
+    n2 = w2[0].shape[1] if nw >= 2 else 0
+    return n1, n2, n1 + n2 + (w3[0].shape[1] if nw >= 3 else 0)
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _mm_phase(sync, ph, tid, nt, o1, o2, o3, n_in, qa, sa, xs, w1, w2, w3, l, nw):
     """Phase ph: the row groups of up to three matmuls of the quantized input (qa, sa, xs; n_in columns)
     with layer l of the role stacks w1..w3 (nw of them used; mm_q4x3's item order). True for the finisher."""
     t_n = o1.shape[0]
     nb = n_in // QK
     qa_, sa_, xs_ = qa[:t_n, :n_in], sa[:t_n, :nb], xs[:t_n, :nb]
-    n1 = w1[0].shape[1]
-    n2 = w2[0].shape[1] if nw >= 2 else 0
-    n = n1 + n2 + (w3[0].shape[1] if nw >= 3 else 0)
+    n1, n2, n = _mm_groups(w1, w2, w3, nw)
     fin = False
     h = 0
     while True:
@@ -107,13 +114,19 @@ def _mm_phase(sync, ph, tid, nt, o1, o2, o3, n_in, qa, sa, xs, w1, w2, w3, l, nw
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _head_groups(h):
+    """The head's row groups (the head phase's items); h as FusedForward._table builds it."""
+    return h[1].shape[0] if h[0] == 0 else h[2].shape[0]
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _head_phase(sync, ph, tid, nt, logits, n_in, qa, sa, xs, h):
     """Phase ph: the head's row groups; h = (kind 0: q4 | 1: q8, qs4, qs8, d, m, acc16, acc32) as
     FusedForward._table builds it, input n_in columns. True for the finisher."""
     t_n = logits.shape[0]
     nb = n_in // QK
     qa_, sa_, xs_ = qa[:t_n, :n_in], sa[:t_n, :nb], xs[:t_n, :nb]
-    n = h[1].shape[0] if h[0] == 0 else h[2].shape[0]
+    n = _head_groups(h)
     fin = False
     k = 0
     while True:
@@ -174,18 +187,18 @@ def _ahead(tid, nt, kind, l, wq, wk, wv, wo, wg, wu, wd, head, kv, pos0, t_n):
         return _mm_ahead(tid, nt, wd, wd, wd, l, 1)
     if l + 1 < wq[0].shape[0]:
         return _mm_ahead(tid, nt, wq, wk, wv, l + 1, 3)
+    g = tid * _head_groups(head) // nt
     if head[0] == 0:
-        return _groups_ahead(head[1][None], head[3][None], head[4][None], 0, tid * head[1].shape[0] // nt)
-    return _groups_ahead(head[2][None], head[3][None], head[3][None], 0, tid * head[2].shape[0] // nt)
+        return _groups_ahead(head[1][None], head[3][None], head[4][None], 0, g)
+    return _groups_ahead(head[2][None], head[3][None], head[3][None], 0, g)
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _mm_ahead(tid, nt, w1, w2, w3, l, nw):
     """_ahead of a phase of the matmuls w1..w3 of layer l (nw used; _mm_phase's items: their row groups in
     turn): thread tid's part starts at group tid * n // nt."""
-    n1 = w1[0].shape[1]
-    n2 = w2[0].shape[1] if nw >= 2 else 0
-    g = tid * (n1 + n2 + (w3[0].shape[1] if nw >= 3 else 0)) // nt
+    n1, n2, n = _mm_groups(w1, w2, w3, nw)
+    g = tid * n // nt
     w = w1
     if g >= n1 + n2:
         w, g = w3, g - n1 - n2
