@@ -21,9 +21,9 @@ Why this layout (measured on a 2-core Zen 3, AVX2; REFERENCE.md section 8 for th
 - Explicit np.int16 casts everywhere: numba otherwise promotes int16 arithmetic to int64 lanes.
 - T > 1 (prefill chunk, speculative verify): the group's block stays in L1 while all T rows use it, so every
   weight byte comes from memory once per call ("each weight block is read once for all T").
-- On AVX2 hosts (HAVE_AVX2) q4_group / q4_group_batched / q8_group and the T > 1 Q8_0 head run the block
-  kernels of cpu_avx2.py (LLVM IR: vpmaddubsw on unsigned nibbles, 32 multiply-adds per instruction; the
-  batched forms unpack each block once into a 1-2 KiB L1 buffer). They compute the same integer block
+- On AVX2 hosts (HAVE_AVX2) quantize_rows, q4_group / q4_group_batched / q8_group and the T > 1 Q8_0 head
+  run the kernels of cpu_avx2.py (LLVM IR: vpmaddubsw on unsigned nibbles, 32 multiply-adds per
+  instruction; the batched forms unpack each block once into a 1-2 KiB L1 buffer). They compute the same integer block
   sums and the same float expression in the same order as the generic kernels (kept as *_generic), so
   results are bit-identical, and batched rows equal one-row calls. Measured (scripts/matmul_bench.py,
   SmolLM2 layers, 1 thread on a loaded machine, two runs): T=1 1.3-1.75x, T=8 2.2x, T=64 2.1x faster;
@@ -262,6 +262,35 @@ def quantize_rows(qa, sa, xs, x):
                 isum += np.int32(q)
             sa[t, b] = _f16_round(d)
             xs[t, b] = _f16_round(d * F32(isum))
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def quantize_rows_avx2(qa, sa, xs, x):
+    """quantize_rows with each block's |x| max and its int8 values as vectors (cpu_avx2.absmax32, quant32):
+    the same operations per value, so the same bits. In three passes over a row's blocks: the maxima (into
+    sa), the scales and their inverses (into sa and xs: one vdivps for 8 blocks; error_model="numpy" keeps
+    numba's division-by-zero check, a branch, out of that loop), then the values and sums. One block's
+    chain (max, divisions, rounding, sum) is ~80 cycles of latency; blocks overlap when nothing ties them.
+    ~0.1 instead of ~0.45 us for 576 values. x's and qa's rows must be contiguous (x[:, :n] views are)."""
+    t_n, n = x.shape
+    nb = n // QK
+    for t in range(t_n):
+        xo, ao = t * (x.strides[0] // 4), t * qa.strides[0]
+        for b in range(nb):
+            sa[t, b] = cpu_avx2.absmax32(x, xo + b * QK)
+        for b in range(nb):
+            amax = sa[t, b]
+            xs[t, b] = F32(127.0) / amax if amax > 0 else F32(0.0)
+            sa[t, b] = amax / F32(127.0)
+        for b in range(nb):
+            d = sa[t, b]
+            isum = cpu_avx2.quant32(qa, ao + b * QK, x, xo + b * QK, xs[t, b])
+            sa[t, b] = _f16_round(d)
+            xs[t, b] = _f16_round(d * F32(isum))
+
+
+if HAVE_AVX2:  # the generic loop stays as the reference and for other CPUs
+    quantize_rows_generic, quantize_rows = quantize_rows, quantize_rows_avx2
 
 
 # ----------------------------------------------------------------------------------------- matmul kernels

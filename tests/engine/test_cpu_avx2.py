@@ -65,6 +65,32 @@ def test_avx2_kernels_equal_generic_bitwise(qtype, rows, cols, extreme):
     np.testing.assert_array_equal(gotb, want)
 
 
+def test_avx2_quantize_rows_equals_generic_bitwise():
+    """The activations' quantization (cpu_avx2.absmax32 / quant32) gives the generic loop's int8 values, f16
+    scales and block sums: a block of zeros, exact ties at .5 after scaling (round half to even), +-1
+    everywhere, the f32 extremes of a row, and rows that are views of wider buffers (as the step passes)."""
+    from engine.kernels import cpu_fast as F
+    if not F.HAVE_AVX2:
+        pytest.skip("host without AVX2 (or NINFER_CPU_GENERIC set)")
+    rng = np.random.default_rng(7)
+    for t_n, n in ((1, 576), (5, 1536), (3, 64)):
+        x = np.zeros((t_n, n + 32), np.float32)
+        x[:, :n] = rng.standard_normal((t_n, n)) * 10.0 ** rng.integers(-3, 4, (t_n, 1))
+        x[0, :32] = 0.0
+        ties = np.arange(31) - 15.5  # with a block max of 127 the scale's inverse is 1: x * inv are ties at .5
+        x[0, 32], x[0, 33:64] = 127.0, ties
+        x[-1, n - 32:n] = np.sign(x[-1, n - 32:n])
+        x[-1, 0] = 3e38
+        got = [np.full((t_n, w), 99, dt) for w, dt in ((n + 64, np.int8), (n // 32 + 3, np.float32),
+                                                        (n // 32 + 3, np.float32))]
+        want = [a.copy() for a in got]
+        for f, (qa, sa, xs) in ((F.quantize_rows, got), (F.quantize_rows_generic, want)):
+            f(qa[:, :n], sa[:, :n // 32], xs[:, :n // 32], x[:, :n])
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+        np.testing.assert_array_equal(want[0][0, 33:64], np.rint(ties))  # half to even, as numpy rounds
+
+
 GENERIC = """
 import json
 import numpy as np

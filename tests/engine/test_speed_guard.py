@@ -58,14 +58,29 @@ def test_fast_matmul_matches_reference(qtype, rows, cols, t_n):
     np.testing.assert_allclose(emb, dequantize(qt)[tokens], rtol=1e-6, atol=1e-7)
 
 
-def test_f16_store_bits_match_numpy():
-    from engine.kernels.cpu_attn import store_f16
+@pytest.mark.parametrize("kind", ["store", "soft", "hw"])
+def test_f16_store_bits_match_numpy(kind):
+    """store_f16 (the cache's writes) and both converters it may use: F16C's and the bit-by-bit fallback."""
+    from numba import njit
+
+    from engine.kernels import cpu_attn
+    if kind == "hw" and not cpu_attn.HAS_F16C:
+        pytest.skip("no F16C on this CPU")
     rng = np.random.default_rng(0)
     vals = np.concatenate([rng.standard_normal(4000) * 10.0 ** rng.integers(-9, 6, 4000),
                            [0.0, -0.0, 65504.0, 65520.0, 1e6, -1e6, 6e-8, 3e-8, 2.98e-8, 6.1e-5, np.inf, -np.inf]])
     x = vals.astype(np.float32).reshape(-1, 1, 1)
     cache = np.zeros((x.shape[0], 1, 1), np.uint16)
-    store_f16(cache, x, 0)
+    if kind == "store":
+        cpu_attn.store_f16(cache, x, 0)
+    else:
+        conv = cpu_attn.f32_to_f16_bits if kind == "soft" else cpu_attn.f2h_hw
+
+        @njit
+        def run(out, x):
+            for i in range(x.shape[0]):
+                out[i] = conv(x[i])
+        run(cache.ravel(), x.ravel())
     np.testing.assert_array_equal(cache.ravel(), x.ravel().astype(np.float16).view(np.uint16))
 
 
@@ -269,12 +284,18 @@ d = np.zeros((ng, nb, G), np.uint16)  # f16 bits
 F.q4_group(out, qa, sa, sa, np.zeros((ng, nb, 16, G), np.uint8), d, d, np.zeros(G, np.int16), 0)
 F.q4_group_batched(out, qa, sa, sa, np.zeros((ng, nb, 16, G), np.uint8), d, d, 0)
 F.q8_group(out, qa, sa, np.zeros((ng, nb, 16, 2 * G), np.int8), d, np.zeros(G, np.int32), 0)
+F.quantize_rows(qa, sa, sa.copy(), np.ones((t, nb * 32), np.float32))
+from engine.kernels.cpu_attn import store_f16
+store_f16(np.zeros((4, 3, 64), np.uint16), np.ones((1, 3, 64), np.float32), 2)
 res = {{}}
-for name, f in (("q4_group", F.q4_group), ("q4_group_batched", F.q4_group_batched), ("q8_group", F.q8_group)):
+for name, f in (("q4_group", F.q4_group), ("q4_group_batched", F.q4_group_batched), ("q8_group", F.q8_group),
+                ("quantize_rows", F.quantize_rows), ("store_f16", store_f16)):
     asm = "\\n".join(f.inspect_asm().values())
     res[name] = {{"wide": len(re.findall(r"%[yz]mm", asm)),
                        "madd": len(re.findall(r"vpmull[wd]|vpmaddwd|vpmaddubsw|vpdpbusd|vpdpwssd", asm)),
                        "cvtph": len(re.findall(r"vcvtph2ps", asm)),
+                       "cvtps2ph": len(re.findall(r"vcvtps2ph", asm)),
+                       "round": len(re.findall(r"vroundps", asm)),
                        "prefetch": len(re.findall(r"prefetcht0", asm))}}
 print(json.dumps(res))
 """
@@ -291,10 +312,17 @@ def _has_avx2() -> bool:
 def test_integer_kernels_are_vectorized(tmp_path):
     # a fresh cache dir: numba cannot show the assembly of code loaded from its cache
     res = _run_py(ASM.format(), {"NUMBA_CACHE_DIR": str(tmp_path / "numba")})
+    f16c = " f16c" in Path("/proc/cpuinfo").read_text()
+    # the activations' quantization (every matmul's input, the decode step's serial tails) rounds 8 values per
+    # instruction; the KV cache's f16 writes convert 8 per vcvtps2ph
+    quant, store = res.pop("quantize_rows"), res.pop("store_f16")
+    assert quant["round"] >= 1 and quant["wide"] >= 8, quant
+    if f16c:
+        assert store["cvtps2ph"] >= 1, store
     for name, r in res.items():
         assert r["wide"] >= 16, (name, r)  # 256/512-bit registers in the hot loop
         assert r["madd"] >= 2, (name, r)  # packed integer multiplies, not scalar imul
-        if " f16c" in Path("/proc/cpuinfo").read_text():
+        if f16c:
             assert r["cvtph"] >= 1, (name, r)  # f16 scales converted in vector registers, no per-value call
     for name in ("q4_group", "q8_group"):  # the decode kernels prefetch the weight stream (cpu_avx2.PREFETCH)
         assert res[name]["prefetch"] >= 8, (name, res[name])
