@@ -6,7 +6,9 @@ from the page cache into fresh arrays takes ~0.08 s.
 
 Key: the model file's identity (real path, size, mtime, inode) and the sources of the layout code
 (cpu_fast.py, cpu_repack.py) and of this file: a changed model file or layout is never served old bytes.
-One file per model path, `<cache root>/weights/<path digest>-<identity and code digest>.bin`: a magic line,
+One file per model path and layout code, `<cache root>/weights/<path digest>-<code digest>-<identity
+digest>.bin` (two builds started in turn, as a benchmark's A-B of two checkouts does, keep one each instead of
+deleting each other's and repacking at every start): a magic line,
 the header's length, a JSON header (per name: each array's dtype, shape and offset; the data's size), then
 the arrays from the next 64-byte boundary. Written whole to a temporary file and renamed into place, so a
 reader sees a whole file or none; any problem reading one (missing, truncated, corrupt, another model's)
@@ -68,7 +70,8 @@ class WeightStore:
         self.identity = {"path": real, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino,
                          "code": _code_digest()}
         ident = hashlib.sha256(json.dumps(self.identity, sort_keys=True).encode()).hexdigest()[:24]
-        self.prefix = hashlib.sha256(real.encode()).hexdigest()[:16]
+        # this path's files of this code: an older one is another version of the model file, never read again
+        self.prefix = f"{hashlib.sha256(real.encode()).hexdigest()[:16]}-{self.identity['code']}"
         self.path = cache_dir() / f"{self.prefix}-{ident}.bin"
         self._index: dict[str, list] = {}  # name -> [[dtype, shape, offset from the data start, crc32], ...]
         self._base = 0

@@ -81,6 +81,27 @@ def test_a_changed_model_file_is_not_served_old_arrays(store_dir, tmp_path):
     np.testing.assert_array_equal(WeightStore(model).get("a")[0], _arrays(1)[0])
 
 
+def test_two_builds_in_turn_keep_a_file_each(store_dir, tmp_path, monkeypatch):
+    """Two layout codes started in turn on one model (an A-B of two checkouts) each find their own file;
+    a new version of the model file still replaces this code's old one."""
+    model = _model_file(tmp_path)
+    for code in ("aaaa", "bbbb"):
+        monkeypatch.setattr(weight_store, "_code_digest", lambda c=code: c)
+        s = WeightStore(model)
+        s.put("a", _arrays(len(code) + ord(code[0]))[:1])
+        s.save()
+    for code in ("aaaa", "bbbb", "aaaa"):
+        monkeypatch.setattr(weight_store, "_code_digest", lambda c=code: c)
+        np.testing.assert_array_equal(WeightStore(model).get("a")[0], _arrays(len(code) + ord(code[0]))[0])
+    assert len(list(store_dir.glob("*.bin"))) == 2
+    model.write_bytes(b"a new version of the model")
+    s = WeightStore(model)  # code "aaaa"
+    s.put("a", _arrays(9)[:1])
+    s.save()
+    names = sorted(p.name for p in store_dir.glob("*.bin"))
+    assert len(names) == 2 and sum("-aaaa-" in n for n in names) == 1 and sum("-bbbb-" in n for n in names) == 1
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip", "garbage", "empty", "header"])
 def test_a_damaged_file_means_prepare_again(store_dir, tmp_path, damage):
     model = _model_file(tmp_path)
