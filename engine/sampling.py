@@ -31,12 +31,17 @@ per-chooser work row and sorts only the tokens above a widening threshold that c
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from .config import SamplingParams
 from .thinking import REASONING
 
 _NEG_INF = np.float32(-np.inf)
+if TYPE_CHECKING:
+    from .sampling_fast import BlockChoice
+
 _NO_PEN = np.zeros(0, np.float32)  # "no penalty row": the scans skip the subtraction
 
 
@@ -96,25 +101,24 @@ class TokenChooser:
             tok = th.redirect(tok)
         return tok
 
-    def block(self, n: int) -> tuple | None:
+    def block(self, n: int) -> BlockChoice | None:
         """The choice of the next n tokens as a decode block takes it inside one call (Model.decode_block,
         cpu_fast_step._choose), or None when a choice needs this class: the thinking state may force or ban
         within n tokens (`block_room`). Greedy with penalties goes as top-1 sampling over the penalised
         logits: one candidate (top_scan's, the one `choose` takes), drawn with probability 1 from a zero
         uniform, so the generator is not touched (greedy draws none). Sampling takes `select`'s path
-        (small top-k, or the full vocabulary with this chooser's work row). (mode 0 argmax | 1 sampled,
-        temperature, top_k (0: off), top_p, min_p, presence, frequency, penalty row or empty, counts, n
-        uniforms, work row or empty, ids, vals, probs). The uniforms are drawn ahead; `accepted` rewinds the
-        generator to where one draw per token taken leaves it, so the tokens and the draws that follow are
-        those of single `choose` calls."""
-        from .sampling_fast import argmax_choice
+        (small top-k, or the full vocabulary with this chooser's work row). The uniforms are drawn ahead;
+        `accepted` rewinds the generator to where one draw per token taken leaves it, so the tokens and the
+        draws that follow are those of single `choose` calls."""
+        from .sampling_fast import BlockChoice, argmax_choice
         th, p = self.thinking, self.params
         if th is not None and th.block_room(n) < n:
             return None
         if p.is_greedy:
             if self._penalised:
-                return (1, 1.0, 1, 1.0, 0.0, float(p.presence_penalty), float(p.frequency_penalty), self._pen,
-                        self.counts, self._uniforms(n), self._work, self._ids, self._vals, self._p)
+                return BlockChoice(1, 1.0, 1, 1.0, 0.0, float(p.presence_penalty), float(p.frequency_penalty),
+                                   self._pen, self.counts, self._uniforms(n), self._work, self._ids, self._vals,
+                                   self._p)
             if self._argmax is None:
                 self._argmax = argmax_choice(self.counts)
             return self._argmax
@@ -122,9 +126,9 @@ class TokenChooser:
         self._rewind = self.rng.bit_generator.state
         us = self._uniforms(n)
         self.rng.random(out=us)
-        return (1, t, k, top_p, min_p, float(p.presence_penalty), float(p.frequency_penalty),
-                self._pen if self._penalised else _NO_PEN, self.counts, us, self._work, self._ids, self._vals,
-                self._p)
+        return BlockChoice(1, t, k, top_p, min_p, float(p.presence_penalty), float(p.frequency_penalty),
+                           self._pen if self._penalised else _NO_PEN, self.counts, us, self._work, self._ids,
+                           self._vals, self._p)
 
     def _uniforms(self, n: int) -> np.ndarray:
         """(n,) f64 view of the block's uniforms buffer (grown when needed; zeros until a sampled block

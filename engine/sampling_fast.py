@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import engine.numba_env  # noqa: F401  (numba flags / cache dir before numba loads)
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
@@ -256,13 +258,31 @@ def block_choice(x, pen, counts, temperature, k, top_p, min_p, presence, frequen
     return tok
 
 
-def argmax_choice(counts=None) -> tuple:
-    """The choice tuple of a decode block (cpu_fast_step._choose) that takes the argmax, counting it into
-    counts when given: the shape of TokenChooser.block's sampled one, so one compiled fused_forward serves
-    both."""
+class BlockChoice(NamedTuple):
+    """How a decode block chooses each of its tokens inside the fused step (cpu_fast_step._choose), from
+    TokenChooser.block. One shape for every setting, so one compiled fused_forward serves them all; arrays a
+    setting does not use are empty."""
+    mode: int  # 0: the argmax; 1: block_choice (sampling, or greedy with penalties as top-1 sampling)
+    temperature: float
+    top_k: int  # as select takes it: 0 for off, else below the vocabulary (top_k_of)
+    top_p: float
+    min_p: float
+    presence: float
+    frequency: float
+    pen: np.ndarray  # (V,) f32 penalty row, or empty
+    counts: np.ndarray  # (V,) i32: each chosen token counted (the chooser's penalty state), or empty
+    uniforms: np.ndarray  # (n,) f64: pass s draws with uniforms[s]
+    work: np.ndarray  # (V,) f32 work row of the full-vocabulary path, or empty
+    ids: np.ndarray  # select's candidate buffers: i64, f32, f64
+    vals: np.ndarray
+    p: np.ndarray
+
+
+def argmax_choice(counts=None) -> BlockChoice:
+    """A decode block's choice that takes the argmax, counting it into counts when given."""
     e32, e64 = np.zeros(0, np.float32), np.zeros(0, np.float64)
-    return (0, 0.0, 0, 1.0, 0.0, 0.0, 0.0, e32, np.zeros(0, np.int32) if counts is None else counts, e64, e32,
-            np.zeros(0, np.int64), e32, e64)
+    return BlockChoice(0, 0.0, 0, 1.0, 0.0, 0.0, 0.0, e32, np.zeros(0, np.int32) if counts is None else counts,
+                       e64, e32, np.zeros(0, np.int64), e32, e64)
 
 
 def top_k_of(top_k: int, vocab: int) -> int:

@@ -465,14 +465,16 @@ def n_phases(n_layer, wide=False):
 def _choose(x, choice, s):
     """Pass s's token from its logits x: the argmax (mode 0) or a sampled choice (engine.sampling_fast
     .block_choice with the pass's uniform); either counts it into the chooser's penalty state."""
-    mode, temperature, k, top_p, min_p, presence, frequency, pen, counts, us, work, ids, vals, p = choice
+    # a BlockChoice's fields, in order: it comes in as a plain tuple (call_args), as a NamedTuple argument cost
+    # numba's dispatcher ~210 bytes of Python memory per call that were never freed (measured, numba 0.68)
+    mode, temperature, top_k, top_p, min_p, presence, frequency, pen, counts, uniforms, work, ids, vals, p = choice
     if mode == 0:
         tok = cpu.argmax_row(x)
         if counts.shape[0] > 0:
             counts[tok] += 1
         return tok
-    return block_choice(x, pen, counts, temperature, k, top_p, min_p, presence, frequency, us[s], work, ids,
-                        vals, p)
+    return block_choice(x, pen, counts, temperature, top_k, top_p, min_p, presence, frequency, uniforms[s], work,
+                        ids, vals, p)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -530,8 +532,8 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
     nt = the caller's numba.get_num_threads() (called in here, it would keep numba from caching this
     function). Writes logits rows for the last `rows_out` positions into bufs[13][:rows_out].
 
-    chain (n + 1,) int32, stops (S,) int32, choice (TokenChooser.block's tuple): with n = 0, the one pass
-    above (chain and choice unused). With n > 0, a decode block (tokens unused): chain[0] is forwarded at
+    chain (n + 1,) int32, stops (S,) int32, choice (a sampling_fast.BlockChoice as a plain tuple): with n = 0,
+    the one pass above (chain and choice unused). With n > 0, a decode block (tokens unused): chain[0] is forwarded at
     pos0, the token chosen from its logits (the argmax, np.argmax's choice, or a sampled one: _choose)
     becomes chain[1] and is forwarded at pos0 + 1, and so on, until n tokens are chosen or one is in stops
     (or is -1: nothing could be chosen). Returns the number of tokens chosen (0 for a plain pass): that
@@ -622,7 +624,7 @@ class FusedForward:
                              numba.config.NUMBA_NUM_THREADS)
         self.chain = np.zeros(BLOCK + 1, np.int32)  # a decode block's tokens (fused_forward)
         self._stops = (frozenset(), np.zeros(0, np.int32))  # the last stop set and its array
-        self.argmax = argmax_choice()  # a block's choice when the caller gives none (plain argmax)
+        self.argmax = tuple(argmax_choice())  # a block's choice when the caller gives none (plain argmax)
         self._alloc(max(1, model.state.max_t), 1)
 
     @staticmethod
@@ -673,7 +675,7 @@ class FusedForward:
         return (tokens, pos0, rows_out, self.bufs, self.emb, self.head, self.norms, self.rope, r["wq"], r["wk"],
                 r["wv"], r["wo"], r["w_gate"], r["w_up"], r["w_down"], self.bias, self.qk_norm, kv, scratch,
                 self.sync, nt, self.chain[:1] if chain is None else chain,
-                self._stops[1] if stops is None else stops, self.argmax if choice is None else choice)
+                self._stops[1] if stops is None else stops, self.argmax if choice is None else tuple(choice))
 
     def run(self, tokens: np.ndarray, pos0: int, cache, rows_out: int) -> np.ndarray:
         """The jitted step only (no checks, no copy): logits (rows_out, vocab) view of the internal buffer."""
@@ -683,7 +685,7 @@ class FusedForward:
 
     def block(self, token: int, pos0: int, cache, n: int, stop_ids, choice=None) -> list[int]:
         """Up to n (<= BLOCK) tokens after `token` at pos0 in one call (fused_forward's block), each chosen
-        from the previous pass's logits by `choice` (TokenChooser.block's tuple; None: the argmax) and
+        from the previous pass's logits by `choice` (a BlockChoice; None: the argmax) and
         forwarded next; stops after a token in stop_ids (returned last) or -1 (nothing to choose). The cache
         then holds pos0 + len(result) positions. A probe of the contention guard runs one."""
         n = max(1, min(n, BLOCK, self.guard.block_limit()))

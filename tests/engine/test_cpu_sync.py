@@ -377,14 +377,14 @@ def test_block_choice_only_where_the_chain_allows_it(q4_tiny):
     from engine.sampling import TokenChooser
     from engine.thinking import ThinkingPlan, ThinkingState
     v = 300
-    assert TokenChooser(SamplingParams(greedy=True), v).block(4)[0] == 0
-    assert TokenChooser(SamplingParams(temperature=0.7, top_k=20), v).block(4)[0] == 1
+    assert TokenChooser(SamplingParams(greedy=True), v).block(4).mode == 0
+    assert TokenChooser(SamplingParams(temperature=0.7, top_k=20), v).block(4).mode == 1
     wide = TokenChooser(SamplingParams(temperature=0.7, top_k=0, top_p=0.9), v).block(4)  # the full-vocabulary path
-    assert wide[:3] == (1, 0.7, 0) and wide[10].shape == (v,)  # k 0, the chooser's work row
-    assert TokenChooser(SamplingParams(temperature=0.7, top_k=v), v).block(4)[2] == 0  # k >= vocabulary: off
-    assert TokenChooser(SamplingParams(temperature=0.7, top_k=20), v).block(4)[10].shape == (0,)
+    assert wide[:3] == (1, 0.7, 0) and wide.work.shape == (v,)  # k 0, the chooser's work row
+    assert TokenChooser(SamplingParams(temperature=0.7, top_k=v), v).block(4).top_k == 0  # k >= vocabulary: off
+    assert TokenChooser(SamplingParams(temperature=0.7, top_k=20), v).block(4).work.shape == (0,)
     pen = TokenChooser(SamplingParams(greedy=True, frequency_penalty=0.5), v)
-    assert pen.block(4)[:3] == (1, 1.0, 1) and pen.block(4)[9].tolist() == [0.0] * 4  # top-1, zero uniforms
+    assert pen.block(4)[:3] == (1, 1.0, 1) and pen.block(4).uniforms.tolist() == [0.0] * 4  # top-1, zero uniforms
     plan = ThinkingPlan("prompted", open_ids=(5,), close_ids=(6,), forced_ids=(6,), budget=3, start="reasoning")
     reasoning = TokenChooser(SamplingParams(greedy=True), v, thinking=ThinkingState(plan))
     assert reasoning.block(4) is None and reasoning.block_room(4) == 3  # the budget's boundary may force

@@ -253,10 +253,19 @@ choice = ch.block(4)
 w0 = rtsys.get_allocation_stats().alloc
 wide = fz.block(7, 11, cache, 4, frozenset({{3}}), choice)
 wide_allocs = rtsys.get_allocation_stats().alloc - w0 - unbox
+tracemalloc.start()
+snap2 = tracemalloc.take_snapshot()
+for i in range(3):  # Python memory a block keeps per call (a NamedTuple argument once did: numba's dispatcher)
+    cache.truncate(11)
+    fz.block(7, 11, cache, 4, frozenset({{3}}), choice)
+snap3 = tracemalloc.take_snapshot()
+tracemalloc.stop()
+py_block = sum(s.count_diff for s in snap3.compare_to(snap2, "filename") if s.count_diff > 0
+               and "tracemalloc" not in str(s.traceback))
 py_new = sum(s.count_diff for s in snap1.compare_to(snap0, "filename") if s.count_diff > 0
              and "tracemalloc" not in str(s.traceback))
 print(json.dumps({{"nrt_allocs": (after.alloc - before.alloc) / 3 - unbox, "unbox": unbox,
-                  "py_blocks": py_new, "per_region": per_region, "block": block, "block_passes": len(got),
+                  "py_blocks": py_new, "py_block_calls": py_block, "per_region": per_region, "block": block, "block_passes": len(got),
                   "wide": wide_allocs, "wide_passes": len(wide), "regions": 1}}))
 """
 
@@ -270,6 +279,7 @@ def test_decode_step_allocates_nothing(q4_tiny):
     assert res["unbox"] > 0, res  # the probe works
     assert res["nrt_allocs"] <= res["regions"] * res["per_region"] + 1, res
     assert res["py_blocks"] <= 2, res  # the call's argument tuples are reused/freed; no array per step
+    assert res["py_block_calls"] <= 2, res  # the same for a sampled block and its BlockChoice
     assert res["block"] <= res["per_region"] + res["block_passes"], res  # a greedy block: the same per pass
     assert res["wide"] <= res["per_region"] + res["wide_passes"], res
 
