@@ -38,10 +38,10 @@ import numpy as np
 from .config import SamplingParams
 from .thinking import REASONING
 
-_NEG_INF = np.float32(-np.inf)
 if TYPE_CHECKING:
     from .sampling_fast import BlockChoice
 
+_NEG_INF = np.float32(-np.inf)
 _NO_PEN = np.zeros(0, np.float32)  # "no penalty row": the scans skip the subtraction
 
 

@@ -533,9 +533,9 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
     function). Writes logits rows for the last `rows_out` positions into bufs[13][:rows_out].
 
     chain (n + 1,) int32, stops (S,) int32, choice (a sampling_fast.BlockChoice as a plain tuple): with n = 0,
-    the one pass above (chain and choice unused). With n > 0, a decode block (tokens unused): chain[0] is forwarded at
-    pos0, the token chosen from its logits (the argmax, np.argmax's choice, or a sampled one: _choose)
-    becomes chain[1] and is forwarded at pos0 + 1, and so on, until n tokens are chosen or one is in stops
+    the one pass above (chain and choice unused). With n > 0, a decode block (tokens unused): chain[0] is
+    forwarded at pos0, the token chosen from its logits (the argmax, np.argmax's choice, or a sampled one:
+    _choose) becomes chain[1] and is forwarded at pos0 + 1, and so on, until n tokens are chosen or one is in stops
     (or is -1: nothing could be chosen). Returns the number of tokens chosen (0 for a plain pass): that
     many positions from pos0 now hold KV rows, the last chosen token's not yet. One call for n tokens saves
     n - 1 calls into numba (~140 us each after a step's weight stream) and the Python of n - 1 rounds

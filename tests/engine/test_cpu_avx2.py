@@ -89,6 +89,13 @@ def test_avx2_quantize_rows_equals_generic_bitwise():
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w)
         np.testing.assert_array_equal(want[0][0, 33:64], np.rint(ties))  # half to even, as numpy rounds
+    xt = np.ascontiguousarray(x[:, :64].T)[:, :3].T  # values 3 apart in memory: the generic loop serves them
+    got = [np.zeros((3, 64), np.int8), np.zeros((3, 2), np.float32), np.zeros((3, 2), np.float32)]
+    want = [a.copy() for a in got]
+    F.quantize_rows(*got, xt)
+    F.quantize_rows_generic(*want, np.ascontiguousarray(xt))
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
 
 
 GENERIC = """
