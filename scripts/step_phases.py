@@ -1,16 +1,18 @@
 """Where the fused decode step's time goes, phase by phase, and an A-B of step versions in one process.
 
-    PYTHONPATH=. .venv/bin/python scripts/step_phases.py [--ctx 60] [--steps 400] [--rows 256] [REV ...]
+    PYTHONPATH=. .venv/bin/python scripts/step_phases.py [--ctx 60] [--steps 400] [--rows 256] [--with MODULE] [REV ...]
 
 --rows N (> 1) times a prompt's pass of N rows at positions ctx.. instead of a decode step (figures are
 then us per pass); a pass of 32+ rows has a tail phase after each phase ("+tail").
 
 Each REV (a git revision, or "." for the working tree; default ".") gives the source of
-engine/kernels/cpu_fast_step.py (and of cpu_attn.py, attention's kernels, with --with-attn), which is copied with cycle stamps (`llvm.readcyclecounter`) added after each
-thread's share of a phase and after each wait, and compiled uncached. The copies use this tree's kernels
-and the SmolLM2 model's weights, and run alternately (A-B-B-A...) on the same cache and tokens, both
-threads, the contention guard off. Printed per version: the step's wall time, whether its logits equal the
-first version's, and per phase kind, summed over the layers (us per token, medians over the steps):
+engine/kernels/cpu_fast_step.py, which is copied with cycle stamps (`llvm.readcyclecounter`) added after
+each thread's share of a phase and after each wait, and compiled uncached; with --with MODULE (e.g.
+cpu_fast: the matmuls and the quantizer; cpu_attn) also that kernel module's source at REV, where the step
+imports it. The copies use this tree's other kernels and the SmolLM2 model's weights, and run
+alternately (A-B-B-A...) on the same cache and tokens, both threads, the contention guard off. Printed
+per version: the step's wall time, whether its logits equal the first version's, and per phase kind,
+summed over the layers (us per token, medians over the steps):
   span    from the previous phase opening to this one opening (the phases' spans add up to the step)
   work_f  the finishing thread's claimed items; work_o the other thread's
   tail    the serial tail the finisher runs (norms, rope, KV store, merges, activation quantization)
@@ -145,8 +147,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--rows", type=int, default=1,
                     help="tokens per pass: 1 is a decode step; more is one prefill chunk (e.g. 256)")
-    ap.add_argument("--with-attn", action="store_true",
-                    help="each version also uses its revision's engine/kernels/cpu_attn.py (attention's kernels)")
+    ap.add_argument("--with", dest="with_mods", action="append", default=[], metavar="MODULE",
+                    help="each version also uses its revision's engine/kernels/MODULE.py where the step imports it "
+                         "(e.g. cpu_fast: the matmuls and the quantizer; cpu_attn); repeatable")
+    ap.add_argument("--with-attn", action="store_true", help="the same as --with cpu_attn")
     a = ap.parse_args()
     import numba
     import numpy as np
@@ -166,11 +170,12 @@ def main() -> int:
     mods = {}
     for j, rev in enumerate(a.revs):
         step_src = instrument(source(rev))
-        if a.with_attn:
-            with open(os.path.join(tmp, f"attn_v{j}.py"), "w", encoding="utf-8") as f:
-                f.write(absolute(source(rev, "engine/kernels/cpu_attn.py")))
-            step_src = step_src.replace("from engine.kernels import cpu_attn as A", f"import attn_v{j} as A")
-            step_src = step_src.replace("from engine.kernels.cpu_attn import", f"from attn_v{j} import")
+        for m in dict.fromkeys(a.with_mods + (["cpu_attn"] if a.with_attn else [])):
+            with open(os.path.join(tmp, f"{m}_v{j}.py"), "w", encoding="utf-8") as f:
+                f.write(absolute(source(rev, f"engine/kernels/{m}.py")))
+            step_src = re.sub(rf"from engine\.kernels import {m} as (\w+)", rf"import {m}_v{j} as \1", step_src)
+            step_src = re.sub(rf"^from engine\.kernels import {m}$", f"import {m}_v{j} as {m}", step_src, flags=re.M)
+            step_src = step_src.replace(f"from engine.kernels.{m} import", f"from {m}_v{j} import")
         with open(os.path.join(tmp, f"step_v{j}.py"), "w", encoding="utf-8") as f:
             f.write(step_src)
         mods[rev] = importlib.import_module(f"step_v{j}")
