@@ -14,9 +14,10 @@ Run-level keys a variant may also set: `busy=1` (run it while another process sp
 (empty numba/tokenizer caches: a cold start), `threads=N`, `env.NAME=value` (an environment variable of
 the run, e.g. `env.NINFER_THREADING_LAYER=workqueue` or `env.GOMP_SPINCOUNT=10000`), and `tree=PATH`: run
 our engine from another checkout of ninfer-chat (e.g. `git worktree add ../base HEAD~1`), so that two builds
-alternate in one run. Its worker takes this one's run spec (JSON) and its numba cache is its own (the cache
-folder is keyed on the kernels' sources); where the two differ in the repack code (engine/weight_store.py's
-digest), each start replaces the other's stored weights and repacks.
+alternate in one run. Its worker takes this one's run spec (JSON); its numba cache and its stored weights
+are its own (both keyed on the code: the kernels' sources, engine/weight_store.py's digest). A checkout from
+before that store keyed its file names on the code (802d084) deletes the other's stored weights whenever it
+writes its own, i.e. only on a start that found none.
 """
 from __future__ import annotations
 

@@ -265,8 +265,8 @@ py_block = sum(s.count_diff for s in snap3.compare_to(snap2, "filename") if s.co
 py_new = sum(s.count_diff for s in snap1.compare_to(snap0, "filename") if s.count_diff > 0
              and "tracemalloc" not in str(s.traceback))
 print(json.dumps({{"nrt_allocs": (after.alloc - before.alloc) / 3 - unbox, "unbox": unbox,
-                  "py_blocks": py_new, "py_block_calls": py_block, "per_region": per_region, "block": block, "block_passes": len(got),
-                  "wide": wide_allocs, "wide_passes": len(wide), "regions": 1}}))
+                  "py_blocks": py_new, "py_block_calls": py_block, "per_region": per_region, "block": block,
+                  "block_passes": len(got), "wide": wide_allocs, "wide_passes": len(wide), "regions": 1}}))
 """
 
 
