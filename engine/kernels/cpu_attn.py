@@ -25,8 +25,8 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
-from .cpu_attn_avx2 import kdot4, kdot8, vsum
-from .cpu_attn_int8_avx2 import kdot4_q8, kdot8_q8, vsum_q8
+from .cpu_attn_avx2 import GROUP_HEADS, kdot4, kdot4_heads, kdot8, kdot8_heads, vsum, vsum_heads
+from .cpu_attn_int8_avx2 import kdot4_q8, kdot4_q8_heads, kdot8_q8, kdot8_q8_heads, vsum_q8, vsum_q8_heads
 
 F32 = np.float32
 _LOG2E = F32(1.4426950408889634)
@@ -319,13 +319,13 @@ def _f16(kv):
     return isinstance(kv, types.UniTuple) and kv.count == 2
 
 
-def _kdot8(kv, s, o, q, p, kh, scale):
-    """s[o:o + 8] <- scale * q . K[p:p + 8, kh] (numba only, see the overload)."""
+def _kdot8(kv, sc, o, qt, p, group, scale):
+    """sc[h, o:o + 8] <- scale * qt[h] . K[p:p + 8, h // group] for every head h (numba only, see the overload)."""
     raise NotImplementedError
 
 
-def _kdot4(kv, s, o, q, p, kh, scale):
-    """s[o:o + 4] <- scale * q . K[p:p + 4, kh] (numba only, see the overload)."""
+def _kdot4(kv, sc, o, qt, p, group, scale):
+    """sc[h, o:o + 4] <- scale * qt[h] . K[p:p + 4, h // group] for every head h (numba only, see the overload)."""
     raise NotImplementedError
 
 
@@ -334,27 +334,42 @@ def _dot1(kv, q, p, kh):
     raise NotImplementedError
 
 
-def _vsum(kv, acc, s, o, n, p, kh):
-    """acc[:hd] += sum over i < n of s[o + i] * V[p + i, kh] (numba only, see the overload)."""
+def _vsum(kv, pt, sc, o, n, p, group):
+    """pt[h // group, h % group, :hd] += sum over i < n of sc[h, o + i] * V[p + i, h // group] for every head h
+    (pt: a work item's part rows, (n_kv, group, hd + 2); numba only, see the overload)."""
     raise NotImplementedError
 
 
-def _kdot_by_cache(kdot_f16, kdot_q8):
-    """The overload of _kdot8 / _kdot4: the IR kdot of R positions for the cache's type."""
-    def impl(kv, s, o, q, p, kh, scale):
+def _kdot_by_cache(kdot_f16, kdot_f16_heads, kdot_q8, kdot_q8_heads):
+    """The overload of _kdot8 / _kdot4: the IR kdot of R positions for the cache's type, every head of sc
+    and qt (H rows; heads h share KV head h // group). Where the groups come in threes, the grouped forms
+    (one K conversion for GROUP_HEADS heads, the same bits)."""
+    def impl(kv, sc, o, qt, p, group, scale):
         if _f16(kv):
-            def f16(kv, s, o, q, p, kh, scale):
-                kdot_f16(s, o, q, kv[0], p, kh, scale)
+            def f16(kv, sc, o, qt, p, group, scale):
+                if group % GROUP_HEADS == 0:
+                    for h in range(0, qt.shape[0], GROUP_HEADS):
+                        kdot_f16_heads(sc[h:h + GROUP_HEADS], o, qt[h:h + GROUP_HEADS], kv[0], p, h // group,
+                                       scale)
+                else:
+                    for h in range(qt.shape[0]):
+                        kdot_f16(sc[h], o, qt[h], kv[0], p, h // group, scale)
             return f16
 
-        def int8(kv, s, o, q, p, kh, scale):
-            kdot_q8(s, o, q, kv[0], kv[1], p, kh, scale)
+        def int8(kv, sc, o, qt, p, group, scale):
+            if group % GROUP_HEADS == 0:
+                for h in range(0, qt.shape[0], GROUP_HEADS):
+                    kdot_q8_heads(sc[h:h + GROUP_HEADS], o, qt[h:h + GROUP_HEADS], kv[0], kv[1], p, h // group,
+                                  scale)
+            else:
+                for h in range(qt.shape[0]):
+                    kdot_q8(sc[h], o, qt[h], kv[0], kv[1], p, h // group, scale)
         return int8
     return impl
 
 
-overload(_kdot8, inline="always")(_kdot_by_cache(kdot8, kdot8_q8))
-overload(_kdot4, inline="always")(_kdot_by_cache(kdot4, kdot4_q8))
+overload(_kdot8, inline="always")(_kdot_by_cache(kdot8, kdot8_heads, kdot8_q8, kdot8_q8_heads))
+overload(_kdot4, inline="always")(_kdot_by_cache(kdot4, kdot4_heads, kdot4_q8, kdot4_q8_heads))
 
 
 @overload(_dot1, inline="always")
@@ -370,14 +385,27 @@ def _dot1_impl(kv, q, p, kh):
 
 
 @overload(_vsum, inline="always")
-def _vsum_impl(kv, acc, s, o, n, p, kh):
+def _vsum_impl(kv, pt, sc, o, n, p, group):
     if _f16(kv):
-        def f16(kv, acc, s, o, n, p, kh):
-            vsum(acc, s, o, n, kv[1], p, kh)
+        def f16(kv, pt, sc, o, n, p, group):
+            if group % GROUP_HEADS == 0:
+                for h in range(0, sc.shape[0], GROUP_HEADS):
+                    g = h % group
+                    vsum_heads(pt[h // group, g:g + GROUP_HEADS], sc[h:h + GROUP_HEADS], o, n, kv[1], p, h // group)
+            else:
+                for h in range(sc.shape[0]):
+                    vsum(pt[h // group, h % group], sc[h], o, n, kv[1], p, h // group)
         return f16
 
-    def int8(kv, acc, s, o, n, p, kh):
-        vsum_q8(acc, s, o, n, kv[2], kv[3], p, kh)
+    def int8(kv, pt, sc, o, n, p, group):
+        if group % GROUP_HEADS == 0:
+            for h in range(0, sc.shape[0], GROUP_HEADS):
+                g = h % group
+                vsum_q8_heads(pt[h // group, g:g + GROUP_HEADS], sc[h:h + GROUP_HEADS], o, n, kv[2], kv[3], p,
+                              h // group)
+        else:
+            for h in range(sc.shape[0]):
+                vsum_q8(pt[h // group, h % group], sc[h], o, n, kv[2], kv[3], p, h // group)
     return int8
 
 
@@ -386,19 +414,18 @@ def _item_heads_vec(part, sc, qt, kv, t, c, lo, hi, scale):
     """_item_heads_loops' contract through the IR kernels, over an f16 or int8 cache kv (see _f16),
     positions outer: 8 positions' K rows (every head, one contiguous block of the cache) serve every
     head's scores before the next 8 are read, and the weighted V sums run over V_BLOCK positions at a time
-    for every head. One head after the other instead read each head's part of the rows in a pass of its
-    own, a strided stream per head from DRAM."""
+    for every head (the query heads of a KV head three at a time where the groups come in threes: each K
+    and V vector converted once for them). One head after the other instead read each head's part of the
+    rows in a pass of its own, a strided stream per head from DRAM."""
     n_head = qt.shape[0]
     n_kv = kv[0].shape[1]
     group = n_head // n_kv
     p = lo
     while p + 8 <= hi:
-        for h in range(n_head):
-            _kdot8(kv, sc[h], p - lo, qt[h], p, h // group, scale)
+        _kdot8(kv, sc, p - lo, qt, p, group, scale)
         p += 8
     if p + 4 <= hi:
-        for h in range(n_head):
-            _kdot4(kv, sc[h], p - lo, qt[h], p, h // group, scale)
+        _kdot4(kv, sc, p - lo, qt, p, group, scale)
         p += 4
     while p < hi:
         for h in range(n_head):
@@ -408,8 +435,7 @@ def _item_heads_vec(part, sc, qt, kv, t, c, lo, hi, scale):
         _softmax_rows(part[t, kh, c], sc[kh * group:(kh + 1) * group], hi - lo)
     for b in range(lo, hi, V_BLOCK):
         n = min(V_BLOCK, hi - b)
-        for h in range(n_head):
-            _vsum(kv, part[t, h // group, c, h % group], sc[h], b - lo, n, b, h // group)
+        _vsum(kv, part[t, :, c], sc[:n_head], b - lo, n, b, group)
 
 
 _item_heads = _item_heads_vec if VECTOR_ATTN else _item_heads_loops

@@ -13,8 +13,11 @@ Both read the f16 bits with vcvtph2ps (F16C) and multiply-add with llvm.fmuladd 
 and take any head_dim >= 8: a last partial block of 8 is read ending at the row's end, the lanes already
 counted masked off (so no second, scalar form has to be compiled next to them: that cost 5 s of compile).
 Measured on the 2-core dev host (scripts/attn_parts.py): ~7-8.5 and ~6-7 cycles per (position, head).
-Converting K/V rows once for all heads of a GQA group (a scratch block, or 12 accumulators in registers)
-measured no faster: the multiply-adds, not the conversions, are the limit.
+That is vcvtph2ps' rate (one per cycle here, one per 8 multiply-adds), not the FMA units' (two per cycle):
+- `kdot8_heads` / `kdot4_heads` / `vsum_heads`: the same loops for the GROUP_HEADS query heads that share a
+  KV head, each K / V vector converted once and used three times; every (head, position) or lane keeps its
+  own chain of multiply-adds in the one-head order, so the results are the same bits. (A 2026-11-30 try
+  with 8 positions x 3 heads of accumulators spilled and was slower; 4 positions x 3 heads fit.)
 `kdot8_f32` / `vsum_f32` are the same loops over rows already converted to f32 (a prompt's blocks in
 cpu_attn_prefill, where every row serves a tile of queries); vsum_f32 keeps 64 lanes (8 chains of
 multiply-adds) in registers, since there the loop is compute-bound, not waiting on memory.
@@ -36,6 +39,7 @@ from .cpu_avx2 import _const, _fn, _splat
 I8, I16, I32, I64, F = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
 V8F, V8I16, V8H = ir.VectorType(F, 8), ir.VectorType(I16, 8), ir.VectorType(ir.HalfType(), 8)
 ZERO = ir.Constant(V8F, [0.0] * 8)
+GROUP_HEADS = 3  # query heads per call of the *_heads forms (SmolLM2's GQA group; 3 x 4 accumulators fit)
 
 
 def _i(x):
@@ -104,12 +108,13 @@ def _tail_mask(builder, hd):
     return builder.icmp_unsigned(">=", _const(ir.VectorType(I32, 8), list(range(8))), first)
 
 
-def _store_scores(context, builder, sty, s, o, tot, scale, rows):
-    """s[o : o + rows] <- scale * the first rows lanes of tot (<8 x float>): a kdot's R scores."""
+def _store_scores(context, builder, sty, s, o, tot, scale, rows, head=None):
+    """s[o : o + rows] (s[head, o : o + rows] for a 2-d s) <- scale * the first rows lanes of tot (<8 x float>):
+    a kdot's R scores."""
     tot = builder.fmul(tot, _splat(builder, scale, V8F))
     if rows < 8:
         tot = _shuf(builder, tot, tot, list(range(rows)))
-    dst = _elem_ptr(context, builder, sty, s, [o])
+    dst = _elem_ptr(context, builder, sty, s, [o] if head is None else [head, o])
     builder.store(tot, builder.bitcast(dst, ir.VectorType(F, rows).as_pointer()), align=4)
 
 
@@ -149,8 +154,63 @@ def _make_kdot(rows, f32=False):
     return kdot
 
 
+def _heads_ok(s, q, k, kdt=types.uint16):
+    return (isinstance(k, types.Array) and k.ndim == 3 and k.dtype == kdt
+            and all(isinstance(a, types.Array) and a.ndim == 2 and a.dtype == types.float32 for a in (s, q)))
+
+
+def _make_kdot_heads(rows, heads=GROUP_HEADS):
+    _, load = _row_loader(False)
+
+    @intrinsic
+    def kdot_heads(typingctx, s, o, q, k, p, kh, scale):
+        """s[h, o + r] <- scale * q[h] . K[p + r, kh] for h < H (GROUP_HEADS: query heads that share KV head
+        kh), r < R: s (>= H, >= o + R) f32, q (>= H, hd) f32, rows by stride with the last axis contiguous, K as
+        for kdot. Each K vector is converted once for the H heads (vcvtph2ps, not the multiply-adds, bounds the
+        one-head form: 1 per cycle against 2 FMAs); every (head, position) keeps kdot's chain of multiply-adds
+        and its reduction, so the scores are bit-identical to H calls of kdot. Positions in fours: 4 x H
+        accumulators, H query vectors and a K vector fit the 16 registers."""
+        if not _heads_ok(s, q, k):
+            return None
+        sig = types.void(s, o, q, k, p, kh, scale)
+
+        def codegen(context, builder, signature, args):
+            s_, o_, q_, k_, p_, kh_, sc = args
+            ty = signature.args
+            hd = builder.extract_value(context.make_array(ty[2])(context, builder, q_).shape, 1)
+            qrow = [_elem_ptr(context, builder, ty[2], q_, [_i(h)]) for h in range(heads)]
+            sums = [[] for _ in range(heads)]
+            for four in range(rows // 4):
+                krow = [_elem_ptr(context, builder, ty[3], k_, [builder.add(p_, _i(4 * four + r)), kh_])
+                        for r in range(4)]
+                acc = [[cgutils.alloca_once_value(builder, ZERO) for _ in range(heads)] for _ in range(4)]
+
+                def block(off, mask=None):
+                    qv = [_floats8(builder, qrow[h], off) for h in range(heads)]
+                    if mask is not None:
+                        qv = [builder.select(mask, x, ZERO) for x in qv]
+                    for r in range(4):
+                        kv = load(builder, krow[r], off)
+                        for h in range(heads):
+                            _fma8(builder, kv, qv[h], acc[r][h])
+                with cgutils.for_range(builder, builder.udiv(hd, _i(8))) as loop:
+                    block(builder.mul(loop.index, _i(8)))
+                with cgutils.if_unlikely(builder, builder.icmp_unsigned("!=", builder.urem(hd, _i(8)), _i(0))):
+                    block(builder.sub(hd, _i(8)), _tail_mask(builder, hd))
+                for h in range(heads):
+                    sums[h] += [builder.load(acc[r][h]) for r in range(4)]
+            for h in range(heads):
+                tot = _reduce8(builder, sums[h] + [ZERO] * (8 - rows))
+                _store_scores(context, builder, ty[0], s_, o_, tot, sc, rows, _i(h))
+            return context.get_dummy_value()
+        return sig, codegen
+    return kdot_heads
+
+
 kdot8 = _make_kdot(8)
 kdot4 = _make_kdot(4)
+kdot8_heads = _make_kdot_heads(8)
+kdot4_heads = _make_kdot_heads(4)
 kdot8_f32 = _make_kdot(8, f32=True)  # over rows already converted to f32 (cpu_attn_prefill's blocks)
 kdot4_f32 = _make_kdot(4, f32=True)
 
@@ -211,3 +271,55 @@ def _vsum_codegen(ptr_ty, load, width):
 
 vsum = _make_vsum()
 vsum_f32 = _make_vsum(f32=True, width=8)  # 8 chains of multiply-adds: prefill is compute-bound
+
+
+@intrinsic
+def vsum_heads(typingctx, acc, s, o, n, v, p, kh):
+    """acc[h, :hd] += sum over i < n of s[h, o + i] * V[p + i, kh] for h < GROUP_HEADS (query heads that share
+    KV head kh): acc (>= H, >= hd) and s (>= H, >= o + n) f32, rows by stride, V as for vsum. Each V vector
+    is converted once for the H heads; every lane keeps vsum's chain (32 lanes at a time, then 8, then a
+    masked last 8), so the sums are bit-identical to H calls of vsum."""
+    if not _heads_ok(acc, s, v):
+        return None
+    return types.void(acc, s, o, n, v, p, kh), _vsum_heads_codegen(GROUP_HEADS)
+
+
+def _vsum_heads_codegen(heads, width=4):
+    def codegen(context, builder, signature, args):
+        a_, s_, o_, n_, v_, p_, kh_ = args
+        ty = signature.args
+        va = context.make_array(ty[4])(context, builder, v_)
+        hd = builder.extract_value(va.shape, 2)
+        row_bytes = builder.extract_value(va.strides, 0)
+        arow = [_elem_ptr(context, builder, ty[0], a_, [_i(h)]) for h in range(heads)]
+        srow = [_elem_ptr(context, builder, ty[1], s_, [_i(h), o_]) for h in range(heads)]
+        v0 = builder.bitcast(_elem_ptr(context, builder, ty[4], v_, [p_, kh_]), I8.as_pointer())
+        regs = [[cgutils.alloca_once(builder, V8F) for _ in range(width)] for _ in range(heads)]
+
+        def lanes(base, w, mask=None):
+            for rh in regs:
+                for r in rh[:w]:
+                    builder.store(ZERO, r)
+            with cgutils.for_range(builder, n_) as loop:
+                i = loop.index
+                vrow = builder.bitcast(builder.gep(v0, [builder.mul(i, row_bytes)]), I16.as_pointer())
+                wt = [_splat(builder, builder.load(builder.gep(srow[h], [i])), V8F) for h in range(heads)]
+                for c in range(w):
+                    vv = _halves8(builder, vrow, builder.add(base, _i(8 * c)))
+                    for h in range(heads):
+                        _fma8(builder, vv, wt[h], regs[h][c])
+            for h in range(heads):
+                for c, r in enumerate(regs[h][:w]):
+                    dst = builder.bitcast(builder.gep(arow[h], [builder.add(base, _i(8 * c))]), V8F.as_pointer())
+                    add = builder.load(r) if mask is None else builder.select(mask, builder.load(r), ZERO)
+                    builder.store(builder.fadd(builder.load(dst, align=4), add), dst, align=4)
+        span = 8 * width
+        with cgutils.for_range(builder, builder.udiv(hd, _i(span))) as part:
+            lanes(builder.mul(part.index, _i(span)), width)
+        full8 = builder.udiv(builder.urem(hd, _i(span)), _i(8))
+        with cgutils.for_range(builder, full8) as part:
+            lanes(builder.add(builder.mul(builder.udiv(hd, _i(span)), _i(span)), builder.mul(part.index, _i(8))), 1)
+        with cgutils.if_unlikely(builder, builder.icmp_unsigned("!=", builder.urem(hd, _i(8)), _i(0))):
+            lanes(builder.sub(hd, _i(8)), 1, _tail_mask(builder, hd))
+        return context.get_dummy_value()
+    return codegen

@@ -112,14 +112,16 @@ def _check_items(run, qt, k, v, hd):
                 np.testing.assert_allclose(got[:hd], e @ v[lo:hi, h // group], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("hd", [64, 128, 16, 40, 42, 8])  # 16, 40: 8-lane parts; 42: a masked last block
-def test_vector_items_match_numba_loops_and_numpy(hd):
+@pytest.mark.parametrize("hd,n_kv,n_head", [(64, 3, 9), (128, 3, 9), (16, 3, 9), (40, 3, 9), (42, 3, 9), (8, 3, 9),
+                                           (64, 2, 12), (42, 2, 4), (64, 4, 4)])
+def test_vector_items_match_numba_loops_and_numpy(hd, n_kv, n_head):
     """cpu_attn's work item through cpu_attn_avx2 (positions outer) and through the numba loops that other
-    CPUs run (one KV head after the other), against numpy, over chunks that exercise every tail."""
+    CPUs run (one KV head after the other), against numpy, over chunks that exercise every tail (hd 16, 40:
+    8-lane parts; 42: a masked last block); GQA groups of 3 and 6 take the grouped kernels, 2 and 1 not."""
     if not cpu_attn.VECTOR_ATTN:
         pytest.skip("target without AVX2/FMA/F16C (or NINFER_CPU_GENERIC set)")
-    rng = np.random.default_rng(hd)
-    cap, n_kv, n_head = 96, 3, 9
+    rng = np.random.default_rng(hd + n_head)
+    cap = 96
     kc = rng.standard_normal((2, cap, n_kv, hd)).astype(np.float16)  # a layer of a 4-d cache: strided rows
     vc = rng.standard_normal((2, cap, n_kv, hd)).astype(np.float16)
     qt = rng.standard_normal((n_head, hd)).astype(np.float32)
@@ -128,14 +130,111 @@ def test_vector_items_match_numba_loops_and_numpy(hd):
                  qt, kc[1].astype(np.float64), vc[1].astype(np.float64), hd)
 
 
-@pytest.mark.parametrize("hd,gs", [(64, 32), (128, 32), (64, 64), (96, 32), (48, 16), (16, 8), (40, 40), (12, 12)])
-def test_int8_vector_items_match_numba_loops_and_numpy(hd, gs):
+@numba.njit(fastmath=True)
+def _scores_and_sums(grouped, sc, acc, qt, kc, vc, n):
+    """Scores of positions 0..n of heads 0..2 (KV head 1) over kc, then their weighted V sums into acc, by the
+    grouped kernels or by one call per head."""
+    A = cpu_attn
+    p = 0
+    while p + 8 <= n:
+        if grouped:
+            A.kdot8_heads(sc, p, qt, kc, p, 1, np.float32(0.125))
+        else:
+            for h in range(3):
+                A.kdot8(sc[h], p, qt[h], kc, p, 1, np.float32(0.125))
+        p += 8
+    if p + 4 <= n:
+        if grouped:
+            A.kdot4_heads(sc, p, qt, kc, p, 1, np.float32(0.125))
+        else:
+            for h in range(3):
+                A.kdot4(sc[h], p, qt[h], kc, p, 1, np.float32(0.125))
+    for b in range(0, n, 32):
+        m = min(32, n - b)
+        if grouped:
+            A.vsum_heads(acc, sc, b, m, vc, b, 1)
+        else:
+            for h in range(3):
+                A.vsum(acc[h], sc[h], b, m, vc, b, 1)
+
+
+@pytest.mark.parametrize("hd", [64, 8, 12, 72, 100])
+def test_grouped_kernels_give_the_per_head_bits(hd):
+    """kdot8_heads / kdot4_heads / vsum_heads (one K or V conversion for the 3 heads of a GQA group) keep each
+    head's chains of multiply-adds: the same bits as one kdot / vsum per head, masked tails included."""
+    if not cpu_attn.VECTOR_ATTN:
+        pytest.skip("target without AVX2/FMA/F16C (or NINFER_CPU_GENERIC set)")
+    rng = np.random.default_rng(hd)
+    kc, vc = (rng.standard_normal((140, 3, hd)).astype(np.float16).view(np.uint16) for _ in range(2))
+    qt = rng.standard_normal((3, hd)).astype(np.float32)
+    out = []
+    for grouped in (False, True):
+        sc = np.full((3, 160), np.nan, np.float32)
+        acc = np.full((3, hd + 2), 0.5, np.float32)
+        _scores_and_sums(grouped, sc, acc, qt, kc, vc, 140)
+        out.append((sc, acc))
+    assert np.array_equal(out[0][0][:, :140], out[1][0][:, :140])
+    assert np.array_equal(out[0][1], out[1][1])
+    assert np.isfinite(out[1][1]).all() and not np.array_equal(out[1][1], np.full_like(out[1][1], 0.5))
+
+
+@numba.njit(fastmath=True)
+def _scores_and_sums_q8(grouped, sc, acc, qt, kq, ks, vq, vs, n):
+    """_scores_and_sums over an int8 cache (cpu_attn_int8_avx2's kernels)."""
+    A = cpu_attn
+    p = 0
+    while p + 8 <= n:
+        if grouped:
+            A.kdot8_q8_heads(sc, p, qt, kq, ks, p, 1, np.float32(0.125))
+        else:
+            for h in range(3):
+                A.kdot8_q8(sc[h], p, qt[h], kq, ks, p, 1, np.float32(0.125))
+        p += 8
+    if p + 4 <= n:
+        if grouped:
+            A.kdot4_q8_heads(sc, p, qt, kq, ks, p, 1, np.float32(0.125))
+        else:
+            for h in range(3):
+                A.kdot4_q8(sc[h], p, qt[h], kq, ks, p, 1, np.float32(0.125))
+    for b in range(0, n, 32):
+        m = min(32, n - b)
+        if grouped:
+            A.vsum_q8_heads(acc, sc, b, m, vq, vs, b, 1)
+        else:
+            for h in range(3):
+                A.vsum_q8(acc[h], sc[h], b, m, vq, vs, b, 1)
+
+
+@pytest.mark.parametrize("hd,gs", [(64, 32), (64, 64), (48, 16), (16, 8)])
+def test_grouped_int8_kernels_give_the_per_head_bits(hd, gs):
+    """The same over an int8 cache: group scales of 32, 64, 16 and 8 values (8- and 32-lane parts)."""
+    if not cpu_attn.VECTOR_ATTN:
+        pytest.skip("target without AVX2/FMA/F16C (or NINFER_CPU_GENERIC set)")
+    rng = np.random.default_rng(hd + gs)
+    (kq, ks), (vq, vs) = (ref.quantize_kv_int8(rng.standard_normal((140, 3, hd)).astype(np.float32), gs)
+                          for _ in range(2))
+    qt = rng.standard_normal((3, hd)).astype(np.float32)
+    out = []
+    for grouped in (False, True):
+        sc = np.full((3, 160), np.nan, np.float32)
+        acc = np.full((3, hd + 2), 0.5, np.float32)
+        _scores_and_sums_q8(grouped, sc, acc, qt, kq, ks, vq, vs, 140)
+        out.append((sc, acc))
+    assert np.array_equal(out[0][0][:, :140], out[1][0][:, :140])
+    assert np.array_equal(out[0][1], out[1][1])
+    assert np.isfinite(out[1][1]).all() and not np.array_equal(out[1][1], np.full_like(out[1][1], 0.5))
+
+
+@pytest.mark.parametrize("hd,gs,n_kv,n_head", [(64, 32, 3, 9), (128, 32, 3, 9), (64, 64, 3, 9), (96, 32, 3, 9),
+                                              (48, 16, 3, 9), (16, 8, 3, 9), (40, 40, 3, 9), (12, 12, 3, 9),
+                                              (64, 32, 2, 12), (64, 32, 2, 4)])
+def test_int8_vector_items_match_numba_loops_and_numpy(hd, gs, n_kv, n_head):
     """The same over an int8 cache (cpu_attn_int8_avx2): groups of 32 lanes and of 8; groups that are not a
     multiple of 8 values (40, 12) take the loops."""
     if not cpu_attn.VECTOR_ATTN:
         pytest.skip("target without AVX2/FMA/F16C (or NINFER_CPU_GENERIC set)")
-    rng = np.random.default_rng(hd + gs)
-    cap, n_kv, n_head = 96, 3, 9
+    rng = np.random.default_rng(hd + gs + n_head)
+    cap = 96
     k = rng.standard_normal((2, cap, n_kv, hd)).astype(np.float32)
     v = rng.standard_normal((2, cap, n_kv, hd)).astype(np.float32)
     kq, ks = (np.stack(x) for x in zip(*(ref.quantize_kv_int8(k[i], gs) for i in range(2))))
