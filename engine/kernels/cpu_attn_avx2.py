@@ -90,9 +90,19 @@ def _fma8(builder, a, b, acc_ptr):
     builder.store(builder.call(fmuladd, [a, b, builder.load(acc_ptr)]), acc_ptr)
 
 
-def _kv_ok(s, q, k, kdt=types.uint16):
+def _kv_ok(s, q, k, kdt=types.uint16, ndim=1):
+    """Types of a kdot / vsum call: K or V (cap, n_kv, hd) of kdt; the two f32 operands (s and q, or acc and
+    s) 1-d for one head, 2-d (a row per head) for the *_heads forms."""
     return (isinstance(k, types.Array) and k.ndim == 3 and k.dtype == kdt
-            and all(isinstance(a, types.Array) and a.ndim == 1 and a.dtype == types.float32 for a in (s, q)))
+            and all(isinstance(a, types.Array) and a.ndim == ndim and a.dtype == types.float32 for a in (s, q)))
+
+
+def _head_rows(context, builder, arrty, arr, heads, col=None):
+    """Pointers to element col (default 0) of each head's row: the array itself for one head (1-d), its rows
+    h < heads for the *_heads forms (2-d, by stride)."""
+    if heads == 1:
+        return [_elem_ptr(context, builder, arrty, arr, [] if col is None else [col])]
+    return [_elem_ptr(context, builder, arrty, arr, [_i(h)] + ([] if col is None else [col])) for h in range(heads)]
 
 
 def _row_loader(f32):
@@ -118,194 +128,114 @@ def _store_scores(context, builder, sty, s, o, tot, scale, rows, head=None):
     builder.store(tot, builder.bitcast(dst, ir.VectorType(F, rows).as_pointer()), align=4)
 
 
-def _make_kdot(rows, f32=False):
+def _kdot_codegen(load, rows, heads):
+    """kdot's code for `heads` query rows (1: q and s 1-d) over R = rows positions: per position and head
+    one chain of multiply-adds over the head dimension (8 lanes), then _reduce8 per head. Positions in
+    passes of `per`: 8 for one head (8 independent chains hide the FMA latency), 4 for three (4 x 3
+    accumulators, 3 query vectors and a K vector fill the 16 registers); each K vector is converted once
+    and serves every head."""
+    per = min(rows, 8 if heads == 1 else 4)
+
+    def codegen(context, builder, signature, args):
+        s_, o_, q_, k_, p_, kh_, sc = args
+        ty = signature.args
+        hd = builder.extract_value(context.make_array(ty[2])(context, builder, q_).shape, ty[2].ndim - 1)
+        qrow = _head_rows(context, builder, ty[2], q_, heads)
+        sums = [[] for _ in range(heads)]
+        for first in range(0, rows, per):
+            krow = [_elem_ptr(context, builder, ty[3], k_, [builder.add(p_, _i(first + r)), kh_]) for r in range(per)]
+            acc = [[cgutils.alloca_once_value(builder, ZERO) for _ in range(heads)] for _ in range(per)]
+
+            def block(off, mask=None):
+                qv = [_floats8(builder, qrow[h], off) for h in range(heads)]
+                if mask is not None:
+                    qv = [builder.select(mask, x, ZERO) for x in qv]
+                for r in range(per):
+                    kv = load(builder, krow[r], off)
+                    for h in range(heads):
+                        _fma8(builder, kv, qv[h], acc[r][h])
+            with cgutils.for_range(builder, builder.udiv(hd, _i(8))) as loop:
+                block(builder.mul(loop.index, _i(8)))
+            with cgutils.if_unlikely(builder, builder.icmp_unsigned("!=", builder.urem(hd, _i(8)), _i(0))):
+                block(builder.sub(hd, _i(8)), _tail_mask(builder, hd))
+            for h in range(heads):
+                sums[h] += [builder.load(acc[r][h]) for r in range(per)]
+        for h in range(heads):
+            tot = _reduce8(builder, sums[h] + [ZERO] * (8 - rows))
+            _store_scores(context, builder, ty[0], s_, o_, tot, sc, rows, None if heads == 1 else _i(h))
+        return context.get_dummy_value()
+    return codegen
+
+
+def _make_kdot(rows, f32=False, heads=1):
     _, load = _row_loader(f32)
+    kdt = types.float32 if f32 else types.uint16
 
     @intrinsic
     def kdot(typingctx, s, o, q, k, p, kh, scale):
         """s[o + r] <- scale * q . K[p + r, kh] for r < R: s (>= o + R,) f32, q (hd,) f32 contiguous, K (cap,
         n_kv, hd) f16 bits (f32 values for the f32 form), hd >= 8 (ModelArgs checks); a last partial block of
-        8 is read from hd - 8 with the values already counted masked off."""
-        if not _kv_ok(s, q, k, types.float32 if f32 else types.uint16):
+        8 is read from hd - 8 with the values already counted masked off. The *_heads forms: s[h, o + r] and
+        q[h] for the GROUP_HEADS query heads h that share KV head kh (2-d, rows by stride), each K vector
+        converted once for them; every (head, position) keeps the one-head chain and reduction, so the
+        scores are the same bits as one call per head."""
+        if not _kv_ok(s, q, k, kdt, 1 if heads == 1 else 2):
             return None
-        sig = types.void(s, o, q, k, p, kh, scale)
-
-        def codegen(context, builder, signature, args):
-            s_, o_, q_, k_, p_, kh_, sc = args
-            ty = signature.args
-            qa = context.make_array(ty[2])(context, builder, q_)
-            hd = builder.extract_value(qa.shape, 0)
-            krow = [_elem_ptr(context, builder, ty[3], k_, [builder.add(p_, _i(r)), kh_]) for r in range(rows)]
-            acc = [cgutils.alloca_once_value(builder, ZERO) for _ in range(rows)]
-
-            def block(off, qv):
-                for r in range(rows):
-                    _fma8(builder, load(builder, krow[r], off), qv, acc[r])
-            with cgutils.for_range(builder, builder.udiv(hd, _i(8))) as loop:
-                off = builder.mul(loop.index, _i(8))
-                block(off, _floats8(builder, qa.data, off))
-            with cgutils.if_unlikely(builder, builder.icmp_unsigned("!=", builder.urem(hd, _i(8)), _i(0))):
-                off = builder.sub(hd, _i(8))
-                block(off, builder.select(_tail_mask(builder, hd), _floats8(builder, qa.data, off), ZERO))
-            sums = [builder.load(a) for a in acc] + [ZERO] * (8 - rows)
-            _store_scores(context, builder, ty[0], s_, o_, _reduce8(builder, sums), sc, rows)
-            return context.get_dummy_value()
-        return sig, codegen
+        return types.void(s, o, q, k, p, kh, scale), _kdot_codegen(load, rows, heads)
     return kdot
-
-
-def _heads_ok(s, q, k, kdt=types.uint16):
-    return (isinstance(k, types.Array) and k.ndim == 3 and k.dtype == kdt
-            and all(isinstance(a, types.Array) and a.ndim == 2 and a.dtype == types.float32 for a in (s, q)))
-
-
-def _make_kdot_heads(rows, heads=GROUP_HEADS):
-    _, load = _row_loader(False)
-
-    @intrinsic
-    def kdot_heads(typingctx, s, o, q, k, p, kh, scale):
-        """s[h, o + r] <- scale * q[h] . K[p + r, kh] for h < H (GROUP_HEADS: query heads that share KV head
-        kh), r < R: s (>= H, >= o + R) f32, q (>= H, hd) f32, rows by stride with the last axis contiguous, K as
-        for kdot. Each K vector is converted once for the H heads (vcvtph2ps, not the multiply-adds, bounds the
-        one-head form: 1 per cycle against 2 FMAs); every (head, position) keeps kdot's chain of multiply-adds
-        and its reduction, so the scores are bit-identical to H calls of kdot. Positions in fours: 4 x H
-        accumulators, H query vectors and a K vector fit the 16 registers."""
-        if not _heads_ok(s, q, k):
-            return None
-        sig = types.void(s, o, q, k, p, kh, scale)
-
-        def codegen(context, builder, signature, args):
-            s_, o_, q_, k_, p_, kh_, sc = args
-            ty = signature.args
-            hd = builder.extract_value(context.make_array(ty[2])(context, builder, q_).shape, 1)
-            qrow = [_elem_ptr(context, builder, ty[2], q_, [_i(h)]) for h in range(heads)]
-            sums = [[] for _ in range(heads)]
-            for four in range(rows // 4):
-                krow = [_elem_ptr(context, builder, ty[3], k_, [builder.add(p_, _i(4 * four + r)), kh_])
-                        for r in range(4)]
-                acc = [[cgutils.alloca_once_value(builder, ZERO) for _ in range(heads)] for _ in range(4)]
-
-                def block(off, mask=None):
-                    qv = [_floats8(builder, qrow[h], off) for h in range(heads)]
-                    if mask is not None:
-                        qv = [builder.select(mask, x, ZERO) for x in qv]
-                    for r in range(4):
-                        kv = load(builder, krow[r], off)
-                        for h in range(heads):
-                            _fma8(builder, kv, qv[h], acc[r][h])
-                with cgutils.for_range(builder, builder.udiv(hd, _i(8))) as loop:
-                    block(builder.mul(loop.index, _i(8)))
-                with cgutils.if_unlikely(builder, builder.icmp_unsigned("!=", builder.urem(hd, _i(8)), _i(0))):
-                    block(builder.sub(hd, _i(8)), _tail_mask(builder, hd))
-                for h in range(heads):
-                    sums[h] += [builder.load(acc[r][h]) for r in range(4)]
-            for h in range(heads):
-                tot = _reduce8(builder, sums[h] + [ZERO] * (8 - rows))
-                _store_scores(context, builder, ty[0], s_, o_, tot, sc, rows, _i(h))
-            return context.get_dummy_value()
-        return sig, codegen
-    return kdot_heads
 
 
 kdot8 = _make_kdot(8)
 kdot4 = _make_kdot(4)
-kdot8_heads = _make_kdot_heads(8)
-kdot4_heads = _make_kdot_heads(4)
+kdot8_heads = _make_kdot(8, heads=GROUP_HEADS)
+kdot4_heads = _make_kdot(4, heads=GROUP_HEADS)
 kdot8_f32 = _make_kdot(8, f32=True)  # over rows already converted to f32 (cpu_attn_prefill's blocks)
 kdot4_f32 = _make_kdot(4, f32=True)
 
 
-
-def _make_vsum(f32=False, width=4):
+def _make_vsum(f32=False, width=4, heads=1):
     ptr_ty, load = _row_loader(f32)
+    kdt = types.float32 if f32 else types.uint16
 
     @intrinsic
     def vsum(typingctx, acc, s, o, n, v, p, kh):
         """acc[:hd] += sum over i < n of s[o + i] * V[p + i, kh]: acc (>= hd,) f32, s (>= o + n,) f32, V (cap,
         n_kv, hd) f16 bits (f32 values for the f32 form), hd >= 8. Per 8 * width lanes of acc (then per 8,
-        then a masked last 8): registers carried over all n positions, one load and store of acc at the end."""
-        if not _kv_ok(acc, s, v, types.float32 if f32 else types.uint16):
+        then a masked last 8): registers carried over all n positions, one load and store of acc at the end.
+        The *_heads form: acc[h] and s[h] for the GROUP_HEADS query heads that share KV head kh (2-d, rows
+        by stride), each V vector converted once for them; every lane keeps the one-head chain (the same
+        bits as one call per head)."""
+        if not _kv_ok(acc, s, v, kdt, 1 if heads == 1 else 2):
             return None
-        return types.void(acc, s, o, n, v, p, kh), _vsum_codegen(ptr_ty, load, width)
+        return types.void(acc, s, o, n, v, p, kh), _vsum_codegen(ptr_ty, load, width, heads)
     return vsum
 
 
-def _vsum_codegen(ptr_ty, load, width):
-    """vsum's code, reading V rows through (ptr_ty, load) (_row_loader), width vectors of 8 lanes at a time."""
+def _vsum_codegen(ptr_ty, load, width, heads):
+    """vsum's code, reading V rows through (ptr_ty, load) (_row_loader), width vectors of 8 lanes at a time,
+    for `heads` rows of acc and s (1: 1-d)."""
     def codegen(context, builder, signature, args):
         a_, s_, o_, n_, v_, p_, kh_ = args
         ty = signature.args
         va = context.make_array(ty[4])(context, builder, v_)
         hd = builder.extract_value(va.shape, 2)
         row_bytes = builder.extract_value(va.strides, 0)
-        arow = context.make_array(ty[0])(context, builder, a_).data
-        srow = _elem_ptr(context, builder, ty[1], s_, [o_])
-        v0 = builder.bitcast(_elem_ptr(context, builder, ty[4], v_, [p_, kh_]), I8.as_pointer())
-        regs = [cgutils.alloca_once(builder, V8F) for _ in range(width)]
-
-        def lanes(base, w, mask=None):
-            """acc[base : base + 8 * w] += the weighted sum (lanes off in mask are left as they are)."""
-            for r in regs[:w]:
-                builder.store(ZERO, r)
-            with cgutils.for_range(builder, n_) as loop:
-                i = loop.index
-                vrow = builder.bitcast(builder.gep(v0, [builder.mul(i, row_bytes)]), ptr_ty)
-                wt = _splat(builder, builder.load(builder.gep(srow, [i])), V8F)
-                for c, r in enumerate(regs[:w]):
-                    _fma8(builder, load(builder, vrow, builder.add(base, _i(8 * c))), wt, r)
-            for c, r in enumerate(regs[:w]):
-                dst = builder.bitcast(builder.gep(arow, [builder.add(base, _i(8 * c))]), V8F.as_pointer())
-                add = builder.load(r) if mask is None else builder.select(mask, builder.load(r), ZERO)
-                builder.store(builder.fadd(builder.load(dst, align=4), add), dst, align=4)
-        span = 8 * width
-        with cgutils.for_range(builder, builder.udiv(hd, _i(span))) as part:
-            lanes(builder.mul(part.index, _i(span)), width)
-        full8 = builder.udiv(builder.urem(hd, _i(span)), _i(8))
-        with cgutils.for_range(builder, full8) as part:
-            lanes(builder.add(builder.mul(builder.udiv(hd, _i(span)), _i(span)), builder.mul(part.index, _i(8))), 1)
-        with cgutils.if_unlikely(builder, builder.icmp_unsigned("!=", builder.urem(hd, _i(8)), _i(0))):
-            lanes(builder.sub(hd, _i(8)), 1, _tail_mask(builder, hd))
-        return context.get_dummy_value()
-    return codegen
-
-
-vsum = _make_vsum()
-vsum_f32 = _make_vsum(f32=True, width=8)  # 8 chains of multiply-adds: prefill is compute-bound
-
-
-@intrinsic
-def vsum_heads(typingctx, acc, s, o, n, v, p, kh):
-    """acc[h, :hd] += sum over i < n of s[h, o + i] * V[p + i, kh] for h < GROUP_HEADS (query heads that share
-    KV head kh): acc (>= H, >= hd) and s (>= H, >= o + n) f32, rows by stride, V as for vsum. Each V vector
-    is converted once for the H heads; every lane keeps vsum's chain (32 lanes at a time, then 8, then a
-    masked last 8), so the sums are bit-identical to H calls of vsum."""
-    if not _heads_ok(acc, s, v):
-        return None
-    return types.void(acc, s, o, n, v, p, kh), _vsum_heads_codegen(GROUP_HEADS)
-
-
-def _vsum_heads_codegen(heads, width=4):
-    def codegen(context, builder, signature, args):
-        a_, s_, o_, n_, v_, p_, kh_ = args
-        ty = signature.args
-        va = context.make_array(ty[4])(context, builder, v_)
-        hd = builder.extract_value(va.shape, 2)
-        row_bytes = builder.extract_value(va.strides, 0)
-        arow = [_elem_ptr(context, builder, ty[0], a_, [_i(h)]) for h in range(heads)]
-        srow = [_elem_ptr(context, builder, ty[1], s_, [_i(h), o_]) for h in range(heads)]
+        arow = _head_rows(context, builder, ty[0], a_, heads)
+        srow = _head_rows(context, builder, ty[1], s_, heads, o_)
         v0 = builder.bitcast(_elem_ptr(context, builder, ty[4], v_, [p_, kh_]), I8.as_pointer())
         regs = [[cgutils.alloca_once(builder, V8F) for _ in range(width)] for _ in range(heads)]
 
         def lanes(base, w, mask=None):
+            """acc[base : base + 8 * w] += the weighted sum (lanes off in mask are left as they are)."""
             for rh in regs:
                 for r in rh[:w]:
                     builder.store(ZERO, r)
             with cgutils.for_range(builder, n_) as loop:
                 i = loop.index
-                vrow = builder.bitcast(builder.gep(v0, [builder.mul(i, row_bytes)]), I16.as_pointer())
+                vrow = builder.bitcast(builder.gep(v0, [builder.mul(i, row_bytes)]), ptr_ty)
                 wt = [_splat(builder, builder.load(builder.gep(srow[h], [i])), V8F) for h in range(heads)]
                 for c in range(w):
-                    vv = _halves8(builder, vrow, builder.add(base, _i(8 * c)))
+                    vv = load(builder, vrow, builder.add(base, _i(8 * c)))
                     for h in range(heads):
                         _fma8(builder, vv, wt[h], regs[h][c])
             for h in range(heads):
@@ -323,3 +253,8 @@ def _vsum_heads_codegen(heads, width=4):
             lanes(builder.sub(hd, _i(8)), 1, _tail_mask(builder, hd))
         return context.get_dummy_value()
     return codegen
+
+
+vsum = _make_vsum()
+vsum_heads = _make_vsum(heads=GROUP_HEADS)
+vsum_f32 = _make_vsum(f32=True, width=8)  # 8 chains of multiply-adds: prefill is compute-bound

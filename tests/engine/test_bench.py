@@ -356,3 +356,16 @@ def test_llama_cpp_peer_run(smollm2_path):
     res = runner.run_one(spec)
     assert res["ok"], res.get("error")
     assert res["decode_tok_s"] > 0
+
+
+def test_read_probe_sums_every_value_and_reports_both_readers():
+    """The roofline's bandwidth probe: the prefetching reader sums the whole buffer (no line skipped), and both
+    readers (numpy's, and the one that reads as the decode kernels do) give a finite rate; the probe's figure
+    is the better of the two."""
+    import numpy as np
+    from engine.bench import bandwidth as bw
+    from engine.bench.stream_read import stream_sum
+    a = np.arange(1 << 16, dtype=np.float64)
+    assert stream_sum(a, 2048) == a.sum()
+    rates = bw.read_rates(threads=2, nbytes=8 << 20, repeats=1)
+    assert set(rates) == {"numpy", "prefetched"} and all(0 < r < 1e13 for r in rates.values())
