@@ -5,10 +5,11 @@ reader per worker thread, and returns the best rate either way of reading (bytes
 - a sum with numpy (numpy releases the GIL in `np.add.reduce` on large float arrays only partly, so these
   readers run in separate processes): what the hardware prefetchers give a plain loop;
 - a sum in numba that also asks for the line PREFETCH bytes ahead, as the decode kernels read their
-  weights (cpu_avx2.PREFETCH): readers in threads (the loop releases the GIL). On the 2-core dev host the
-  hardware prefetchers alone left a core well short of what the memory gives with the hint (the decode
-  step's matmul phases streamed faster than the numpy readers measured, a roofline share over 100%).
-Each reader's best of a few repeats; the readers' rates summed.
+  weights (cpu_avx2.PREFETCH): readers in threads of one process (the loop releases the GIL), started
+  together and timed until the last is done. On the 2-core dev host the hardware prefetchers alone left a
+  core well short of what the memory gives with the hint (the decode step's matmul phases streamed faster
+  than the numpy readers measured: roofline shares over 100%).
+The best of a few repeats.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import numpy as np
 
 
 def _read_once(nbytes: int, repeats: int) -> float:
-    a = np.ones(nbytes // 8, np.float64)  # (n,) f64: sums stay exact-ish and vectorize
+    a = np.arange(nbytes // 8, dtype=np.float64)  # distinct pages (no merging of equal ones)
     a.sum()  # touch the pages first
     best = float("inf")
     for _ in range(repeats):
@@ -32,7 +33,7 @@ def _read_once(nbytes: int, repeats: int) -> float:
 
 
 def _child(nbytes, repeats, barrier, q):
-    a = np.ones(nbytes // 8, np.float64)
+    a = np.arange(nbytes // 8, dtype=np.float64)
     a.sum()
     barrier.wait()
     best = float("inf")
@@ -59,33 +60,48 @@ def _numpy_rate(threads: int, nbytes: int, repeats: int) -> float:
 
 
 def _prefetched_rate(threads: int, nbytes: int, repeats: int) -> float:
+    """The prefetching readers, in threads of this process, timed in lock step: each repeat starts them
+    together and ends when the last is done (the sum of each reader's best would count a reader that ran
+    alone at the single-core rate)."""
     from ..kernels.cpu_avx2 import PREFETCH  # here, not at the top: the numpy readers' processes need no numba
-    from .stream_read import stream_sum as _stream_sum
-    bufs = [np.ones(nbytes // max(1, threads) // 8, np.float64) for _ in range(max(1, threads))]
+    from .stream_read import stream_sum
+    bufs = [np.arange(nbytes // max(1, threads) // 8, dtype=np.float64) for _ in range(max(1, threads))]
     for b in bufs:
-        _stream_sum(b, PREFETCH)  # compile (or load), touch the pages
+        stream_sum(b, PREFETCH)  # compile (or load), touch the pages
     barrier = threading.Barrier(len(bufs))
-    rates = [0.0] * len(bufs)
+    times = []
 
     def reader(i):
-        barrier.wait()
-        best = float("inf")
         for _ in range(repeats):
+            barrier.wait()
             t = time.perf_counter()
-            _stream_sum(bufs[i], PREFETCH)
-            best = min(best, time.perf_counter() - t)
-        rates[i] = bufs[i].nbytes / best
+            stream_sum(bufs[i], PREFETCH)
+            barrier.wait()
+            if i == 0:
+                times.append(time.perf_counter() - t)
     ts = [threading.Thread(target=reader, args=(i,)) for i in range(len(bufs))]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
-    return float(sum(rates))
+    return sum(b.nbytes for b in bufs) / min(times)
+
+
+def _prefetched_child(threads, nbytes, repeats, q):
+    q.put(_prefetched_rate(threads, nbytes, repeats))
 
 
 def read_rates(threads: int = 1, nbytes: int = 256 << 20, repeats: int = 5) -> dict:
-    """Both readers' aggregate rates (bytes/s) with `threads` concurrent readers of nbytes in all."""
-    return {"numpy": _numpy_rate(threads, nbytes, repeats), "prefetched": _prefetched_rate(threads, nbytes, repeats)}
+    """Both readers' aggregate rates (bytes/s) with `threads` concurrent readers of nbytes in all. Each in
+    processes of their own: the buffers never count in this process's peak RSS (which a benchmark's worker,
+    forked from it, would inherit: Linux keeps ru_maxrss across exec)."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_prefetched_child, args=(threads, nbytes, repeats, q))
+    p.start()
+    prefetched = q.get(timeout=300)
+    p.join(timeout=30)
+    return {"numpy": _numpy_rate(threads, nbytes, repeats), "prefetched": prefetched}
 
 
 def measure_read_bandwidth(threads: int = 1, nbytes: int = 256 << 20, repeats: int = 5) -> float:
