@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from .. import numba_env  # noqa: F401  (flags before numba)
 
-import functools
 import os
 
 import numba
@@ -27,6 +26,7 @@ from numba.extending import intrinsic, overload
 
 from .cpu_attn_avx2 import GROUP_HEADS, kdot4, kdot4_heads, kdot8, kdot8_heads, vsum, vsum_heads
 from .cpu_attn_int8_avx2 import kdot4_q8, kdot4_q8_heads, kdot8_q8, kdot8_q8_heads, vsum_q8, vsum_q8_heads
+from .cpu_target import target_has  # noqa: F401  (also cpu_fast's, through here)
 
 F32 = np.float32
 _LOG2E = F32(1.4426950408889634)
@@ -106,23 +106,6 @@ def f2h_hw(typingctx, f):
     def codegen(context, builder, signature, args):
         return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
     return types.uint16(types.float32), codegen
-
-
-@functools.lru_cache(maxsize=1)
-def _host_cpu_features() -> dict:
-    import llvmlite.binding as ll
-    try:
-        return dict(ll.get_host_cpu_features())
-    except (RuntimeError, AttributeError):
-        return {}
-
-
-def target_has(feature: str) -> bool:
-    """Whether numba compiles for a CPU with this feature (host CPU unless NUMBA_CPU_NAME says otherwise)."""
-    from numba.core import config
-    if config.CPU_NAME and config.CPU_NAME != "host":
-        return f"+{feature}" in (config.CPU_FEATURES or "")
-    return bool(_host_cpu_features().get(feature))
 
 
 # NINFER_CPU_GENERIC=1 forces the numba loops that CPUs without AVX2 run, here and for cpu_fast's matmuls

@@ -17,16 +17,22 @@ file's 20 bytes.
 
 The decode form (grp_q4) runs all blocks of a group in one call with the 32 outputs in registers; the
 batched form unpacks each block once (unpack_q4: its nibbles and its rows' float scale terms, 1.25 KiB in
-L1) and every activation row reuses it (blk_q4u).
+L1) and every activation row reuses it (blk_q4u). Where the target has AVX-VNNI (VNNI), both sum a block
+with vpdpbusd instead (_isum_vnni: 32 instructions where vpmaddubsw, its adds and vpmaddwd take 68; the same
+integers, so the same bits; the *_madd forms keep vpmaddubsw for the tests' comparison).
 Only used when the host has AVX2 (cpu_fast.HAVE_AVX2); cpu_fast's generic kernels serve the others.
 """
 from __future__ import annotations
 
 from .. import numba_env  # noqa: F401  (flags before numba)
 
+import os
+
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
+
+from .cpu_target import target_has
 
 G = 32
 I8, I16, I32, I64, F = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
@@ -35,11 +41,19 @@ V32I32, V32F = ir.VectorType(I32, 32), ir.VectorType(F, 32)
 V32I16, V32H = ir.VectorType(I16, 32), ir.VectorType(ir.HalfType(), 32)
 NIBBLES = 1024  # bytes of one block's unpacked nibbles: 16 vectors x (low, high nibbles) x 32 bytes
 UNBUF = NIBBLES + 256  # and its 32 rows' d and m + 8 d as f32 (unpack_q4)
-# Software prefetch distance of the decode kernels, in bytes of the weight stream (4 Q4 / 2 Q8 blocks ahead).
-# A decode step has ~150 short parallel regions (a few hundred KB per thread each); the hardware
-# prefetcher ramps up anew in every one. Measured at two threads (SmolLM2 shapes, random weights, runs
-# alternated): layers 18-19 -> 22-29 GB/s, one long matrix 22-27 -> 28-35 GB/s; 1 and 3 KiB did less.
-PREFETCH = 2048
+# Software prefetch distance of the decode kernels, in bytes of the weight stream (2 KiB: 4 Q4 / 2 Q8 blocks
+# ahead). A decode step has ~150 short parallel regions (a few hundred KB per thread each); the hardware
+# prefetcher ramps up anew in every one. Measured on a Zen 3 host at two threads (SmolLM2 shapes, random
+# weights, runs alternated): layers 18-19 -> 22-29 GB/s, one long matrix 22-27 -> 28-35 GB/s; 1 and 3 KiB
+# did less. On a Zen 5 host (AVX-512; a core streams twice the bytes) 2 KiB left a core's decode matvec at
+# ~24 GB/s streamed against 46 GB/s with the matrix in L2; 4 / 8 / 16 KiB: 29 / 27-40 / 34-40 GB/s (one
+# thread, ad hoc), and the chat workload decoded +7% with 4 KiB (ninfer-bench, 8 alternated pairs; 4, 8 and
+# 16 KiB the same). So the distance goes by the target: 4 KiB where it has AVX-512, else 2 KiB.
+PREFETCH = 4096 if target_has("avx512f") else 2048
+# vpdpbusd for the 4-bit blocks' integer sums where the target has it (AVX-VNNI, or AVX512-VNNI with VL: the
+# 256-bit form); NINFER_NO_VNNI=1 keeps vpmaddubsw (with a fresh NUMBA_CACHE_DIR: numba's cache does not see it)
+VNNI = ((target_has("avxvnni") or (target_has("avx512vnni") and target_has("avx512vl")))
+        and os.environ.get("NINFER_NO_VNNI", "") in ("", "0"))
 
 
 def _const(vt, vals):
@@ -89,9 +103,11 @@ def _split(builder, x):
     return builder.and_(x, mask), builder.and_(builder.lshr(x, _const(V32I8, 4)), mask)
 
 
-def _isum(builder, nib_of, a):
+def _isum(builder, nib_of, a, vnni=False):
     """<32 x i32> S of the 32 rows in order: nib_of(v) -> (low, high) nibbles of block vector v (< 16);
-    a = the block's 32 int8 activations (i8*)."""
+    a = the block's 32 int8 activations (i8*). vnni: vpdpbusd (_isum_vnni), the same integers."""
+    if vnni:
+        return _isum_vnni(builder, nib_of, a)
     madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8])
     pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
     a32 = builder.bitcast(a, I32.as_pointer())
@@ -105,6 +121,24 @@ def _isum(builder, nib_of, a):
     s = [builder.call(pmaddwd, [x, _const(V16I16, 1)]) for x in acc]
     lo16 = builder.shuffle_vector(s[0], s[1], _const(ir.VectorType(I32, 16), list(range(16))))
     hi16 = builder.shuffle_vector(s[2], s[3], _const(ir.VectorType(I32, 16), list(range(16))))
+    return builder.shuffle_vector(lo16, hi16, _const(ir.VectorType(I32, 32), list(range(32))))
+
+
+def _isum_vnni(builder, nib_of, a):
+    """_isum with vpdpbusd (AVX-VNNI or AVX512-VNNI): a row's four unsigned nibbles times the four broadcast
+    activations, summed straight into its int32 lane, so the block takes 32 instructions where vpmaddubsw,
+    its 16-bit adds and the closing vpmaddwd take 68. The same exact integer sums."""
+    dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.256", V8I32, [V8I32, V8I32, V8I32])
+    a32 = builder.bitcast(a, I32.as_pointer())
+    acc = [_const(V8I32, 0)] * 4  # rows 0-7, 8-15, 16-23, 24-31
+    for k in range(8):
+        av = _splat(builder, builder.load(builder.gep(a32, [ir.Constant(I64, k)]), align=1), V8I32)
+        for h in range(2):
+            lo, hi = nib_of(2 * k + h)
+            acc[2 * h] = builder.call(dp, [acc[2 * h], builder.bitcast(lo, V8I32), av])
+            acc[2 * h + 1] = builder.call(dp, [acc[2 * h + 1], builder.bitcast(hi, V8I32), av])
+    lo16 = builder.shuffle_vector(acc[0], acc[1], _const(ir.VectorType(I32, 16), list(range(16))))
+    hi16 = builder.shuffle_vector(acc[2], acc[3], _const(ir.VectorType(I32, 16), list(range(16))))
     return builder.shuffle_vector(lo16, hi16, _const(ir.VectorType(I32, 32), list(range(32))))
 
 
@@ -136,44 +170,52 @@ def _check_f16(*arrs):
     return all(isinstance(a, types.Array) and a.dtype == types.uint16 for a in arrs)
 
 
-@intrinsic
-def grp_q4(typingctx, o, o_off, qs, qs_off, qa, qa_off, sa, xs, s_off, x_off, d, m, dm_off, nb):
-    """o[o_off : o_off + 32] <- the 32 rows' dot products with one activation row over nb blocks:
-    qs[qs_off:] the group's blocks (512 bytes each), qa[qa_off:] the int8 activations (32 per block),
-    sa[s_off:] / xs[x_off:] their block scales and scaled sums (f32, one per block), d/m[dm_off:] the rows' f16 scales
-    and mins (uint16, 32 per block). The outputs stay in registers across blocks; summed in block order."""
-    if not _check_f16(d, m):
-        return None
-    sig = types.void(o, o_off, qs, qs_off, qa, qa_off, sa, xs, s_off, x_off, d, m, dm_off, nb)
+def _make_grp_q4(vnni):
+    @intrinsic
+    def grp_q4(typingctx, o, o_off, qs, qs_off, qa, qa_off, sa, xs, s_off, x_off, d, m, dm_off, nb):
+        """o[o_off : o_off + 32] <- the 32 rows' dot products with one activation row over nb blocks:
+        qs[qs_off:] the group's blocks (512 bytes each), qa[qa_off:] the int8 activations (32 per block),
+        sa[s_off:] / xs[x_off:] their block scales and scaled sums (f32, one per block), d/m[dm_off:] the rows'
+        f16 scales and mins (uint16, 32 per block). The outputs stay in registers across blocks; summed in block
+        order."""
+        if not _check_f16(d, m):
+            return None
+        sig = types.void(o, o_off, qs, qs_off, qa, qa_off, sa, xs, s_off, x_off, d, m, dm_off, nb)
 
-    def codegen(context, builder, signature, args):
-        o_, oo, qs_, qo, qa_, ao, sa_, xs_, so, xo, d_, m_, do, nb_ = args
-        ty = signature.args
-        q0 = _ptr(context, builder, ty[2], qs_, qo)
-        a0 = _ptr(context, builder, ty[4], qa_, ao)
-        sp, xp = _ptr(context, builder, ty[6], sa_, so), _ptr(context, builder, ty[7], xs_, xo)
-        dp, mp = _ptr(context, builder, ty[10], d_, do), _ptr(context, builder, ty[11], m_, do)
-        accp = cgutils.alloca_once_value(builder, _const(V32F, 0.0))
-        with cgutils.for_range(builder, nb_) as loop:
-            b = loop.index
-            q = builder.gep(q0, [builder.mul(b, ir.Constant(b.type, 512))])
-            off = builder.mul(b, ir.Constant(b.type, G))
-            _prefetch(builder, _bytes_at(builder, q, PREFETCH), 8)  # the block 4 ahead: 512 bytes of nibbles
-            for p in (dp, mp):  # and its 32 f16 scales / mins (64 bytes each)
-                _prefetch(builder, _bytes_at(builder, builder.gep(p, [off]), PREFETCH // 8), 1)
+        def codegen(context, builder, signature, args):
+            o_, oo, qs_, qo, qa_, ao, sa_, xs_, so, xo, d_, m_, do, nb_ = args
+            ty = signature.args
+            q0 = _ptr(context, builder, ty[2], qs_, qo)
+            a0 = _ptr(context, builder, ty[4], qa_, ao)
+            sp, xp = _ptr(context, builder, ty[6], sa_, so), _ptr(context, builder, ty[7], xs_, xo)
+            dp, mp = _ptr(context, builder, ty[10], d_, do), _ptr(context, builder, ty[11], m_, do)
+            accp = cgutils.alloca_once_value(builder, _const(V32F, 0.0))
+            with cgutils.for_range(builder, nb_) as loop:
+                b = loop.index
+                q = builder.gep(q0, [builder.mul(b, ir.Constant(b.type, 512))])
+                off = builder.mul(b, ir.Constant(b.type, G))
+                # the block PREFETCH bytes ahead: its 512 bytes of nibbles
+                _prefetch(builder, _bytes_at(builder, q, PREFETCH), 8)
+                for p in (dp, mp):  # and its 32 f16 scales / mins (64 bytes each)
+                    _prefetch(builder, _bytes_at(builder, builder.gep(p, [off]), PREFETCH // 8), 1)
 
-            def nib_of(v):
-                return _split(builder, _vload(builder, builder.gep(q, [ir.Constant(I64, 32 * v)]), V32I8))
-            ab = builder.gep(a0, [builder.mul(b, ir.Constant(b.type, 32))])
-            isum = _isum(builder, nib_of, ab)
-            dv, m8 = _dm8(builder, builder.gep(dp, [off]), builder.gep(mp, [off]))
-            term = _block_term(builder, isum, ab, dv, m8, builder.load(builder.gep(sp, [b])),
-                               builder.load(builder.gep(xp, [b])))
-            builder.store(builder.fadd(builder.load(accp), term), accp)
-        op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
-        builder.store(builder.load(accp), op, align=4)
-        return context.get_dummy_value()
-    return sig, codegen
+                def nib_of(v):
+                    return _split(builder, _vload(builder, builder.gep(q, [ir.Constant(I64, 32 * v)]), V32I8))
+                ab = builder.gep(a0, [builder.mul(b, ir.Constant(b.type, 32))])
+                isum = _isum(builder, nib_of, ab, vnni)
+                dv, m8 = _dm8(builder, builder.gep(dp, [off]), builder.gep(mp, [off]))
+                term = _block_term(builder, isum, ab, dv, m8, builder.load(builder.gep(sp, [b])),
+                                   builder.load(builder.gep(xp, [b])))
+                builder.store(builder.fadd(builder.load(accp), term), accp)
+            op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
+            builder.store(builder.load(accp), op, align=4)
+            return context.get_dummy_value()
+        return sig, codegen
+    return grp_q4
+
+
+grp_q4 = _make_grp_q4(VNNI)
+grp_q4_madd = _make_grp_q4(False)  # vpmaddubsw on any AVX2 CPU (tests compare the VNNI form with it)
 
 
 def _unpacked_scales(builder, b, i):
@@ -206,26 +248,32 @@ def unpack_q4(typingctx, buf, qs, qs_off, d, m, dm_off):
     return sig, codegen
 
 
-@intrinsic
-def blk_q4u(typingctx, o, o_off, buf, qa, qa_off, sb, xsb):
-    """o[o_off : o_off + 32] += one block's term (_block_term) for 32 rows, from a block unpacked by unpack_q4
-    into buf; qa[qa_off:] the block's 32 int8 activations."""
-    sig = types.void(o, o_off, buf, qa, qa_off, sb, xsb)
+def _make_blk_q4u(vnni):
+    @intrinsic
+    def blk_q4u(typingctx, o, o_off, buf, qa, qa_off, sb, xsb):
+        """o[o_off : o_off + 32] += one block's term (_block_term) for 32 rows, from a block unpacked by unpack_q4
+        into buf; qa[qa_off:] the block's 32 int8 activations."""
+        sig = types.void(o, o_off, buf, qa, qa_off, sb, xsb)
 
-    def codegen(context, builder, signature, args):
-        o_, oo, buf_, qa_, ao, sb_, xsb_ = args
-        ty = signature.args
-        b = _ptr(context, builder, ty[2], buf_, ir.Constant(I64, 0))
+        def codegen(context, builder, signature, args):
+            o_, oo, buf_, qa_, ao, sb_, xsb_ = args
+            ty = signature.args
+            b = _ptr(context, builder, ty[2], buf_, ir.Constant(I64, 0))
 
-        def nib_of(v):
-            return [_vload(builder, builder.gep(b, [ir.Constant(I64, 64 * v + 32 * i)]), V32I8) for i in range(2)]
-        a = _ptr(context, builder, ty[3], qa_, ao)
-        dv, m8 = (builder.load(_unpacked_scales(builder, b, i), align=1) for i in range(2))
-        term = _block_term(builder, _isum(builder, nib_of, a), a, dv, m8, sb_, xsb_)
-        op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
-        builder.store(builder.fadd(builder.load(op, align=4), term), op, align=4)
-        return context.get_dummy_value()
-    return sig, codegen
+            def nib_of(v):
+                return [_vload(builder, builder.gep(b, [ir.Constant(I64, 64 * v + 32 * i)]), V32I8) for i in range(2)]
+            a = _ptr(context, builder, ty[3], qa_, ao)
+            dv, m8 = (builder.load(_unpacked_scales(builder, b, i), align=1) for i in range(2))
+            term = _block_term(builder, _isum(builder, nib_of, a, vnni), a, dv, m8, sb_, xsb_)
+            op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
+            builder.store(builder.fadd(builder.load(op, align=4), term), op, align=4)
+            return context.get_dummy_value()
+        return sig, codegen
+    return blk_q4u
+
+
+blk_q4u = _make_blk_q4u(VNNI)
+blk_q4u_madd = _make_blk_q4u(False)
 
 
 # ------------------------------------------------------------------------------------------------ Q8_0
@@ -268,7 +316,7 @@ def blk_q8(typingctx, o, o_off, qs, qs_off, qa, qa_off, d, d_off, sb):
         o_, oo, qs_, qo, qa_, ao, d_, do, sb_ = args
         ty = signature.args
         q = _ptr(context, builder, ty[2], qs_, qo)
-        _prefetch(builder, _bytes_at(builder, q, PREFETCH), 16)  # the block 2 ahead (1 KiB) and its scales
+        _prefetch(builder, _bytes_at(builder, q, PREFETCH), 16)  # the block PREFETCH ahead (1 KiB) and its scales
         _prefetch(builder, _bytes_at(builder, _ptr(context, builder, ty[6], d_, do), PREFETCH // 16), 1)
 
         def w_of(jp):

@@ -297,7 +297,8 @@ F.q8_group(out, qa, sa, np.zeros((ng, nb, 16, 2 * G), np.int8), d, np.zeros(G, n
 F.quantize_rows(qa, sa, sa.copy(), np.ones((t, nb * 32), np.float32))
 from engine.kernels.cpu_attn import store_f16
 store_f16(np.zeros((4, 3, 64), np.uint16), np.ones((1, 3, 64), np.float32), 2)
-res = {{}}
+from engine.kernels import cpu_avx2
+res = {{"VNNI": cpu_avx2.VNNI}}
 for name, f in (("q4_group", F.q4_group), ("q4_group_batched", F.q4_group_batched), ("q8_group", F.q8_group),
                 ("quantize_rows", F.quantize_rows), ("store_f16", store_f16)):
     asm = "\\n".join(f.inspect_asm().values())
@@ -305,8 +306,9 @@ for name, f in (("q4_group", F.q4_group), ("q4_group_batched", F.q4_group_batche
                        "madd": len(re.findall(r"vpmull[wd]|vpmaddwd|vpmaddubsw|vpdpbusd|vpdpwssd", asm)),
                        "cvtph": len(re.findall(r"vcvtph2ps", asm)),
                        "cvtps2ph": len(re.findall(r"vcvtps2ph", asm)),
-                       "round": len(re.findall(r"vroundps", asm)),
-                       "prefetch": len(re.findall(r"prefetcht0", asm))}}
+                       "round": len(re.findall(r"vroundps|vrndscaleps", asm)),  # (the AVX-512 form)
+                       "prefetch": len(re.findall(r"prefetcht0", asm)),
+                       "dpbusd": len(re.findall(r"vpdpbusd", asm))}}
 print(json.dumps(res))
 """
 
@@ -325,7 +327,10 @@ def test_integer_kernels_are_vectorized(tmp_path):
     f16c = " f16c" in Path("/proc/cpuinfo").read_text()
     # the activations' quantization (every matmul's input, the decode step's serial tails) rounds 8 values per
     # instruction; the KV cache's f16 writes convert 8 per vcvtps2ph
-    quant, store = res.pop("quantize_rows"), res.pop("store_f16")
+    quant, store, vnni = res.pop("quantize_rows"), res.pop("store_f16"), res.pop("VNNI")
+    if vnni:  # the 4-bit kernels' block sums: vpdpbusd where the target has VNNI (cpu_avx2.VNNI)
+        for name in ("q4_group", "q4_group_batched"):
+            assert res[name]["dpbusd"] >= 16, (name, res[name])
     assert quant["round"] >= 1 and quant["wide"] >= 8, quant
     if f16c:
         assert store["cvtps2ph"] >= 1, store
