@@ -17,9 +17,11 @@ file's 20 bytes.
 
 The decode form (grp_q4) runs all blocks of a group in one call with the 32 outputs in registers; the
 batched form unpacks each block once (unpack_q4: its nibbles and its rows' float scale terms, 1.25 KiB in
-L1) and every activation row reuses it (blk_q4u). Where the target has AVX-VNNI (VNNI), both sum a block
-with vpdpbusd instead (_isum_vnni: 32 instructions where vpmaddubsw, its adds and vpmaddwd take 68; the same
-integers, so the same bits; the *_madd forms keep vpmaddubsw for the tests' comparison).
+L1) and every activation row reuses it (blk_q4u). Where the target has AVX-VNNI (VNNI), the decode form
+sums a block with vpdpbusd instead (_isum_vnni: 32 instructions where vpmaddubsw, its adds and vpmaddwd take
+68; the same integers, so the same bits; grp_q4_madd keeps vpmaddubsw for the tests' comparison). Zen 5, one
+thread, ad hoc: a matrix streamed from DRAM 32-35 -> 34-38 GB/s, hot in L2 7.9 -> 6.6 us; the batched form
+measured slower with it (4.9-7.9 -> 6.9-9.9 ns per (row, block)), so it keeps vpmaddubsw.
 Only used when the host has AVX2 (cpu_fast.HAVE_AVX2); cpu_fast's generic kernels serve the others.
 """
 from __future__ import annotations
@@ -50,8 +52,9 @@ UNBUF = NIBBLES + 256  # and its 32 rows' d and m + 8 d as f32 (unpack_q4)
 # thread, ad hoc), and the chat workload decoded +7% with 4 KiB (ninfer-bench, 8 alternated pairs; 4, 8 and
 # 16 KiB the same). So the distance goes by the target: 4 KiB where it has AVX-512, else 2 KiB.
 PREFETCH = 4096 if target_has("avx512f") else 2048
-# vpdpbusd for the 4-bit blocks' integer sums where the target has it (AVX-VNNI, or AVX512-VNNI with VL: the
-# 256-bit form); NINFER_NO_VNNI=1 keeps vpmaddubsw (with a fresh NUMBA_CACHE_DIR: numba's cache does not see it)
+# vpdpbusd for the 4-bit decode form's integer sums where the target has it (AVX-VNNI, or AVX512-VNNI with VL:
+# the 256-bit form); NINFER_NO_VNNI=1 keeps vpmaddubsw (with a fresh NUMBA_CACHE_DIR: numba's cache does not
+# see it)
 VNNI = ((target_has("avxvnni") or (target_has("avx512vnni") and target_has("avx512vl")))
         and os.environ.get("NINFER_NO_VNNI", "") in ("", "0"))
 
@@ -130,13 +133,14 @@ def _isum_vnni(builder, nib_of, a):
     its 16-bit adds and the closing vpmaddwd take 68. The same exact integer sums."""
     dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.256", V8I32, [V8I32, V8I32, V8I32])
     a32 = builder.bitcast(a, I32.as_pointer())
-    acc = [_const(V8I32, 0)] * 4  # rows 0-7, 8-15, 16-23, 24-31
+    # rows 0-7, 8-15, 16-23, 24-31, each in two chains (even and odd k) so that fewer wait on vpdpbusd's latency
+    acc = [[_const(V8I32, 0)] * 2 for _ in range(4)]
     for k in range(8):
         av = _splat(builder, builder.load(builder.gep(a32, [ir.Constant(I64, k)]), align=1), V8I32)
         for h in range(2):
-            lo, hi = nib_of(2 * k + h)
-            acc[2 * h] = builder.call(dp, [acc[2 * h], builder.bitcast(lo, V8I32), av])
-            acc[2 * h + 1] = builder.call(dp, [acc[2 * h + 1], builder.bitcast(hi, V8I32), av])
+            for i, x in enumerate(nib_of(2 * k + h)):
+                acc[2 * h + i][k % 2] = builder.call(dp, [acc[2 * h + i][k % 2], builder.bitcast(x, V8I32), av])
+    acc = [builder.add(x, y) for x, y in acc]
     lo16 = builder.shuffle_vector(acc[0], acc[1], _const(ir.VectorType(I32, 16), list(range(16))))
     hi16 = builder.shuffle_vector(acc[2], acc[3], _const(ir.VectorType(I32, 16), list(range(16))))
     return builder.shuffle_vector(lo16, hi16, _const(ir.VectorType(I32, 32), list(range(32))))
@@ -248,32 +252,26 @@ def unpack_q4(typingctx, buf, qs, qs_off, d, m, dm_off):
     return sig, codegen
 
 
-def _make_blk_q4u(vnni):
-    @intrinsic
-    def blk_q4u(typingctx, o, o_off, buf, qa, qa_off, sb, xsb):
-        """o[o_off : o_off + 32] += one block's term (_block_term) for 32 rows, from a block unpacked by unpack_q4
-        into buf; qa[qa_off:] the block's 32 int8 activations."""
-        sig = types.void(o, o_off, buf, qa, qa_off, sb, xsb)
+@intrinsic
+def blk_q4u(typingctx, o, o_off, buf, qa, qa_off, sb, xsb):
+    """o[o_off : o_off + 32] += one block's term (_block_term) for 32 rows, from a block unpacked by unpack_q4
+    into buf; qa[qa_off:] the block's 32 int8 activations."""
+    sig = types.void(o, o_off, buf, qa, qa_off, sb, xsb)
 
-        def codegen(context, builder, signature, args):
-            o_, oo, buf_, qa_, ao, sb_, xsb_ = args
-            ty = signature.args
-            b = _ptr(context, builder, ty[2], buf_, ir.Constant(I64, 0))
+    def codegen(context, builder, signature, args):
+        o_, oo, buf_, qa_, ao, sb_, xsb_ = args
+        ty = signature.args
+        b = _ptr(context, builder, ty[2], buf_, ir.Constant(I64, 0))
 
-            def nib_of(v):
-                return [_vload(builder, builder.gep(b, [ir.Constant(I64, 64 * v + 32 * i)]), V32I8) for i in range(2)]
-            a = _ptr(context, builder, ty[3], qa_, ao)
-            dv, m8 = (builder.load(_unpacked_scales(builder, b, i), align=1) for i in range(2))
-            term = _block_term(builder, _isum(builder, nib_of, a, vnni), a, dv, m8, sb_, xsb_)
-            op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
-            builder.store(builder.fadd(builder.load(op, align=4), term), op, align=4)
-            return context.get_dummy_value()
-        return sig, codegen
-    return blk_q4u
-
-
-blk_q4u = _make_blk_q4u(VNNI)
-blk_q4u_madd = _make_blk_q4u(False)
+        def nib_of(v):
+            return [_vload(builder, builder.gep(b, [ir.Constant(I64, 64 * v + 32 * i)]), V32I8) for i in range(2)]
+        a = _ptr(context, builder, ty[3], qa_, ao)
+        dv, m8 = (builder.load(_unpacked_scales(builder, b, i), align=1) for i in range(2))
+        term = _block_term(builder, _isum(builder, nib_of, a), a, dv, m8, sb_, xsb_)
+        op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
+        builder.store(builder.fadd(builder.load(op, align=4), term), op, align=4)
+        return context.get_dummy_value()
+    return sig, codegen
 
 
 # ------------------------------------------------------------------------------------------------ Q8_0
