@@ -1,14 +1,15 @@
 """Memory read bandwidth, for the roofline: decode of a small model streams every weight once per token.
 
 `measure_read_bandwidth()` times streaming reads over buffers much larger than the last-level cache, one
-reader per worker thread, and returns the best rate either way of reading (bytes/s):
+reader per worker thread, and returns the better of two ways of reading (bytes/s):
 - a sum with numpy (numpy releases the GIL in `np.add.reduce` on large float arrays only partly, so these
-  readers run in separate processes): what the hardware prefetchers give a plain loop;
-- a sum in numba that also asks for the line PREFETCH bytes ahead, as the decode kernels read their
-  weights (cpu_avx2.PREFETCH): readers in threads of one process (the loop releases the GIL), started
-  together and timed until the last is done. On the 2-core dev host the hardware prefetchers alone left a
-  core well short of what the memory gives with the hint (the decode step's matmul phases streamed faster
-  than the numpy readers measured: roofline shares over 100%).
+  readers run in separate processes);
+- a vectorized sum in numba that also asks for the line PREFETCH bytes ahead, as the decode kernels read
+  their weights (cpu_avx2.PREFETCH): readers in threads of one process (the loop releases the GIL), started
+  together and timed until the last is done, in a process of its own.
+numpy's float64 sum adds about one value per cycle, so on a fast core the adder, not the memory, bounds it:
+on the 2-core Zen 5 dev host it read 31-33 GB/s where the vectorized reader read 44-75 GB/s (and the decode
+step's matmul phases streamed faster than numpy's figure: roofline shares over 100% before this reader).
 The best of a few repeats.
 """
 from __future__ import annotations
