@@ -66,7 +66,8 @@ def _prefetched_rate(threads: int, nbytes: int, repeats: int) -> float:
     alone at the single-core rate)."""
     from ..kernels.cpu_avx2 import PREFETCH  # here, not at the top: the numpy readers' processes need no numba
     from .stream_read import stream_sum
-    bufs = [np.arange(nbytes // max(1, threads) // 8, dtype=np.float64) for _ in range(max(1, threads))]
+    n = max(1, threads)
+    bufs = [np.arange(nbytes // n // 8, dtype=np.float64) for _ in range(n)]
     for b in bufs:
         stream_sum(b, PREFETCH)  # compile (or load), touch the pages
     barrier = threading.Barrier(len(bufs))

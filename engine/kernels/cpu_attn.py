@@ -26,7 +26,7 @@ from numba.extending import intrinsic, overload
 
 from .cpu_attn_avx2 import GROUP_HEADS, kdot4, kdot4_heads, kdot8, kdot8_heads, vsum, vsum_heads
 from .cpu_attn_int8_avx2 import kdot4_q8, kdot4_q8_heads, kdot8_q8, kdot8_q8_heads, vsum_q8, vsum_q8_heads
-from .cpu_target import target_has  # noqa: F401  (also cpu_fast's, through here)
+from .cpu_target import target_has
 
 F32 = np.float32
 _LOG2E = F32(1.4426950408889634)

@@ -211,6 +211,28 @@ def _make_vsum(f32=False, width=4, heads=1):
     return vsum
 
 
+def _weighted_lanes(builder, n, row_at, weights_at, load, arow, regs, base, w, mask=None):
+    """The V sums' inner loop (f16, f32 or int8 rows): regs[h][c] (<8 x float> allocas) <- the sum over i < n
+    of weights_at(i)[h] * load(builder, row_at(i), base + 8 c) for c < w, each loaded vector serving every
+    head h; then arow[h][base + 8 c : + 8] += regs[h][c] (lanes off in mask left as they are)."""
+    for rh in regs:
+        for r in rh[:w]:
+            builder.store(ZERO, r)
+    with cgutils.for_range(builder, n) as loop:
+        i = loop.index
+        vrow = row_at(i)
+        wt = weights_at(i)
+        for c in range(w):
+            vv = load(builder, vrow, builder.add(base, _i(8 * c)))
+            for h, rh in enumerate(regs):
+                _fma8(builder, vv, wt[h], rh[c])
+    for h, rh in enumerate(regs):
+        for c, r in enumerate(rh[:w]):
+            dst = builder.bitcast(builder.gep(arow[h], [builder.add(base, _i(8 * c))]), V8F.as_pointer())
+            add = builder.load(r) if mask is None else builder.select(mask, builder.load(r), ZERO)
+            builder.store(builder.fadd(builder.load(dst, align=4), add), dst, align=4)
+
+
 def _vsum_codegen(ptr_ty, load, width, heads):
     """vsum's code, reading V rows through (ptr_ty, load) (_row_loader), width vectors of 8 lanes at a time,
     for `heads` rows of acc and s (1: 1-d)."""
@@ -227,22 +249,11 @@ def _vsum_codegen(ptr_ty, load, width, heads):
 
         def lanes(base, w, mask=None):
             """acc[base : base + 8 * w] += the weighted sum (lanes off in mask are left as they are)."""
-            for rh in regs:
-                for r in rh[:w]:
-                    builder.store(ZERO, r)
-            with cgutils.for_range(builder, n_) as loop:
-                i = loop.index
-                vrow = builder.bitcast(builder.gep(v0, [builder.mul(i, row_bytes)]), ptr_ty)
-                wt = [_splat(builder, builder.load(builder.gep(srow[h], [i])), V8F) for h in range(heads)]
-                for c in range(w):
-                    vv = load(builder, vrow, builder.add(base, _i(8 * c)))
-                    for h in range(heads):
-                        _fma8(builder, vv, wt[h], regs[h][c])
-            for h in range(heads):
-                for c, r in enumerate(regs[h][:w]):
-                    dst = builder.bitcast(builder.gep(arow[h], [builder.add(base, _i(8 * c))]), V8F.as_pointer())
-                    add = builder.load(r) if mask is None else builder.select(mask, builder.load(r), ZERO)
-                    builder.store(builder.fadd(builder.load(dst, align=4), add), dst, align=4)
+            def row_at(i):
+                return builder.bitcast(builder.gep(v0, [builder.mul(i, row_bytes)]), ptr_ty)
+            _weighted_lanes(builder, n_, row_at,
+                            lambda i: [_splat(builder, builder.load(builder.gep(r, [i])), V8F) for r in srow],
+                            load, arow, regs, base, w, mask)
         span = 8 * width
         with cgutils.for_range(builder, builder.udiv(hd, _i(span))) as part:
             lanes(builder.mul(part.index, _i(span)), width)

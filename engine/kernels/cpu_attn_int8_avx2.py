@@ -28,7 +28,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .cpu_attn_avx2 import (F, GROUP_HEADS, I8, I32, V8F, ZERO, _elem_ptr, _fma8, _floats8, _head_rows, _i,
-                             _reduce8, _store_scores)
+                             _reduce8, _store_scores, _weighted_lanes)
 from .cpu_avx2 import _fn, _splat
 
 V8I8, V8I32 = ir.VectorType(I8, 8), ir.VectorType(I32, 8)
@@ -154,23 +154,11 @@ def _vsum_codegen(heads):
 
         def lanes(g, base, width):
             """acc[base : base + 8 * width] (inside group g) += the weighted sum."""
-            for rh in regs:
-                for r in rh[:width]:
-                    builder.store(ZERO, r)
-            with cgutils.for_range(builder, n_) as loop:
-                i = loop.index
-                vrow = builder.gep(v0, [builder.mul(i, row_bytes)])
+            def weights(i):  # a position's score times its scale for the group
                 scale = builder.load(builder.gep(_float_row(builder, s0, srow_bytes, i), [g]))
-                w = [_splat(builder, builder.fmul(builder.load(builder.gep(wrow[h], [i])), scale), V8F)
-                     for h in range(heads)]
-                for c in range(width):
-                    vv = _bytes8(builder, vrow, builder.add(base, _i(8 * c)))
-                    for h in range(heads):
-                        _fma8(builder, vv, w[h], regs[h][c])
-            for h in range(heads):
-                for c, r in enumerate(regs[h][:width]):
-                    dst = builder.bitcast(builder.gep(arow[h], [builder.add(base, _i(8 * c))]), V8F.as_pointer())
-                    builder.store(builder.fadd(builder.load(dst, align=4), builder.load(r)), dst, align=4)
+                return [_splat(builder, builder.fmul(builder.load(builder.gep(r, [i])), scale), V8F) for r in wrow]
+            _weighted_lanes(builder, n_, lambda i: builder.gep(v0, [builder.mul(i, row_bytes)]), weights, _bytes8,
+                            arow, regs, base, width)
         with cgutils.for_range(builder, n_g) as grp:
             g = grp.index
             g0 = builder.mul(g, gs)

@@ -51,7 +51,8 @@ from numba import njit, prange
 
 from ..quant import QK, QTensor, validate
 from . import cpu, cpu_avx2
-from .cpu_attn import GENERIC_FORCED, h2f, target_has
+from .cpu_attn import GENERIC_FORCED, h2f
+from .cpu_target import target_has
 from .cpu import (  # noqa: F401  (the rest of the kernel set is cpu.py's)
     KV_GROUP, argmax, bias_add, kv_group, kv_store_f16, kv_store_int8,
     residual_add, rmsnorm, rope, swiglu)
