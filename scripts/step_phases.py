@@ -62,6 +62,26 @@ def absolute(src: str) -> str:
     return src.replace("cache=True", "cache=False")
 
 
+def rewire(src: str, with_mods: list[str], j: int) -> str:
+    """src importing version j's copies (module_vJ) of the kernel modules in with_mods instead of the tree's."""
+    def names(m):
+        keep, out = [], []
+        for name in (n.strip() for n in m.group(1).split(",")):
+            base = name.split(" as ")[0].strip()
+            alias = name.split(" as ")[-1].strip()
+            if base in with_mods:
+                out.append(f"import {base}_v{j} as {alias}")
+            else:
+                keep.append(name)
+        if keep:
+            out.insert(0, "from engine.kernels import " + ", ".join(keep))
+        return "\n".join(out)
+    src = re.sub(r"^from engine\.kernels import ([\w ,]+)$", names, src, flags=re.M)
+    for m in with_mods:
+        src = src.replace(f"from engine.kernels.{m} import", f"from {m}_v{j} import")
+    return src
+
+
 def instrument(src: str) -> str:
     """The step's source with stamps T[tid, phase, 0 | 1 | 2] (items done, wait over, was the finisher)."""
     src = absolute(src)
@@ -169,13 +189,11 @@ def main() -> int:
     sys.path.insert(0, tmp)
     mods = {}
     for j, rev in enumerate(a.revs):
-        step_src = instrument(source(rev))
-        for m in dict.fromkeys(a.with_mods + (["cpu_attn"] if a.with_attn else [])):
+        with_mods = list(dict.fromkeys(a.with_mods + (["cpu_attn"] if a.with_attn else [])))
+        for m in with_mods:  # each copy imports the other copies of this version (cpu_fast -> cpu_avx2, ...)
             with open(os.path.join(tmp, f"{m}_v{j}.py"), "w", encoding="utf-8") as f:
-                f.write(absolute(source(rev, f"engine/kernels/{m}.py")))
-            step_src = re.sub(rf"from engine\.kernels import {m} as (\w+)", rf"import {m}_v{j} as \1", step_src)
-            step_src = re.sub(rf"^from engine\.kernels import {m}$", f"import {m}_v{j} as {m}", step_src, flags=re.M)
-            step_src = step_src.replace(f"from engine.kernels.{m} import", f"from {m}_v{j} import")
+                f.write(rewire(absolute(source(rev, f"engine/kernels/{m}.py")), with_mods, j))
+        step_src = rewire(instrument(source(rev)), with_mods, j)
         with open(os.path.join(tmp, f"step_v{j}.py"), "w", encoding="utf-8") as f:
             f.write(step_src)
         mods[rev] = importlib.import_module(f"step_v{j}")

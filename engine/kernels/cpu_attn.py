@@ -26,6 +26,7 @@ from numba.extending import intrinsic, overload
 
 from .cpu_attn_avx2 import GROUP_HEADS, kdot4, kdot4_heads, kdot8, kdot8_heads, vsum, vsum_heads
 from .cpu_attn_int8_avx2 import kdot4_q8, kdot4_q8_heads, kdot8_q8, kdot8_q8_heads, vsum_q8, vsum_q8_heads
+from .cpu_sync import prefetch
 from .cpu_target import target_has
 
 F32 = np.float32
@@ -392,6 +393,44 @@ def _vsum_impl(kv, pt, sc, o, n, p, group):
     return int8
 
 
+# Decode attention reads the cache rows from DRAM (a step's weight stream evicts them), and each work item
+# is a short stream that the hardware prefetcher meets anew: the items ask for K rows this many positions
+# ahead of the scores, and for each V row as its K row is read (the weighted sums read it next).
+# scripts/step_phases.py --with cpu_attn: attention 199 -> 178 us per token at 60-99 positions, 764 -> 725 at
+# 600-639 (logits identical).
+FETCH_AHEAD = 16
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _fetch_rows(a, p0, p1):
+    """Ask for rows p0:p1 of a (positions first: every head's values of a position side by side)."""
+    if p0 < p1:
+        base = np.int64(a.ctypes.data) + a.strides[0] * p0
+        for off in range(0, a.strides[0] * (p1 - p0), 64):
+            prefetch(base + off)
+
+
+def _fetch_kv(kv, k0, k1, v0, v1):
+    """Ask for K rows k0:k1 and V rows v0:v1 of the cache (f16, or int8 and its scales; numba only)."""
+    raise NotImplementedError
+
+
+@overload(_fetch_kv, inline="always")
+def _fetch_kv_impl(kv, k0, k1, v0, v1):
+    if _f16(kv):
+        def f16(kv, k0, k1, v0, v1):
+            _fetch_rows(kv[0], k0, k1)
+            _fetch_rows(kv[1], v0, v1)
+        return f16
+
+    def int8(kv, k0, k1, v0, v1):
+        _fetch_rows(kv[0], k0, k1)
+        _fetch_rows(kv[1], k0, k1)
+        _fetch_rows(kv[2], v0, v1)
+        _fetch_rows(kv[3], v0, v1)
+    return int8
+
+
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
 def _item_heads_vec(part, sc, qt, kv, t, c, lo, hi, scale):
     """_item_heads_loops' contract through the IR kernels, over an f16 or int8 cache kv (see _f16),
@@ -404,9 +443,13 @@ def _item_heads_vec(part, sc, qt, kv, t, c, lo, hi, scale):
     n_kv = kv[0].shape[1]
     group = n_head // n_kv
     p = lo
+    _fetch_kv(kv, lo, min(hi, lo + FETCH_AHEAD), lo, lo)
     while p + 8 <= hi:
+        a = min(hi, p + FETCH_AHEAD)
+        _fetch_kv(kv, a, min(hi, a + 8), p, p + 8)
         _kdot8(kv, sc, p - lo, qt, p, group, scale)
         p += 8
+    _fetch_kv(kv, hi, hi, p, hi)
     if p + 4 <= hi:
         _kdot4(kv, sc, p - lo, qt, p, group, scale)
         p += 4

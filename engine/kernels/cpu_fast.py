@@ -463,9 +463,13 @@ if HAVE_AVX2:  # the generic kernels stay as the reference and for other CPUs
 
 @njit(cache=True, nogil=True, inline="always")
 def _q4(out, qa, sa, xs, qs, d, m, acc, g):
-    # one group, choosing the decode (T = 1) or the batched form
+    # one group, choosing the decode (T = 1) or the batched form. A decode row's full group runs the AVX2
+    # kernel in the caller's code: a call of q4_group cost ~75 ns per group (its ~8 array arguments'
+    # reference counts, incremented and decremented around every call), 35% of a group's time in L2
     if out.shape[0] >= BATCHED_MIN_T:
         q4_group_batched(out, qa, sa, xs, qs, d, m, g)
+    elif HAVE_AVX2 and out.shape[0] == 1 and (g + 1) * G <= out.shape[1]:
+        _grp_q4(out, g * G, qa, sa, xs, qs, d, m, g, 0)
     else:
         q4_group(out, qa, sa, xs, qs, d, m, acc, g)
 
@@ -559,6 +563,18 @@ def q8_group_avx2(out, qa, sa, qs, d, acc, g):
             tmp = np.zeros(G, np.float32)
             _q8_blocks_avx2(tmp, 0, qa, sa, qs, d, g, t)
             _copy_partial(out, tmp, t, g)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _q8(out, qa, sa, qs, d, acc, g):
+    # one group of a Q8_0 matrix for rows T < BATCHED_MIN_T; a decode row's full group in the caller's code
+    # (see _q4: a call cost its arguments' reference counts)
+    if HAVE_AVX2 and out.shape[0] == 1 and (g + 1) * G <= out.shape[1]:
+        for r in range(G):
+            out[0, g * G + r] = F32(0.0)
+        _q8_blocks_avx2(out, g * G, qa, sa, qs, d, g, 0)
+    else:
+        q8_group(out, qa, sa, qs, d, acc, g)
 
 
 @njit(cache=True, nogil=True)

@@ -28,7 +28,7 @@ from . import cpu_attn as A
 from . import cpu_attn_int8 as A8
 from . import cpu_attn_prefill as AP
 from .cpu_attn import SPLITS, exp_fast, store_f16
-from .cpu_fast import (BATCHED_MIN_T, FastWeight, _q4, embed_q4, embed_q8, q8_group, q8_group_batched,
+from .cpu_fast import (BATCHED_MIN_T, FastWeight, _q4, _q8, embed_q4, embed_q8, q8_group_batched,
                        quantize_rows)
 from ..sampling_fast import argmax_choice, block_choice
 from .cpu_guard import ContentionGuard
@@ -139,7 +139,7 @@ def _head_phase(sync, ph, tid, nt, logits, n_in, qa, sa, xs, h):
             elif t_n >= BATCHED_MIN_T:
                 q8_group_batched(logits, qa_, sa_, h[2], h[3], g)
             else:
-                q8_group(logits, qa_, sa_, h[2], h[3], h[6][g], g)
+                _q8(logits, qa_, sa_, h[2], h[3], h[6][g], g)
         fin = finish(sync, ph, hi - lo, n)
     return fin
 
