@@ -24,7 +24,8 @@ Paths (`select`):
   of the top) until they hold the needed mass / count, and sort only those. Exact: the collected set is always
   an upper set of the canonical order.
 Probabilities: z = v / float32(temperature) (float32), e = exp(z - max z) (float32; on the threshold path the
-vectorizable cpu_attn.exp_fast, within ~2 ulp of libm's, and 0 below -87), p = e / sum(e) summed in float64; top-p keeps the smallest prefix whose cumulative p reaches top_p (the crossing token kept); min-p keeps
+vectorizable cpu_attn.exp_fast, within ~2 ulp of libm's, and 0 below -87), p = e / sum(e) summed in float64;
+top-p keeps the smallest prefix whose cumulative p reaches top_p (the crossing token kept); min-p keeps
 p >= min_p * p_max. Both keep a prefix of the order, so the result is one renormalised prefix.
 """
 from __future__ import annotations
@@ -121,7 +122,7 @@ def _exp_row(x, pen, temperature, work):
     if not np.isfinite(vmax):
         return m, vmax, 0.0
     _exp_fill(x, pen, use_pen, t, m, work)
-    return m, vmax, _sum64(work)
+    return m, vmax, _sum64(work[:V])
 
 
 @njit(cache=True, inline="always")
