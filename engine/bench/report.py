@@ -58,7 +58,10 @@ def roofline(results: list[dict], variant_names: list[str], weight_bytes: int | 
     the share's mean and range over its runs, as for the other figures. kv_bytes (variant -> KV cache bytes
     per position of context) adds a second share that also counts the KV cache every decode step reads,
     at the run's mean context (prompt + half the output): at long context the weights alone understate
-    what a token costs to read."""
+    what a token costs to read. Each share also comes pooled: the runs' mean bytes per second over their
+    mean bandwidth. Where the host's bandwidth moves independently of the decode speed (the 2-core dev VM:
+    correlation 0.07 over 26 runs), the mean of the runs' shares leans high (the mean of 1 / bandwidth
+    exceeds 1 / its mean) and a single run's share mostly measures the noise."""
     bws = [r["read_bandwidth"] for r in results if r.get("ok") and r.get("read_bandwidth")]
     if not weight_bytes or not bws:
         return {}
@@ -66,9 +69,13 @@ def roofline(results: list[dict], variant_names: list[str], weight_bytes: int | 
     def shares(name, per_token):
         runs = [r for r in results
                 if r.get("variant") == name and r.get("ok") and r.get("decode_tok_s") and r.get("read_bandwidth")]
-        vals = [float(r["decode_tok_s"]) * b / r["read_bandwidth"] for r, b in ((r, per_token(r)) for r in runs)
-                if b is not None]
-        return {"mean": statistics.fmean(vals), "min": min(vals), "max": max(vals), "n": len(vals)} if vals else None
+        pairs = [(float(r["decode_tok_s"]) * b, r["read_bandwidth"]) for r, b in ((r, per_token(r)) for r in runs)
+                 if b is not None]
+        if not pairs:
+            return None
+        vals = [rate / bw for rate, bw in pairs]
+        return {"mean": statistics.fmean(vals), "min": min(vals), "max": max(vals), "n": len(vals),
+                "pooled": statistics.fmean(rate for rate, _ in pairs) / statistics.fmean(bw for _, bw in pairs)}
 
     share, with_kv = {}, {}
     for name in variant_names:
@@ -87,6 +94,12 @@ def roofline(results: list[dict], variant_names: list[str], weight_bytes: int | 
         out["kv_bytes_per_position"] = kv_bytes
         out["share_with_kv"] = with_kv
     return out
+
+
+def _share(name: str, s: dict) -> str:
+    """A variant's roofline share: mean [range] of its runs, then pooled (roofline's docstring)."""
+    pooled = f" (pooled {100 * s['pooled']:.0f}%)" if "pooled" in s else ""
+    return f"{name} {_range(s, '{:.0f}', 100)}%{pooled}"
 
 
 def _range(m: dict, fmt: str, scale: float = 1.0) -> str:
@@ -125,11 +138,10 @@ def table(agg: dict[str, dict], rat: dict[str, dict], baseline: str, roof: dict 
         lines.append(f"roofline: {roof['weight_bytes_per_token'] / 1e6:.1f} MB of weights per token at "
                      f"{_range(roof['read_bandwidth_gb_s'], '{:.1f}')} GB/s read bandwidth (measured around "
                      f"each round) -> {roof['roofline_tok_s']:.0f} tok/s; share, each run against its round's "
-                     "bandwidth: " + ", ".join(f"{n} {_range(s, '{:.0f}', 100)}%"
-                                                for n, s in roof["share_of_roofline"].items()))
+                     "bandwidth: " + ", ".join(_share(n, s) for n, s in roof["share_of_roofline"].items()))
         if roof.get("share_with_kv"):
             lines.append("counting the KV cache read per token too (at each run's mean context): "
-                         + ", ".join(f"{n} {_range(s, '{:.0f}', 100)}%" for n, s in roof["share_with_kv"].items()))
+                         + ", ".join(_share(n, s) for n, s in roof["share_with_kv"].items()))
     if note := length_note(agg):
         lines.append(note)
     for name, a in agg.items():

@@ -128,13 +128,25 @@ def test_roofline_share_uses_each_runs_own_bandwidth():
             {"variant": "peer", "ok": False, "error": "x"}]
     roof = report.roofline(runs, ["ours", "peer"], weight_bytes=100e6)
     assert roof["share_of_roofline"]["ours"] == {"mean": pytest.approx(0.5), "min": pytest.approx(0.5),
-                                                 "max": pytest.approx(0.5), "n": 2}
+                                                 "max": pytest.approx(0.5), "n": 2, "pooled": pytest.approx(0.5)}
     assert roof["share_of_roofline"]["peer"]["mean"] == pytest.approx(0.2)
     assert roof["read_bandwidth_gb_s"]["min"] == pytest.approx(20.0) and roof["roofline_tok_s"] > 0
     text = report.table(report.aggregate(runs, ["ours", "peer"]), {}, "peer", roof)
     assert "ours 50%" in text and "peer 20%" in text and "20.0-30.0] GB/s" in text
     assert report.roofline(runs, ["ours"], None) == {}
     assert report.roofline([{"variant": "ours", "ok": True, "decode_tok_s": 1.0}], ["ours"], 100) == {}
+
+
+def test_pooled_share_is_the_runs_mean_rate_over_their_mean_bandwidth():
+    """A fast run in a slow-bandwidth round and a slow one in a fast round: the runs' shares 100% and 25%
+    average 62.5%; the runs read 30 GB/s on average against 60 GB/s measured on average: 50% pooled."""
+    runs = [{"variant": "ours", "ok": True, "decode_tok_s": 400.0, "read_bandwidth": 40e9},
+            {"variant": "ours", "ok": True, "decode_tok_s": 200.0, "read_bandwidth": 80e9}]
+    s = report.roofline(runs, ["ours"], weight_bytes=100e6)["share_of_roofline"]["ours"]
+    assert s["mean"] == pytest.approx((1.0 + 0.25) / 2)
+    assert s["pooled"] == pytest.approx((40e9 + 20e9) / 2 / ((40e9 + 80e9) / 2))
+    text = report.table(report.aggregate(runs, ["ours"]), {}, "ours", report.roofline(runs, ["ours"], 100e6))
+    assert "ours 62 [25-100]% (pooled 50%)" in text
 
 
 def test_roofline_with_kv_counts_the_cache_read_at_the_mean_context():
