@@ -121,9 +121,13 @@ def _isum(builder, nib_of, a, vnni=False):
             lo, hi = nib_of(2 * k + h)
             acc[2 * h] = builder.add(acc[2 * h], builder.call(madd, [lo, av]))
             acc[2 * h + 1] = builder.add(acc[2 * h + 1], builder.call(madd, [hi, av]))
-    s = [builder.call(pmaddwd, [x, _const(V16I16, 1)]) for x in acc]
-    lo16 = builder.shuffle_vector(s[0], s[1], _const(ir.VectorType(I32, 16), list(range(16))))
-    hi16 = builder.shuffle_vector(s[2], s[3], _const(ir.VectorType(I32, 16), list(range(16))))
+    return _rows32(builder, [builder.call(pmaddwd, [x, _const(V16I16, 1)]) for x in acc])
+
+
+def _rows32(builder, parts):
+    """Four <8 x i32> (rows 0-7, 8-15, 16-23, 24-31) -> one <32 x i32> in row order."""
+    lo16 = builder.shuffle_vector(parts[0], parts[1], _const(ir.VectorType(I32, 16), list(range(16))))
+    hi16 = builder.shuffle_vector(parts[2], parts[3], _const(ir.VectorType(I32, 16), list(range(16))))
     return builder.shuffle_vector(lo16, hi16, _const(ir.VectorType(I32, 32), list(range(32))))
 
 
@@ -140,10 +144,7 @@ def _isum_vnni(builder, nib_of, a):
         for h in range(2):
             for i, x in enumerate(nib_of(2 * k + h)):
                 acc[2 * h + i][k % 2] = builder.call(dp, [acc[2 * h + i][k % 2], builder.bitcast(x, V8I32), av])
-    acc = [builder.add(x, y) for x, y in acc]
-    lo16 = builder.shuffle_vector(acc[0], acc[1], _const(ir.VectorType(I32, 16), list(range(16))))
-    hi16 = builder.shuffle_vector(acc[2], acc[3], _const(ir.VectorType(I32, 16), list(range(16))))
-    return builder.shuffle_vector(lo16, hi16, _const(ir.VectorType(I32, 32), list(range(32))))
+    return _rows32(builder, [builder.add(x, y) for x, y in acc])
 
 
 def _dm8(builder, d, m):
@@ -314,7 +315,7 @@ def blk_q8(typingctx, o, o_off, qs, qs_off, qa, qa_off, d, d_off, sb):
         o_, oo, qs_, qo, qa_, ao, d_, do, sb_ = args
         ty = signature.args
         q = _ptr(context, builder, ty[2], qs_, qo)
-        _prefetch(builder, _bytes_at(builder, q, PREFETCH), 16)  # the block PREFETCH ahead (1 KiB) and its scales
+        _prefetch(builder, _bytes_at(builder, q, PREFETCH), 16)  # the block PREFETCH bytes on (1 KiB), its scales
         _prefetch(builder, _bytes_at(builder, _ptr(context, builder, ty[6], d_, do), PREFETCH // 16), 1)
 
         def w_of(jp):
