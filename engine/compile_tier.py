@@ -129,7 +129,7 @@ class LeafForward:
         qt, kt, vt, at = q[:t_n], k[:t_n], v[:t_n], att[:t_n]
         sbuf, part = attn_scr
         if emb[0] == 0:
-            c("embed_q4", embed_q4, (xt, emb[1], emb[3], emb[4], tokens))
+            c("embed_q4", embed_q4, (xt, emb[1], tokens))
         else:
             c("embed_q8", embed_q8, (xt, emb[2], emb[3], tokens))
         c("rope_table", cpu.rope_table, (cs[:t_n], pos0, inv_freq))
@@ -185,7 +185,7 @@ class LeafForward:
     def _mm(self, site, o1, o2, o3, xin, w1, w2, w3, l):
         """Up to three matmuls of xin as one mm_q4x3 call (a matmul phase of the fused step)."""
         qa, sa, xs = self._quant(site, xin)
-        ws = [(w[0][l], w[1][l], w[2][l], w[3]) for w in (w1, w2, w3) if w is not None]
+        ws = [(w[0][l], w[1]) for w in (w1, w2, w3) if w is not None]
         if len(ws) == 1:
             o2 = o3 = o1
         elif len(ws) == 2:
@@ -198,14 +198,14 @@ class LeafForward:
     def _head(self, logits, xin, h):
         qa, sa, xs = self._quant("head", xin)
         if h[0] == 0:
-            w = (h[1], h[3], h[4], h[5])
+            w = (h[1], h[4])
             e = tuple(a[:0] for a in w)
             self._split("mm_head", mm_q4x3_part, w[0].shape[0], (logits, logits, logits, qa, sa, xs, *w, *e, *e),
                         (3, 4, 5))
         elif logits.shape[0] >= BATCHED_MIN_T:  # a verify pass's logits: compiled at its first use
             self._call("head_q8_batched", mm_q8_batched, (logits, qa, sa, h[2], h[3]), (1, 2))
         else:
-            self._split("head_q8", mm_q8_part, h[2].shape[0], (logits, qa, sa, h[2], h[3], h[6]), (1, 2))
+            self._split("head_q8", mm_q8_part, h[2].shape[0], (logits, qa, sa, h[2], h[3], h[5]), (1, 2))
 
 
 _POOL = []

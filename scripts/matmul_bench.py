@@ -91,9 +91,8 @@ class Bufs:
 
 
 def stack(layers):
-    """Per role: (qs, d, m) stacked over layers (L, ...) plus one acc16, as FusedForward holds them."""
-    return tuple((np.stack([w[r].qs for w in layers]), np.stack([w[r].d for w in layers]),
-                  np.stack([w[r].m for w in layers]), layers[0][r].acc16) for r in SHAPES)
+    """Per role: the blocks stacked over layers (L, ...) plus one acc16, as FusedForward holds them."""
+    return tuple((np.stack([w[r].blocks for w in layers]), layers[0][r].acc16) for r in SHAPES)
 
 
 def make_sweep(m):
@@ -104,11 +103,10 @@ def make_sweep(m):
     @njit(nogil=True)
     def sweep(bq, bk, bv, bo, bg, bu, bdn, qa, sa, xs, qa2, sa2, xs2, q, k, v, o, g, u, dn):
         for l in range(q[0].shape[0]):
-            mm_q4x3(bq, bk, bv, qa, sa, xs, q[0][l], q[1][l], q[2][l], q[3], k[0][l], k[1][l], k[2][l], k[3],
-                    v[0][l], v[1][l], v[2][l], v[3])
-            mm_q4(bo, qa, sa, xs, o[0][l], o[1][l], o[2][l], o[3])
-            mm_q4x2(bg, bu, qa, sa, xs, g[0][l], g[1][l], g[2][l], g[3], u[0][l], u[1][l], u[2][l], u[3])
-            mm_q4(bdn, qa2, sa2, xs2, dn[0][l], dn[1][l], dn[2][l], dn[3])
+            mm_q4x3(bq, bk, bv, qa, sa, xs, q[0][l], q[1], k[0][l], k[1], v[0][l], v[1])
+            mm_q4(bo, qa, sa, xs, o[0][l], o[1])
+            mm_q4x2(bg, bu, qa, sa, xs, g[0][l], g[1], u[0][l], u[1])
+            mm_q4(bdn, qa2, sa2, xs2, dn[0][l], dn[1])
     return sweep
 
 

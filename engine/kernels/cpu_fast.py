@@ -5,17 +5,18 @@ kernel is cpu.py's. Weights of other types (or with a row count that is not a mu
 layout and kernels, so this module is a drop-in superset.
 
 Why this layout (measured on a 2-core Zen 3, AVX2; REFERENCE.md section 8 for the Zen 4 prototype):
-- Rows are interleaved in groups of G=32: qs[group, block, 16, G] holds one block (32 values) of all G rows
-  of a group. The kernels keep one accumulator per row in vector lanes (no per-block horizontal sums) and
-  each 512-byte weight block is one contiguous read.
+- Rows are interleaved in groups of G=32: blocks[group, block] holds one block (32 values) of all G rows
+  of a group, its nibbles and then the rows' scales and mins (640 bytes, one contiguous read: cpu_avx2's
+  docstring). The kernels keep one accumulator per row in vector lanes (no per-block horizontal sums).
 - The activation row is quantized once per matmul to int8 with one f32 scale per 32-block (Q8 style), and
   the block dot product is integer: Q4_1 is sum_j (d q_j + m) x_j ~ (d * sa) * sum_j (q_j - 8) qa_j +
   (m + 8 d) * xs (xs: the f16 block sum of the quantized row), the dot with the quantized row as llama.cpp
   computes it (see quantize_rows), in the form where xs's rounding nearly cancels (cpu_avx2._block_term).
   The generic kernels accumulate (q - 8) qa in int16 (|sum| <= 32 * 8 * 127 = 32512, 16 lanes per AVX2
   register); the AVX2 ones sum the unsigned nibbles and subtract 8 sum_j qa_j: the same integer.
-- Scales and mins are stored apart, as the file's f16 bits per (group, block, row): read once per block,
-  vectorized over rows (vcvtph2ps), so the weight stream is the file's bytes (Q4_1: 20 per row and block).
+- Scales and mins are the file's f16 bits per (group, block, row), after the block's nibbles: read once per
+  block, vectorized over rows (vcvtph2ps), so the weight stream is the file's bytes (Q4_1: 20 per row and
+  block), one stream per thread.
 - Within a block, bytes are ordered for cpu_avx2's vpmaddubsw (see its docstring): a byte holds the same
   value of two rows 8 apart, four consecutive values of a row are adjacent.
 - Explicit np.int16 casts everywhere: numba otherwise promotes int16 arithmetic to int64 lanes.
@@ -58,6 +59,7 @@ from .cpu import (  # noqa: F401  (the rest of the kernel set is cpu.py's)
     residual_add, rmsnorm, rope, swiglu)
 
 G = 32  # rows per interleaved group (compile-time constant of the kernels below)
+D_OFF, M_OFF = cpu_avx2.D_OFF, cpu_avx2.M_OFF  # a 4-bit block's scales and mins, after its nibbles
 # cpu_avx2's vpmaddubsw kernels, else the generic ones below (NINFER_CPU_GENERIC=1 forces those: cpu_attn)
 HAVE_AVX2 = target_has("avx2") and not GENERIC_FORCED
 BATCHED_MIN_T = 2  # from this many rows on, matmuls unpack each weight block once (q4_group_batched)
@@ -69,19 +71,32 @@ F32 = np.float32
 class FastWeight:
     """A Q4_0/Q4_1/Q8_0 weight in the interleaved layout. kind: 'q4' (both 4-bit types) | 'q8'.
 
-    q4: qs uint8 (ng, nb, 16, G): byte j of block b of row g*G+r (lo nibble = value j, hi = value j+16);
-        d uint16 (ng, nb, G) block scales and m uint16 (ng, nb, G) block mins, both f16 bits as in the file
-        (Q4_0 has no min: m = -8 d, exact in f16, so the kernels' m + 8 d is 0).
+    q4: blocks uint8 (ng, nb, BLK4): per group and block its nibbles (bytes 0-511, cpu_avx2's order), its
+        rows' f16 scales (D_OFF: 32 uint16) and mins (M_OFF), the file's bits (Q4_0 has no min: m = -8 d,
+        exact in f16, so the kernels' m + 8 d is 0). `qs`, `d`, `m` are views of its parts (for inspection).
     q8: qs int8 (ng, nb, 16, 2G): values 2i, 2i+1 of row r at [.., i, 2r], [.., i, 2r+1]; d uint16 (ng, nb, G).
     acc16/acc32 (ng, G): per-group integer accumulators (scratch, so the kernels never allocate).
     """
 
-    def __init__(self, name, kind, shape, qs, d, m=None):
+    def __init__(self, name, kind, shape, *arrays):
         self.name, self.kind, self.shape = name, kind, shape
-        self.qs, self.d, self.m = qs, d, m
-        self.acc16 = np.zeros((qs.shape[0], G), np.int16)  # (ng, G) kernel scratch (4-bit)
-        self.acc32 = np.zeros((qs.shape[0], G), np.int32)  # (ng, G) kernel scratch (Q8_0)
-        self.nbytes = qs.nbytes + d.nbytes + (m.nbytes if m is not None else 0)
+        self.set_arrays(*arrays)
+        ng = arrays[0].shape[0]
+        self.acc16 = np.zeros((ng, G), np.int16)  # (ng, G) kernel scratch (4-bit)
+        self.acc32 = np.zeros((ng, G), np.int32)  # (ng, G) kernel scratch (Q8_0)
+        self.nbytes = sum(a.nbytes for a in arrays)
+
+    def set_arrays(self, *arrays):
+        """(blocks,) for 'q4', (qs, d) for 'q8' (e.g. views of a role's stack: cpu_fast_step)."""
+        if self.kind == "q4":
+            from .cpu_repack import scales
+            self.blocks = arrays[0]
+            self.qs = arrays[0][..., :cpu_avx2.D_OFF].reshape(arrays[0].shape[:-1] + (16, G))
+            self.d, self.m = scales(arrays[0])
+        else:
+            self.blocks = None
+            self.qs, self.d = arrays
+            self.m = None
 
 
 class FastScratch:
@@ -152,20 +167,19 @@ def prepare_stacked(role_tensors: list[QTensor], store=None) -> list | None:
             return None
         if store is not None:
             store.put(key, arrays)
-    qs, d, m = arrays
-    out = [FastWeight(qt.name, "q4", (rows, cols), qs[i], d[i], m[i]) for i, qt in enumerate(role_tensors)]
+    out = [FastWeight(qt.name, "q4", (rows, cols), arrays[0][i]) for i, qt in enumerate(role_tensors)]
     for qt in role_tensors:
         release_pages(qt.data)
     return out
 
 
-def _repack_stack(role_tensors: list[QTensor], qs, d, m) -> bool:
-    """Repack each layer's file blocks into its slot of the stacks (L, ...); False if one does not fit."""
+def _repack_stack(role_tensors: list[QTensor], blocks) -> bool:
+    """Repack each layer's file blocks into its slot of the stack (L, ...); False if one does not fit."""
     from .cpu_repack import repack_q4
     kind = QT(role_tensors[0].qtype).name.lower()
 
     def one(i):  # the jitted repack releases the GIL: two layers at a time on two cores
-        return repack_q4(_file_blocks(role_tensors[i]), kind, qs[i], d[i], m[i])
+        return repack_q4(_file_blocks(role_tensors[i]), kind, blocks[i])
     with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
         return all(pool.map(one, range(len(role_tensors))))
 
@@ -338,12 +352,24 @@ def _batched_target(out, g):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _q4_rows(o, qa, sa, xs, qs, d, m, acc, g, t):
+def _bits(blk, g, b, i):
+    # the uint16 at bytes i, i + 1 of block b of group g (a scale's or min's f16 bits; little-endian)
+    return np.uint16(np.uint16(blk[g, b, i]) | np.uint16(np.uint16(blk[g, b, i + 1]) << np.uint16(8)))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _q4_block_term(blk, g, b, r, sb, xsb, s):
+    # _q4_term of row r of block b of group g, its scale and min from the block
+    return _q4_term(_bits(blk, g, b, D_OFF + 2 * r), _bits(blk, g, b, M_OFF + 2 * r), sb, xsb, s)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _q4_rows(o, qa, sa, xs, blk, acc, g, t):
     # o (G,) <- the G outputs of group g for activation row t (decode form). Layout: cpu_avx2's docstring
     # (vector 2k + h, byte 4r + e: value 4k + e of rows 16h + r (low nibble) and 16h + 8 + r (high)).
     for r in range(G):
         o[r] = F32(0.0)
-    for b in range(qs.shape[1]):
+    for b in range(blk.shape[1]):
         for r in range(G):
             acc[r] = 0
         for k in range(8):
@@ -351,31 +377,31 @@ def _q4_rows(o, qa, sa, xs, qs, d, m, acc, g, t):
             a0, a1, a2, a3 = I16(qa[t, kk]), I16(qa[t, kk + 1]), I16(qa[t, kk + 2]), I16(qa[t, kk + 3])
             for h in range(2):
                 for r in range(8):
-                    l0, h0 = _snib(I16(qs[g, b, 2 * k + h, 4 * r]), a0)
-                    l1, h1 = _snib(I16(qs[g, b, 2 * k + h, 4 * r + 1]), a1)
-                    l2, h2 = _snib(I16(qs[g, b, 2 * k + h, 4 * r + 2]), a2)
-                    l3, h3 = _snib(I16(qs[g, b, 2 * k + h, 4 * r + 3]), a3)
+                    l0, h0 = _snib(I16(blk[g, b, 32 * (2 * k + h) + 4 * r]), a0)
+                    l1, h1 = _snib(I16(blk[g, b, 32 * (2 * k + h) + 4 * r + 1]), a1)
+                    l2, h2 = _snib(I16(blk[g, b, 32 * (2 * k + h) + 4 * r + 2]), a2)
+                    l3, h3 = _snib(I16(blk[g, b, 32 * (2 * k + h) + 4 * r + 3]), a3)
                     acc[16 * h + r] = I16(acc[16 * h + r] + I16(I16(l0 + l1) + I16(l2 + l3)))
                     acc[16 * h + 8 + r] = I16(acc[16 * h + 8 + r] + I16(I16(h0 + h1) + I16(h2 + h3)))
         for r in range(G):
-            o[r] += _q4_term(d[g, b, r], m[g, b, r], sa[t, b], xs[t, b], acc[r])
+            o[r] += _q4_block_term(blk, g, b, r, sa[t, b], xs[t, b], acc[r])
 
 
 @njit(cache=True, nogil=True)
-def q4_group(out, qa, sa, xs, qs, d, m, acc, g):
+def q4_group(out, qa, sa, xs, blk, acc, g):
     """Rows g*G .. g*G+G-1 of out (T, rows) for interleaved 4-bit W (see mm_q4); acc (G,) int16 scratch:
     sum_j (q_j - 8) a_j fits int16 (|.| <= 32 * 8 * 127), plus 8 sum_j a_j afterwards."""
     for t in range(out.shape[0]):
         if (g + 1) * G <= out.shape[1]:
-            _q4_rows(out[t, g * G:(g + 1) * G], qa, sa, xs, qs, d, m, acc, g, t)
+            _q4_rows(out[t, g * G:(g + 1) * G], qa, sa, xs, blk, acc, g, t)
         else:  # last group of a padded weight
             tmp = np.empty(G, np.float32)
-            _q4_rows(tmp, qa, sa, xs, qs, d, m, acc, g, t)
+            _q4_rows(tmp, qa, sa, xs, blk, acc, g, t)
             _copy_partial(out, tmp, t, g)
 
 
 @njit(cache=True, nogil=True)
-def q4_group_batched(out, qa, sa, xs, qs, d, m, g):
+def q4_group_batched(out, qa, sa, xs, blk, g):
     """As q4_group for T > 1: each block is unpacked once into wbuf (32, G) int16 (values - 8), then every
     row t only multiplies and adds (2 vector ops per 16 MACs instead of ~5). wbuf and acc are allocated
     here on purpose (2 small allocations per group and call): LLVM then knows they alias nothing and keeps
@@ -385,12 +411,12 @@ def q4_group_batched(out, qa, sa, xs, qs, d, m, g):
     acc = np.empty(G, np.int16)  # (G,)
     full = (g + 1) * G <= out.shape[1]
     part = np.zeros((0 if full else t_n, G), np.float32)  # (T, G) last group of a padded weight only
-    for b in range(qs.shape[1]):
+    for b in range(blk.shape[1]):
         for k in range(8):
             for h in range(2):
                 for r in range(8):
                     for e in range(4):
-                        v = I16(qs[g, b, 2 * k + h, 4 * r + e])
+                        v = I16(blk[g, b, 32 * (2 * k + h) + 4 * r + e])
                         wbuf[4 * k + e, 16 * h + r] = I16(I16(v & I16(15)) - I16(8))
                         wbuf[4 * k + e, 16 * h + 8 + r] = I16(I16(v >> I16(4)) - I16(8))
         for t in range(t_n):
@@ -408,43 +434,42 @@ def q4_group_batched(out, qa, sa, xs, qs, d, m, g):
                 for r in range(G):
                     o[r] = F32(0.0)
             for r in range(G):
-                o[r] += _q4_term(d[g, b, r], m[g, b, r], sa[t, b], xs[t, b], acc[r])
+                o[r] += _q4_block_term(blk, g, b, r, sa[t, b], xs[t, b], acc[r])
     if not full:
         for t in range(t_n):
             _copy_partial(out, part[t], t, g)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _grp_q4(o, o0, qa, sa, xs, qs, d, m, g, t):
+def _grp_q4(o, o0, qa, sa, xs, blk, g, t):
     # o[o0 : o0 + G] (flat) <- all blocks of group g for activation row t (cpu_avx2.grp_q4)
-    cpu_avx2.grp_q4(o, o0, qs, g * qs.strides[0], qa, t * qa.strides[0], sa, xs, t * (sa.strides[0] // 4),
-                    t * (xs.strides[0] // 4), d, m, g * (d.strides[0] // 2), qs.shape[1])
+    cpu_avx2.grp_q4(o, o0, blk, g * blk.strides[0], qa, t * qa.strides[0], sa, xs, t * (sa.strides[0] // 4),
+                    t * (xs.strides[0] // 4), blk.shape[1])
 
 
 @njit(cache=True, nogil=True)
-def q4_group_avx2(out, qa, sa, xs, qs, d, m, acc, g):
+def q4_group_avx2(out, qa, sa, xs, blk, acc, g):
     """q4_group with the AVX2 group kernel (cpu_avx2.grp_q4: vpmaddubsw on the nibbles, outputs in registers
     across blocks); same integer block sums and float order, so bit-identical. acc is unused (same signature)."""
     for t in range(out.shape[0]):
         if (g + 1) * G <= out.shape[1]:
-            _grp_q4(out, (t * out.strides[0]) // 4 + g * G, qa, sa, xs, qs, d, m, g, t)
+            _grp_q4(out, (t * out.strides[0]) // 4 + g * G, qa, sa, xs, blk, g, t)
         else:  # last group of a padded weight
             tmp = np.zeros(G, np.float32)
-            _grp_q4(tmp, 0, qa, sa, xs, qs, d, m, g, t)
+            _grp_q4(tmp, 0, qa, sa, xs, blk, g, t)
             _copy_partial(out, tmp, t, g)
 
 
 @njit(cache=True, nogil=True)
-def q4_group_batched_avx2(out, qa, sa, xs, qs, d, m, g):
+def q4_group_batched_avx2(out, qa, sa, xs, blk, g):
     """q4_group_batched with the AVX2 kernels: each block's nibbles, and its rows' scale terms, are unpacked
     once (1.25 KiB, L1) and every activation row runs vpmaddubsw on them (cpu_avx2.unpack_q4 / blk_q4u).
     Bit-identical."""
     t_n = out.shape[0]
     full, part = _batched_target(out, g)
     buf = np.empty(cpu_avx2.UNBUF, np.uint8)
-    for b in range(qs.shape[1]):
-        cpu_avx2.unpack_q4(buf, qs, g * qs.strides[0] + b * qs.strides[1], d, m,
-                           (g * d.strides[0] + b * d.strides[1]) // 2)
+    for b in range(blk.shape[1]):
+        cpu_avx2.unpack_q4(buf, blk, g * blk.strides[0] + b * blk.strides[1])
         for t in range(t_n):
             if full:
                 cpu_avx2.blk_q4u(out, (t * out.strides[0]) // 4 + g * G, buf, qa, t * qa.strides[0] + b * QK,
@@ -462,54 +487,52 @@ if HAVE_AVX2:  # the generic kernels stay as the reference and for other CPUs
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _q4(out, qa, sa, xs, qs, d, m, acc, g):
+def _q4(out, qa, sa, xs, blk, acc, g):
     # one group, choosing the decode (T = 1) or the batched form. A decode row's full group runs the AVX2
     # kernel in the caller's code: a call of q4_group cost ~75 ns per group (its ~8 array arguments'
     # reference counts, incremented and decremented around every call), 35% of a group's time in L2
     if out.shape[0] >= BATCHED_MIN_T:
-        q4_group_batched(out, qa, sa, xs, qs, d, m, g)
+        q4_group_batched(out, qa, sa, xs, blk, g)
     elif HAVE_AVX2 and out.shape[0] == 1 and (g + 1) * G <= out.shape[1]:
-        _grp_q4(out, g * G, qa, sa, xs, qs, d, m, g, 0)
+        _grp_q4(out, g * G, qa, sa, xs, blk, g, 0)
     else:
-        q4_group(out, qa, sa, xs, qs, d, m, acc, g)
+        q4_group(out, qa, sa, xs, blk, acc, g)
 
 
 @njit(cache=True, nogil=True)
-def mm_q4(out, qa, sa, xs, qs, d, m, acc16):
+def mm_q4(out, qa, sa, xs, blk, acc16):
     """out (T, rows) f32 <- x @ W^T for interleaved 4-bit W; x as qa (T, n) int8 + sa, xs (T, nb) f32.
     acc16 (ng, G) int16 scratch (decode). Each weight block is read once. Runs as mm_q4x3 with two empty
     weights: one parallel kernel to compile instead of three (cold start)."""
-    mm_q4x3(out, out, out, qa, sa, xs, qs, d, m, acc16, qs[:0], d[:0], m[:0], acc16[:0],
-            qs[:0], d[:0], m[:0], acc16[:0])
+    mm_q4x3(out, out, out, qa, sa, xs, blk, acc16, blk[:0], acc16[:0], blk[:0], acc16[:0])
 
 
 @njit(cache=True, nogil=True)
-def mm_q4x2(out1, out2, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2):
+def mm_q4x2(out1, out2, qa, sa, xs, b1, acc1, b2, acc2):
     """Two matmuls of the same input (gate/up) in one parallel region: fewer thread wake-ups per step."""
-    mm_q4x3(out1, out2, out2, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2, qs2[:0], d2[:0], m2[:0], acc2[:0])
+    mm_q4x3(out1, out2, out2, qa, sa, xs, b1, acc1, b2, acc2, b2[:0], acc2[:0])
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def mm_q4x3(out1, out2, out3, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2, qs3, d3, m3, acc3):
+def mm_q4x3(out1, out2, out3, qa, sa, xs, b1, acc1, b2, acc2, b3, acc3):
     """Three matmuls of the same input (q/k/v) in one parallel region."""
-    for g in prange(qs1.shape[0] + qs2.shape[0] + qs3.shape[0]):
-        mm_q4x3_part(np.int64(g), np.int64(g) + 1, out1, out2, out3, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2,
-                     acc2, qs3, d3, m3, acc3)
+    for g in prange(b1.shape[0] + b2.shape[0] + b3.shape[0]):
+        mm_q4x3_part(np.int64(g), np.int64(g) + 1, out1, out2, out3, qa, sa, xs, b1, acc1, b2, acc2, b3, acc3)
 
 
 @njit(cache=True, nogil=True)
-def mm_q4x3_part(lo, hi, out1, out2, out3, qa, sa, xs, qs1, d1, m1, acc1, qs2, d2, m2, acc2, qs3, d3, m3, acc3):
+def mm_q4x3_part(lo, hi, out1, out2, out3, qa, sa, xs, b1, acc1, b2, acc2, b3, acc3):
     """Items lo..hi of mm_q4x3 (row groups of the three weights, in order) on the calling thread. No
     parallel region: it compiles in a fraction of mm_q4x3's time (numba's parallel lowering re-optimizes
     every kernel it calls), so the start-up step (engine/compile_tier.py) runs it on two Python threads."""
-    n1, n2 = qs1.shape[0], qs2.shape[0]
+    n1, n2 = b1.shape[0], b2.shape[0]
     for g in range(lo, hi):
         if g < n1:
-            _q4(out1, qa, sa, xs, qs1, d1, m1, acc1[g], g)
+            _q4(out1, qa, sa, xs, b1, acc1[g], g)
         elif g < n1 + n2:
-            _q4(out2, qa, sa, xs, qs2, d2, m2, acc2[g - n1], g - n1)
+            _q4(out2, qa, sa, xs, b2, acc2[g - n1], g - n1)
         else:
-            _q4(out3, qa, sa, xs, qs3, d3, m3, acc3[g - n1 - n2], g - n1 - n2)
+            _q4(out3, qa, sa, xs, b3, acc3[g - n1 - n2], g - n1 - n2)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -645,7 +668,7 @@ def matmul(out, x, w, scratch):
     qa, sa, xs = scratch.qa[:t_n, :n], scratch.sa[:t_n, :n // QK], scratch.xs[:t_n, :n // QK]
     quantize_rows(qa, sa, xs, x)
     if w.kind == "q4":
-        mm_q4(out, qa, sa, xs, w.qs, w.d, w.m, w.acc16)
+        mm_q4(out, qa, sa, xs, w.blocks, w.acc16)
     elif t_n >= BATCHED_MIN_T:
         mm_q8_batched(out, qa, sa, w.qs, w.d)
     else:
@@ -654,15 +677,15 @@ def matmul(out, x, w, scratch):
 
 # ------------------------------------------------------------------------------------------------ embed
 @njit(cache=True, nogil=True)
-def embed_q4(out, qs, d, m, tokens):
+def embed_q4(out, blk, tokens):
     """out (T, n) <- rows tokens (T,) of an interleaved 4-bit table: d * q + m, llama.cpp's dequantization."""
     for t in range(tokens.shape[0]):
         g, rg = tokens[t] // G, tokens[t] % G
         h, r8, shift = rg // 16, rg % 8, 4 * ((rg % 16) // 8)
-        for b in range(qs.shape[1]):
-            dv, mv = h2f(d[g, b, rg]), h2f(m[g, b, rg])
+        for b in range(blk.shape[1]):
+            dv, mv = h2f(_bits(blk, g, b, D_OFF + 2 * rg)), h2f(_bits(blk, g, b, M_OFF + 2 * rg))
             for j in range(QK):
-                q = (I32(qs[g, b, 2 * (j // 4) + h, 4 * r8 + j % 4]) >> shift) & 15
+                q = (I32(blk[g, b, 32 * (2 * (j // 4) + h) + 4 * r8 + j % 4]) >> shift) & 15
                 out[t, b * QK + j] = dv * F32(q) + mv
 
 
@@ -681,7 +704,7 @@ def embed(out, w, tokens):
     if not isinstance(w, FastWeight):
         cpu.embed(out, w, tokens)
     elif w.kind == "q4":
-        embed_q4(out, w.qs, w.d, w.m, tokens)
+        embed_q4(out, w.blocks, tokens)
     else:
         embed_q8(out, w.qs, w.d, tokens)
 

@@ -54,9 +54,9 @@ def swiglu_fast(out, gate, up):
 # ------------------------------------------------------------------------------------------- fused step
 @njit(cache=True, nogil=True, inline="always")
 def _embed(x, tokens, emb):
-    # emb = (kind 0: q4 | 1: q8, qs4, qs8, d, m) (d, m: f16 bits)
+    # emb = (kind 0: q4 | 1: q8, blocks4, qs8, d8) (d8: f16 bits)
     if emb[0] == 0:
-        embed_q4(x, emb[1], emb[3], emb[4], tokens)
+        embed_q4(x, emb[1], tokens)
     else:
         embed_q8(x, emb[2], emb[3], tokens)
 
@@ -104,11 +104,11 @@ def _mm_phase(sync, ph, tid, nt, o1, o2, o3, n_in, qa, sa, xs, w1, w2, w3, l, nw
             break
         for g in range(lo, hi):
             if g < n1:
-                _q4(o1, qa_, sa_, xs_, w1[0][l], w1[1][l], w1[2][l], w1[3][g], g)
+                _q4(o1, qa_, sa_, xs_, w1[0][l], w1[1][g], g)
             elif g < n1 + n2:
-                _q4(o2, qa_, sa_, xs_, w2[0][l], w2[1][l], w2[2][l], w2[3][g - n1], g - n1)
+                _q4(o2, qa_, sa_, xs_, w2[0][l], w2[1][g - n1], g - n1)
             else:
-                _q4(o3, qa_, sa_, xs_, w3[0][l], w3[1][l], w3[2][l], w3[3][g - n1 - n2], g - n1 - n2)
+                _q4(o3, qa_, sa_, xs_, w3[0][l], w3[1][g - n1 - n2], g - n1 - n2)
         fin = finish(sync, ph, hi - lo, n)
     return fin
 
@@ -121,7 +121,7 @@ def _head_groups(h):
 
 @njit(cache=True, nogil=True, inline="always")
 def _head_phase(sync, ph, tid, nt, logits, n_in, qa, sa, xs, h):
-    """Phase ph: the head's row groups; h = (kind 0: q4 | 1: q8, qs4, qs8, d, m, acc16, acc32) as
+    """Phase ph: the head's row groups; h = (kind 0: q4 | 1: q8, blocks4, qs8, d8, acc16, acc32) as
     FusedForward._table builds it, input n_in columns. True for the finisher."""
     t_n = logits.shape[0]
     nb = n_in // QK
@@ -135,11 +135,11 @@ def _head_phase(sync, ph, tid, nt, logits, n_in, qa, sa, xs, h):
             break
         for g in range(lo, hi):
             if h[0] == 0:
-                _q4(logits, qa_, sa_, xs_, h[1], h[3], h[4], h[5][g], g)
+                _q4(logits, qa_, sa_, xs_, h[1], h[4][g], g)
             elif t_n >= BATCHED_MIN_T:
                 q8_group_batched(logits, qa_, sa_, h[2], h[3], g)
             else:
-                _q8(logits, qa_, sa_, h[2], h[3], h[6][g], g)
+                _q8(logits, qa_, sa_, h[2], h[3], h[5][g], g)
         fin = finish(sync, ph, hi - lo, n)
     return fin
 
@@ -167,9 +167,10 @@ def _ahead(tid, nt, kind, l, wq, wk, wv, wo, wg, wu, wd, head, kv, pos0, t_n):
     """What thread tid of nt reads first in the phase after layer l's phase `kind`, as cpu_sync.wait_fetching's
     (a, lines, b, c, every): the start of its part of the items (cpu_sync.grab hands a thread its own part
     first), at most AHEAD lines. After q/k/v, a decode step's attention: the K rows of its first item's
-    positions (a) and their V rows (b, c: every = 1); after attention o's row groups (their blocks from a,
-    one line of d and of m from b and c per `every` lines), after o gate/up, after gate/up down, after down
-    the next layer's q/k/v or the head. Nothing (lines 0) before a prompt's attention."""
+    positions (a) and their V rows (b, c: every = 1); after attention o's row groups (their blocks from a:
+    scales inside; for a Q8_0 head one line of scales from b per `every` lines), after o gate/up, after
+    gate/up down, after down the next layer's q/k/v or the head. Nothing (lines 0) before a prompt's
+    attention."""
     if kind == 0:
         if t_n != 1:
             return np.int64(0), np.int64(0), np.int64(0), np.int64(0), np.int64(1)
@@ -189,8 +190,8 @@ def _ahead(tid, nt, kind, l, wq, wk, wv, wo, wg, wu, wd, head, kv, pos0, t_n):
         return _mm_ahead(tid, nt, wq, wk, wv, l + 1, 3)
     g = tid * _head_groups(head) // nt
     if head[0] == 0:
-        return _groups_ahead(head[1][None], head[3][None], head[4][None], 0, g)
-    return _groups_ahead(head[2][None], head[3][None], head[3][None], 0, g)
+        return _blocks_ahead(head[1][None], 0, g)
+    return _q8_ahead(head[2], head[3], g)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -204,16 +205,23 @@ def _mm_ahead(tid, nt, w1, w2, w3, l, nw):
         w, g = w3, g - n1 - n2
     elif g >= n1:
         w, g = w2, g - n1
-    return _groups_ahead(w[0], w[1], w[2], l, g)
+    return _blocks_ahead(w[0], l, g)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _groups_ahead(qs, d, m, i, g):
-    """_ahead of row groups qs[i, g:] (blocks), d[i, g:], m[i, g:] (their f16 scales and mins)."""
-    q0 = qs.strides[0] * i + qs.strides[1] * g
-    dm0 = d.strides[0] * i + d.strides[1] * g
-    return (np.int64(qs.ctypes.data) + q0, min(AHEAD, (qs.nbytes - q0) // 64), np.int64(d.ctypes.data) + dm0,
-            np.int64(m.ctypes.data) + dm0, qs.strides[1] // d.strides[1])
+def _blocks_ahead(blk, i, g):
+    """_ahead of 4-bit row groups blk[i, g:] (one stream: the scales are in the blocks)."""
+    q0 = blk.strides[0] * i + blk.strides[1] * g
+    a = np.int64(blk.ctypes.data) + q0
+    return a, min(AHEAD, (blk.nbytes - q0) // 64), a, a, np.int64(0)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _q8_ahead(qs, d, g):
+    """_ahead of Q8_0 row groups qs[g:] (blocks) and d[g:] (their f16 scales, one line per 16 of blocks)."""
+    q0, d0 = qs.strides[0] * g, d.strides[0] * g
+    b = np.int64(d.ctypes.data) + d0
+    return np.int64(qs.ctypes.data) + q0, min(AHEAD, (qs.nbytes - q0) // 64), b, b, qs.strides[1] // d.strides[1]
 
 
 def _kv_values(kv):
@@ -524,7 +532,7 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
     bufs = (x, xb, q, k, v, att, proj, gate, up, hb (max_t, ...) f32, qa int8, sa, xs, logits (max_t, vocab),
     cs (max_t, hd / 2, 2) f64: rope's cos and sin for the pass, rope_table);
     norms = (attn_norm (L, d), ffn_norm (L, d), out_norm (d,), eps); rope_p = (inv_freq, neox, n_head,
-    n_kv, hd, attn_scale); w* = per role (qs (L, ng, nb, 16, G), d, m (L, ng, nb, G) f16 bits, acc16);
+    n_kv, hd, attn_scale); w* = per role (blocks (L, ng, nb, BLK4): cpu_fast.FastWeight's 'q4', acc16);
     bias = (has, bq (L, q_dim), bk, bv); qk_norm = (has, qn (L, hd), kn (L, hd)); kv = (k16, v16) (L, cap,
     n_kv, hd) uint16 f16 bits, or (k_q, k_s, v_q, v_s) for an int8 cache; attn_scr = (sbuf (threads, n_head,
     chunk_cap(cap)), part) attention scratch; sync = cpu_sync.new_sync(n, threads) with n the larger
@@ -588,11 +596,11 @@ class FusedForward:
         self.roles = {}
         for role in _ROLES:
             ws = [getattr(lw, role) for lw in layers]
-            stacks = [_stacked([getattr(w, f) for w in ws]) for f in ("qs", "d", "m")]  # (L, ...) each
+            stack = _stacked([w.blocks for w in ws])  # (L, ...)
             for i, w in enumerate(ws):
-                w.qs, w.d, w.m = stacks[0][i], stacks[1][i], stacks[2][i]
-            self.roles[role] = (stacks[0], stacks[1], stacks[2], ws[0].acc16)
-        self.emb = self._table(model.tok_embd)[:5]
+                w.set_arrays(stack[i])
+            self.roles[role] = (stack, ws[0].acc16)
+        self.emb = self._table(model.tok_embd)[:4]
         self.head = self._table(model.output)
         f32 = np.float32
         self.norms = (np.stack([np.asarray(lw.attn_norm, f32) for lw in layers]),
@@ -629,10 +637,9 @@ class FusedForward:
 
     @staticmethod
     def _table(w):
-        z4u, z4i, z3 = _z(np.uint8, 4), _z(np.int8, 4), _z(np.uint16, 3)
         if w.kind == "q4":
-            return (0, w.qs, z4i, w.d, w.m, w.acc16, w.acc32)
-        return (1, z4u, w.qs, w.d, z3, w.acc16, w.acc32)
+            return (0, w.blocks, _z(np.int8, 4), _z(np.uint16, 3), w.acc16, w.acc32)
+        return (1, _z(np.uint8, 3), w.qs, w.d, w.acc16, w.acc32)
 
     def _alloc(self, max_t: int, logit_rows: int):
         """(Re)allocate the run buffers for up to max_t tokens and logit_rows output rows (grow only)."""

@@ -6,7 +6,8 @@ weight; this reads each file block once and writes each output byte once (~0.06 
 matrices of one role go straight into their stack, cpu_fast.prepare_stacked). A warm start does not even do
 that: it reads what the first start repacked back from engine/weight_store.py (checked against `layout`).
 Output is bit-identical to the numpy version (tests/engine/test_repack.py keeps it as the reference).
-Scales and mins stay f16 bit patterns, copied as they are (the kernels convert them with vcvtph2ps).
+Scales and mins stay f16 bit patterns, copied as they are (the kernels convert them with vcvtph2ps); in the
+4-bit layout they follow their block's nibbles (cpu_avx2: one stream of weights per thread).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import numpy as np
 from numba import njit
 
 from ..quant import QK
+from .cpu_avx2 import BLK4, D_OFF, M_OFF
 from .cpu_fast import G  # rows per interleaved group
 
 @njit(cache=True, nogil=True, inline="always")
@@ -25,20 +27,27 @@ def _half(raw, r, i):
     return np.uint16(np.uint16(raw[r, i]) | np.uint16(np.uint16(raw[r, i + 1]) << np.uint16(8)))
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _put_half(blk, g, b, off, h):
+    blk[g, b, off] = np.uint8(h & np.uint16(255))
+    blk[g, b, off + 1] = np.uint8(h >> np.uint16(8))
+
+
 @njit(cache=True, nogil=True)
-def repack_q4_into(qs, d, m, raw, qs_off, has_min):
-    """raw (rows, nb * B) uint8 Q4_0 (B=18, qs_off=2) or Q4_1 (B=20, qs_off=4) blocks ->
-    qs (ng, nb, 16, G) uint8 in cpu_avx2's byte order, d (ng, nb, G) and m (ng, nb, G) uint16 f16 bits
-    (m: Q4_1 only, has_min). Padding rows (rows..ng*G-1) get zero nibbles; their d/m stay as allocated."""
+def repack_q4_into(blk, raw, qs_off, has_min):
+    """raw (rows, nb * B) uint8 Q4_0 (B=18, qs_off=2) or Q4_1 (B=20, qs_off=4) blocks -> blk (ng, nb, BLK4)
+    uint8: each block's nibbles in cpu_avx2's byte order, then its rows' f16 scales (D_OFF) and mins (M_OFF:
+    Q4_1 only, has_min), the file's bits. Padding rows (rows..ng*G-1) get zero nibbles; their scales and mins
+    stay as allocated."""
     rows = raw.shape[0]
-    ng, nb = d.shape[0], d.shape[1]
+    ng, nb = blk.shape[0], blk.shape[1]
     bb = qs_off + 16  # bytes per block
     for r in range(rows):
         g, rr = r // G, r % G
         for b in range(nb):
-            d[g, b, rr] = _half(raw, r, b * bb)
+            _put_half(blk, g, b, D_OFF + 2 * rr, _half(raw, r, b * bb))
             if has_min:
-                m[g, b, rr] = _half(raw, r, b * bb + 2)
+                _put_half(blk, g, b, M_OFF + 2 * rr, _half(raw, r, b * bb + 2))
     # rows R0 = 16h + r8 and R1 = R0 + 8 of a group share their bytes: value v of R0 in the low nibble, of R1
     # in the high one, at vector 2 (v // 4) + h, byte 4 r8 + v % 4; file byte j holds values j and j + 16
     for g in range(ng):
@@ -51,9 +60,9 @@ def repack_q4_into(qs, d, m, raw, qs_off, has_min):
                     for j in range(16):
                         x0 = raw[r0, base + j] if r0 < rows else np.uint8(0)
                         x1 = raw[r1, base + j] if r1 < rows else np.uint8(0)
-                        i = 4 * r8 + j % 4
-                        qs[g, b, 2 * (j // 4) + h, i] = np.uint8((x0 & np.uint8(15)) | np.uint8((x1 & np.uint8(15)) << np.uint8(4)))
-                        qs[g, b, 2 * (j // 4) + 8 + h, i] = np.uint8((x0 >> np.uint8(4)) | (x1 & np.uint8(0xF0)))
+                        i = 32 * (2 * (j // 4) + h) + 4 * r8 + j % 4
+                        blk[g, b, i] = np.uint8((x0 & np.uint8(15)) | np.uint8((x1 & np.uint8(15)) << np.uint8(4)))
+                        blk[g, b, i + 256] = np.uint8((x0 >> np.uint8(4)) | (x1 & np.uint8(0xF0)))
 
 
 @njit(cache=True, nogil=True)
@@ -74,24 +83,23 @@ def repack_q8_into(qs, d, raw):
 
 
 def layout(kind: str, lead: tuple, rows: int, cols: int) -> list:
-    """[(dtype, shape)] of a cpu_fast.FastWeight's arrays, kind 'q8' (qs, d) or 'q4' (qs, d, m), for a
+    """[(dtype, shape)] of a cpu_fast.FastWeight's arrays, kind 'q8' (qs, d) or 'q4' (blocks), for a
     (rows, cols) matrix; lead: () for one weight, (L,) for L stacked."""
     nb, ng = cols // QK, (rows + G - 1) // G
     if kind == "q8":
         return [(np.int8, lead + (ng, nb, 16, 2 * G)), (np.uint16, lead + (ng, nb, G))]
-    return [(np.uint8, lead + (ng, nb, 16, G)), (np.uint16, lead + (ng, nb, G)), (np.uint16, lead + (ng, nb, G))]
+    return [(np.uint8, lead + (ng, nb, BLK4))]
 
 
 def repack_arrays(raw: np.ndarray, kind: str, cols: int):
-    """raw (rows, bytes_per_row) uint8 blocks of kind 'q4_0' | 'q4_1' | 'q8_0' -> (qs, d, m): the
-    cpu_fast.FastWeight arrays (m None for q8_0; qs int8 for q8_0); None for a Q4_0 weight whose min
-    -8 d does not fit f16 (|d| > 8188: never seen in a real file; the caller keeps cpu.py's layout)."""
+    """raw (rows, bytes_per_row) uint8 blocks of kind 'q4_0' | 'q4_1' | 'q8_0' -> the cpu_fast.FastWeight
+    arrays: (qs int8, d) for q8_0, (blocks,) for the 4-bit types; None for a Q4_0 weight whose min -8 d does
+    not fit f16 (|d| > 8188: never seen in a real file; the caller keeps cpu.py's layout)."""
     rows = raw.shape[0]
     ng = (rows + G - 1) // G
     arrays = [np.zeros(shape, dt) for dt, shape in layout("q8" if kind == "q8_0" else "q4", (), rows, cols)]
-    d = arrays[1]
     if kind == "q8_0":
-        qs = arrays[0].view(np.uint8)
+        qs, d = arrays[0].view(np.uint8), arrays[1]
         raw = np.ascontiguousarray(raw)
         # two halves of the groups at once (the jitted pass releases the GIL): the token embedding, the
         # largest matrix (SmolLM2: 30 MB), took ~75 ms on one thread of every start
@@ -99,17 +107,22 @@ def repack_arrays(raw: np.ndarray, kind: str, cols: int):
         with ThreadPoolExecutor(max_workers=2) as pool:
             list(pool.map(lambda g: repack_q8_into(qs[g[0]:g[1]], d[g[0]:g[1]], raw[g[0] * G:g[1] * G]),
                           [(0, half), (half, ng)]))
-        return arrays[0], d, None
-    qs, m = arrays[0], arrays[2]
-    return (qs, d, m) if repack_q4(raw, kind, qs, d, m) else None
+        return arrays[0], d
+    return (arrays[0],) if repack_q4(raw, kind, arrays[0]) else None
 
 
-def repack_q4(raw: np.ndarray, kind: str, qs: np.ndarray, d: np.ndarray, m: np.ndarray) -> bool:
-    """Q4_0/Q4_1 file blocks raw (rows, bytes_per_row) into zeroed qs, d, m (cpu_fast.FastWeight's 'q4'
-    arrays, e.g. one layer's slot of a per-role stack). False for a Q4_0 weight whose min -8 d overflows f16."""
+def scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(d, m): views (..., ng, nb, G) uint16 of a 4-bit layout's f16 scale and min bits, in place."""
+    return blocks[..., D_OFF:M_OFF].view(np.uint16), blocks[..., M_OFF:BLK4].view(np.uint16)
+
+
+def repack_q4(raw: np.ndarray, kind: str, blocks: np.ndarray) -> bool:
+    """Q4_0/Q4_1 file blocks raw (rows, bytes_per_row) into zeroed blocks (cpu_fast.FastWeight's 'q4' array,
+    e.g. one layer's slot of a per-role stack). False for a Q4_0 weight whose min -8 d overflows f16."""
     raw = np.ascontiguousarray(raw)  # a plain ndarray view of the mapping (numba does not type np.memmap)
-    repack_q4_into(qs, d, m, raw, 4 if kind == "q4_1" else 2, kind == "q4_1")
+    repack_q4_into(blocks, raw, 4 if kind == "q4_1" else 2, kind == "q4_1")
     if kind == "q4_0":  # value = d (q - 8): a min of -8 d, exact in f16 (a power-of-two multiple) unless it overflows
+        d, m = scales(blocks)
         dv = d.view(np.float16)
         with np.errstate(over="ignore", invalid="ignore"):
             mv = (dv * np.float16(-8.0)).astype(np.float16)

@@ -170,14 +170,14 @@ def wait_open(sync, ph):
 @njit(cache=True, nogil=True)
 def wait_fetching(sync, ph, a, lines, b, c, every):
     """wait_open(sync, ph), asking meanwhile for up to `lines` cache lines from address a on, and for one
-    line from b on and one from c on per `every` lines of a (addresses as ints: what a waiting thread will
-    read next: cpu_fast_step._ahead)."""
+    line from b on and one from c on per `every` lines of a (every 0: none; addresses as ints: what a waiting
+    thread will read next: cpu_fast_step._ahead)."""
     n = 0
     i = 0
     while not is_open(sync, ph):
         if i < lines:
             prefetch(a + 64 * i)
-            if i % every == 0:
+            if every > 0 and i % every == 0:
                 prefetch(b + 64 * (i // every))
                 prefetch(c + 64 * (i // every))
             i += 1

@@ -46,16 +46,16 @@ def test_avx2_kernels_equal_generic_bitwise(qtype, rows, cols, extreme):
     rng = np.random.default_rng(rows + cols + extreme)
     w = _weight(rng, qtype, rows, cols)
     if extreme and qtype != QT.Q8_0:
-        w.qs[:] = 0xFF if qtype == QT.Q4_1 else 0x00  # nibbles all 15 (largest unsigned) resp. 0 (q - 8 = -8)
+        w.qs[...] = 0xFF if qtype == QT.Q4_1 else 0x00  # nibbles all 15 (largest unsigned) resp. 0 (q - 8 = -8)
     t_n = 5
     qa, sa, xs = _quantized(rng, t_n, cols, extreme)
     want = np.full((t_n, rows), np.nan, np.float32)
     got1, gotb = want.copy(), want.copy()
     for g in range(w.qs.shape[0]):
         if w.kind == "q4":
-            F.q4_group_generic(want, qa, sa, xs, w.qs, w.d, w.m, w.acc16[g], g)
-            F.q4_group(got1, qa, sa, xs, w.qs, w.d, w.m, w.acc16[g], g)
-            F.q4_group_batched(gotb, qa, sa, xs, w.qs, w.d, w.m, g)
+            F.q4_group_generic(want, qa, sa, xs, w.blocks, w.acc16[g], g)
+            F.q4_group(got1, qa, sa, xs, w.blocks, w.acc16[g], g)
+            F.q4_group_batched(gotb, qa, sa, xs, w.blocks, g)
         else:
             F.q8_group_generic(want, qa, sa, w.qs, w.d, w.acc32[g], g)
             F.q8_group(got1, qa, sa, w.qs, w.d, w.acc32[g], g)
@@ -72,9 +72,9 @@ def _vnni_and_madd():
     from engine.kernels import cpu_avx2 as A
 
     @numba.njit
-    def run(o1, o2, qs, qa, sa, xs, d, m, nb):
-        A.grp_q4(o1, 0, qs, 0, qa, 0, sa, xs, 0, 0, d, m, 0, nb)
-        A.grp_q4_madd(o2, 0, qs, 0, qa, 0, sa, xs, 0, 0, d, m, 0, nb)
+    def run(o1, o2, blk, qa, sa, xs, nb):
+        A.grp_q4(o1, 0, blk, 0, qa, 0, sa, xs, 0, 0, nb)
+        A.grp_q4_madd(o2, 0, blk, 0, qa, 0, sa, xs, 0, 0, nb)
     return run
 
 
@@ -91,16 +91,17 @@ def test_vnni_block_sums_equal_vpmaddubsw_bitwise(extreme):
         pytest.skip("target without AVX-VNNI (the vpmaddubsw forms are the only ones)")
     rng = np.random.default_rng(7 + extreme)
     nb = 9
-    qs = rng.integers(0, 256, nb * 512, dtype=np.uint8)
+    blk = np.zeros((nb, A.BLK4), np.uint8)  # one row group's blocks: nibbles, scales, mins
+    blk[:, :A.D_OFF] = rng.integers(0, 256, (nb, A.D_OFF), dtype=np.uint8)
     qa = rng.integers(-128, 128, nb * 32, dtype=np.int8)
     if extreme:
-        qs[:] = 0xFF
+        blk[:, :A.D_OFF] = 0xFF
         qa[:] = np.where(rng.random(nb * 32) < 0.5, -128, 127).astype(np.int8)
     sa, xs = rng.random(nb, dtype=np.float32), rng.standard_normal(nb).astype(np.float32)
-    d = (rng.random(nb * 32) * 0.02).astype(np.float16).view(np.uint16)
-    m = (rng.random(nb * 32) * -0.02).astype(np.float16).view(np.uint16)
+    blk[:, A.D_OFF:A.M_OFF] = (rng.random((nb, 32)) * 0.02).astype(np.float16).view(np.uint8)
+    blk[:, A.M_OFF:] = (rng.random((nb, 32)) * -0.02).astype(np.float16).view(np.uint8)
     o1, o2 = np.full(32, np.nan, np.float32), np.zeros(32, np.float32)
-    _vnni_and_madd()(o1, o2, qs, qa, sa, xs, d, m, nb)
+    _vnni_and_madd()(o1, o2, blk.reshape(-1), qa, sa, xs, nb)
     assert np.isfinite(o1).all() and np.abs(o1).max() > 0
     np.testing.assert_array_equal(o1, o2)
 

@@ -110,9 +110,9 @@ def test_a_waiting_thread_fetches_where_its_next_items_start(q4_tiny, kv_dtype):
                     if g < r[role][0].shape[1]:
                         break
                     g -= r[role][0].shape[1]
-                qs, d, m = (r[role][i][layer, g] for i in range(3))
-                lines = min(AHEAD, (r[role][0].ctypes.data + r[role][0].nbytes - qs.ctypes.data) // 64)  # to its end
-                assert ahead(tid, kind, l) == (qs.ctypes.data, lines, d.ctypes.data, m.ctypes.data, 8)
+                blk = r[role][0][layer, g]  # one stream: the scales are in the blocks
+                lines = min(AHEAD, (r[role][0].ctypes.data + r[role][0].nbytes - blk.ctypes.data) // 64)  # to its end
+                assert ahead(tid, kind, l) == (blk.ctypes.data, lines, blk.ctypes.data, blk.ctypes.data, 0)
         head = ff.head[2]  # a Q8_0 head (ff.head[0] == 1): blocks in head[2], scales in head[3]
         assert ff.head[0] == 1
         g = first(tid, head.shape[0])

@@ -102,9 +102,9 @@ def test_stacked_repack_equals_one_by_one(qtype):
         one = cpu_fast.prepare_weight(qt)
         assert w.kind == one.kind and w.shape == one.shape
         assert _same(w.qs, one.qs) and _same(w.d, one.d) and _same(w.m, one.m)
-    stack = _stacked([w.qs for w in ws])
-    assert stack.shape == (3,) + ws[0].qs.shape and stack is ws[0].qs.base
-    assert _stacked([w.qs.copy() for w in ws]).base is None  # unrelated arrays: a stacked copy
+    stack = _stacked([w.blocks for w in ws])
+    assert stack.shape == (3,) + ws[0].blocks.shape and stack is ws[0].blocks.base
+    assert _stacked([w.blocks.copy() for w in ws]).base is None  # unrelated arrays: a stacked copy
 
 
 def test_stacked_repack_declines_mixed_roles():
