@@ -131,7 +131,7 @@ class LeafForward:
         if emb[0] == 0:
             c("embed_q4", embed_q4, (xt, emb[1], tokens))
         else:
-            c("embed_q8", embed_q8, (xt, emb[2], emb[3], tokens))
+            c("embed_q8", embed_q8, (xt, emb[2], tokens))
         c("rope_table", cpu.rope_table, (cs[:t_n], pos0, inv_freq))
         for l in range(attn_norm.shape[0]):
             c("norm1", cpu.rmsnorm, (xbt, xt, attn_norm[l], eps))
@@ -198,14 +198,14 @@ class LeafForward:
     def _head(self, logits, xin, h):
         qa, sa, xs = self._quant("head", xin)
         if h[0] == 0:
-            w = (h[1], h[4])
+            w = (h[1], h[3])
             e = tuple(a[:0] for a in w)
             self._split("mm_head", mm_q4x3_part, w[0].shape[0], (logits, logits, logits, qa, sa, xs, *w, *e, *e),
                         (3, 4, 5))
         elif logits.shape[0] >= BATCHED_MIN_T:  # a verify pass's logits: compiled at its first use
-            self._call("head_q8_batched", mm_q8_batched, (logits, qa, sa, h[2], h[3]), (1, 2))
+            self._call("head_q8_batched", mm_q8_batched, (logits, qa, sa, h[2]), (1, 2))
         else:
-            self._split("head_q8", mm_q8_part, h[2].shape[0], (logits, qa, sa, h[2], h[3], h[5]), (1, 2))
+            self._split("head_q8", mm_q8_part, h[2].shape[0], (logits, qa, sa, h[2], h[4]), (1, 2))
 
 
 _POOL = []

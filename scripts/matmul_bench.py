@@ -123,9 +123,9 @@ def run_head(m, head, b):
     nd = D // 32
     batched = getattr(m, "mm_q8_batched", None)  # older revisions: mm_q8 chose by itself
     if batched is not None and b.logits.shape[0] >= m.BATCHED_MIN_T:
-        batched(b.logits, b.qa[:, :D], b.sa[:, :nd], head.qs, head.d)
+        batched(b.logits, b.qa[:, :D], b.sa[:, :nd], head.blocks)
     else:
-        m.mm_q8(b.logits, b.qa[:, :D], b.sa[:, :nd], head.qs, head.d, head.acc32)
+        m.mm_q8(b.logits, b.qa[:, :D], b.sa[:, :nd], head.blocks, head.acc32)
 
 
 def outputs(b):

@@ -91,6 +91,11 @@ def _bytes_at(builder, p, nbytes):
     return builder.gep(builder.bitcast(p, I8.as_pointer()), [ir.Constant(I64, nbytes)])
 
 
+def _i16_at(builder, p, nbytes):
+    """i16* nbytes past pointer p."""
+    return builder.bitcast(_bytes_at(builder, p, nbytes), I16.as_pointer())
+
+
 def _vload(builder, p, vt):
     return builder.load(builder.bitcast(p, vt.as_pointer()), align=1)
 
@@ -176,17 +181,13 @@ def _block_term(builder, isum, a, dv, m8, sb, xsb):
     return builder.fadd(t, u)
 
 
-def _check_f16(*arrs):
-    return all(isinstance(a, types.Array) and a.dtype == types.uint16 for a in arrs)
-
-
 def _check_blocks(a):
     return isinstance(a, types.Array) and a.dtype == types.uint8
 
 
 def _scales_at(builder, q):
     """(d, m) i16* of the block at q (i8*): its rows' f16 scales and mins."""
-    return tuple(builder.bitcast(_bytes_at(builder, q, off), I16.as_pointer()) for off in (D_OFF, M_OFF))
+    return _i16_at(builder, q, D_OFF), _i16_at(builder, q, M_OFF)
 
 
 def _make_grp_q4(vnni):
@@ -283,10 +284,13 @@ def blk_q4u(typingctx, o, o_off, buf, qa, qa_off, sb, xsb):
 
 
 # ------------------------------------------------------------------------------------------------ Q8_0
-# Layout (cpu_fast.FastWeight 'q8'): qs[jp, 2r + i] = value 2 jp + i of row r, int8. Sign-extended to int16,
-# vpmaddwd against the broadcast pair (a[2 jp], a[2 jp + 1]) gives one int32 per row, rows in order.
+# Layout of one 1088-byte block of a 32-row group (cpu_fast.FastWeight 'q8'): byte 64 jp + 2r + i = value
+# 2 jp + i of row r, int8, then the 32 rows' f16 scales (D8_OFF; one stream per thread, as the 4-bit
+# layout: ad hoc, two threads, 42.1-43.5 -> 44.1-45.1 GB/s). Sign-extended to int16, vpmaddwd against the
+# broadcast pair (a[2 jp], a[2 jp + 1]) gives one int32 per row, rows in order.
 V64I8, V64I16 = ir.VectorType(I8, 64), ir.VectorType(I16, 64)
-UNBUF8 = 2048  # bytes of one sign-extended Q8_0 block: 16 pairs x 64 int16
+BLK8, D8_OFF = 1088, 1024
+UNBUF8 = 2048 + 64  # one sign-extended Q8_0 block (16 pairs x 64 int16), then its rows' f16 scales
 
 
 def _q8_tail(builder, w_of, a, o, d, sb):
@@ -311,60 +315,60 @@ def _q8_tail(builder, w_of, a, o, d, sb):
 
 
 @intrinsic
-def blk_q8(typingctx, o, o_off, qs, qs_off, qa, qa_off, d, d_off, sb):
-    """o[o_off : o_off + 32] += (d * sb) * sum_j w_j a_j for one Q8_0 block of 32 rows (1 KiB at qs[qs_off:]);
-    d[d_off:] the rows' scales (uint16 f16 bits)."""
-    if not _check_f16(d):
-        return None
-    sig = types.void(o, o_off, qs, qs_off, qa, qa_off, d, d_off, sb)
+def blk_q8(typingctx, o, o_off, blk, blk_off, qa, qa_off, sb):
+    """o[o_off : o_off + 32] += (d * sb) * sum_j w_j a_j for one Q8_0 block of 32 rows (BLK8 bytes at
+    blk[blk_off:]: its values, then the rows' scales d)."""
+    sig = types.void(o, o_off, blk, blk_off, qa, qa_off, sb)
 
     def codegen(context, builder, signature, args):
-        o_, oo, qs_, qo, qa_, ao, d_, do, sb_ = args
+        o_, oo, blk_, bo, qa_, ao, sb_ = args
         ty = signature.args
-        q = _ptr(context, builder, ty[2], qs_, qo)
-        _prefetch(builder, _bytes_at(builder, q, PREFETCH), 16)  # the block PREFETCH bytes on (1 KiB), its scales
-        _prefetch(builder, _bytes_at(builder, _ptr(context, builder, ty[6], d_, do), PREFETCH // 16), 1)
+        q = _ptr(context, builder, ty[2], blk_, bo)
+        _prefetch(builder, _bytes_at(builder, q, PREFETCH), BLK8 // 64)  # the block PREFETCH bytes on
 
         def w_of(jp):
             return builder.sext(_vload(builder, builder.gep(q, [ir.Constant(I64, 64 * jp)]), V64I8), V64I16)
         _q8_tail(builder, w_of, _ptr(context, builder, ty[4], qa_, ao), _ptr(context, builder, ty[0], o_, oo),
-                 _ptr(context, builder, ty[6], d_, do), sb_)
+                 _i16_at(builder, q, D8_OFF), sb_)
         return context.get_dummy_value()
     return sig, codegen
 
 
 @intrinsic
-def unpack_q8(typingctx, buf, qs, qs_off):
-    """buf[0:UNBUF8] (uint8) <- the Q8_0 block at qs[qs_off:] sign-extended to int16 (for blk_q8u)."""
-    sig = types.void(buf, qs, qs_off)
+def unpack_q8(typingctx, buf, blk, blk_off):
+    """buf[0:UNBUF8] (uint8) <- the Q8_0 block at blk[blk_off:] sign-extended to int16, then its rows' 32 f16
+    scales (for blk_q8u)."""
+    sig = types.void(buf, blk, blk_off)
 
     def codegen(context, builder, signature, args):
-        buf_, qs_, qo = args
-        q = _ptr(context, builder, signature.args[1], qs_, qo)
-        b = builder.bitcast(_ptr(context, builder, signature.args[0], buf_, ir.Constant(I64, 0)), V64I16.as_pointer())
+        buf_, blk_, bo = args
+        q = _ptr(context, builder, signature.args[1], blk_, bo)
+        b0 = _ptr(context, builder, signature.args[0], buf_, ir.Constant(I64, 0))
+        b = builder.bitcast(b0, V64I16.as_pointer())
         for jp in range(16):
             w = builder.sext(_vload(builder, builder.gep(q, [ir.Constant(I64, 64 * jp)]), V64I8), V64I16)
             builder.store(w, builder.gep(b, [ir.Constant(I64, jp)]), align=1)
+        dp = builder.bitcast(_bytes_at(builder, b0, 2048), V32I16.as_pointer())
+        builder.store(_vload(builder, _bytes_at(builder, q, D8_OFF), V32I16), dp, align=1)
         return context.get_dummy_value()
     return sig, codegen
 
 
 @intrinsic
-def blk_q8u(typingctx, o, o_off, buf, qa, qa_off, d, d_off, sb):
+def blk_q8u(typingctx, o, o_off, buf, qa, qa_off, sb):
     """blk_q8 from a block unpacked by unpack_q8 into buf."""
-    if not _check_f16(d):
-        return None
-    sig = types.void(o, o_off, buf, qa, qa_off, d, d_off, sb)
+    sig = types.void(o, o_off, buf, qa, qa_off, sb)
 
     def codegen(context, builder, signature, args):
-        o_, oo, buf_, qa_, ao, d_, do, sb_ = args
+        o_, oo, buf_, qa_, ao, sb_ = args
         ty = signature.args
-        b = builder.bitcast(_ptr(context, builder, ty[2], buf_, ir.Constant(I64, 0)), V64I16.as_pointer())
+        b0 = _ptr(context, builder, ty[2], buf_, ir.Constant(I64, 0))
+        b = builder.bitcast(b0, V64I16.as_pointer())
 
         def w_of(jp):
             return builder.load(builder.gep(b, [ir.Constant(I64, jp)]), align=1)
         _q8_tail(builder, w_of, _ptr(context, builder, ty[3], qa_, ao), _ptr(context, builder, ty[0], o_, oo),
-                 _ptr(context, builder, ty[5], d_, do), sb_)
+                 _i16_at(builder, b0, 2048), sb_)
         return context.get_dummy_value()
     return sig, codegen
 

@@ -60,6 +60,7 @@ from .cpu import (  # noqa: F401  (the rest of the kernel set is cpu.py's)
 
 G = 32  # rows per interleaved group (compile-time constant of the kernels below)
 D_OFF, M_OFF = cpu_avx2.D_OFF, cpu_avx2.M_OFF  # a 4-bit block's scales and mins, after its nibbles
+D8_OFF = cpu_avx2.D8_OFF  # a Q8_0 block's scales, after its values
 # cpu_avx2's vpmaddubsw kernels, else the generic ones below (NINFER_CPU_GENERIC=1 forces those: cpu_attn)
 HAVE_AVX2 = target_has("avx2") and not GENERIC_FORCED
 BATCHED_MIN_T = 2  # from this many rows on, matmuls unpack each weight block once (q4_group_batched)
@@ -74,29 +75,23 @@ class FastWeight:
     q4: blocks uint8 (ng, nb, BLK4): per group and block its nibbles (bytes 0-511, cpu_avx2's order), its
         rows' f16 scales (D_OFF: 32 uint16) and mins (M_OFF), the file's bits (Q4_0 has no min: m = -8 d,
         exact in f16, so the kernels' m + 8 d is 0). `qs`, `d`, `m` are views of its parts (for inspection).
-    q8: qs int8 (ng, nb, 16, 2G): values 2i, 2i+1 of row r at [.., i, 2r], [.., i, 2r+1]; d uint16 (ng, nb, G).
+    q8: blocks int8 (ng, nb, BLK8): per group and block values 2i, 2i+1 of row r at bytes 64 i + 2r, 64 i +
+        2r + 1, then the rows' f16 scales (D8_OFF). `qs` (ng, nb, 16, 2G) and `d` view them.
     acc16/acc32 (ng, G): per-group integer accumulators (scratch, so the kernels never allocate).
     """
 
-    def __init__(self, name, kind, shape, *arrays):
+    def __init__(self, name, kind, shape, blocks):
         self.name, self.kind, self.shape = name, kind, shape
-        self.set_arrays(*arrays)
-        ng = arrays[0].shape[0]
-        self.acc16 = np.zeros((ng, G), np.int16)  # (ng, G) kernel scratch (4-bit)
-        self.acc32 = np.zeros((ng, G), np.int32)  # (ng, G) kernel scratch (Q8_0)
-        self.nbytes = sum(a.nbytes for a in arrays)
+        self.set_blocks(blocks)
+        self.acc16 = np.zeros((blocks.shape[0], G), np.int16)  # (ng, G) kernel scratch (4-bit)
+        self.acc32 = np.zeros((blocks.shape[0], G), np.int32)  # (ng, G) kernel scratch (Q8_0)
+        self.nbytes = blocks.nbytes
 
-    def set_arrays(self, *arrays):
-        """(blocks,) for 'q4', (qs, d) for 'q8' (e.g. views of a role's stack: cpu_fast_step)."""
-        if self.kind == "q4":
-            from .cpu_repack import scales
-            self.blocks = arrays[0]
-            self.qs = arrays[0][..., :cpu_avx2.D_OFF].reshape(arrays[0].shape[:-1] + (16, G))
-            self.d, self.m = scales(arrays[0])
-        else:
-            self.blocks = None
-            self.qs, self.d = arrays
-            self.m = None
+    def set_blocks(self, blocks):
+        """The weight's blocks (e.g. a view of a role's stack: cpu_fast_step); qs, d, m: views of their parts."""
+        from .cpu_repack import parts
+        self.blocks = blocks
+        self.qs, self.d, self.m = parts(blocks, self.kind)
 
 
 class FastScratch:
@@ -128,7 +123,6 @@ def repack(qt: QTensor, store=None) -> FastWeight:
         arrays = repack_arrays(_file_blocks(qt), QT(qt.qtype).name.lower(), cols)
         if arrays is None:
             return None
-        arrays = tuple(a for a in arrays if a is not None)
         if store is not None:
             store.put(qt.name, arrays)
     return FastWeight(qt.name, kind, (rows, cols), *arrays)
@@ -353,8 +347,10 @@ def _batched_target(out, g):
 
 @njit(cache=True, nogil=True, inline="always")
 def _bits(blk, g, b, i):
-    # the uint16 at bytes i, i + 1 of block b of group g (a scale's or min's f16 bits; little-endian)
-    return np.uint16(np.uint16(blk[g, b, i]) | np.uint16(np.uint16(blk[g, b, i + 1]) << np.uint16(8)))
+    # the uint16 at bytes i, i + 1 of block b of group g (a scale's or min's f16 bits; little-endian; blk uint8
+    # or int8)
+    lo, hi = np.uint16(np.uint8(blk[g, b, i])), np.uint16(np.uint8(blk[g, b, i + 1]))
+    return np.uint16(lo | np.uint16(hi << np.uint16(8)))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -536,96 +532,93 @@ def mm_q4x3_part(lo, hi, out1, out2, out3, qa, sa, xs, b1, acc1, b2, acc2, b3, a
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _q8_rows(o, qa, sa, qs, d, acc, g, t):
+def _q8_rows(o, qa, sa, blk, acc, g, t):
     # o (G,) <- the G outputs of group g for activation row t
     for r in range(G):
         o[r] = F32(0.0)
-    for b in range(qs.shape[1]):
+    for b in range(blk.shape[1]):
         for r in range(G):
             acc[r] = 0
         for jp in range(16):
             a0 = I32(qa[t, b * QK + 2 * jp])
             a1 = I32(qa[t, b * QK + 2 * jp + 1])
             for r in range(G):
-                acc[r] += I32(qs[g, b, jp, 2 * r]) * a0 + I32(qs[g, b, jp, 2 * r + 1]) * a1
+                acc[r] += I32(blk[g, b, 64 * jp + 2 * r]) * a0 + I32(blk[g, b, 64 * jp + 2 * r + 1]) * a1
         sb = sa[t, b]
         for r in range(G):
-            o[r] += (h2f(d[g, b, r]) * sb) * F32(acc[r])
+            o[r] += (h2f(_bits(blk, g, b, D8_OFF + 2 * r)) * sb) * F32(acc[r])
 
 
 @njit(cache=True, nogil=True)
-def q8_group(out, qa, sa, qs, d, acc, g):
+def q8_group(out, qa, sa, blk, acc, g):
     """Rows g*G .. g*G+G-1 of out (T, rows) for interleaved Q8_0 W (see mm_q8); acc (G,) int32 scratch.
     Values 2i and 2i+1 of a row sit side by side, so LLVM turns the pair products into vpmaddwd."""
     for t in range(out.shape[0]):
         if (g + 1) * G <= out.shape[1]:
-            _q8_rows(out[t, g * G:(g + 1) * G], qa, sa, qs, d, acc, g, t)
+            _q8_rows(out[t, g * G:(g + 1) * G], qa, sa, blk, acc, g, t)
         else:  # last group of a padded weight
             tmp = np.empty(G, np.float32)
-            _q8_rows(tmp, qa, sa, qs, d, acc, g, t)
+            _q8_rows(tmp, qa, sa, blk, acc, g, t)
             _copy_partial(out, tmp, t, g)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _q8_blocks_avx2(o, o0, qa, sa, qs, d, g, t):
+def _q8_blocks_avx2(o, o0, qa, sa, blk, g, t):
     # o[o0 : o0 + G] (flat, zeroed) += all blocks of group g for activation row t
-    for b in range(qs.shape[1]):
-        cpu_avx2.blk_q8(o, o0, qs, g * qs.strides[0] + b * qs.strides[1], qa, t * qa.strides[0] + b * QK,
-                        d, (g * d.strides[0] + b * d.strides[1]) // 2, sa[t, b])
+    for b in range(blk.shape[1]):
+        cpu_avx2.blk_q8(o, o0, blk, g * blk.strides[0] + b * blk.strides[1], qa, t * qa.strides[0] + b * QK, sa[t, b])
 
 
 @njit(cache=True, nogil=True)
-def q8_group_avx2(out, qa, sa, qs, d, acc, g):
+def q8_group_avx2(out, qa, sa, blk, acc, g):
     """q8_group with the AVX2 block kernel (cpu_avx2.blk_q8); same int32 sums and float order."""
     for t in range(out.shape[0]):
         if (g + 1) * G <= out.shape[1]:
             for r in range(G):
                 out[t, g * G + r] = F32(0.0)
-            _q8_blocks_avx2(out, (t * out.strides[0]) // 4 + g * G, qa, sa, qs, d, g, t)
+            _q8_blocks_avx2(out, (t * out.strides[0]) // 4 + g * G, qa, sa, blk, g, t)
         else:  # last group of a padded weight
             tmp = np.zeros(G, np.float32)
-            _q8_blocks_avx2(tmp, 0, qa, sa, qs, d, g, t)
+            _q8_blocks_avx2(tmp, 0, qa, sa, blk, g, t)
             _copy_partial(out, tmp, t, g)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _q8(out, qa, sa, qs, d, acc, g):
+def _q8(out, qa, sa, blk, acc, g):
     # one group of a Q8_0 matrix for rows T < BATCHED_MIN_T; a decode row's full group in the caller's code
     # (see _q4: a call cost its arguments' reference counts)
     if HAVE_AVX2 and out.shape[0] == 1 and (g + 1) * G <= out.shape[1]:
         for r in range(G):
             out[0, g * G + r] = F32(0.0)
-        _q8_blocks_avx2(out, g * G, qa, sa, qs, d, g, 0)
+        _q8_blocks_avx2(out, g * G, qa, sa, blk, g, 0)
     else:
-        q8_group(out, qa, sa, qs, d, acc, g)
+        q8_group(out, qa, sa, blk, acc, g)
 
 
 @njit(cache=True, nogil=True)
-def q8_group_batched(out, qa, sa, qs, d, g):
+def q8_group_batched(out, qa, sa, blk, g):
     """As q8_group for T > 1 (a verify pass's logits): each block is sign-extended once (cpu_avx2.unpack_q8,
     2 KiB, L1), then every row t only does the pair multiply-adds (vpmaddwd) on it. Same int32 block sums
     and float order as q8_group, so each row equals a one-row call bit for bit. AVX2 only."""
     t_n = out.shape[0]
     full, part = _batched_target(out, g)
     buf = np.empty(cpu_avx2.UNBUF8, np.uint8)
-    for b in range(qs.shape[1]):
-        cpu_avx2.unpack_q8(buf, qs, g * qs.strides[0] + b * qs.strides[1])
-        dm = (g * d.strides[0] + b * d.strides[1]) // 2
+    for b in range(blk.shape[1]):
+        cpu_avx2.unpack_q8(buf, blk, g * blk.strides[0] + b * blk.strides[1])
         for t in range(t_n):
             if full:
-                cpu_avx2.blk_q8u(out, (t * out.strides[0]) // 4 + g * G, buf, qa, t * qa.strides[0] + b * QK,
-                                 d, dm, sa[t, b])
+                cpu_avx2.blk_q8u(out, (t * out.strides[0]) // 4 + g * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b])
             else:
-                cpu_avx2.blk_q8u(part, t * G, buf, qa, t * qa.strides[0] + b * QK, d, dm, sa[t, b])
+                cpu_avx2.blk_q8u(part, t * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b])
     if not full:
         for t in range(t_n):
             _copy_partial(out, part[t], t, g)
 
 
 @njit(cache=True, nogil=True)
-def q8_group_batched_generic(out, qa, sa, qs, d, g):
+def q8_group_batched_generic(out, qa, sa, blk, g):
     """q8_group_batched without AVX2: row by row (q8_group)."""
-    q8_group(out, qa, sa, qs, d, np.empty(G, np.int32), g)
+    q8_group(out, qa, sa, blk, np.empty(G, np.int32), g)
 
 
 if HAVE_AVX2:
@@ -635,28 +628,28 @@ else:
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def mm_q8(out, qa, sa, qs, d, acc32):
+def mm_q8(out, qa, sa, blk, acc32):
     """out (T, rows) f32 <- x @ W^T for interleaved Q8_0 W; x as qa (T, n) int8 + sa (T, nb), row by row
     (the decode form; any T, but mm_q8_batched is faster from BATCHED_MIN_T rows and gives the same bits).
     Products of two int8 fit int16; pairs of them still do (<= 2 * 127 * 127), the sum goes to int32.
     Two kernels rather than a branch: a cold start compiles only this one before the first token (the
     head of the kernel-by-kernel step, rows_out = 1): 6.4 -> 3.4 s of compiling, measured."""
-    for g in prange(qs.shape[0]):
-        q8_group(out, qa, sa, qs, d, acc32[g], np.int64(g))
+    for g in prange(blk.shape[0]):
+        q8_group(out, qa, sa, blk, acc32[g], np.int64(g))
 
 
 @njit(cache=True, nogil=True)
-def mm_q8_part(lo, hi, out, qa, sa, qs, d, acc32):
+def mm_q8_part(lo, hi, out, qa, sa, blk, acc32):
     """Row groups lo..hi of mm_q8 on the calling thread (see mm_q4x3_part)."""
     for g in range(lo, hi):
-        q8_group(out, qa, sa, qs, d, acc32[g], g)
+        q8_group(out, qa, sa, blk, acc32[g], g)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def mm_q8_batched(out, qa, sa, qs, d):
+def mm_q8_batched(out, qa, sa, blk):
     """mm_q8 for T >= BATCHED_MIN_T rows: each block sign-extended once for all rows (q8_group_batched)."""
-    for g in prange(qs.shape[0]):
-        q8_group_batched(out, qa, sa, qs, d, np.int64(g))
+    for g in prange(blk.shape[0]):
+        q8_group_batched(out, qa, sa, blk, np.int64(g))
 
 
 def matmul(out, x, w, scratch):
@@ -670,9 +663,9 @@ def matmul(out, x, w, scratch):
     if w.kind == "q4":
         mm_q4(out, qa, sa, xs, w.blocks, w.acc16)
     elif t_n >= BATCHED_MIN_T:
-        mm_q8_batched(out, qa, sa, w.qs, w.d)
+        mm_q8_batched(out, qa, sa, w.blocks)
     else:
-        mm_q8(out, qa, sa, w.qs, w.d, w.acc32)
+        mm_q8(out, qa, sa, w.blocks, w.acc32)
 
 
 # ------------------------------------------------------------------------------------------------ embed
@@ -690,13 +683,14 @@ def embed_q4(out, blk, tokens):
 
 
 @njit(cache=True, nogil=True)
-def embed_q8(out, qs, d, tokens):
+def embed_q8(out, blk, tokens):
     """out (T, n) <- rows tokens (T,) of an interleaved Q8_0 table."""
     for t in range(tokens.shape[0]):
         g, r = tokens[t] // G, tokens[t] % G
-        for b in range(qs.shape[1]):
+        for b in range(blk.shape[1]):
+            dv = h2f(_bits(blk, g, b, D8_OFF + 2 * r))
             for j in range(QK):
-                out[t, b * QK + j] = h2f(d[g, b, r]) * F32(qs[g, b, j // 2, 2 * r + j % 2])
+                out[t, b * QK + j] = dv * F32(blk[g, b, 64 * (j // 2) + 2 * r + j % 2])
 
 
 def embed(out, w, tokens):
@@ -706,7 +700,7 @@ def embed(out, w, tokens):
     elif w.kind == "q4":
         embed_q4(out, w.blocks, tokens)
     else:
-        embed_q8(out, w.qs, w.d, tokens)
+        embed_q8(out, w.blocks, tokens)
 
 
 def _split_scratch(q, k_cache):

@@ -54,11 +54,11 @@ def swiglu_fast(out, gate, up):
 # ------------------------------------------------------------------------------------------- fused step
 @njit(cache=True, nogil=True, inline="always")
 def _embed(x, tokens, emb):
-    # emb = (kind 0: q4 | 1: q8, blocks4, qs8, d8) (d8: f16 bits)
+    # emb = (kind 0: q4 | 1: q8, the blocks if q4, the blocks if q8)
     if emb[0] == 0:
         embed_q4(x, emb[1], tokens)
     else:
-        embed_q8(x, emb[2], emb[3], tokens)
+        embed_q8(x, emb[2], tokens)
 
 
 # The whole forward pass runs in ONE parallel region (cpu_sync: phases, claimed chunks, the finisher does
@@ -121,7 +121,7 @@ def _head_groups(h):
 
 @njit(cache=True, nogil=True, inline="always")
 def _head_phase(sync, ph, tid, nt, logits, n_in, qa, sa, xs, h):
-    """Phase ph: the head's row groups; h = (kind 0: q4 | 1: q8, blocks4, qs8, d8, acc16, acc32) as
+    """Phase ph: the head's row groups; h = (kind 0: q4 | 1: q8, blocks if q4, blocks if q8, acc16, acc32) as
     FusedForward._table builds it, input n_in columns. True for the finisher."""
     t_n = logits.shape[0]
     nb = n_in // QK
@@ -135,11 +135,11 @@ def _head_phase(sync, ph, tid, nt, logits, n_in, qa, sa, xs, h):
             break
         for g in range(lo, hi):
             if h[0] == 0:
-                _q4(logits, qa_, sa_, xs_, h[1], h[4][g], g)
+                _q4(logits, qa_, sa_, xs_, h[1], h[3][g], g)
             elif t_n >= BATCHED_MIN_T:
-                q8_group_batched(logits, qa_, sa_, h[2], h[3], g)
+                q8_group_batched(logits, qa_, sa_, h[2], g)
             else:
-                _q8(logits, qa_, sa_, h[2], h[3], h[5][g], g)
+                _q8(logits, qa_, sa_, h[2], h[4][g], g)
         fin = finish(sync, ph, hi - lo, n)
     return fin
 
@@ -167,10 +167,9 @@ def _ahead(tid, nt, kind, l, wq, wk, wv, wo, wg, wu, wd, head, kv, pos0, t_n):
     """What thread tid of nt reads first in the phase after layer l's phase `kind`, as cpu_sync.wait_fetching's
     (a, lines, b, c, every): the start of its part of the items (cpu_sync.grab hands a thread its own part
     first), at most AHEAD lines. After q/k/v, a decode step's attention: the K rows of its first item's
-    positions (a) and their V rows (b, c: every = 1); after attention o's row groups (their blocks from a:
-    scales inside; for a Q8_0 head one line of scales from b per `every` lines), after o gate/up, after
-    gate/up down, after down the next layer's q/k/v or the head. Nothing (lines 0) before a prompt's
-    attention."""
+    positions (a) and their V rows (b, c: every = 1); after attention o's row groups (their blocks from a,
+    scales included: every = 0), after o gate/up, after gate/up down, after down the next layer's q/k/v or
+    the head. Nothing (lines 0) before a prompt's attention."""
     if kind == 0:
         if t_n != 1:
             return np.int64(0), np.int64(0), np.int64(0), np.int64(0), np.int64(1)
@@ -191,7 +190,7 @@ def _ahead(tid, nt, kind, l, wq, wk, wv, wo, wg, wu, wd, head, kv, pos0, t_n):
     g = tid * _head_groups(head) // nt
     if head[0] == 0:
         return _blocks_ahead(head[1][None], 0, g)
-    return _q8_ahead(head[2], head[3], g)
+    return _blocks_ahead(head[2][None], 0, g)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -210,18 +209,11 @@ def _mm_ahead(tid, nt, w1, w2, w3, l, nw):
 
 @njit(cache=True, nogil=True, inline="always")
 def _blocks_ahead(blk, i, g):
-    """_ahead of 4-bit row groups blk[i, g:] (one stream: the scales are in the blocks)."""
+    """_ahead of row groups blk[i, g:] (one stream: the scales are in the blocks)."""
     q0 = blk.strides[0] * i + blk.strides[1] * g
     a = np.int64(blk.ctypes.data) + q0
     return a, min(AHEAD, (blk.nbytes - q0) // 64), a, a, np.int64(0)
 
-
-@njit(cache=True, nogil=True, inline="always")
-def _q8_ahead(qs, d, g):
-    """_ahead of Q8_0 row groups qs[g:] (blocks) and d[g:] (their f16 scales, one line per 16 of blocks)."""
-    q0, d0 = qs.strides[0] * g, d.strides[0] * g
-    b = np.int64(d.ctypes.data) + d0
-    return np.int64(qs.ctypes.data) + q0, min(AHEAD, (qs.nbytes - q0) // 64), b, b, qs.strides[1] // d.strides[1]
 
 
 def _kv_values(kv):
@@ -598,9 +590,9 @@ class FusedForward:
             ws = [getattr(lw, role) for lw in layers]
             stack = _stacked([w.blocks for w in ws])  # (L, ...)
             for i, w in enumerate(ws):
-                w.set_arrays(stack[i])
+                w.set_blocks(stack[i])
             self.roles[role] = (stack, ws[0].acc16)
-        self.emb = self._table(model.tok_embd)[:4]
+        self.emb = self._table(model.tok_embd)[:3]
         self.head = self._table(model.output)
         f32 = np.float32
         self.norms = (np.stack([np.asarray(lw.attn_norm, f32) for lw in layers]),
@@ -638,8 +630,8 @@ class FusedForward:
     @staticmethod
     def _table(w):
         if w.kind == "q4":
-            return (0, w.blocks, _z(np.int8, 4), _z(np.uint16, 3), w.acc16, w.acc32)
-        return (1, _z(np.uint8, 3), w.qs, w.d, w.acc16, w.acc32)
+            return (0, w.blocks, _z(np.int8, 3), w.acc16, w.acc32)
+        return (1, _z(np.uint8, 3), w.blocks, w.acc16, w.acc32)
 
     def _alloc(self, max_t: int, logit_rows: int):
         """(Re)allocate the run buffers for up to max_t tokens and logit_rows output rows (grow only)."""

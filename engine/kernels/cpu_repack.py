@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit
 
 from ..quant import QK
-from .cpu_avx2 import BLK4, D_OFF, M_OFF
+from .cpu_avx2 import BLK4, BLK8, D8_OFF, D_OFF, M_OFF
 from .cpu_fast import G  # rows per interleaved group
 
 @njit(cache=True, nogil=True, inline="always")
@@ -66,54 +66,59 @@ def repack_q4_into(blk, raw, qs_off, has_min):
 
 
 @njit(cache=True, nogil=True)
-def repack_q8_into(qs, d, raw):
-    """raw (rows, nb * 34) uint8 Q8_0 blocks -> qs (ng, nb, 16, 2G) uint8 (the int8 values' bytes: values
-    2i, 2i+1 of row r at [.., i, 2r], [.., i, 2r+1]), d (ng, nb, G) uint16 f16 bits. Padding rows left as
-    allocated."""
+def repack_q8_into(blk, raw):
+    """raw (rows, nb * 34) uint8 Q8_0 blocks -> blk (ng, nb, BLK8) uint8 bytes of the int8 layout (values 2i,
+    2i+1 of row r at bytes 64 i + 2r, 64 i + 2r + 1), then the rows' f16 scale bits (D8_OFF). Padding rows
+    left as allocated."""
     rows = raw.shape[0]
-    nb = d.shape[1]
+    nb = blk.shape[1]
     for r in range(rows):
         g, rr = r // G, r % G
         for b in range(nb):
             base = b * 34
-            d[g, b, rr] = _half(raw, r, base)
+            blk[g, b, D8_OFF + 2 * rr] = raw[r, base]
+            blk[g, b, D8_OFF + 2 * rr + 1] = raw[r, base + 1]
             for i in range(16):
-                qs[g, b, i, 2 * rr] = raw[r, base + 2 + 2 * i]
-                qs[g, b, i, 2 * rr + 1] = raw[r, base + 3 + 2 * i]
+                blk[g, b, 64 * i + 2 * rr] = raw[r, base + 2 + 2 * i]
+                blk[g, b, 64 * i + 2 * rr + 1] = raw[r, base + 3 + 2 * i]
 
 
 def layout(kind: str, lead: tuple, rows: int, cols: int) -> list:
-    """[(dtype, shape)] of a cpu_fast.FastWeight's arrays, kind 'q8' (qs, d) or 'q4' (blocks), for a
-    (rows, cols) matrix; lead: () for one weight, (L,) for L stacked."""
+    """[(dtype, shape)] of a cpu_fast.FastWeight's arrays (its blocks), kind 'q8' or 'q4', for a (rows, cols)
+    matrix; lead: () for one weight, (L,) for L stacked."""
     nb, ng = cols // QK, (rows + G - 1) // G
     if kind == "q8":
-        return [(np.int8, lead + (ng, nb, 16, 2 * G)), (np.uint16, lead + (ng, nb, G))]
+        return [(np.int8, lead + (ng, nb, BLK8))]
     return [(np.uint8, lead + (ng, nb, BLK4))]
 
 
 def repack_arrays(raw: np.ndarray, kind: str, cols: int):
     """raw (rows, bytes_per_row) uint8 blocks of kind 'q4_0' | 'q4_1' | 'q8_0' -> the cpu_fast.FastWeight
-    arrays: (qs int8, d) for q8_0, (blocks,) for the 4-bit types; None for a Q4_0 weight whose min -8 d does
-    not fit f16 (|d| > 8188: never seen in a real file; the caller keeps cpu.py's layout)."""
+    arrays, (blocks,); None for a Q4_0 weight whose min -8 d does not fit f16 (|d| > 8188: never seen in a
+    real file; the caller keeps cpu.py's layout)."""
     rows = raw.shape[0]
     ng = (rows + G - 1) // G
     arrays = [np.zeros(shape, dt) for dt, shape in layout("q8" if kind == "q8_0" else "q4", (), rows, cols)]
     if kind == "q8_0":
-        qs, d = arrays[0].view(np.uint8), arrays[1]
+        blk = arrays[0].view(np.uint8)
         raw = np.ascontiguousarray(raw)
         # two halves of the groups at once (the jitted pass releases the GIL): the token embedding, the
         # largest matrix (SmolLM2: 30 MB), took ~75 ms on one thread of every start
         half = (ng + 1) // 2
         with ThreadPoolExecutor(max_workers=2) as pool:
-            list(pool.map(lambda g: repack_q8_into(qs[g[0]:g[1]], d[g[0]:g[1]], raw[g[0] * G:g[1] * G]),
-                          [(0, half), (half, ng)]))
-        return arrays[0], d
+            list(pool.map(lambda g: repack_q8_into(blk[g[0]:g[1]], raw[g[0] * G:g[1] * G]), [(0, half), (half, ng)]))
+        return (arrays[0],)
     return (arrays[0],) if repack_q4(raw, kind, arrays[0]) else None
 
 
-def scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(d, m): views (..., ng, nb, G) uint16 of a 4-bit layout's f16 scale and min bits, in place."""
-    return blocks[..., D_OFF:M_OFF].view(np.uint16), blocks[..., M_OFF:BLK4].view(np.uint16)
+def parts(blocks: np.ndarray, kind: str) -> tuple:
+    """(qs, d, m): views of a layout's values (..., 16, G) uint8 ('q4') or (..., 16, 2G) int8 ('q8'), its f16
+    scale bits and min bits (..., ng, nb, G) uint16 (m None for 'q8'), in place."""
+    if kind == "q8":
+        return (blocks[..., :D8_OFF].reshape(blocks.shape[:-1] + (16, 2 * G)),
+                blocks[..., D8_OFF:BLK8].view(np.uint16), None)
+    return (blocks[..., :D_OFF].reshape(blocks.shape[:-1] + (16, G)), blocks[..., D_OFF:M_OFF].view(np.uint16),
+            blocks[..., M_OFF:BLK4].view(np.uint16))
 
 
 def repack_q4(raw: np.ndarray, kind: str, blocks: np.ndarray) -> bool:
@@ -122,7 +127,7 @@ def repack_q4(raw: np.ndarray, kind: str, blocks: np.ndarray) -> bool:
     raw = np.ascontiguousarray(raw)  # a plain ndarray view of the mapping (numba does not type np.memmap)
     repack_q4_into(blocks, raw, 4 if kind == "q4_1" else 2, kind == "q4_1")
     if kind == "q4_0":  # value = d (q - 8): a min of -8 d, exact in f16 (a power-of-two multiple) unless it overflows
-        d, m = scales(blocks)
+        d, m = parts(blocks, "q4")[1:]
         dv = d.view(np.float16)
         with np.errstate(over="ignore", invalid="ignore"):
             mv = (dv * np.float16(-8.0)).astype(np.float16)

@@ -57,9 +57,9 @@ def test_avx2_kernels_equal_generic_bitwise(qtype, rows, cols, extreme):
             F.q4_group(got1, qa, sa, xs, w.blocks, w.acc16[g], g)
             F.q4_group_batched(gotb, qa, sa, xs, w.blocks, g)
         else:
-            F.q8_group_generic(want, qa, sa, w.qs, w.d, w.acc32[g], g)
-            F.q8_group(got1, qa, sa, w.qs, w.d, w.acc32[g], g)
-            F.q8_group_batched(gotb, qa, sa, w.qs, w.d, g)
+            F.q8_group_generic(want, qa, sa, w.blocks, w.acc32[g], g)
+            F.q8_group(got1, qa, sa, w.blocks, w.acc32[g], g)
+            F.q8_group_batched(gotb, qa, sa, w.blocks, g)
     assert np.isfinite(want).all()
     np.testing.assert_array_equal(got1, want)
     np.testing.assert_array_equal(gotb, want)

@@ -113,11 +113,11 @@ def test_a_waiting_thread_fetches_where_its_next_items_start(q4_tiny, kv_dtype):
                 blk = r[role][0][layer, g]  # one stream: the scales are in the blocks
                 lines = min(AHEAD, (r[role][0].ctypes.data + r[role][0].nbytes - blk.ctypes.data) // 64)  # to its end
                 assert ahead(tid, kind, l) == (blk.ctypes.data, lines, blk.ctypes.data, blk.ctypes.data, 0)
-        head = ff.head[2]  # a Q8_0 head (ff.head[0] == 1): blocks in head[2], scales in head[3]
+        head = ff.head[2]  # a Q8_0 head (ff.head[0] == 1): its blocks (scales included) in head[2]
         assert ff.head[0] == 1
         g = first(tid, head.shape[0])
         lines = min(AHEAD, (head.ctypes.data + head.nbytes - head[g].ctypes.data) // 64)
-        want = (head[g].ctypes.data, lines, ff.head[3][g].ctypes.data, ff.head[3][g].ctypes.data, 16)
+        want = (head[g].ctypes.data, lines, head[g].ctypes.data, head[g].ctypes.data, 0)
         assert ahead(tid, 4, n_layer - 1) == want
         it = first(tid, SPLITS)  # a decode step's attention: its first item's positions, K then V rows
         _, _, lo, hi = cpu_attn._work_item(it, 37)
