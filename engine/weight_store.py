@@ -1,11 +1,12 @@
 """On-disk store of a model's prepared weights: a warm start reads the repacked arrays instead of repacking.
 
 Why: the CPU backend repacks every quantized matrix at load (engine/kernels/cpu_fast.py: rows interleaved,
-scales apart), ~0.25 s of every start's time to first token on the 2-core dev VM; reading the same 96 MB back
-from the page cache into fresh arrays takes ~0.08 s.
+each block's scales after its values), ~0.25 s of every start's time to first token on the 2-core dev VM;
+reading the same 96 MB back from the page cache into fresh arrays takes ~0.08 s.
 
 Key: the model file's identity (real path, size, mtime, inode) and the sources of the layout code
-(cpu_fast.py, cpu_repack.py) and of this file: a changed model file or layout is never served old bytes.
+(cpu_fast.py, cpu_repack.py, cpu_avx2.py: its block sizes and offsets) and of this file: a changed model
+file or layout is never served old bytes.
 One file per model path and layout code, `<cache root>/weights/<path digest>-<code digest>-<identity
 digest>.bin` (two builds started in turn, as a benchmark's A-B of two checkouts does, keep one each instead of
 deleting each other's and repacking at every start): a magic line,
@@ -44,7 +45,8 @@ def cache_dir() -> Path:
 def _code_digest() -> str:
     here = Path(__file__).parent
     h = hashlib.sha256()
-    for p in (here / "kernels" / "cpu_fast.py", here / "kernels" / "cpu_repack.py", Path(__file__)):
+    for p in (here / "kernels" / "cpu_fast.py", here / "kernels" / "cpu_repack.py", here / "kernels" / "cpu_avx2.py",
+              Path(__file__)):
         h.update(p.read_bytes())
     return h.hexdigest()[:16]
 
