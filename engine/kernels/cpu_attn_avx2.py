@@ -8,7 +8,8 @@ accumulator row every few positions. Here:
   registers over the head dimension, and one transposing reduction (shuffles + adds) turns them into the R
   scores at once: no per-position horizontal sum.
 - `vsum`: the weighted sum over n positions of one head, 32 lanes of the accumulator row in registers
-  over all positions (a loop in IR), written back once.
+  over all positions (a loop in IR), written back once; 64 lanes in 16-lane vectors where the target has
+  AVX-512 (LANES: half the conversions and FMAs, the same bits).
 Both read the f16 bits with vcvtph2ps (F16C) and multiply-add with llvm.fmuladd (FMA where the CPU has it),
 and take any head_dim >= 8: a last partial block of 8 is read ending at the row's end, the lanes already
 counted masked off (so no second, scalar form has to be compiled next to them: that cost 5 s of compile).
@@ -35,10 +36,17 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .cpu_avx2 import _const, _fn, _splat
+from .cpu_target import target_has
 
 I8, I16, I32, I64, F = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
-V8F, V8I16, V8H = ir.VectorType(F, 8), ir.VectorType(I16, 8), ir.VectorType(ir.HalfType(), 8)
+V8F = ir.VectorType(F, 8)
 ZERO = ir.Constant(V8F, [0.0] * 8)
+# Lanes per vector of the V sums' (vsum, vsum_heads, vsum_f32) main loop: 16 where the target has AVX-512
+# (one vcvtph2ps and one FMA per 16 values; the 8-lane loops were bound by the conversions, one per cycle),
+# else 8; the rest of a row (hd % 16) in 8 lanes. The same bits either way: a lane is one output value's
+# chain over the positions. (The scores keep 8 lanes: 16 would change the order of a dot product's sums,
+# and through the next matmul's int8 activations the logits, for no gain at chat context: history file.)
+LANES = 16 if target_has("avx512f") else 8
 GROUP_HEADS = 3  # query heads per call of the *_heads forms (SmolLM2's GQA group; 3 x 4 accumulators fit)
 
 
@@ -74,19 +82,28 @@ def _elem_ptr(context, builder, arrty, arr, idx):
     return builder.bitcast(builder.gep(builder.bitcast(a.data, I8.as_pointer()), [off]), a.data.type)
 
 
-def _halves8(builder, p, off):
-    """8 f16 bit patterns at p[off] (i16*) -> <8 x float> (vcvtph2ps)."""
-    v = builder.load(builder.bitcast(builder.gep(p, [off]), V8I16.as_pointer()), align=2)
-    return builder.fpext(builder.bitcast(v, V8H), V8F)
+def _vf(n):
+    return ir.VectorType(F, n)
 
 
-def _floats8(builder, p, off):
-    return builder.load(builder.bitcast(builder.gep(p, [off]), V8F.as_pointer()), align=4)
+def _zero(n):
+    return ir.Constant(_vf(n), [0.0] * n)
+
+
+def _halves8(builder, p, off, n=8):
+    """n f16 bit patterns at p[off] (i16*) -> <n x float> (vcvtph2ps)."""
+    v = builder.load(builder.bitcast(builder.gep(p, [off]), ir.VectorType(I16, n).as_pointer()), align=2)
+    return builder.fpext(builder.bitcast(v, ir.VectorType(ir.HalfType(), n)), _vf(n))
+
+
+def _floats8(builder, p, off, n=8):
+    return builder.load(builder.bitcast(builder.gep(p, [off]), _vf(n).as_pointer()), align=4)
 
 
 def _fma8(builder, a, b, acc_ptr):
-    """*acc_ptr <- a * b + *acc_ptr (<8 x float>, one FMA where the CPU has it)."""
-    fmuladd = _fn(builder, "llvm.fmuladd.v8f32", V8F, [V8F, V8F, V8F])
+    """*acc_ptr <- a * b + *acc_ptr (<8 x float>, or as wide as a; one FMA where the CPU has it)."""
+    vt = a.type
+    fmuladd = _fn(builder, f"llvm.fmuladd.v{vt.count}f32", vt, [vt, vt, vt])
     builder.store(builder.call(fmuladd, [a, b, builder.load(acc_ptr)]), acc_ptr)
 
 
@@ -200,7 +217,7 @@ def _make_vsum(f32=False, width=4, heads=1):
     @intrinsic
     def vsum(typingctx, acc, s, o, n, v, p, kh):
         """acc[:hd] += sum over i < n of s[o + i] * V[p + i, kh]: acc (>= hd,) f32, s (>= o + n,) f32, V (cap,
-        n_kv, hd) f16 bits (f32 values for the f32 form), hd >= 8. Per 8 * width lanes of acc (then per 8,
+        n_kv, hd) f16 bits (f32 values for the f32 form), hd >= 8. Per LANES * width lanes of acc (then per 8,
         then a masked last 8): registers carried over all n positions, one load and store of acc at the end.
         The *_heads form: acc[h] and s[h] for the GROUP_HEADS query heads that share KV head kh (2-d, rows
         by stride), each V vector converted once for them; every lane keeps the one-head chain (the same
@@ -211,25 +228,27 @@ def _make_vsum(f32=False, width=4, heads=1):
     return vsum
 
 
-def _weighted_lanes(builder, n, row_at, weights_at, load, arow, regs, base, w, mask=None):
-    """The V sums' inner loop (f16, f32 or int8 rows): regs[h][c] (<8 x float> allocas) <- the sum over i < n
-    of weights_at(i)[h] * load(builder, row_at(i), base + 8 c) for c < w, each loaded vector serving every
-    head h; then arow[h][base + 8 c : + 8] += regs[h][c] (lanes off in mask left as they are)."""
+def _weighted_lanes(builder, n, row_at, weights_at, load, arow, regs, base, w, mask=None, lanes=8):
+    """The V sums' inner loop (f16, f32 or int8 rows): regs[h][c] (<lanes x float> allocas) <- the sum over
+    i < n of weights_at(i)[h] (splat to lanes) * load(builder, row_at(i), base + lanes c) for c < w, each
+    loaded vector serving every head h; then arow[h][base + lanes c : + lanes] += regs[h][c] (lanes off in
+    mask left as they are). A lane is one output value's chain over the positions, whatever `lanes`."""
+    vt = _vf(lanes)
     for rh in regs:
         for r in rh[:w]:
-            builder.store(ZERO, r)
+            builder.store(_zero(lanes), r)
     with cgutils.for_range(builder, n) as loop:
         i = loop.index
         vrow = row_at(i)
         wt = weights_at(i)
         for c in range(w):
-            vv = load(builder, vrow, builder.add(base, _i(8 * c)))
+            vv = load(builder, vrow, builder.add(base, _i(lanes * c)), lanes)
             for h, rh in enumerate(regs):
-                _fma8(builder, vv, wt[h], rh[c])
+                _fma8(builder, vv, wt[h] if wt[h].type == vt else _splat(builder, wt[h], vt), rh[c])
     for h, rh in enumerate(regs):
         for c, r in enumerate(rh[:w]):
-            dst = builder.bitcast(builder.gep(arow[h], [builder.add(base, _i(8 * c))]), V8F.as_pointer())
-            add = builder.load(r) if mask is None else builder.select(mask, builder.load(r), ZERO)
+            dst = builder.bitcast(builder.gep(arow[h], [builder.add(base, _i(lanes * c))]), vt.as_pointer())
+            add = builder.load(r) if mask is None else builder.select(mask, builder.load(r), _zero(lanes))
             builder.store(builder.fadd(builder.load(dst, align=4), add), dst, align=4)
 
 
@@ -246,17 +265,18 @@ def _vsum_codegen(ptr_ty, load, width, heads):
         srow = _head_rows(context, builder, ty[1], s_, heads, o_)
         v0 = builder.bitcast(_elem_ptr(context, builder, ty[4], v_, [p_, kh_]), I8.as_pointer())
         regs = [[cgutils.alloca_once(builder, V8F) for _ in range(width)] for _ in range(heads)]
+        wide = [[cgutils.alloca_once(builder, _vf(LANES)) for _ in range(width)] for _ in range(heads)] \
+            if LANES > 8 else regs
 
-        def lanes(base, w, mask=None):
-            """acc[base : base + 8 * w] += the weighted sum (lanes off in mask are left as they are)."""
+        def lanes(base, w, mask=None, n=8):
+            """acc[base : base + n * w] += the weighted sum (lanes off in mask are left as they are)."""
             def row_at(i):
                 return builder.bitcast(builder.gep(v0, [builder.mul(i, row_bytes)]), ptr_ty)
-            _weighted_lanes(builder, n_, row_at,
-                            lambda i: [_splat(builder, builder.load(builder.gep(r, [i])), V8F) for r in srow],
-                            load, arow, regs, base, w, mask)
-        span = 8 * width
+            _weighted_lanes(builder, n_, row_at, lambda i: [builder.load(builder.gep(r, [i])) for r in srow],
+                            load, arow, wide if n > 8 else regs, base, w, mask, n)
+        span = LANES * width
         with cgutils.for_range(builder, builder.udiv(hd, _i(span))) as part:
-            lanes(builder.mul(part.index, _i(span)), width)
+            lanes(builder.mul(part.index, _i(span)), width, n=LANES)
         full8 = builder.udiv(builder.urem(hd, _i(span)), _i(8))
         with cgutils.for_range(builder, full8) as part:
             lanes(builder.add(builder.mul(builder.udiv(hd, _i(span)), _i(span)), builder.mul(part.index, _i(8))), 1)
@@ -268,4 +288,4 @@ def _vsum_codegen(ptr_ty, load, width, heads):
 
 vsum = _make_vsum()
 vsum_heads = _make_vsum(heads=GROUP_HEADS)
-vsum_f32 = _make_vsum(f32=True, width=8)  # 8 chains of multiply-adds: prefill is compute-bound
+vsum_f32 = _make_vsum(f32=True, width=64 // LANES)  # 64 lanes, 8 chains of 8 or 4 of 16: prefill is compute-bound

@@ -31,13 +31,11 @@ from .cpu_attn_avx2 import (F, GROUP_HEADS, I8, I32, V8F, ZERO, _elem_ptr, _fma8
                              _reduce8, _store_scores, _weighted_lanes)
 from .cpu_avx2 import _fn, _splat
 
-V8I8, V8I32 = ir.VectorType(I8, 8), ir.VectorType(I32, 8)
 
-
-def _bytes8(builder, p, off):
-    """8 int8 at p[off] (i8*) -> <8 x float>."""
-    v = builder.load(builder.bitcast(builder.gep(p, [off]), V8I8.as_pointer()), align=1)
-    return builder.sitofp(builder.sext(v, V8I32), V8F)
+def _bytes8(builder, p, off, n=8):
+    """n int8 at p[off] (i8*) -> <n x float>."""
+    v = builder.load(builder.bitcast(builder.gep(p, [off]), ir.VectorType(I8, n).as_pointer()), align=1)
+    return builder.sitofp(builder.sext(v, ir.VectorType(I32, n)), ir.VectorType(F, n))
 
 
 def _q8_ok(s, q, kq, ks, ndim=1):
