@@ -6,8 +6,8 @@ weight; this reads each file block once and writes each output byte once (~0.06 
 matrices of one role go straight into their stack, cpu_fast.prepare_stacked). A warm start does not even do
 that: it reads what the first start repacked back from engine/weight_store.py (checked against `layout`).
 Output is bit-identical to the numpy version (tests/engine/test_repack.py keeps it as the reference).
-Scales and mins stay f16 bit patterns, copied as they are (the kernels convert them with vcvtph2ps); in the
-4-bit layout they follow their block's nibbles (cpu_avx2: one stream of weights per thread).
+Scales and mins stay f16 bit patterns, copied as they are (the kernels convert them with vcvtph2ps), right
+after their block's values (cpu_avx2: one stream of weights per thread).
 """
 from __future__ import annotations
 
@@ -22,16 +22,6 @@ from ..quant import QK
 from .cpu_avx2 import BLK4, BLK8, D8_OFF, D_OFF, M_OFF
 from .cpu_fast import G  # rows per interleaved group
 
-@njit(cache=True, nogil=True, inline="always")
-def _half(raw, r, i):
-    return np.uint16(np.uint16(raw[r, i]) | np.uint16(np.uint16(raw[r, i + 1]) << np.uint16(8)))
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _put_half(blk, g, b, off, h):
-    blk[g, b, off] = np.uint8(h & np.uint16(255))
-    blk[g, b, off + 1] = np.uint8(h >> np.uint16(8))
-
 
 @njit(cache=True, nogil=True)
 def repack_q4_into(blk, raw, qs_off, has_min):
@@ -45,9 +35,10 @@ def repack_q4_into(blk, raw, qs_off, has_min):
     for r in range(rows):
         g, rr = r // G, r % G
         for b in range(nb):
-            _put_half(blk, g, b, D_OFF + 2 * rr, _half(raw, r, b * bb))
-            if has_min:
-                _put_half(blk, g, b, M_OFF + 2 * rr, _half(raw, r, b * bb + 2))
+            for k in range(2):  # the f16 bytes as they are
+                blk[g, b, D_OFF + 2 * rr + k] = raw[r, b * bb + k]
+                if has_min:
+                    blk[g, b, M_OFF + 2 * rr + k] = raw[r, b * bb + 2 + k]
     # rows R0 = 16h + r8 and R1 = R0 + 8 of a group share their bytes: value v of R0 in the low nibble, of R1
     # in the high one, at vector 2 (v // 4) + h, byte 4 r8 + v % 4; file byte j holds values j and j + 16
     for g in range(ng):
@@ -76,8 +67,8 @@ def repack_q8_into(blk, raw):
         g, rr = r // G, r % G
         for b in range(nb):
             base = b * 34
-            blk[g, b, D8_OFF + 2 * rr] = raw[r, base]
-            blk[g, b, D8_OFF + 2 * rr + 1] = raw[r, base + 1]
+            for k in range(2):
+                blk[g, b, D8_OFF + 2 * rr + k] = raw[r, base + k]
             for i in range(16):
                 blk[g, b, 64 * i + 2 * rr] = raw[r, base + 2 + 2 * i]
                 blk[g, b, 64 * i + 2 * rr + 1] = raw[r, base + 3 + 2 * i]
