@@ -215,7 +215,6 @@ def _blocks_ahead(blk, i, g):
     return a, min(AHEAD, (blk.nbytes - q0) // 64), a, a, np.int64(0)
 
 
-
 def _kv_values(kv):
     """The cache's K and V values (L, cap, n_kv, hd): f16 bits, or int8 (their scales apart)."""
     raise NotImplementedError  # numba-only, see the overload below
