@@ -290,7 +290,8 @@ def blk_q4u(typingctx, o, o_off, buf, qa, qa_off, sb, xsb):
 # broadcast pair (a[2 jp], a[2 jp + 1]) gives one int32 per row, rows in order.
 V64I8, V64I16 = ir.VectorType(I8, 64), ir.VectorType(I16, 64)
 BLK8, D8_OFF = 1088, 1024
-UNBUF8 = 2048 + 64  # one sign-extended Q8_0 block (16 pairs x 64 int16), then its rows' f16 scales
+VALS8 = 2048  # bytes of one sign-extended Q8_0 block: 16 pairs x 64 int16
+UNBUF8 = VALS8 + 64  # and then its rows' f16 scales (unpack_q8)
 
 
 def _q8_tail(builder, w_of, a, o, d, sb):
@@ -348,7 +349,7 @@ def unpack_q8(typingctx, buf, blk, blk_off):
         for jp in range(16):
             w = builder.sext(_vload(builder, builder.gep(q, [ir.Constant(I64, 64 * jp)]), V64I8), V64I16)
             builder.store(w, builder.gep(b, [ir.Constant(I64, jp)]), align=1)
-        dp = builder.bitcast(_bytes_at(builder, b0, 2048), V32I16.as_pointer())
+        dp = builder.bitcast(_bytes_at(builder, b0, VALS8), V32I16.as_pointer())
         builder.store(_vload(builder, _bytes_at(builder, q, D8_OFF), V32I16), dp, align=1)
         return context.get_dummy_value()
     return sig, codegen
@@ -368,7 +369,7 @@ def blk_q8u(typingctx, o, o_off, buf, qa, qa_off, sb):
         def w_of(jp):
             return builder.load(builder.gep(b, [ir.Constant(I64, jp)]), align=1)
         _q8_tail(builder, w_of, _ptr(context, builder, ty[3], qa_, ao), _ptr(context, builder, ty[0], o_, oo),
-                 _i16_at(builder, b0, 2048), sb_)
+                 _i16_at(builder, b0, VALS8), sb_)
         return context.get_dummy_value()
     return sig, codegen
 

@@ -354,6 +354,18 @@ def _bits(blk, g, b, i):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _nib(blk, g, b, v, i):
+    # byte i of nibble vector v (< 16) of block b of group g in the 4-bit layout (cpu_avx2's docstring)
+    return blk[g, b, 32 * v + i]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _val8(blk, g, b, jp, i):
+    # byte i (2r + value parity) of pair vector jp (< 16) of block b of group g in the Q8_0 layout
+    return blk[g, b, 64 * jp + i]
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _q4_block_term(blk, g, b, r, sb, xsb, s):
     # _q4_term of row r of block b of group g, its scale and min from the block
     return _q4_term(_bits(blk, g, b, D_OFF + 2 * r), _bits(blk, g, b, M_OFF + 2 * r), sb, xsb, s)
@@ -373,10 +385,10 @@ def _q4_rows(o, qa, sa, xs, blk, acc, g, t):
             a0, a1, a2, a3 = I16(qa[t, kk]), I16(qa[t, kk + 1]), I16(qa[t, kk + 2]), I16(qa[t, kk + 3])
             for h in range(2):
                 for r in range(8):
-                    l0, h0 = _snib(I16(blk[g, b, 32 * (2 * k + h) + 4 * r]), a0)
-                    l1, h1 = _snib(I16(blk[g, b, 32 * (2 * k + h) + 4 * r + 1]), a1)
-                    l2, h2 = _snib(I16(blk[g, b, 32 * (2 * k + h) + 4 * r + 2]), a2)
-                    l3, h3 = _snib(I16(blk[g, b, 32 * (2 * k + h) + 4 * r + 3]), a3)
+                    l0, h0 = _snib(I16(_nib(blk, g, b, 2 * k + h, 4 * r)), a0)
+                    l1, h1 = _snib(I16(_nib(blk, g, b, 2 * k + h, 4 * r + 1)), a1)
+                    l2, h2 = _snib(I16(_nib(blk, g, b, 2 * k + h, 4 * r + 2)), a2)
+                    l3, h3 = _snib(I16(_nib(blk, g, b, 2 * k + h, 4 * r + 3)), a3)
                     acc[16 * h + r] = I16(acc[16 * h + r] + I16(I16(l0 + l1) + I16(l2 + l3)))
                     acc[16 * h + 8 + r] = I16(acc[16 * h + 8 + r] + I16(I16(h0 + h1) + I16(h2 + h3)))
         for r in range(G):
@@ -412,7 +424,7 @@ def q4_group_batched(out, qa, sa, xs, blk, g):
             for h in range(2):
                 for r in range(8):
                     for e in range(4):
-                        v = I16(blk[g, b, 32 * (2 * k + h) + 4 * r + e])
+                        v = I16(_nib(blk, g, b, 2 * k + h, 4 * r + e))
                         wbuf[4 * k + e, 16 * h + r] = I16(I16(v & I16(15)) - I16(8))
                         wbuf[4 * k + e, 16 * h + 8 + r] = I16(I16(v >> I16(4)) - I16(8))
         for t in range(t_n):
@@ -543,7 +555,7 @@ def _q8_rows(o, qa, sa, blk, acc, g, t):
             a0 = I32(qa[t, b * QK + 2 * jp])
             a1 = I32(qa[t, b * QK + 2 * jp + 1])
             for r in range(G):
-                acc[r] += I32(blk[g, b, 64 * jp + 2 * r]) * a0 + I32(blk[g, b, 64 * jp + 2 * r + 1]) * a1
+                acc[r] += I32(_val8(blk, g, b, jp, 2 * r)) * a0 + I32(_val8(blk, g, b, jp, 2 * r + 1)) * a1
         sb = sa[t, b]
         for r in range(G):
             o[r] += (h2f(_bits(blk, g, b, D8_OFF + 2 * r)) * sb) * F32(acc[r])
@@ -678,7 +690,7 @@ def embed_q4(out, blk, tokens):
         for b in range(blk.shape[1]):
             dv, mv = h2f(_bits(blk, g, b, D_OFF + 2 * rg)), h2f(_bits(blk, g, b, M_OFF + 2 * rg))
             for j in range(QK):
-                q = (I32(blk[g, b, 32 * (2 * (j // 4) + h) + 4 * r8 + j % 4]) >> shift) & 15
+                q = (I32(_nib(blk, g, b, 2 * (j // 4) + h, 4 * r8 + j % 4)) >> shift) & 15
                 out[t, b * QK + j] = dv * F32(q) + mv
 
 
@@ -690,7 +702,7 @@ def embed_q8(out, blk, tokens):
         for b in range(blk.shape[1]):
             dv = h2f(_bits(blk, g, b, D8_OFF + 2 * r))
             for j in range(QK):
-                out[t, b * QK + j] = dv * F32(blk[g, b, 64 * (j // 2) + 2 * r + j % 2])
+                out[t, b * QK + j] = dv * F32(_val8(blk, g, b, j // 2, 2 * r + j % 2))
 
 
 def embed(out, w, tokens):
