@@ -158,27 +158,26 @@ def _wait_next(sync, ph, tid, nt, kind, l, wq, wk, wv, wo, wg, wu, wd, head, kv,
 def _wait_ahead(sync, ph, tid, nt, kind, l, wq, wk, wv, wo, wg, wu, wd, head, kv, pos0, t_n):
     """_wait_next's wait. A function of its own: compiled once, where inlined at the step's four waits it
     made the step's compile +33%; only a thread that has to wait calls it."""
-    a, lines, b, c, every = _ahead(tid, nt, kind, l, wq, wk, wv, wo, wg, wu, wd, head, kv, pos0, t_n)
-    wait_fetching(sync, ph, a, lines, b, c, every)
+    a, lines, b = _ahead(tid, nt, kind, l, wq, wk, wv, wo, wg, wu, wd, head, kv, pos0, t_n)
+    wait_fetching(sync, ph, a, lines, b)
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _ahead(tid, nt, kind, l, wq, wk, wv, wo, wg, wu, wd, head, kv, pos0, t_n):
     """What thread tid of nt reads first in the phase after layer l's phase `kind`, as cpu_sync.wait_fetching's
-    (a, lines, b, c, every): the start of its part of the items (cpu_sync.grab hands a thread its own part
-    first), at most AHEAD lines. After q/k/v, a decode step's attention: the K rows of its first item's
-    positions (a) and their V rows (b, c: every = 1); after attention o's row groups (their blocks from a,
-    scales included: every = 0), after o gate/up, after gate/up down, after down the next layer's q/k/v or
-    the head. Nothing (lines 0) before a prompt's attention."""
+    (a, lines, b): the start of its part of the items (cpu_sync.grab hands a thread its own part first), at
+    most AHEAD lines. After q/k/v, a decode step's attention: the K rows of its first item's positions (a)
+    and their V rows (b); after attention o's row groups (one stream: the scales are in the blocks; b = 0),
+    after o gate/up, after gate/up down, after down the next layer's q/k/v or the head. Nothing (lines 0)
+    before a prompt's attention."""
     if kind == 0:
         if t_n != 1:
-            return np.int64(0), np.int64(0), np.int64(0), np.int64(0), np.int64(1)
+            return np.int64(0), np.int64(0), np.int64(0)
         t, c, lo, hi = A._work_item(tid * SPLITS // nt, pos0)
         kc, vc = _kv_values(kv)
         off = kc.strides[0] * l + kc.strides[1] * lo
-        v = np.int64(vc.ctypes.data) + off
-        return (np.int64(kc.ctypes.data) + off, min(AHEAD, max(0, (kc.strides[1] * (hi - lo) + 63) // 64)), v, v,
-                np.int64(1))
+        return (np.int64(kc.ctypes.data) + off, min(AHEAD, max(0, (kc.strides[1] * (hi - lo) + 63) // 64)),
+                np.int64(vc.ctypes.data) + off)
     if kind == 1:
         return _mm_ahead(tid, nt, wo, wo, wo, l, 1)
     if kind == 2:
@@ -211,8 +210,7 @@ def _mm_ahead(tid, nt, w1, w2, w3, l, nw):
 def _blocks_ahead(blk, i, g):
     """_ahead of row groups blk[i, g:] (one stream: the scales are in the blocks)."""
     q0 = blk.strides[0] * i + blk.strides[1] * g
-    a = np.int64(blk.ctypes.data) + q0
-    return a, min(AHEAD, (blk.nbytes - q0) // 64), a, a, np.int64(0)
+    return np.int64(blk.ctypes.data) + q0, min(AHEAD, (blk.nbytes - q0) // 64), np.int64(0)
 
 
 def _kv_values(kv):

@@ -168,18 +168,17 @@ def wait_open(sync, ph):
 
 
 @njit(cache=True, nogil=True)
-def wait_fetching(sync, ph, a, lines, b, c, every):
-    """wait_open(sync, ph), asking meanwhile for up to `lines` cache lines from address a on, and for one
-    line from b on and one from c on per `every` lines of a (every 0: none; addresses as ints: what a waiting
-    thread will read next: cpu_fast_step._ahead)."""
+def wait_fetching(sync, ph, a, lines, b):
+    """wait_open(sync, ph), asking meanwhile for up to `lines` cache lines from address a on and, unless b is
+    0, as many from b on, one of each in turn (addresses as ints: what a waiting thread will read next, one
+    stream or two: cpu_fast_step._ahead)."""
     n = 0
     i = 0
     while not is_open(sync, ph):
         if i < lines:
             prefetch(a + 64 * i)
-            if every > 0 and i % every == 0:
-                prefetch(b + 64 * (i // every))
-                prefetch(c + 64 * (i // every))
+            if b != 0:
+                prefetch(b + 64 * i)
             i += 1
         else:
             spin_pause(n)

@@ -29,8 +29,7 @@ def _chain(tid, nt, sync, x, y, n_ph, fetch=False):
                 y[0] = x.sum() % 7 + 1
                 open_phase(sync, ph)
         if fetch:
-            wait_fetching(sync, ph, np.int64(x.ctypes.data), (x.nbytes + 63) // 64, np.int64(y.ctypes.data),
-                          np.int64(y.ctypes.data), 4)
+            wait_fetching(sync, ph, np.int64(x.ctypes.data), (x.nbytes + 63) // 64, np.int64(y.ctypes.data))
         else:
             wait_open(sync, ph)
 
@@ -112,19 +111,19 @@ def test_a_waiting_thread_fetches_where_its_next_items_start(q4_tiny, kv_dtype):
                     g -= r[role][0].shape[1]
                 blk = r[role][0][layer, g]  # one stream: the scales are in the blocks
                 lines = min(AHEAD, (r[role][0].ctypes.data + r[role][0].nbytes - blk.ctypes.data) // 64)  # to its end
-                assert ahead(tid, kind, l) == (blk.ctypes.data, lines, blk.ctypes.data, blk.ctypes.data, 0)
+                assert ahead(tid, kind, l) == (blk.ctypes.data, lines, 0)
         head = ff.head[2]  # a Q8_0 head (ff.head[0] == 1): its blocks (scales included) in head[2]
         assert ff.head[0] == 1
         g = first(tid, head.shape[0])
         lines = min(AHEAD, (head.ctypes.data + head.nbytes - head[g].ctypes.data) // 64)
-        want = (head[g].ctypes.data, lines, head[g].ctypes.data, head[g].ctypes.data, 0)
+        want = (head[g].ctypes.data, lines, 0)
         assert ahead(tid, 4, n_layer - 1) == want
         it = first(tid, SPLITS)  # a decode step's attention: its first item's positions, K then V rows
         _, _, lo, hi = cpu_attn._work_item(it, 37)
         kc, vc = (kv[0], kv[1]) if kv_dtype == "f16" else (kv[0], kv[2])
         lines = -(-(hi - lo) * kc.strides[1] // 64)
         assert 0 < lines <= AHEAD
-        assert ahead(tid, 0, 1) == (kc[1, lo].ctypes.data, lines, vc[1, lo].ctypes.data, vc[1, lo].ctypes.data, 1)
+        assert ahead(tid, 0, 1) == (kc[1, lo].ctypes.data, lines, vc[1, lo].ctypes.data)
         assert ahead(tid, 0, 1, t_n=5)[1] == 0  # a prompt's attention: nothing
 
 
