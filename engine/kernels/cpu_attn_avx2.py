@@ -90,17 +90,17 @@ def _zero(n):
     return ir.Constant(_vf(n), [0.0] * n)
 
 
-def _halves8(builder, p, off, n=8):
+def _load_halves(builder, p, off, n=8):
     """n f16 bit patterns at p[off] (i16*) -> <n x float> (vcvtph2ps)."""
     v = builder.load(builder.bitcast(builder.gep(p, [off]), ir.VectorType(I16, n).as_pointer()), align=2)
     return builder.fpext(builder.bitcast(v, ir.VectorType(ir.HalfType(), n)), _vf(n))
 
 
-def _floats8(builder, p, off, n=8):
+def _load_floats(builder, p, off, n=8):
     return builder.load(builder.bitcast(builder.gep(p, [off]), _vf(n).as_pointer()), align=4)
 
 
-def _fma8(builder, a, b, acc_ptr):
+def _fma(builder, a, b, acc_ptr):
     """*acc_ptr <- a * b + *acc_ptr (<8 x float>, or as wide as a; one FMA where the CPU has it)."""
     vt = a.type
     fmuladd = _fn(builder, f"llvm.fmuladd.v{vt.count}f32", vt, [vt, vt, vt])
@@ -124,7 +124,7 @@ def _head_rows(context, builder, arrty, arr, heads, col=None):
 
 def _row_loader(f32):
     """(pointer type, load of 8 values at an offset as <8 x float>) for a cache row of f16 bits or f32."""
-    return (F.as_pointer(), _floats8) if f32 else (I16.as_pointer(), _halves8)
+    return (F.as_pointer(), _load_floats) if f32 else (I16.as_pointer(), _load_halves)
 
 
 def _tail_mask(builder, hd):
@@ -164,13 +164,13 @@ def _kdot_codegen(load, rows, heads):
             acc = [[cgutils.alloca_once_value(builder, ZERO) for _ in range(heads)] for _ in range(per)]
 
             def block(off, mask=None):
-                qv = [_floats8(builder, qrow[h], off) for h in range(heads)]
+                qv = [_load_floats(builder, qrow[h], off) for h in range(heads)]
                 if mask is not None:
                     qv = [builder.select(mask, x, ZERO) for x in qv]
                 for r in range(per):
                     kv = load(builder, krow[r], off)
                     for h in range(heads):
-                        _fma8(builder, kv, qv[h], acc[r][h])
+                        _fma(builder, kv, qv[h], acc[r][h])
             with cgutils.for_range(builder, builder.udiv(hd, _i(8))) as loop:
                 block(builder.mul(loop.index, _i(8)))
             with cgutils.if_unlikely(builder, builder.icmp_unsigned("!=", builder.urem(hd, _i(8)), _i(0))):
@@ -244,7 +244,7 @@ def _weighted_lanes(builder, n, row_at, weights_at, load, arow, regs, base, w, m
         for c in range(w):
             vv = load(builder, vrow, builder.add(base, _i(lanes * c)), lanes)
             for h, rh in enumerate(regs):
-                _fma8(builder, vv, wt[h] if wt[h].type == vt else _splat(builder, wt[h], vt), rh[c])
+                _fma(builder, vv, wt[h] if wt[h].type == vt else _splat(builder, wt[h], vt), rh[c])
     for h, rh in enumerate(regs):
         for c, r in enumerate(rh[:w]):
             dst = builder.bitcast(builder.gep(arow[h], [builder.add(base, _i(lanes * c))]), vt.as_pointer())

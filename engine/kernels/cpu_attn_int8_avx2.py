@@ -27,12 +27,12 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .cpu_attn_avx2 import (F, GROUP_HEADS, I8, I32, V8F, ZERO, _elem_ptr, _fma8, _floats8, _head_rows, _i,
+from .cpu_attn_avx2 import (F, GROUP_HEADS, I8, I32, V8F, ZERO, _elem_ptr, _fma, _head_rows, _i, _load_floats,
                              _reduce8, _store_scores, _weighted_lanes)
 from .cpu_avx2 import _fn, _splat
 
 
-def _bytes8(builder, p, off, n=8):
+def _load_int8(builder, p, off, n=8):
     """n int8 at p[off] (i8*) -> <n x float>."""
     v = builder.load(builder.bitcast(builder.gep(p, [off]), ir.VectorType(I8, n).as_pointer()), align=1)
     return builder.sitofp(builder.sext(v, ir.VectorType(I32, n)), ir.VectorType(F, n))
@@ -80,11 +80,11 @@ def _kdot_codegen(rows, heads):
                         builder.store(ZERO, x)
                 with cgutils.for_range(builder, builder.udiv(gs, _i(8))) as blk:
                     off = builder.add(builder.mul(g, gs), builder.mul(blk.index, _i(8)))
-                    qv = [_floats8(builder, qrow[h], off) for h in range(heads)]
+                    qv = [_load_floats(builder, qrow[h], off) for h in range(heads)]
                     for r in range(per):
-                        kv = _bytes8(builder, krow[first + r], off)
+                        kv = _load_int8(builder, krow[first + r], off)
                         for h in range(heads):
-                            _fma8(builder, kv, qv[h], acc[r][h])
+                            _fma(builder, kv, qv[h], acc[r][h])
                 for h in range(heads):
                     sums[h] += [builder.load(acc[r][h]) for r in range(per)]
             scales = ZERO
@@ -155,7 +155,7 @@ def _vsum_codegen(heads):
             def weights(i):  # a position's score times its scale for the group
                 scale = builder.load(builder.gep(_float_row(builder, s0, srow_bytes, i), [g]))
                 return [_splat(builder, builder.fmul(builder.load(builder.gep(r, [i])), scale), V8F) for r in wrow]
-            _weighted_lanes(builder, n_, lambda i: builder.gep(v0, [builder.mul(i, row_bytes)]), weights, _bytes8,
+            _weighted_lanes(builder, n_, lambda i: builder.gep(v0, [builder.mul(i, row_bytes)]), weights, _load_int8,
                             arow, regs, base, width)
         with cgutils.for_range(builder, n_g) as grp:
             g = grp.index

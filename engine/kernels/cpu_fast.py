@@ -85,13 +85,21 @@ class FastWeight:
         self.set_blocks(blocks)
         self.acc16 = np.zeros((blocks.shape[0], G), np.int16)  # (ng, G) kernel scratch (4-bit)
         self.acc32 = np.zeros((blocks.shape[0], G), np.int32)  # (ng, G) kernel scratch (Q8_0)
-        self.nbytes = blocks.nbytes
 
     def set_blocks(self, blocks):
         """The weight's blocks (e.g. a view of a role's stack: cpu_fast_step); qs, d, m: views of their parts."""
-        from .cpu_repack import parts
         self.blocks = blocks
         self.qs, self.d, self.m = parts(blocks, self.kind)
+
+
+def parts(blocks: np.ndarray, kind: str) -> tuple:
+    """(qs, d, m): views of a layout's values (..., 16, G) uint8 ('q4') or (..., 16, 2G) int8 ('q8'), its f16
+    scale bits and min bits (..., ng, nb, G) uint16 (m None for 'q8'), in place."""
+    if kind == "q8":
+        return (blocks[..., :D8_OFF].reshape(blocks.shape[:-1] + (16, 2 * G)),
+                blocks[..., D8_OFF:cpu_avx2.BLK8].view(np.uint16), None)
+    return (blocks[..., :D_OFF].reshape(blocks.shape[:-1] + (16, G)), blocks[..., D_OFF:M_OFF].view(np.uint16),
+            blocks[..., M_OFF:cpu_avx2.BLK4].view(np.uint16))
 
 
 class FastScratch:

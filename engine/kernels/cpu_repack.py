@@ -20,7 +20,7 @@ from numba import njit
 
 from ..quant import QK
 from .cpu_avx2 import BLK4, BLK8, D8_OFF, D_OFF, M_OFF
-from .cpu_fast import G  # rows per interleaved group
+from .cpu_fast import G, parts  # rows per interleaved group; a layout's views
 
 
 @njit(cache=True, nogil=True)
@@ -100,16 +100,6 @@ def repack_arrays(raw: np.ndarray, kind: str, cols: int):
             list(pool.map(lambda g: repack_q8_into(blk[g[0]:g[1]], raw[g[0] * G:g[1] * G]), [(0, half), (half, ng)]))
         return (arrays[0],)
     return (arrays[0],) if repack_q4(raw, kind, arrays[0]) else None
-
-
-def parts(blocks: np.ndarray, kind: str) -> tuple:
-    """(qs, d, m): views of a layout's values (..., 16, G) uint8 ('q4') or (..., 16, 2G) int8 ('q8'), its f16
-    scale bits and min bits (..., ng, nb, G) uint16 (m None for 'q8'), in place."""
-    if kind == "q8":
-        return (blocks[..., :D8_OFF].reshape(blocks.shape[:-1] + (16, 2 * G)),
-                blocks[..., D8_OFF:BLK8].view(np.uint16), None)
-    return (blocks[..., :D_OFF].reshape(blocks.shape[:-1] + (16, G)), blocks[..., D_OFF:M_OFF].view(np.uint16),
-            blocks[..., M_OFF:BLK4].view(np.uint16))
 
 
 def repack_q4(raw: np.ndarray, kind: str, blocks: np.ndarray) -> bool:
