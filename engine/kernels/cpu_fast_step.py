@@ -32,7 +32,7 @@ from .cpu_fast import (BATCHED_MIN_T, FastWeight, _q4, _q8, embed_q4, embed_q8, 
                        quantize_rows)
 from ..sampling_fast import argmax_choice, block_choice
 from .cpu_guard import ContentionGuard
-from .cpu_sync import finish, grab, is_open, new_sync, open_phase, prefetch, reset_rows, wait_fetching, wait_open
+from .cpu_sync import finish, grab, is_open, new_sync, open_phase, reset_rows, wait_fetching, wait_open
 
 F32 = np.float32
 BLOCK = 8  # the most tokens one call chooses (FusedForward.block): the UI gets them 8 at a time
@@ -89,30 +89,20 @@ def _mm_groups(w1, w2, w3, nw):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _mm_phase(sync, ph, tid, nt, o1, o2, o3, n_in, qa, sa, xs, w1, w2, w3, l, nw, fetch):
+def _mm_phase(sync, ph, tid, nt, o1, o2, o3, n_in, qa, sa, xs, w1, w2, w3, l, nw):
     """Phase ph: the row groups of up to three matmuls of the quantized input (qa, sa, xs; n_in columns)
-    with layer l of the role stacks w1..w3 (nw of them used; mm_q4x3's item order). fetch = (a, b, lines):
-    the thread asks for `lines` cache lines from a on and as many from b on, a slice after each of its items
-    (_kv_part; NOFETCH: none). True for the finisher."""
+    with layer l of the role stacks w1..w3 (nw of them used; mm_q4x3's item order). True for the finisher."""
     t_n = o1.shape[0]
     nb = n_in // QK
     qa_, sa_, xs_ = qa[:t_n, :n_in], sa[:t_n, :nb], xs[:t_n, :nb]
     n1, n2, n = _mm_groups(w1, w2, w3, nw)
     fin = False
     h = 0
-    fa, fb, f_lines = fetch
-    per = (f_lines * nt + n - 1) // n  # lines per item, over the thread's ~n / nt items
-    f_i = 0
     while True:
         h, lo, hi = grab(sync, ph, tid, nt, n, h)
         if lo >= hi:
             break
         for g in range(lo, hi):
-            if f_i < f_lines:
-                for j in range(f_i, min(f_lines, f_i + per)):
-                    prefetch(fa + 64 * j)
-                    prefetch(fb + 64 * j)
-                f_i += per
             if g < n1:
                 _q4(o1, qa_, sa_, xs_, w1[0][l], w1[1][g], g)
             elif g < n1 + n2:
@@ -121,33 +111,6 @@ def _mm_phase(sync, ph, tid, nt, o1, o2, o3, n_in, qa, sa, xs, w1, w2, w3, l, nw
                 _q4(o3, qa_, sa_, xs_, w3[0][l], w3[1][g - n1 - n2], g - n1 - n2)
         fin = finish(sync, ph, hi - lo, n)
     return fin
-
-
-NOFETCH = (np.int64(0), np.int64(0), np.int64(0))  # _mm_phase's fetch: nothing
-# K (and as many V) cache lines of its attention part a thread asks for during q/k/v (_kv_part): 12 KiB each,
-# the first ~32 positions. The whole part (no cap) made attention faster at 600 context but q/k/v slower by
-# more (+200 us, -155 us per token; scripts/step_phases.py)
-KV_AHEAD = 192
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _kv_part(tid, nt, kv, l, pos0, t_n):
-    """What thread tid's part of a decode step's attention items (cpu_sync.grab's part, the items it
-    usually runs) reads first in layer l's cache, as _mm_phase's fetch: its K rows from the part's first
-    position (a) and its V rows (b), at most KV_AHEAD lines each and only positions before pos0 (the tail
-    stores pos0's row). Asked for during q/k/v, the rows attention reads first come from L2, not DRAM:
-    attention -13% (-31 us) per token at 60 context, -10% at 300 (scripts/step_phases.py). NOFETCH for a
-    prompt's pass."""
-    if t_n != 1:
-        return NOFETCH
-    lo = A._work_item(tid * SPLITS // nt, pos0)[2]
-    hi = min(pos0, A._work_item((tid + 1) * SPLITS // nt - 1, pos0)[3])
-    if hi <= lo:
-        return NOFETCH
-    kc, vc = _kv_values(kv)
-    off = kc.strides[0] * l + kc.strides[1] * lo
-    return (np.int64(kc.ctypes.data) + off, np.int64(vc.ctypes.data) + off,
-            min(np.int64(KV_AHEAD), np.int64((kc.strides[1] * (hi - lo) + 63) // 64)))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -445,19 +408,18 @@ def _step_thread(tid, nt, sync, ph0, tokens, pos0, rows_out, bufs, emb, head, no
         for kind in range(5):
             ph += 1
             if kind == 0:
-                f_ = _mm_phase(sync, ph, tid, nt, qt, kt, vt, xbt.shape[1], qa, sa, xs, wq, wk, wv, l, 3,
-                               _kv_part(tid, nt, kv, l, pos0, t_n))
+                f_ = _mm_phase(sync, ph, tid, nt, qt, kt, vt, xbt.shape[1], qa, sa, xs, wq, wk, wv, l, 3)
             elif kind == 1:
                 f_ = _attn_phase(sync, ph, tid, nt, kv, l, q3, a3, pos0, scale, sc, part)
             elif kind == 2:
                 f_ = _mm_phase(sync, ph, tid, nt, proj[:t_n], proj[:t_n], proj[:t_n], at.shape[1], qa, sa, xs, wo, wo,
-                               wo, l, 1, NOFETCH)
+                               wo, l, 1)
             elif kind == 3:
                 f_ = _mm_phase(sync, ph, tid, nt, gate[:t_n], up[:t_n], up[:t_n], xbt.shape[1], qa, sa, xs, wg, wu,
-                               wu, l, 2, NOFETCH)
+                               wu, l, 2)
             else:
                 f_ = _mm_phase(sync, ph, tid, nt, proj[:t_n], proj[:t_n], proj[:t_n], hb.shape[1], qa, sa, xs, wd, wd,
-                               wd, l, 1, NOFETCH)
+                               wd, l, 1)
             last = kind == 4 and l + 1 == n_layer  # then also the final norm of the rows_out rows
             if f_:
                 if not wide:

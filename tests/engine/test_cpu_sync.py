@@ -127,26 +127,6 @@ def test_a_waiting_thread_fetches_where_its_next_items_start(q4_tiny, kv_dtype):
         assert ahead(tid, 0, 1, t_n=5)[1] == 0  # a prompt's attention: nothing
 
 
-@pytest.mark.parametrize("kv_dtype", ["f16", "int8"])
-def test_qkv_items_fetch_the_kv_rows_of_the_threads_attention_part(q4_tiny, kv_dtype):
-    """_kv_part (what a thread asks for during a decode step's q/k/v items): the K and V rows of layer l from
-    the first position of its part of attention's items on, before pos0, at most KV_AHEAD lines."""
-    from engine.kernels import cpu_attn
-    from engine.kernels.cpu_fast_step import KV_AHEAD, NOFETCH, SPLITS, _kv_part
-    model, ff = fast_model(q4_tiny)
-    kv = ff.kv_tuple(model.new_cache(2048, kv_dtype))
-    kc, vc = (kv[0], kv[1]) if kv_dtype == "f16" else (kv[0], kv[2])
-    for pos0 in (37, 1500):
-        for tid in (0, 1):
-            lo = cpu_attn._work_item(tid * SPLITS // 2, pos0)[2]
-            hi = min(pos0, cpu_attn._work_item((tid + 1) * SPLITS // 2 - 1, pos0)[3])
-            lines = min(KV_AHEAD, -(-(hi - lo) * kc.strides[1] // 64))
-            assert 0 < lines and (pos0 < 100) == (lines < KV_AHEAD)
-            assert _kv_part(tid, 2, kv, 1, pos0, 1) == (kc[1, lo].ctypes.data, vc[1, lo].ctypes.data, lines)
-    assert _kv_part(0, 2, kv, 1, 37, 5) == NOFETCH  # a prompt's pass: nothing
-    assert _kv_part(0, 1, kv, 1, 0, 1) == NOFETCH  # the first position: no rows before it
-
-
 def test_grab_takes_own_part_first_then_steals():
     sync = new_sync(1, 2)
     n = 40
