@@ -3,7 +3,7 @@
     PYTHONPATH=. .venv/bin/python scripts/round_overhead.py [--tokens 128] [--reps 4] [--busy]
 
 Prints, for greedy replies to the count300_en workload (the product loop, Session.generate, one token per
-round: NINFER_GREEDY_BLOCK=1 unless set, since a greedy block chooses its tokens inside one call):
+round: NINFER_DECODE_BLOCK=1 unless set, since a decode block chooses its tokens inside one call):
   round       1000 / decode tok/s of the reply
   step        FusedForward.run (the jitted step and its guard)
   copy        from the step's return to Model.forward's (the logits copy)
@@ -23,7 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-os.environ.setdefault("NINFER_GREEDY_BLOCK", "1")  # rounds of one token: what the marks below time
+os.environ.setdefault("NINFER_DECODE_BLOCK", "1")  # rounds of one token: what the marks below time
 from engine import numba_env  # noqa: F401,E402  (flags before numba)
 
 import numpy as np  # noqa: E402
