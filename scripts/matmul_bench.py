@@ -144,14 +144,14 @@ def main():
     layers = [{r: random_weight(rng, QT.Q4_1, *s) for r, s in SHAPES.items()} for _ in range(a.layers)]
     stacked = stack(layers)
     head = random_weight(rng, QT.Q8_0, VOCAB, D)
-    lw_bytes = sum(w.nbytes for w in layers[0].values())
+    lw_bytes = sum(w.blocks.nbytes for w in layers[0].values())
     lw_gguf = sum(r * c // 32 * GGUF_BYTES[QT.Q4_1] for r, c in SHAPES.values())
     variants = {"new": cpu_fast}
     if a.base:
         variants = {"old": load_old(a.base), "new": cpu_fast}
     sweeps = {name: make_sweep(m) for name, m in variants.items()}
     print(f"threads {numba.get_num_threads()}, {a.layers} layers x {lw_bytes / 1e6:.2f} MB (GGUF "
-          f"{lw_gguf / 1e6:.2f} MB), head {head.nbytes / 1e6:.1f} MB; ms per layer / head, GB/s of kernel bytes")
+          f"{lw_gguf / 1e6:.2f} MB), head {head.blocks.nbytes / 1e6:.1f} MB; ms per layer / head, GB/s of kernel bytes")
     print(f"{'T':>4} {'variant':>7} {'layer ms':>9} {'GB/s':>6} {'xT=1':>5} {'head ms':>8} {'GB/s':>6} {'xT=1':>5}")
     base = {}
     for t_n in a.t:
@@ -180,7 +180,7 @@ def main():
                 base[name] = (lt, ht)
             bl, bh = base.get(name, (lt, ht))
             print(f"{t_n:>4} {name:>7} {lt * 1e3:9.3f} {lw_bytes / lt / 1e9:6.1f} {lt / bl:5.2f} "
-                  f"{ht * 1e3:8.3f} {head.nbytes / ht / 1e9:6.1f} {ht / bh:5.2f}", flush=True)
+                  f"{ht * 1e3:8.3f} {head.blocks.nbytes / ht / 1e9:6.1f} {ht / bh:5.2f}", flush=True)
 
 
 if __name__ == "__main__":
