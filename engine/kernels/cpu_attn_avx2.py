@@ -39,8 +39,17 @@ from .cpu_avx2 import _const, _fn, _splat
 from .cpu_target import target_has
 
 I8, I16, I32, I64, F = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
-V8F = ir.VectorType(F, 8)
-ZERO = ir.Constant(V8F, [0.0] * 8)
+
+
+def _vf(n):
+    return ir.VectorType(F, n)
+
+
+def _zero(n):
+    return ir.Constant(_vf(n), [0.0] * n)
+
+
+V8F, ZERO = _vf(8), _zero(8)
 # Lanes per vector of the V sums' (vsum, vsum_heads, vsum_f32) main loop: 16 where the target has AVX-512
 # (one vcvtph2ps and one FMA per 16 values; the 8-lane loops were bound by the conversions, one per cycle),
 # else 8; the rest of a row (hd % 16) in 8 lanes. The same bits either way: a lane is one output value's
@@ -80,14 +89,6 @@ def _elem_ptr(context, builder, arrty, arr, idx):
     for i, s in zip(idx, strides):
         off = builder.add(off, builder.mul(i, s))
     return builder.bitcast(builder.gep(builder.bitcast(a.data, I8.as_pointer()), [off]), a.data.type)
-
-
-def _vf(n):
-    return ir.VectorType(F, n)
-
-
-def _zero(n):
-    return ir.Constant(_vf(n), [0.0] * n)
 
 
 def _load_halves(builder, p, off, n=8):
@@ -230,9 +231,10 @@ def _make_vsum(f32=False, width=4, heads=1):
 
 def _weighted_lanes(builder, n, row_at, weights_at, load, arow, regs, base, w, mask=None, lanes=8):
     """The V sums' inner loop (f16, f32 or int8 rows): regs[h][c] (<lanes x float> allocas) <- the sum over
-    i < n of weights_at(i)[h] (splat to lanes) * load(builder, row_at(i), base + lanes c) for c < w, each
-    loaded vector serving every head h; then arow[h][base + lanes c : + lanes] += regs[h][c] (lanes off in
-    mask left as they are). A lane is one output value's chain over the positions, whatever `lanes`."""
+    i < n of weights_at(i)[h] (a float, splat to lanes once per position) * load(builder, row_at(i), base +
+    lanes c) for c < w, each loaded vector serving every head h; then arow[h][base + lanes c : + lanes] +=
+    regs[h][c] (lanes off in mask left as they are). A lane is one output value's chain over the positions,
+    whatever `lanes`."""
     vt = _vf(lanes)
     for rh in regs:
         for r in rh[:w]:
@@ -240,11 +242,11 @@ def _weighted_lanes(builder, n, row_at, weights_at, load, arow, regs, base, w, m
     with cgutils.for_range(builder, n) as loop:
         i = loop.index
         vrow = row_at(i)
-        wt = weights_at(i)
+        wt = [_splat(builder, x, vt) for x in weights_at(i)]
         for c in range(w):
             vv = load(builder, vrow, builder.add(base, _i(lanes * c)), lanes)
             for h, rh in enumerate(regs):
-                _fma(builder, vv, wt[h] if wt[h].type == vt else _splat(builder, wt[h], vt), rh[c])
+                _fma(builder, vv, wt[h], rh[c])
     for h, rh in enumerate(regs):
         for c, r in enumerate(rh[:w]):
             dst = builder.bitcast(builder.gep(arow[h], [builder.add(base, _i(lanes * c))]), vt.as_pointer())

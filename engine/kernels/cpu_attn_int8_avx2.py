@@ -154,7 +154,7 @@ def _vsum_codegen(heads):
             """acc[base : base + 8 * width] (inside group g) += the weighted sum."""
             def weights(i):  # a position's score times its scale for the group
                 scale = builder.load(builder.gep(_float_row(builder, s0, srow_bytes, i), [g]))
-                return [_splat(builder, builder.fmul(builder.load(builder.gep(r, [i])), scale), V8F) for r in wrow]
+                return [builder.fmul(builder.load(builder.gep(r, [i])), scale) for r in wrow]
             _weighted_lanes(builder, n_, lambda i: builder.gep(v0, [builder.mul(i, row_bytes)]), weights, _load_int8,
                             arow, regs, base, width)
         with cgutils.for_range(builder, n_g) as grp:

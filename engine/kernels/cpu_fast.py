@@ -362,15 +362,26 @@ def _bits(blk, g, b, i):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def nib_at(v, i):
+    """A block's byte offset of byte i of its nibble vector v (< 16) in the 4-bit layout (cpu_avx2's
+    docstring): where cpu_repack writes it and the generic kernels read it."""
+    return 32 * v + i
+
+
+@njit(cache=True, nogil=True, inline="always")
+def val8_at(jp, i):
+    """A block's byte offset of byte i (2r + value parity) of its pair vector jp (< 16) in the Q8_0 layout."""
+    return 64 * jp + i
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _nib(blk, g, b, v, i):
-    # byte i of nibble vector v (< 16) of block b of group g in the 4-bit layout (cpu_avx2's docstring)
-    return blk[g, b, 32 * v + i]
+    return blk[g, b, nib_at(v, i)]
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _val8(blk, g, b, jp, i):
-    # byte i (2r + value parity) of pair vector jp (< 16) of block b of group g in the Q8_0 layout
-    return blk[g, b, 64 * jp + i]
+    return blk[g, b, val8_at(jp, i)]
 
 
 @njit(cache=True, nogil=True, inline="always")

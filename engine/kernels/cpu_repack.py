@@ -20,7 +20,7 @@ from numba import njit
 
 from ..quant import QK
 from .cpu_avx2 import BLK4, BLK8, D8_OFF, D_OFF, M_OFF
-from .cpu_fast import G, parts  # rows per interleaved group; a layout's views
+from .cpu_fast import G, nib_at, parts, val8_at  # rows per interleaved group; a layout's offsets, views
 
 
 @njit(cache=True, nogil=True)
@@ -51,9 +51,10 @@ def repack_q4_into(blk, raw, qs_off, has_min):
                     for j in range(16):
                         x0 = raw[r0, base + j] if r0 < rows else np.uint8(0)
                         x1 = raw[r1, base + j] if r1 < rows else np.uint8(0)
-                        i = 32 * (2 * (j // 4) + h) + 4 * r8 + j % 4
-                        blk[g, b, i] = np.uint8((x0 & np.uint8(15)) | np.uint8((x1 & np.uint8(15)) << np.uint8(4)))
-                        blk[g, b, i + 256] = np.uint8((x0 >> np.uint8(4)) | (x1 & np.uint8(0xF0)))
+                        v, i = 2 * (j // 4) + h, 4 * r8 + j % 4  # the high nibbles: values 16.., vector v + 8
+                        lo4 = np.uint8((x0 & np.uint8(15)) | np.uint8((x1 & np.uint8(15)) << np.uint8(4)))
+                        blk[g, b, nib_at(v, i)] = lo4
+                        blk[g, b, nib_at(v + 8, i)] = np.uint8((x0 >> np.uint8(4)) | (x1 & np.uint8(0xF0)))
 
 
 @njit(cache=True, nogil=True)
@@ -70,8 +71,8 @@ def repack_q8_into(blk, raw):
             for k in range(2):
                 blk[g, b, D8_OFF + 2 * rr + k] = raw[r, base + k]
             for i in range(16):
-                blk[g, b, 64 * i + 2 * rr] = raw[r, base + 2 + 2 * i]
-                blk[g, b, 64 * i + 2 * rr + 1] = raw[r, base + 3 + 2 * i]
+                blk[g, b, val8_at(i, 2 * rr)] = raw[r, base + 2 + 2 * i]
+                blk[g, b, val8_at(i, 2 * rr + 1)] = raw[r, base + 3 + 2 * i]
 
 
 def layout(kind: str, lead: tuple, rows: int, cols: int) -> list:
