@@ -185,15 +185,19 @@ class LeafForward:
     def _mm(self, site, o1, o2, o3, xin, w1, w2, w3, l):
         """Up to three matmuls of xin as one mm_q4x3 call (a matmul phase of the fused step)."""
         qa, sa, xs = self._quant(site, xin)
-        ws = [(w[0][l], w[1]) for w in (w1, w2, w3) if w is not None]
-        if len(ws) == 1:
-            o2 = o3 = o1
-        elif len(ws) == 2:
-            o3 = o2
-        while len(ws) < 3:  # empty weights, as in _mm / _mm2
-            ws.append(tuple(a[:0] for a in ws[-1]))
-        n = sum(w[0].shape[0] for w in ws)
-        self._split("mm_" + site, mm_q4x3_part, n, (o1, o2, o3, qa, sa, xs, *ws[0], *ws[1], *ws[2]), (3, 4, 5))
+        used = [w for w in (w1, w2, w3) if w is not None]
+        outs = [o1, o2 if o2 is not None else o1, o3 if o3 is not None else (o2 if o2 is not None else o1)]
+        for p in range(used[0][0].shape[1]):  # the weights' parts in turn (cpu_fast_step._mm_groups' order)
+            ws, os_ = [], []
+            for w, o in zip(used, outs):
+                h = w[0].shape[2]
+                ws.append((w[0][l, p], w[1][p * h:]))
+                os_.append(o[:, p * h * 32:])
+            while len(ws) < 3:  # empty weights, as in _mm / _mm2
+                ws.append(tuple(a[:0] for a in ws[-1]))
+                os_.append(os_[-1])
+            n = sum(w[0].shape[0] for w in ws)
+            self._split("mm_" + site, mm_q4x3_part, n, (*os_, qa, sa, xs, *ws[0], *ws[1], *ws[2]), (0, 1, 2, 3, 4, 5))
 
     def _head(self, logits, xin, h):
         qa, sa, xs = self._quant("head", xin)

@@ -101,15 +101,13 @@ class Model:
         def vec(name):  # 1-D float tensor (norm weight, bias) -> (n,) f32 on the device
             return be.to_device(dequantize(tensors[name]).reshape(-1).astype(np.float32))
 
-        # a backend may prepare one role of every layer at once, into stacked arrays (cpu_fast.prepare_stacked)
+        # a backend may prepare every layer's matrices at once, in a layout of its own (cpu_fast.prepare_layers)
         stacked: dict[str, object] = {}
         kw = {} if store is None else {"store": store}
-        prepare_stacked = getattr(getattr(be, "module", None), "prepare_stacked", None)
-        if prepare_stacked is not None:
-            for role in _STACKED_ROLES:
-                names = [f"blk.{i}.{role}.weight" for i in range(a.n_layer)]
-                ws = prepare_stacked([tensors[n] for n in names], **kw)
-                stacked.update(zip(names, ws or ()))
+        prepare_layers = getattr(getattr(be, "module", None), "prepare_layers", None)
+        if prepare_layers is not None:
+            stacked = prepare_layers({role: [tensors[f"blk.{i}.{role}.weight"] for i in range(a.n_layer)]
+                                      for role in _STACKED_ROLES}, **kw)
 
         def mat(name):
             return stacked[name] if name in stacked else be.prepare_weight(tensors[name], **kw)

@@ -81,34 +81,41 @@ def _quant(qa, sa, xs, xin):
 
 @njit(cache=True, nogil=True, inline="always")
 def _mm_groups(w1, w2, w3, nw):
-    """(groups of w1, of w2, of the nw matmuls together): a matmul phase's items are their row groups in
-    turn."""
-    n1 = w1[0].shape[1]
-    n2 = w2[0].shape[1] if nw >= 2 else 0
-    return n1, n2, n1 + n2 + (w3[0].shape[1] if nw >= 3 else 0)
+    """(groups per part of w1, of w2, of the nw matmuls together; parts): a matmul phase's items are part 0
+    of each matmul in turn, then part 1 of each, ... (cpu_fast.prepare_layers: thread p's part of a phase
+    is its matmuls' parts p, one after another in memory)."""
+    h1 = w1[0].shape[2]
+    h2 = w2[0].shape[2] if nw >= 2 else 0
+    return h1, h2, h1 + h2 + (w3[0].shape[2] if nw >= 3 else 0), w1[0].shape[1]
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _mm_phase(sync, ph, tid, nt, o1, o2, o3, n_in, qa, sa, xs, w1, w2, w3, l, nw):
     """Phase ph: the row groups of up to three matmuls of the quantized input (qa, sa, xs; n_in columns)
-    with layer l of the role stacks w1..w3 (nw of them used; mm_q4x3's item order). True for the finisher."""
+    with layer l of the role stacks w1..w3 (nw of them used; items as _mm_groups says). True for the
+    finisher."""
     t_n = o1.shape[0]
     nb = n_in // QK
     qa_, sa_, xs_ = qa[:t_n, :n_in], sa[:t_n, :nb], xs[:t_n, :nb]
-    n1, n2, n = _mm_groups(w1, w2, w3, nw)
+    h1, h2, h, parts = _mm_groups(w1, w2, w3, nw)
+    n = h * parts
     fin = False
-    h = 0
+    k = 0
     while True:
-        h, lo, hi = grab(sync, ph, tid, nt, n, h)
+        k, lo, hi = grab(sync, ph, tid, nt, n, k)
         if lo >= hi:
             break
-        for g in range(lo, hi):
-            if g < n1:
-                _q4(o1, qa_, sa_, xs_, w1[0][l], w1[1][g], g)
-            elif g < n1 + n2:
-                _q4(o2, qa_, sa_, xs_, w2[0][l], w2[1][g - n1], g - n1)
+        for i in range(lo, hi):
+            p, j = i // h, i % h
+            if j < h1:
+                _q4(o1, qa_, sa_, xs_, w1[0][l, p], w1[1][p * h1 + j], j, p * h1 + j)
+            elif j < h1 + h2:
+                j -= h1
+                _q4(o2, qa_, sa_, xs_, w2[0][l, p], w2[1][p * h2 + j], j, p * h2 + j)
             else:
-                _q4(o3, qa_, sa_, xs_, w3[0][l], w3[1][g - n1 - n2], g - n1 - n2)
+                j -= h1 + h2
+                h3 = h - h1 - h2
+                _q4(o3, qa_, sa_, xs_, w3[0][l, p], w3[1][p * h3 + j], j, p * h3 + j)
         fin = finish(sync, ph, hi - lo, n)
     return fin
 
@@ -135,7 +142,7 @@ def _head_phase(sync, ph, tid, nt, logits, n_in, qa, sa, xs, h):
             break
         for g in range(lo, hi):
             if h[0] == 0:
-                _q4(logits, qa_, sa_, xs_, h[1], h[3][g], g)
+                _q4(logits, qa_, sa_, xs_, h[1], h[3][g], g, g)
             elif t_n >= BATCHED_MIN_T:
                 q8_group_batched(logits, qa_, sa_, h[2], g)
             else:
@@ -188,28 +195,28 @@ def _ahead(tid, nt, kind, l, wq, wk, wv, wo, wg, wu, wd, head, kv, pos0, t_n):
         return _mm_ahead(tid, nt, wq, wk, wv, l + 1, 3)
     g = tid * _head_groups(head) // nt
     if head[0] == 0:
-        return _blocks_ahead(head[1][None], 0, g)
-    return _blocks_ahead(head[2][None], 0, g)
+        return _blocks_ahead(head[1], g)
+    return _blocks_ahead(head[2], g)
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _mm_ahead(tid, nt, w1, w2, w3, l, nw):
-    """_ahead of a phase of the matmuls w1..w3 of layer l (nw used; _mm_phase's items: their row groups in
-    turn): thread tid's part starts at group tid * n // nt."""
-    n1, n2, n = _mm_groups(w1, w2, w3, nw)
-    g = tid * n // nt
-    w = w1
-    if g >= n1 + n2:
-        w, g = w3, g - n1 - n2
-    elif g >= n1:
-        w, g = w2, g - n1
-    return _blocks_ahead(w[0], l, g)
+    """_ahead of a phase of the matmuls w1..w3 of layer l (nw used; _mm_phase's items): thread tid's part
+    starts at item tid * n // nt."""
+    h1, h2, h, parts = _mm_groups(w1, w2, w3, nw)
+    i = tid * h * parts // nt
+    p, j = i // h, i % h
+    if j < h1:
+        return _blocks_ahead(w1[0][l, p], j)
+    if j < h1 + h2:
+        return _blocks_ahead(w2[0][l, p], j - h1)
+    return _blocks_ahead(w3[0][l, p], j - h1 - h2)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _blocks_ahead(blk, i, g):
-    """_ahead of row groups blk[i, g:] (one stream: the scales are in the blocks)."""
-    q0 = blk.strides[0] * i + blk.strides[1] * g
+def _blocks_ahead(blk, g):
+    """_ahead of row groups blk[g:] (one stream: the scales are in the blocks)."""
+    q0 = blk.strides[0] * g
     return np.int64(blk.ctypes.data) + q0, min(AHEAD, (blk.nbytes - q0) // 64), np.int64(0)
 
 
@@ -521,7 +528,8 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
     bufs = (x, xb, q, k, v, att, proj, gate, up, hb (max_t, ...) f32, qa int8, sa, xs, logits (max_t, vocab),
     cs (max_t, hd / 2, 2) f64: rope's cos and sin for the pass, rope_table);
     norms = (attn_norm (L, d), ffn_norm (L, d), out_norm (d,), eps); rope_p = (inv_freq, neox, n_head,
-    n_kv, hd, attn_scale); w* = per role (blocks (L, ng, nb, BLK4): cpu_fast.FastWeight's 'q4', acc16);
+    n_kv, hd, attn_scale); w* = per role (blocks (L, P, ng / P, nb, BLK4): cpu_fast.prepare_layers' parts,
+    acc16);
     bias = (has, bq (L, q_dim), bk, bv); qk_norm = (has, qn (L, hd), kn (L, hd)); kv = (k16, v16) (L, cap,
     n_kv, hd) uint16 f16 bits, or (k_q, k_s, v_q, v_s) for an int8 cache; attn_scr = (sbuf (threads, n_head,
     chunk_cap(cap)), part) attention scratch; sync = cpu_sync.new_sync(n, threads) with n the larger
@@ -557,15 +565,21 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
 _ROLES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
-def _stacked(arrays: list) -> np.ndarray:
-    """The layers' arrays as one (L, ...) array: the array they already are slots of, in order (weights that
-    cpu_fast.prepare_stacked repacked in place), else a stacked copy."""
-    a0, base = arrays[0], arrays[0].base
-    if (isinstance(base, np.ndarray) and base.shape == (len(arrays),) + a0.shape and base.dtype == a0.dtype
-            and base.flags.c_contiguous
-            and all(a.base is base and a.ctypes.data == base.ctypes.data + i * a0.nbytes for i, a in enumerate(arrays))):
-        return base
-    return np.stack(arrays)
+def _role_stacks(layers) -> dict:
+    """Per role, the layers' blocks as one (L, P, ng / P, nb, BLK4) array of P parts: the view that
+    cpu_fast.prepare_layers made (no copy of the weights at load) when every role has one with the same P,
+    else stacked copies of one part (P = 1). The layers' FastWeights then view their slots."""
+    stacks = {r: getattr(layers[0], r).stack for r in _ROLES}
+    if any(st is None or any(getattr(lw, r).stack is not st for lw in layers) for r, st in stacks.items()) \
+            or len({st.shape[1] for st in stacks.values()}) != 1:
+        stacks = {}
+        for r in _ROLES:
+            ws = [getattr(lw, r) for lw in layers]
+            stacks[r] = np.stack([w.blocks.reshape((-1,) + w.blocks.shape[-2:]) for w in ws])[:, None]
+            for i, w in enumerate(ws):
+                w.set_blocks(stacks[r][i])
+                w.stack = stacks[r]
+    return stacks
 
 
 def _z(dtype, ndim):
@@ -579,16 +593,9 @@ class FusedForward:
         a = model.args
         self.model, self.args = model, a
         layers = model.layers
-        # per role: the layers' arrays stacked (L, ...); the layers' FastWeights then view the stacks, so the
-        # per-layer copies are freed role by role (a tuple of per-layer arrays avoids the copy but made
-        # numba compile a 30-way switch per access: 10x the compile time and ~500 MB more memory)
-        self.roles = {}
-        for role in _ROLES:
-            ws = [getattr(lw, role) for lw in layers]
-            stack = _stacked([w.blocks for w in ws])  # (L, ...)
-            for i, w in enumerate(ws):
-                w.set_blocks(stack[i])
-            self.roles[role] = (stack, ws[0].acc16)
+        # per role: the layers' blocks as one array (a tuple of per-layer arrays made numba compile a 30-way
+        # switch per access: 10x the compile time and ~500 MB more memory)
+        self.roles = {r: (st, getattr(layers[0], r).acc16) for r, st in _role_stacks(layers).items()}
         self.emb = self._table(model.tok_embd)[:3]
         self.head = self._table(model.output)
         f32 = np.float32

@@ -104,14 +104,16 @@ def test_a_waiting_thread_fetches_where_its_next_items_start(q4_tiny, kv_dtype):
                 if kind == 4 and l == n_layer - 1:
                     continue
                 layer = l + 1 if kind == 4 else l
-                g = first(tid, sum(r[x][0].shape[1] for x in roles))
-                for role in roles:  # the item's matmul and its row group within it
-                    if g < r[role][0].shape[1]:
+                h = sum(r[x][0].shape[2] for x in roles)  # items per part (cpu_fast_step._mm_groups)
+                i = first(tid, h * r[roles[0]][0].shape[1])
+                p, g = i // h, i % h
+                for role in roles:  # the item's matmul, its part and its row group within that part
+                    if g < r[role][0].shape[2]:
                         break
-                    g -= r[role][0].shape[1]
-                blk = r[role][0][layer, g]  # one stream: the scales are in the blocks
-                lines = min(AHEAD, (r[role][0].ctypes.data + r[role][0].nbytes - blk.ctypes.data) // 64)  # to its end
-                assert ahead(tid, kind, l) == (blk.ctypes.data, lines, 0)
+                    g -= r[role][0].shape[2]
+                part = r[role][0][layer, p]
+                lines = min(AHEAD, (part.shape[0] - g) * part.strides[0] // 64)  # to the part's end
+                assert ahead(tid, kind, l) == (part[g].ctypes.data, lines, 0)  # one stream: scales in the blocks
         head = ff.head[2]  # a Q8_0 head (ff.head[0] == 1): its blocks (scales included) in head[2]
         assert ff.head[0] == 1
         g = first(tid, head.shape[0])

@@ -48,13 +48,18 @@ def _same(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
-def _random_tensor(rng, qtype, rows, cols, special_halves=False):
+def _random_tensor(rng, qtype, rows, cols, special_halves=False, name="w"):
     raw = rng.integers(0, 256, (rows, cols // 32 * BYTES[qtype]), dtype=np.uint8)
     if not special_halves:  # realistic scales: finite halves in the block headers
         blocks = raw.reshape(rows, cols // 32, BYTES[qtype])
         halves = 2 if qtype == QT.Q4_1 else 1
         blocks[..., :2 * halves] = rng.normal(0, 0.05, (rows, cols // 32, halves)).astype(np.float16).view(np.uint8)
-    return QTensor(name="w", qtype=qtype, shape=(rows, cols), data=raw)
+    return QTensor(name=name, qtype=qtype, shape=(rows, cols), data=raw)
+
+
+def _layers(rng, role, qtypes, shapes):
+    """A role's tensors, one per layer (names blk.i.role)."""
+    return [_random_tensor(rng, qt, r, c, name=f"blk.{i}.{role}") for i, (qt, (r, c)) in enumerate(zip(qtypes, shapes))]
 
 
 @pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q8_0])
@@ -91,24 +96,50 @@ def test_repack_of_a_memory_mapped_weight(smollm2_path):
 
 
 @pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1])
-def test_stacked_repack_equals_one_by_one(qtype):
-    """cpu_fast.prepare_stacked: each layer's slot holds what prepare_weight gives for that tensor alone, and
-    the fused step's role stack is that very array (no copy of the weights at load)."""
-    from engine.kernels.cpu_fast_step import _stacked
-    rng = np.random.default_rng(int(qtype))
-    ts = [_random_tensor(rng, qtype, 45, 64) for _ in range(3)]
-    ws = cpu_fast.prepare_stacked(ts)
-    for qt, w in zip(ts, ws):
-        one = cpu_fast.prepare_weight(qt)
-        assert w.kind == one.kind and w.shape == one.shape
-        assert _same(w.qs, one.qs) and _same(w.d, one.d) and _same(w.m, one.m)
-    stack = _stacked([w.blocks for w in ws])
-    assert stack.shape == (3,) + ws[0].blocks.shape and stack is ws[0].blocks.base
-    assert _stacked([w.blocks.copy() for w in ws]).base is None  # unrelated arrays: a stacked copy
+@pytest.mark.parametrize("threads", [1, 2])
+def test_layer_repack_equals_one_by_one(qtype, threads):
+    """cpu_fast.prepare_layers: each layer's parts hold what prepare_weight gives for that tensor alone, the
+    fused step's role stacks are those very views (no copy of the weights at load), and with two parts
+    each thread's parts lie one after another in memory, layer by layer and role by role."""
+    from engine.kernels.cpu_fast_step import _role_stacks
+    rng = np.random.default_rng(int(qtype) + threads)
+    roles = {"a": _layers(rng, "a", [qtype] * 3, [(64, 64)] * 3), "b": _layers(rng, "b", [qtype] * 3, [(128, 96)] * 3)}
+    ws = cpu_fast.prepare_layers(roles, threads=threads)
+    for ts in roles.values():
+        for qt in ts:
+            w, one = ws[qt.name], cpu_fast.prepare_weight(qt)
+            assert w.kind == one.kind and w.shape == one.shape and w.blocks.shape[0] == threads
+            assert np.array_equal(w.blocks.reshape(one.blocks.shape), one.blocks)
+    a0, b0 = ws[roles["a"][0].name], ws[roles["b"][0].name]
+    # layer 0: part 0 of a, then part 0 of b; layer 1's part 0 next; part 1 after all parts 0
+    assert b0.blocks[0].ctypes.data == a0.blocks[0].ctypes.data + a0.blocks[0].nbytes
+    assert ws[roles["a"][1].name].blocks[0].ctypes.data == b0.blocks[0].ctypes.data + b0.blocks[0].nbytes
+    if threads == 2:
+        last = ws[roles["b"][2].name].blocks[0]
+        assert a0.blocks[1].ctypes.data == last.ctypes.data + last.nbytes
+
+    class L:  # a layer of the fused step's roles, all of them role "a" or "b"
+        def __init__(self, i):
+            for r in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+                setattr(self, r, ws[roles["a" if r != "w_down" else "b"][i].name])
+    stacks = _role_stacks([L(i) for i in range(3)])
+    assert stacks["wq"] is a0.stack and stacks["w_down"] is b0.stack and a0.stack.shape[:2] == (3, threads)
 
 
-def test_stacked_repack_declines_mixed_roles():
+def test_layer_repack_parts_fall_back_to_one():
+    """Groups that do not divide among the threads: one part (the role's matrices still in one buffer)."""
+    rng = np.random.default_rng(9)
+    ws = cpu_fast.prepare_layers({"a": _layers(rng, "a", [QT.Q4_1] * 2, [(96, 64)] * 2)}, threads=2)
+    assert all(w.blocks.shape[:2] == (1, 3) for w in ws.values())
+
+
+def test_layer_repack_declines_mixed_roles():
+    """A role whose layers differ in type or shape, or is not 4-bit, is left out (prepared one by one)."""
     rng = np.random.default_rng(5)
-    assert cpu_fast.prepare_stacked([_random_tensor(rng, QT.Q4_1, 32, 64), _random_tensor(rng, QT.Q4_0, 32, 64)]) is None
-    assert cpu_fast.prepare_stacked([_random_tensor(rng, QT.Q4_1, 32, 64), _random_tensor(rng, QT.Q4_1, 64, 64)]) is None
-    assert cpu_fast.prepare_stacked([_random_tensor(rng, QT.Q8_0, 32, 64)]) is None
+    ok = _layers(rng, "ok", [QT.Q4_1] * 2, [(32, 64)] * 2)
+    ws = cpu_fast.prepare_layers({
+        "ok": ok,
+        "types": _layers(rng, "types", [QT.Q4_1, QT.Q4_0], [(32, 64)] * 2),
+        "shapes": _layers(rng, "shapes", [QT.Q4_1] * 2, [(32, 64), (64, 64)]),
+        "q8": _layers(rng, "q8", [QT.Q8_0] * 2, [(32, 64)] * 2)}, threads=2)
+    assert set(ws) == {t.name for t in ok}
