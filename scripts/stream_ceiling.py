@@ -14,7 +14,8 @@ last one's end, in turn (the order turns each repetition):
   role-major  the same over copies laid out one array per role, each layer's groups in order (the layout
               before prepare_layers: each thread jumps over the other's half at every matrix);
   step        the fused decode step itself: blocks of 8 tokens in one call (FusedForward.block) at
-              positions ctx .. ctx + 39, the guard off; its rate per token.
+              positions ctx .. ctx + 39, the guard off; its rate per token;
+  step-role-major  the same step on the role-major copies (FusedForward.roles swapped around the call).
 Printed per round (reps repetitions each): GB/s of each (the weights' bytes over the time; the reader its
 own bytes) as median and best, and the ratios that bound the roofline share: kernels / reader (the
 kernels' streaming), step / kernels (what the step's barriers, tails and attention cost), step / reader
@@ -127,16 +128,23 @@ def main() -> int:
     ff.guard.after = lambda steps=1: None
     pos = [a.ctx]
 
-    def step():  # a decode block of BLOCK tokens (one call), as a reply decodes
+    roles = {"step": ff.roles, "step-role-major": dict(zip(ff.roles, rws))}
+    toks = {}
+
+    def step(name):  # a decode block of BLOCK tokens (one call), as a reply decodes
+        ff.roles = roles[name]
         cache.length = pos[0]
-        ff.block(5, pos[0], cache, BLOCK, frozenset())
-        pos[0] = a.ctx + (pos[0] - a.ctx + BLOCK) % 40
+        toks.setdefault(pos[0], {})[name] = ff.block(5, pos[0], cache, BLOCK, frozenset())
+        if len(toks[pos[0]]) == 2:
+            pos[0] = a.ctx + (pos[0] - a.ctx + BLOCK) % 40
 
     runs = {"reader": lambda: reader_pass(ra, rb, PREFETCH),
             "kernels": lambda: kernels_pass(acts, outs[0], outs[1], *ws, ff.head),
             "role-major": lambda: kernels_pass(acts, outs[0], outs[1], *rws, ff.head),
-            "step": step}
-    nbytes = {"reader": ra.nbytes + rb.nbytes, "kernels": wbytes, "role-major": wbytes, "step": wbytes * BLOCK}
+            "step": lambda: step("step"),
+            "step-role-major": lambda: step("step-role-major")}
+    nbytes = {"reader": ra.nbytes + rb.nbytes, "kernels": wbytes, "role-major": wbytes, "step": wbytes * BLOCK,
+              "step-role-major": wbytes * BLOCK}
     t = time.perf_counter()
     for fn in runs.values():
         fn()
@@ -160,6 +168,8 @@ def main() -> int:
         print(f"{rd:5d}  " + " / ".join(f"{med[k]:5.1f} ({best[k]:5.1f})" for k in names)
               + f";  {med['kernels'] / med['reader']:5.2f}  {med['step'] / med['kernels']:5.2f}"
               f"  {med['step'] / med['reader']:5.2f} ({med['step'] / best5:4.2f})", flush=True)
+    same = sum(len(set(map(tuple, v.values()))) == 1 for v in toks.values())
+    print(f"the two steps chose the same tokens at {same} of {len(toks)} positions")
     med = {k: float(np.median(v)) for k, v in allr.items()}
     print("all    " + " / ".join(f"{med[k]:5.1f}" for k in names)
           + f";  {med['kernels'] / med['reader']:5.2f}  {med['step'] / med['kernels']:5.2f}"
