@@ -161,7 +161,8 @@ def prepare_layers(roles: dict, store=None, threads: int | None = None) -> dict:
     (its row groups p * ng / P .. (p + 1) * ng / P). A decode step's thread then reads one address stream
     from its first layer to its last, phase after phase, where with a stack per role it jumped to another
     array at every phase (the hardware prefetcher starts over each time; the other thread's half lies
-    between): the kernels over all layers read ~10% faster (scripts/stream_ceiling.py, "regions").
+    between): the kernels over all layers in the step's order read ~5% faster (scripts/stream_ceiling.py,
+    "kernels" against "role-major"; a plain reader of the same segments 8-12%).
     Each FastWeight's blocks are then (P, ng / P, nb, BLK4), a view of its slot, and `stack` the role's
     (L, P, ng / P, nb, BLK4) view (the fused step's). A role qualifies when all its layers are Q4_0 / Q4_1
     of one shape; the others are left out (the caller prepares them one by one). Returns {name:
@@ -201,7 +202,7 @@ def prepare_layers(roles: dict, store=None, threads: int | None = None) -> dict:
     out = {}
     for r, (ts, _) in ok.items():
         for i, t in enumerate(ts):
-            w = FastWeight(t.name, "q4", tuple(t.shape[:1]) + (t.shape[-1],), views[r][i])
+            w = FastWeight(t.name, "q4", (t.shape[0], t.shape[-1]), views[r][i])
             w.stack = views[r]
             out[t.name] = w
             release_pages(t.data)

@@ -3,8 +3,9 @@
 Why jitted: the numpy version (strided f16 gathers, then 4-D transposes of uint8 arrays, which numpy copies
 element by element) took ~0.55 s of every start for SmolLM2's 211 matrices and made several temporaries per
 weight; this reads each file block once and writes each output byte once (~0.06 s, measured; the layer
-matrices of one role go straight into their stack, cpu_fast.prepare_stacked). A warm start does not even do
-that: it reads what the first start repacked back from engine/weight_store.py (checked against `layout`).
+matrices go straight into their parts of the layers' buffer, cpu_fast.prepare_layers). A warm start does
+not even do that: it reads what the first start repacked back from engine/weight_store.py (checked against
+`layout`).
 Output is bit-identical to the numpy version (tests/engine/test_repack.py keeps it as the reference).
 Scales and mins stay f16 bit patterns, copied as they are (the kernels convert them with vcvtph2ps), right
 after their block's values (cpu_avx2: one stream of weights per thread).
@@ -105,7 +106,8 @@ def repack_arrays(raw: np.ndarray, kind: str, cols: int):
 
 def repack_q4(raw: np.ndarray, kind: str, blocks: np.ndarray) -> bool:
     """Q4_0/Q4_1 file blocks raw (rows, bytes_per_row) into zeroed blocks (cpu_fast.FastWeight's 'q4' array,
-    e.g. one layer's slot of a per-role stack). False for a Q4_0 weight whose min -8 d overflows f16."""
+    e.g. one part of a layer matrix: cpu_fast.prepare_layers). False for a Q4_0 weight whose min -8 d
+    overflows f16."""
     raw = np.ascontiguousarray(raw)  # a plain ndarray view of the mapping (numba does not type np.memmap)
     repack_q4_into(blocks, raw, 4 if kind == "q4_1" else 2, kind == "q4_1")
     if kind == "q4_0":  # value = d (q - 8): a min of -8 d, exact in f16 (a power-of-two multiple) unless it overflows

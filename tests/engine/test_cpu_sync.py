@@ -9,7 +9,15 @@ from numba import njit, prange
 from engine.config import SamplingParams
 from engine.kernels.cpu_sync import finish, grab, new_sync, open_phase, reset, wait_fetching, wait_open
 from fast_cpu import fast_model
-from test_speed_guard import q4_tiny  # noqa: F401  (the fixture: a tiny all-Q4 llama)
+from test_speed_guard import ALL_Q4, q4_tiny  # noqa: F401  (the fixture: a tiny all-Q4 llama)
+
+
+@pytest.fixture(scope="module")
+def q4_parts(tmp_path_factory, make_tiny):
+    """A tiny all-Q4 llama whose matrices' row groups all divide in two: its layers get a part per thread
+    (cpu_fast.prepare_layers; q4_tiny's K / V have one group, so one part)."""
+    return make_tiny(tmp_path_factory.mktemp("q4p") / "tiny-q4-parts.gguf", "llama", seed=4, qtypes=ALL_Q4,
+                     n_head=2, n_kv_head=2, head_dim=32)
 
 
 @njit(nogil=True)
@@ -247,13 +255,15 @@ def test_argmax_row_is_numpys(n):
     assert argmax_row(x) == np.argmax(x)
 
 
-@pytest.mark.parametrize("n_prompt", [11, 40])  # 40: a prompt's attention in row tiles (cpu_attn_prefill)
-def test_fused_step_matches_leaf_forward_bit_for_bit(q4_tiny, n_prompt):
+@pytest.mark.parametrize("n_prompt,tiny", [(11, "q4_tiny"), (40, "q4_tiny"), (11, "q4_parts")])
+def test_fused_step_matches_leaf_forward_bit_for_bit(request, n_prompt, tiny):
     """compile_tier.LeafForward (the per-kernel form that runs while the fused step compiles) and the fused
     step give the same bits, prefill and decode: same kernels on the same items, whichever thread runs
-    them, and the fastmath helpers keep their own flags inside the (non-fastmath) step."""
+    them, and the fastmath helpers keep their own flags inside the (non-fastmath) step. 40 rows: a prompt's
+    attention in row tiles (cpu_attn_prefill); q4_parts: weights in a part per thread."""
     from engine.compile_tier import LeafForward
-    model, ff = fast_model(q4_tiny)
+    model, ff = fast_model(request.getfixturevalue(tiny))
+    assert ff.roles["wk"][0].shape[1] == (2 if tiny == "q4_parts" and numba.get_num_threads() == 2 else 1)
     leaf = LeafForward(ff)
     toks = np.resize(np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32), n_prompt)
     c1, c2 = model.new_cache(64), model.new_cache(64)
@@ -277,6 +287,18 @@ def test_fused_step_matches_leaf_forward_bit_for_bit(q4_tiny, n_prompt):
         want = both(np.array([tok], np.int32), len(toks) + i)
         np.testing.assert_array_equal(c2.k[:, :len(toks) + i + 1], c1.k[:, :len(toks) + i + 1])
         tok = int(want[0].argmax())
+
+
+def test_per_kernel_forward_over_parts_matches_the_fused_step(q4_parts):
+    """Model.forward kernel by kernel (cpu_fast.matmul over each part of a layer matrix) gives the fused
+    step's logits on weights in a part per thread: the same group kernels, so the same bits."""
+    model, ff = fast_model(q4_parts)
+    model.fused = None
+    toks = np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32)
+    c1, c2 = model.new_cache(64), model.new_cache(64)
+    np.testing.assert_array_equal(ff(toks, 0, c2, all_logits=True), model.forward(toks, 0, c1, all_logits=True))
+    tok = np.array([5], np.int32)
+    np.testing.assert_array_equal(ff(tok, len(toks), c2), model.forward(tok, len(toks), c1))
 
 
 def test_plain_round_uses_a_greedy_block(q4_tiny):
