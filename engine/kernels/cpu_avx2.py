@@ -55,8 +55,13 @@ UNBUF = NIBBLES + 256  # and its 32 rows' d and m + 8 d as f32 (unpack_q4)
 # did less. On a Zen 5 host (AVX-512; a core streams twice the bytes) 2 KiB left a core's decode matvec at
 # ~24 GB/s streamed against 46 GB/s with the matrix in L2; 4 / 8 / 16 KiB: 29 / 27-40 / 34-40 GB/s (one
 # thread, ad hoc), and the chat workload decoded +7% with 4 KiB (ninfer-bench, 8 alternated pairs; 4, 8 and
-# 16 KiB the same). So the distance goes by the target: 4 KiB where it has AVX-512, else 2 KiB.
-PREFETCH = 4096 if target_has("avx512f") else 2048
+# 16 KiB the same). With the layer weights in a region per thread (cpu_fast.prepare_layers) a thread's
+# stream runs on from one matrix and phase to the next, and 8 KiB now gained where it had not with a stack
+# per role (the lines past a part were the other thread's): scripts/step_phases.py --with cpu_avx2 --with
+# cpu_fast, 4 against 8 KiB alternated, 60-99 positions 3.111 -> 2.872, 3.253 -> 3.198, 2.857 -> 2.690 ms
+# (16 KiB 2.687), 600-639 positions 3.214 -> 3.141 ms, the head -5 to -13% each time. So 8 KiB where the
+# target has AVX-512, else 2 KiB (the Zen 3 figures above).
+PREFETCH = 8192 if target_has("avx512f") else 2048
 # vpdpbusd for the 4-bit decode form's integer sums where the target has it (AVX-VNNI, or AVX512-VNNI with VL:
 # the 256-bit form); NINFER_NO_VNNI=1 keeps vpmaddubsw (with a fresh NUMBA_CACHE_DIR: numba's cache does not
 # see it)
