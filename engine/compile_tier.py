@@ -34,7 +34,7 @@ import numpy as np
 from .kernels import cpu
 from .kernels.cpu_attn import SPLITS, attention_f16_part, merge_parts, store_f16
 from .kernels.cpu_attn_prefill import attention_tiles_part, n_tiles, prompt_pass
-from .kernels.cpu_fast import BATCHED_MIN_T, embed_q4, embed_q8, mm_q4x3_part, mm_q8_batched, mm_q8_part, quantize_rows
+from .kernels.cpu_fast import BATCHED_MIN_T, G, embed_q4, embed_q8, mm_q4x3_part, mm_q8_batched, mm_q8_part, quantize_rows
 from .kernels.cpu_fast_step import swiglu_fast
 
 # kernels the helper process compiles (the rest, and the sampling chain, are compiled here meanwhile): about
@@ -192,7 +192,7 @@ class LeafForward:
             for w, o in zip(used, outs):
                 h = w[0].shape[2]
                 ws.append((w[0][l, p], w[1][p * h:]))
-                os_.append(o[:, p * h * 32:])
+                os_.append(o[:, p * h * G:])
             while len(ws) < 3:  # empty weights, as in _mm / _mm2
                 ws.append(tuple(a[:0] for a in ws[-1]))
                 os_.append(os_[-1])

@@ -126,6 +126,25 @@ def test_layer_repack_equals_one_by_one(qtype, threads):
     assert stacks["wq"] is a0.stack and stacks["w_down"] is b0.stack and a0.stack.shape[:2] == (3, threads)
 
 
+def test_role_stacks_of_weights_prepared_one_by_one():
+    """Layer weights without prepare_layers' buffer (prepared one by one): the fused step stacks copies of
+    one part each, and the weights then view them."""
+    from engine.kernels.cpu_fast_step import _ROLES, _role_stacks
+    rng = np.random.default_rng(11)
+    ts = _layers(rng, "a", [QT.Q4_1] * 2, [(64, 64)] * 2)
+    ws = [cpu_fast.prepare_weight(t) for t in ts]
+    want = [w.blocks.copy() for w in ws]
+
+    class L:
+        def __init__(self, i):
+            for r in _ROLES:
+                setattr(self, r, ws[i])
+    stacks = _role_stacks([L(0), L(1)])
+    assert stacks["wq"].shape == (2, 1) + want[0].shape
+    for i, w in enumerate(ws):
+        assert np.array_equal(stacks["wq"][i, 0], want[i]) and w.blocks.shape == (1,) + want[i].shape
+
+
 def test_layer_repack_parts_fall_back_to_one():
     """Groups that do not divide among the threads: one part (the role's matrices still in one buffer)."""
     rng = np.random.default_rng(9)
