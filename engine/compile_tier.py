@@ -185,11 +185,10 @@ class LeafForward:
     def _mm(self, site, o1, o2, o3, xin, w1, w2, w3, l):
         """Up to three matmuls of xin as one mm_q4x3 call (a matmul phase of the fused step)."""
         qa, sa, xs = self._quant(site, xin)
-        used = [w for w in (w1, w2, w3) if w is not None]
-        outs = [o1, o2 if o2 is not None else o1, o3 if o3 is not None else (o2 if o2 is not None else o1)]
-        for p in range(used[0][0].shape[1]):  # the weights' parts in turn (cpu_fast_step._mm_groups' order)
+        used = [(w, o) for w, o in ((w1, o1), (w2, o2), (w3, o3)) if w is not None]
+        for p in range(w1[0].shape[1]):  # the weights' parts in turn (cpu_fast_step._mm_groups' order)
             ws, os_ = [], []
-            for w, o in zip(used, outs):
+            for w, o in used:
                 h = w[0].shape[2]
                 ws.append((w[0][l, p], w[1][p * h:]))
                 os_.append(o[:, p * h * G:])

@@ -572,6 +572,16 @@ def mm_q4(out, qa, sa, xs, blk, acc16):
     mm_q4x3(out, out, out, qa, sa, xs, blk, acc16, blk[:0], acc16[:0], blk[:0], acc16[:0])
 
 
+@njit(cache=True, nogil=True, parallel=True)
+def mm_q4_parts(out, qa, sa, xs, blk, acc16):
+    """mm_q4 for a layer matrix in parts (P, ng / P, nb, BLK4: prepare_layers): one parallel region over all
+    its groups, group i being group i % h of part i // h."""
+    h = blk.shape[1]
+    for i in prange(blk.shape[0] * h):
+        g = np.int64(i)
+        _q4(out, qa, sa, xs, blk[g // h], acc16[g], g % h, g)
+
+
 @njit(cache=True, nogil=True)
 def mm_q4x2(out1, out2, qa, sa, xs, b1, acc1, b2, acc2):
     """Two matmuls of the same input (gate/up) in one parallel region: fewer thread wake-ups per step."""
@@ -729,12 +739,8 @@ def matmul(out, x, w, scratch):
     t_n, n = x.shape
     qa, sa, xs = scratch.qa[:t_n, :n], scratch.sa[:t_n, :n // QK], scratch.xs[:t_n, :n // QK]
     quantize_rows(qa, sa, xs, x)
-    if w.kind == "q4" and w.blocks.ndim == 4:  # the parts of a layer matrix (prepare_layers)
-        h = w.blocks.shape[1]
-        for p in range(w.blocks.shape[0]):
-            mm_q4(out[:, p * h * G:], qa, sa, xs, w.blocks[p], w.acc16[p * h:])
-    elif w.kind == "q4":
-        mm_q4(out, qa, sa, xs, w.blocks, w.acc16)
+    if w.kind == "q4":
+        (mm_q4_parts if w.blocks.ndim == 4 else mm_q4)(out, qa, sa, xs, w.blocks, w.acc16)
     elif t_n >= BATCHED_MIN_T:
         mm_q8_batched(out, qa, sa, w.blocks)
     else:
