@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -65,6 +66,28 @@ def worker_env(v: Variant, cold_dir: str | None) -> dict:
     return env
 
 
+# ggml's AMX matmul (built in where the CPU that compiled llama-cpp-python has AMX) crashed every llama.cpp run
+# on a Xeon guest with AMX (SIGSEGV in ggml_backend_amx_mul_mat, 2026-12-02); a build without it runs
+AMX_OFF = ("CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON "
+           "-DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON' "
+           ".venv/bin/python -m pip install --no-cache-dir --force-reinstall --no-deps llama-cpp-python")
+
+
+def exit_reason(returncode: int, kind: str) -> str:
+    """Why a worker ended: its exit status, or the signal that killed it, with what to do when the peer's
+    native code crashed."""
+    if returncode >= 0:
+        return f"worker exited {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    why = f"worker killed by {name}"
+    if kind == "llama.cpp" and name in ("SIGSEGV", "SIGILL", "SIGBUS"):
+        why += f" (llama-cpp-python crashed in its native code; on a CPU with AMX rebuild it without: {AMX_OFF})"
+    return why
+
+
 def run_one(spec: RunSpec, timeout_s: float = 900.0) -> dict:
     """Spawn the worker for one run; return its result dict (ok=False with the error on failure)."""
     v = spec.variant
@@ -81,7 +104,7 @@ def run_one(spec: RunSpec, timeout_s: float = 900.0) -> dict:
             if line.startswith(RESULT_TAG):
                 return json.loads(line[len(RESULT_TAG):])
         return {"ok": False, "variant": v.name, "repeat": spec.repeat,
-                "error": f"worker exited {proc.returncode} without a result: {proc.stderr.strip()[-800:]}"}
+                "error": f"{exit_reason(proc.returncode, v.kind)} without a result: {proc.stderr.strip()[-800:]}"}
     except subprocess.TimeoutExpired:
         return {"ok": False, "variant": v.name, "repeat": spec.repeat, "error": f"timed out after {timeout_s:.0f} s"}
     finally:

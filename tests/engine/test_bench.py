@@ -381,3 +381,11 @@ def test_read_probe_sums_every_value_and_reports_both_readers():
     assert stream_sum(a, 2048) == a.sum()
     rates = bw.read_rates(threads=2, nbytes=8 << 20, repeats=1)
     assert set(rates) == {"numpy", "prefetched"} and all(0 < r < 1e13 for r in rates.values())
+
+
+def test_exit_reason_names_the_signal_and_what_to_do_for_a_crashed_peer():
+    assert runner.exit_reason(3, "ours") == "worker exited 3"
+    assert runner.exit_reason(-9, "ours") == "worker killed by SIGKILL"
+    peer = runner.exit_reason(-11, "llama.cpp")
+    assert peer.startswith("worker killed by SIGSEGV (llama-cpp-python crashed") and "GGML_NATIVE=OFF" in peer
+    assert runner.exit_reason(-11, "ours") == "worker killed by SIGSEGV"
