@@ -1,7 +1,12 @@
 """Memory read bandwidth, for the roofline: decode of a small model streams every weight once per token.
 
-`measure_read_bandwidth()` times streaming reads over buffers much larger than the last-level cache, one
-reader per worker thread, and returns the better of two ways of reading (bytes/s):
+`measure_read_bandwidth()` times streaming reads, one reader per worker thread, over buffers of `nbytes` in
+all, and returns the better of two ways of reading (bytes/s). ninfer-bench reads as many bytes as a decode
+step's weights (`probe_bytes`): the step streams exactly those, over and over, so the probe meets the same
+memory level. A 256 MiB probe read DRAM while a host whose last-level cache holds the model (the 480 MiB L3
+of the Xeon guest of 2026-12-02) served much of the step from that cache: chat-context shares of 83-99%
+there, single runs over 100%. Where the cache is smaller than the weights (32 MiB on the Zen 5 host) both
+sizes stream from DRAM. The two readers:
 - a sum with numpy (numpy releases the GIL in `np.add.reduce` on large float arrays only partly, so these
   readers run in separate processes);
 - a vectorized sum in numba that also asks for the line PREFETCH bytes ahead, as the decode kernels read
@@ -104,6 +109,16 @@ def read_rates(threads: int = 1, nbytes: int = 256 << 20, repeats: int = 5) -> d
     prefetched = q.get(timeout=300)
     p.join(timeout=30)
     return {"numpy": _numpy_rate(threads, nbytes, repeats), "prefetched": prefetched}
+
+
+PROBE_MIN = 32 << 20  # a tiny model's probe still reads past the L2 caches
+
+
+def probe_bytes(weight_bytes: int, threads: int = 1) -> int:
+    """The probe's buffer size for a model reading weight_bytes per token: that many bytes (at least
+    PROBE_MIN), whole MiB per reader."""
+    per = -(-max(int(weight_bytes), PROBE_MIN) // max(1, threads) // (1 << 20)) * (1 << 20)
+    return per * max(1, threads)
 
 
 def measure_read_bandwidth(threads: int = 1, nbytes: int = 256 << 20, repeats: int = 5) -> float:

@@ -204,8 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     probe = None
     if not a.no_roofline and any(v.kind == "ours" for v in variants):
-        from .bandwidth import measure_read_bandwidth, weight_bytes_per_token
-        probe = partial(measure_read_bandwidth, max(v.threads for v in variants))
+        from .bandwidth import measure_read_bandwidth, probe_bytes, weight_bytes_per_token
+        threads = max(v.threads for v in variants)
+        probe = partial(measure_read_bandwidth, threads, probe_bytes(weight_bytes_per_token(model)["bytes"], threads))
     results = run_bench(variants, wl, model, repeats=a.repeats, idle_gap_s=a.idle_gap,
                         max_context=a.max_context, log=log, warmup=not a.no_warmup, bandwidth=probe)
     agg = aggregate(results, [v.name for v in variants])

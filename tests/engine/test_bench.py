@@ -389,3 +389,12 @@ def test_exit_reason_names_the_signal_and_what_to_do_for_a_crashed_peer():
     peer = runner.exit_reason(-11, "llama.cpp")
     assert peer.startswith("worker killed by SIGSEGV (llama-cpp-python crashed") and "GGML_NATIVE=OFF" in peer
     assert runner.exit_reason(-11, "ours") == "worker killed by SIGSEGV"
+
+
+def test_probe_reads_as_many_bytes_as_the_weights_in_whole_mib_per_reader():
+    from engine.bench import bandwidth as bw
+    w = 96_400_000  # SmolLM2's matrices per token
+    assert bw.probe_bytes(w, 2) == 2 * 46 * (1 << 20) and bw.probe_bytes(w, 2) >= w
+    assert bw.probe_bytes(w, 1) == 92 * (1 << 20)
+    assert bw.probe_bytes(1000, 2) == bw.PROBE_MIN  # a tiny model: still past the L2 caches
+    assert bw.probe_bytes(w, 3) % (3 << 20) == 0
