@@ -59,157 +59,115 @@ def _cyc(typingctx):
     return types.int64(), codegen
 
 
-@njit(nogil=True)
-def lane_a(p, l, tok, pos0, st, wq, wk, wv, woh, kv, sc, plan, norms, rope_p, emb):
-    X, XB, Q, K, V, ATT, GATE, UP, HB, QA, SA, XS, PART, CS, PO, PD = st
-    attn_norm, eps = norms[0], norms[3]
-    inv_freq, neox, n_head, n_kv, hd, scale = rope_p
-    k0, k1 = plan[p, 0], plan[p, 1]
-    grp = n_head // n_kv
+@njit(nogil=True, inline="always")
+def _enter(p, st, halves, norm_w, eps):
+    """Lane p's residual row += the two halves of the last partial sums (their sum first, as one matmul's
+    output would be added), then the norm, quantized: the input of the lane's next matmuls."""
+    X, XB, QA, SA, XS = st[0], st[1], st[9], st[10], st[11]
     d = X.shape[1]
-    x, xb = X[p:p + 1], XB[p:p + 1]
-    if l == 0:
-        _embed(x, tok, emb)
-        cpu.rope_table(CS[p:p + 1], pos0, inv_freq)
-    else:
-        for i in range(d):
-            X[p, i] += PD[0, i] + PD[1, i]
-    cpu.rmsnorm(xb, x, attn_norm[l], eps)
-    nb = d // 32
-    qa, sa, xs = QA[p:p + 1, :d], SA[p:p + 1, :nb], XS[p:p + 1, :nb]
-    quantize_rows(qa, sa, xs, xb)
-    qo, ko, vo = Q[p:p + 1], K[p:p + 1], V[p:p + 1]
-    h = wq[0].shape[2]
-    for g in range(k0 * grp * hd // 32, k1 * grp * hd // 32):
-        _q4(qo, qa, sa, xs, wq[0][l, g // h], wq[1][g], g % h, g)
-    h = wk[0].shape[2]
-    for g in range(k0 * hd // 32, k1 * hd // 32):
-        _q4(ko, qa, sa, xs, wk[0][l, g // h], wk[1][g], g % h, g)
-        _q4(vo, qa, sa, xs, wv[0][l, g // h], wv[1][g], g % h, g)
+    for i in range(d):
+        X[p, i] += halves[0, i] + halves[1, i]
+    cpu.rmsnorm(XB[p:p + 1], X[p:p + 1], norm_w, eps)
+    qa, sa, xs = QA[p:p + 1, :d], SA[p:p + 1, :d // 32], XS[p:p + 1, :d // 32]
+    quantize_rows(qa, sa, xs, XB[p:p + 1])
+    return qa, sa, xs
+
+
+@njit(nogil=True, inline="always")
+def _attend(p, l, pos0, st, kv, sc, k0, k1, rope_p):
+    """Rope, the KV store and attention of KV heads k0..k1 (and their query heads) of lane p, into its ATT."""
+    Q, K, V, ATT, PART, CS = st[2], st[3], st[4], st[5], st[12], st[13]
+    inv_freq, neox, n_head, n_kv, hd, scale = rope_p
+    grp = n_head // n_kv
     q3 = Q[p].reshape(1, n_head, hd)[:, k0 * grp:k1 * grp]
     k3 = K[p].reshape(1, n_kv, hd)[:, k0:k1]
-    v3 = V[p].reshape(1, n_kv, hd)[:, k0:k1]
     cs = CS[p:p + 1]
     cpu.rope_apply(q3, cs, neox)
     cpu.rope_apply(k3, cs, neox)
     kc, vc = kv[0][l][:, k0:k1], kv[1][l][:, k0:k1]
     store_f16(kc, k3, pos0)
-    store_f16(vc, v3, pos0)
+    store_f16(vc, V[p].reshape(1, n_kv, hd)[:, k0:k1], pos0)
     part = PART[p:p + 1, k0:k1]
     for c in range(SPLITS):
         A.attn_item_f16(part, sc, q3, kc, vc, c, pos0, scale)
     A.merge_parts(ATT[p].reshape(1, n_head, hd)[:, k0 * grp:k1 * grp], part)
-    c = woh[0].shape[3]
-    lo = p * c * 32
-    qa, sa, xs = QA[p:p + 1, lo:lo + c * 32], SA[p:p + 1, p * c:(p + 1) * c], XS[p:p + 1, p * c:(p + 1) * c]
-    quantize_rows(qa, sa, xs, ATT[p:p + 1, lo:lo + c * 32])
-    wl = woh[0][l, p]
-    for g in range(wl.shape[0]):
-        _q4(PO[p:p + 1], qa, sa, xs, wl, woh[1][g], g, g)
+
+
+@njit(nogil=True, inline="always")
+def _quant_cols(p, st, src, lo_blk, n_blk):
+    """Blocks lo_blk.. (n_blk of them) of lane p's row src quantized into the same columns of its QA."""
+    QA, SA, XS = st[9], st[10], st[11]
+    lo, hi = lo_blk * 32, (lo_blk + n_blk) * 32
+    qa, sa, xs = QA[p:p + 1, lo:hi], SA[p:p + 1, lo_blk:lo_blk + n_blk], XS[p:p + 1, lo_blk:lo_blk + n_blk]
+    quantize_rows(qa, sa, xs, src[p:p + 1, lo:hi])
+    return qa, sa, xs
 
 
 @njit(nogil=True)
-def lane_b(p, l, st, wg, wu, wdh, norms):
-    X, XB, Q, K, V, ATT, GATE, UP, HB, QA, SA, XS, PART, CS, PO, PD = st
-    ffn_norm, eps = norms[1], norms[3]
-    d = X.shape[1]
-    x, xb = X[p:p + 1], XB[p:p + 1]
-    for i in range(d):
-        X[p, i] += PO[0, i] + PO[1, i]
-    cpu.rmsnorm(xb, x, ffn_norm[l], eps)
-    nb = d // 32
-    qa, sa, xs = QA[p:p + 1, :d], SA[p:p + 1, :nb], XS[p:p + 1, :nb]
-    quantize_rows(qa, sa, xs, xb)
-    h = wg[0].shape[2]
-    for j in range(h):
-        _q4(GATE[p:p + 1], qa, sa, xs, wg[0][l, p], wg[1][p * h + j], j, p * h + j)
-    for j in range(h):
-        _q4(UP[p:p + 1], qa, sa, xs, wu[0][l, p], wu[1][p * h + j], j, p * h + j)
-    lo, hi = p * h * 32, (p + 1) * h * 32
-    swiglu_fast(HB[p:p + 1, lo:hi], GATE[p:p + 1, lo:hi], UP[p:p + 1, lo:hi])
-    qa, sa, xs = QA[p:p + 1, lo:hi], SA[p:p + 1, p * h:(p + 1) * h], XS[p:p + 1, p * h:(p + 1) * h]
-    quantize_rows(qa, sa, xs, HB[p:p + 1, lo:hi])
-    wl = wdh[0][l, p]
-    for g in range(wl.shape[0]):
-        _q4(PD[p:p + 1], qa, sa, xs, wl, wdh[1][g], g, g)
-
-
-@njit(nogil=True)
-def lane_a2(p, l, tok, pos0, st, lw, kv, sc, plan, norms, rope_p, emb, acc):
-    X, XB, Q, K, V, ATT, GATE, UP, HB, QA, SA, XS, PART, CS, PO, PD = st
-    attn_norm, eps = norms[0], norms[3]
-    inv_freq, neox, n_head, n_kv, hd, scale = rope_p
+def lane_a(p, l, tok, pos0, st, wq, wk, wv, woh, lw, kv, sc, plan, norms, rope_p, emb, acc):
+    """Phase A of layer l for lane p: its q/k/v rows, attention of its heads, o over its half of o's columns
+    into PO[p]. Weights from the step's stacks (lw None; o's halves woh) or from the lane's buffer lw."""
+    X, Q, K, V, ATT, CS, PO, PD = st[0], st[2], st[3], st[4], st[5], st[13], st[14], st[15]
+    n_head, n_kv, hd = rope_p[2], rope_p[3], rope_p[4]
     k0, k1 = plan[p, 0], plan[p, 1]
     grp = n_head // n_kv
-    d = X.shape[1]
-    x, xb = X[p:p + 1], XB[p:p + 1]
     if l == 0:
-        _embed(x, tok, emb)
-        cpu.rope_table(CS[p:p + 1], pos0, inv_freq)
-    else:
-        for i in range(d):
-            X[p, i] += PD[0, i] + PD[1, i]
-    cpu.rmsnorm(xb, x, attn_norm[l], eps)
-    nb = d // 32
-    qa, sa, xs = QA[p:p + 1, :d], SA[p:p + 1, :nb], XS[p:p + 1, :nb]
-    quantize_rows(qa, sa, xs, xb)
-    qo, ko, vo = Q[p:p + 1], K[p:p + 1], V[p:p + 1]
-    wl = lw[p * 4 + 0][l]
+        _embed(X[p:p + 1], tok, emb)
+        cpu.rope_table(CS[p:p + 1], pos0, rope_p[0])
+        PD[:] = 0.0  # the first _enter adds nothing
+    qa, sa, xs = _enter(p, st, PD, norms[0][l], norms[3])
     gq0, nq = k0 * grp * hd // 32, (k1 - k0) * grp * hd // 32
     gk0, nk = k0 * hd // 32, (k1 - k0) * hd // 32
-    for i in range(nq):
-        _q4(qo, qa, sa, xs, wl, acc, i, gq0 + i)
-    for i in range(nk):
-        _q4(ko, qa, sa, xs, wl, acc, nq + i, gk0 + i)
-    for i in range(nk):
-        _q4(vo, qa, sa, xs, wl, acc, nq + nk + i, gk0 + i)
-    q3 = Q[p].reshape(1, n_head, hd)[:, k0 * grp:k1 * grp]
-    k3 = K[p].reshape(1, n_kv, hd)[:, k0:k1]
-    v3 = V[p].reshape(1, n_kv, hd)[:, k0:k1]
-    cs = CS[p:p + 1]
-    cpu.rope_apply(q3, cs, neox)
-    cpu.rope_apply(k3, cs, neox)
-    kc, vc = kv[0][l][:, k0:k1], kv[1][l][:, k0:k1]
-    store_f16(kc, k3, pos0)
-    store_f16(vc, v3, pos0)
-    part = PART[p:p + 1, k0:k1]
-    for c in range(SPLITS):
-        A.attn_item_f16(part, sc, q3, kc, vc, c, pos0, scale)
-    A.merge_parts(ATT[p].reshape(1, n_head, hd)[:, k0 * grp:k1 * grp], part)
-    wl = lw[p * 4 + 1][l]
+    if lw is None:
+        h, hk = wq[0].shape[2], wk[0].shape[2]
+        for g in range(gq0, gq0 + nq):
+            _q4(Q[p:p + 1], qa, sa, xs, wq[0][l, g // h], acc[p], g % h, g)
+        for g in range(gk0, gk0 + nk):
+            _q4(K[p:p + 1], qa, sa, xs, wk[0][l, g // hk], acc[p], g % hk, g)
+            _q4(V[p:p + 1], qa, sa, xs, wv[0][l, g // hk], acc[p], g % hk, g)
+        wl = woh[0][l, p]
+    else:
+        wl = lw[p * 4][l]
+        for i in range(nq):
+            _q4(Q[p:p + 1], qa, sa, xs, wl, acc[p], i, gq0 + i)
+        for i in range(nk):
+            _q4(K[p:p + 1], qa, sa, xs, wl, acc[p], nq + i, gk0 + i)
+        for i in range(nk):
+            _q4(V[p:p + 1], qa, sa, xs, wl, acc[p], nq + nk + i, gk0 + i)
+        wl = lw[p * 4 + 1][l]
+    _attend(p, l, pos0, st, kv, sc, k0, k1, rope_p)
     c = wl.shape[1]
-    lo = p * c * 32
-    qa, sa, xs = QA[p:p + 1, lo:lo + c * 32], SA[p:p + 1, p * c:(p + 1) * c], XS[p:p + 1, p * c:(p + 1) * c]
-    quantize_rows(qa, sa, xs, ATT[p:p + 1, lo:lo + c * 32])
+    qa, sa, xs = _quant_cols(p, st, ATT, p * c, c)
     for g in range(wl.shape[0]):
-        _q4(PO[p:p + 1], qa, sa, xs, wl, acc, g, g)
+        _q4(PO[p:p + 1], qa, sa, xs, wl, acc[p], g, g)
 
 
 @njit(nogil=True)
-def lane_b2(p, l, st, lw, norms, acc):
-    X, XB, Q, K, V, ATT, GATE, UP, HB, QA, SA, XS, PART, CS, PO, PD = st
-    ffn_norm, eps = norms[1], norms[3]
-    d = X.shape[1]
-    x, xb = X[p:p + 1], XB[p:p + 1]
-    for i in range(d):
-        X[p, i] += PO[0, i] + PO[1, i]
-    cpu.rmsnorm(xb, x, ffn_norm[l], eps)
-    nb = d // 32
-    qa, sa, xs = QA[p:p + 1, :d], SA[p:p + 1, :nb], XS[p:p + 1, :nb]
-    quantize_rows(qa, sa, xs, xb)
-    wl = lw[p * 4 + 2][l]
-    h = wl.shape[0] // 2
-    for j in range(h):
-        _q4(GATE[p:p + 1], qa, sa, xs, wl, acc, j, p * h + j)
-    for j in range(h):
-        _q4(UP[p:p + 1], qa, sa, xs, wl, acc, h + j, p * h + j)
+def lane_b(p, l, st, wg, wu, wdh, lw, norms, acc):
+    """Phase B of layer l for lane p: gate/up of its half of the FFN's columns, swiglu, down over its half
+    of down's columns into PD[p]. Weights as lane_a's."""
+    GATE, UP, HB, PO, PD = st[6], st[7], st[8], st[14], st[15]
+    qa, sa, xs = _enter(p, st, PO, norms[1][l], norms[3])
+    if lw is None:
+        h = wg[0].shape[2]
+        for j in range(h):
+            _q4(GATE[p:p + 1], qa, sa, xs, wg[0][l, p], acc[p], j, p * h + j)
+        for j in range(h):
+            _q4(UP[p:p + 1], qa, sa, xs, wu[0][l, p], acc[p], j, p * h + j)
+        wl = wdh[0][l, p]
+    else:
+        wl = lw[p * 4 + 2][l]
+        h = wl.shape[0] // 2
+        for j in range(h):
+            _q4(GATE[p:p + 1], qa, sa, xs, wl, acc[p], j, p * h + j)
+        for j in range(h):
+            _q4(UP[p:p + 1], qa, sa, xs, wl, acc[p], h + j, p * h + j)
+        wl = lw[p * 4 + 3][l]
     lo, hi = p * h * 32, (p + 1) * h * 32
     swiglu_fast(HB[p:p + 1, lo:hi], GATE[p:p + 1, lo:hi], UP[p:p + 1, lo:hi])
-    qa, sa, xs = QA[p:p + 1, lo:hi], SA[p:p + 1, p * h:(p + 1) * h], XS[p:p + 1, p * h:(p + 1) * h]
-    quantize_rows(qa, sa, xs, HB[p:p + 1, lo:hi])
-    wl = lw[p * 4 + 3][l]
+    qa, sa, xs = _quant_cols(p, st, HB, p * h, h)
     for g in range(wl.shape[0]):
-        _q4(PD[p:p + 1], qa, sa, xs, wl, acc, g, g)
+        _q4(PD[p:p + 1], qa, sa, xs, wl, acc[p], g, g)
 
 
 @njit(nogil=True)
@@ -254,14 +212,10 @@ def lane_thread(tid, nt, sync, tok, pos0, st, fin_bufs, emb, head, norms, rope_p
                 if lo >= hi:
                     break
                 for p in range(lo, hi):
-                    if lw is not None and half == 0:
-                        lane_a2(p, l, tok, pos0, st, lw, kv, sc, plan, norms, rope_p, emb, acc)
-                    elif lw is not None:
-                        lane_b2(p, l, st, lw, norms, acc)
-                    elif half == 0:
-                        lane_a(p, l, tok, pos0, st, wq, wk, wv, woh, kv, sc, plan, norms, rope_p, emb)
+                    if half == 0:
+                        lane_a(p, l, tok, pos0, st, wq, wk, wv, woh, lw, kv, sc, plan, norms, rope_p, emb, acc)
                     else:
-                        lane_b(p, l, st, wg, wu, wdh, norms)
+                        lane_b(p, l, st, wg, wu, wdh, lw, norms, acc)
                 fin = finish(sync, ph, hi - lo, 2)
             if fin:
                 open_phase(sync, ph)
@@ -373,7 +327,7 @@ def main() -> int:
     kvt = ff.kv_tuple(cache)
 
     lw = lane_buffers(r, plan, grp, hd)
-    acc = np.zeros(32, np.int16)
+    acc = np.zeros((2, 32), np.int16)  # per lane (the generic 4-bit form's scratch)
 
     def lanes(tok, pos, contig=False):
         lane_forward(np.array([tok], np.int32), pos, st, fin_bufs, ff.emb, ff.head, ff.norms, ff.rope, r["wq"],
