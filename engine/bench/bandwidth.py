@@ -6,7 +6,7 @@ step's weights (`probe_bytes`): the step streams exactly those, over and over, s
 memory level. A 256 MiB probe read DRAM while a host whose last-level cache holds the model (the 480 MiB L3
 of the Xeon guest of 2026-12-02) served much of the step from that cache: chat-context shares of 83-99%
 there, single runs over 100%. Where the cache is smaller than the weights (32 MiB on the Zen 5 host) both
-sizes stream from DRAM. The two readers:
+sizes must come from DRAM. The two readers:
 - a sum with numpy (numpy releases the GIL in `np.add.reduce` on large float arrays only partly, so these
   readers run in separate processes);
 - a vectorized sum in numba that also asks for the line PREFETCH bytes ahead, as the decode kernels read
