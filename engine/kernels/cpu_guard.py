@@ -106,7 +106,7 @@ class ContentionGuard:
         old = self.avg.get(self.mode)
         self.avg[self.mode] = dt if old is None else (1 - self.ALPHA) * old + self.ALPHA * dt
         if self.mode == self.full and dt > 0:
-            share = (time.process_time() - self.c0) / dt
+            share = (time.process_time() - self.c0) / (dt * steps)  # the call's CPU time over its wall time
             old = self.cpu_share
             self.cpu_share = share if old is None else (1 - self.ALPHA) * old + self.ALPHA * share
 

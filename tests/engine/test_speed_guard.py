@@ -436,6 +436,32 @@ def test_contention_guard_counts_a_probe_windows_fastest_step(guard_clock):
     assert g.best == 1 and used[first + g.PROBE:first + g.PROBE + g.PERIOD].count(2) == 0
 
 
+def test_contention_guard_sees_contention_through_decode_blocks(guard_clock):
+    """A reply decodes in blocks (FusedForward.block: up to 8 steps per call, after(steps)). The CPU share
+    is the call's CPU time over the call's wall time: taken over one step's time it read ~8x the threads
+    (14.4 on a quiet 2-core host), so a busy core never started a probe and two collapsing threads ran on."""
+    import numba
+    g, clock = guard_clock
+    cost = dict(QUIET)
+
+    def run(calls):
+        used = []
+        for _ in range(calls):
+            g.before()
+            n = min(8, g.block_limit())
+            used.append(numba.get_num_threads())
+            dt, share = cost[used[-1]]
+            clock[0] += n * dt
+            clock[1] += n * dt * share
+            g.after(n)
+        return used
+    run(3 * g.PERIOD)
+    assert g.probes == 0 and g.cpu_share < 2.0
+    cost.update(BUSY)
+    run(2 * g.PERIOD)
+    assert g.best == 1 and g.fallbacks == 1
+
+
 @pytest.mark.parametrize("pos0", [0, 2, 37])  # fewer positions than splits, uneven chunks
 def test_split_decode_attention_matches_reference(pos0):
     import numba
