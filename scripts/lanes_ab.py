@@ -125,7 +125,7 @@ def lane_a(p, l, tok, pos0, st, wq, wk, wv, woh, lw, kv, sc, plan, norms, rope_p
         for g in range(gk0, gk0 + nk):
             _q4(K[p:p + 1], qa, sa, xs, wk[0][l, g // hk], acc[p], g % hk, g)
             _q4(V[p:p + 1], qa, sa, xs, wv[0][l, g // hk], acc[p], g % hk, g)
-        wl = woh[0][l, p]
+        wl = woh[l, p]
     else:
         wl = lw[p * 4][l]
         for i in range(nq):
@@ -154,7 +154,7 @@ def lane_b(p, l, st, wg, wu, wdh, lw, norms, acc):
             _q4(GATE[p:p + 1], qa, sa, xs, wg[0][l, p], acc[p], j, p * h + j)
         for j in range(h):
             _q4(UP[p:p + 1], qa, sa, xs, wu[0][l, p], acc[p], j, p * h + j)
-        wl = wdh[0][l, p]
+        wl = wdh[l, p]
     else:
         wl = lw[p * 4 + 2][l]
         h = wl.shape[0] // 2
@@ -240,14 +240,14 @@ def lane_forward(tok, pos0, st, fin_bufs, emb, head, norms, rope_p, wq, wk, wv, 
 def halves(w):
     """(L, P, h, nb, BLK4) row parts -> per lane a contiguous (L, ng, nb/2, BLK4) copy of its column half,
     as one (L, 2, ng, nb/2, BLK4) array (lane-major)."""
-    st, acc = w
+    st = w[0]
     L, P, h, nb, B = st.shape
     full = st.reshape(L, P * h, nb, B)
     c = nb // 2
     out = np.empty((2, L, P * h, c, B), np.uint8)
     for p in range(2):
         out[p] = full[:, :, p * c:(p + 1) * c]
-    return np.moveaxis(out, 0, 1), acc
+    return np.moveaxis(out, 0, 1)
 
 
 def lane_buffers(r, plan, grp, hd):
@@ -300,10 +300,10 @@ def main() -> int:
     woh, wdh = halves(r["wo"]), halves(r["w_down"])
     n_head, n_kv, hd = ar.n_head, ar.n_kv_head, ar.head_dim
     grp = n_head // n_kv
-    c = woh[0].shape[3] * 32
+    c = woh.shape[3] * 32
     # lane 0's heads cover o's columns 0..c, lane 1's c..; each lane takes whole KV heads (their query heads)
     plan = np.array([[0, -(-(-(-c // hd)) // grp)], [(c // hd) // grp, n_kv]], np.int64)
-    if wdh[0].shape[3] != r["w_gate"][0].shape[2] or ff.head[0] != 1:
+    if wdh.shape[3] != r["w_gate"][0].shape[2] or ff.head[0] != 1:
         print("needs down's column halves to match gate/up's parts and a Q8_0 head (SmolLM2)", file=sys.stderr)
         return 2
     print("plan (kv heads per lane):", plan.tolist())

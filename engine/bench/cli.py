@@ -202,11 +202,12 @@ def main(argv: list[str] | None = None) -> int:
         f"workload {wl.name}; prefix reuse disabled in every run (fresh process, empty cache)")
     log(f"machine: {machine.get('cpu')} ({machine.get('cores')} cores), {machine.get('simd')}")
     t0 = time.time()
-    probe = None
+    probe = wbytes = None
     if not a.no_roofline and any(v.kind == "ours" for v in variants):
         from .bandwidth import measure_read_bandwidth, probe_bytes, weight_bytes_per_token
         threads = max(v.threads for v in variants)
-        probe = partial(measure_read_bandwidth, threads, probe_bytes(weight_bytes_per_token(model)["bytes"], threads))
+        wbytes = weight_bytes_per_token(model)["bytes"]
+        probe = partial(measure_read_bandwidth, threads, probe_bytes(wbytes, threads))
     results = run_bench(variants, wl, model, repeats=a.repeats, idle_gap_s=a.idle_gap,
                         max_context=a.max_context, log=log, warmup=not a.no_warmup, bandwidth=probe)
     agg = aggregate(results, [v.name for v in variants])
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         from .bandwidth import kv_bytes_per_position
         kv = {v.name: kv_bytes_per_position(model, v.engine.get("kv_dtype", "f16") if v.kind == "ours" else "f16")
               for v in variants}
-        roof = roofline(results, [v.name for v in variants], weight_bytes_per_token(model)["bytes"], kv)
+        roof = roofline(results, [v.name for v in variants], wbytes, kv)
     print(table(agg, rat, baseline, roof))
     doc = {"machine": machine, "model": model, "workload": {k: v for k, v in asdict(wl).items() if k != "prompt_ids"},
            "variants": [asdict(v) for v in variants], "baseline": baseline, "repeats": a.repeats,

@@ -92,7 +92,8 @@ class ContentionGuard:
         the call's time / steps."""
         if self.mode is None:
             return
-        dt = (time.perf_counter() - self.t0) / steps
+        wall = time.perf_counter() - self.t0
+        dt = wall / steps
         self.since += steps - 1
         if self.probing:  # the window's fastest step stands for the probed mode
             self.probe_min = min(self.probe_min, dt)
@@ -106,7 +107,7 @@ class ContentionGuard:
         old = self.avg.get(self.mode)
         self.avg[self.mode] = dt if old is None else (1 - self.ALPHA) * old + self.ALPHA * dt
         if self.mode == self.full and dt > 0:
-            share = (time.process_time() - self.c0) / (dt * steps)  # the call's CPU time over its wall time
+            share = (time.process_time() - self.c0) / wall  # the call's CPU time over its wall time
             old = self.cpu_share
             self.cpu_share = share if old is None else (1 - self.ALPHA) * old + self.ALPHA * share
 

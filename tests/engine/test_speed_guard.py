@@ -367,17 +367,19 @@ QUIET = {2: (0.007, 1.9), 1: (0.012, 1.0)}  # thread count -> (step seconds, CPU
 BUSY = {2: (0.047, 1.0), 1: (0.012, 1.0)}  # another process holds one of the two cores
 
 
-def _guarded_steps(g, clock, n, cost_of):
-    """n decode steps under g; cost_of(thread count) -> (seconds, CPU share) of that step; the counts used."""
+def _guarded_steps(g, clock, n, cost_of, block=1):
+    """n calls under g, each a decode block of up to `block` steps (as many as g.block_limit() allows);
+    cost_of(thread count) -> (seconds, CPU share) of one step; the thread count of each call."""
     import numba
     used = []
     for _ in range(n):
         g.before()
+        steps = min(block, g.block_limit())
         used.append(numba.get_num_threads())
         dt, share = cost_of(used[-1])
-        clock[0] += dt
-        clock[1] += dt * share
-        g.after()
+        clock[0] += steps * dt
+        clock[1] += steps * dt * share
+        g.after(steps)
     return used
 
 
@@ -440,25 +442,12 @@ def test_contention_guard_sees_contention_through_decode_blocks(guard_clock):
     """A reply decodes in blocks (FusedForward.block: up to 8 steps per call, after(steps)). The CPU share
     is the call's CPU time over the call's wall time: taken over one step's time it read ~8x the threads
     (14.4 on a quiet 2-core host), so a busy core never started a probe and two collapsing threads ran on."""
-    import numba
     g, clock = guard_clock
     cost = dict(QUIET)
-
-    def run(calls):
-        used = []
-        for _ in range(calls):
-            g.before()
-            n = min(8, g.block_limit())
-            used.append(numba.get_num_threads())
-            dt, share = cost[used[-1]]
-            clock[0] += n * dt
-            clock[1] += n * dt * share
-            g.after(n)
-        return used
-    run(3 * g.PERIOD)
+    _guarded_steps(g, clock, 3 * g.PERIOD, cost.get, block=8)
     assert g.probes == 0 and g.cpu_share < 2.0
     cost.update(BUSY)
-    run(2 * g.PERIOD)
+    _guarded_steps(g, clock, 2 * g.PERIOD, cost.get, block=8)
     assert g.best == 1 and g.fallbacks == 1
 
 
