@@ -99,7 +99,7 @@ def _mm_phase(sync, ph, tid, nt, o1, o2, o3, n_in, qa, sa, xs, w1, w2, w3, l, nw
     qa_, sa_, xs_ = qa[:t_n, :n_in], sa[:t_n, :nb], xs[:t_n, :nb]
     h1, h2, h, parts = _mm_groups(w1, w2, w3, nw)
     n = h * parts
-    fin = False
+    done = 0
     k = 0
     while True:
         k, lo, hi = grab(sync, ph, tid, nt, n, k)
@@ -116,8 +116,8 @@ def _mm_phase(sync, ph, tid, nt, o1, o2, o3, n_in, qa, sa, xs, w1, w2, w3, l, nw
                 j -= h1 + h2
                 h3 = h - h1 - h2
                 _q4(o3, qa_, sa_, xs_, w3[0][l, p], w3[1][p * h3 + j], j, p * h3 + j)
-        fin = finish(sync, ph, hi - lo, n)
-    return fin
+        done += hi - lo
+    return done > 0 and finish(sync, ph, done, n)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -134,7 +134,7 @@ def _head_phase(sync, ph, tid, nt, logits, n_in, qa, sa, xs, h):
     nb = n_in // QK
     qa_, sa_, xs_ = qa[:t_n, :n_in], sa[:t_n, :nb], xs[:t_n, :nb]
     n = _head_groups(h)
-    fin = False
+    done = 0
     k = 0
     while True:
         k, lo, hi = grab(sync, ph, tid, nt, n, k)
@@ -147,8 +147,8 @@ def _head_phase(sync, ph, tid, nt, logits, n_in, qa, sa, xs, h):
                 q8_group_batched(logits, qa_, sa_, h[2], g)
             else:
                 _q8(logits, qa_, sa_, h[2], h[4][g], g)
-        fin = finish(sync, ph, hi - lo, n)
-    return fin
+        done += hi - lo
+    return done > 0 and finish(sync, ph, done, n)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -302,7 +302,7 @@ def _attn_phase(sync, ph, tid, nt, kv, l, q3, a3, pos0, scale, sc, part):
     t_n = q3.shape[0]
     tiles = _tiles(kv, t_n)
     n = AP.n_items(t_n, kv[0].shape[2]) if tiles else t_n * SPLITS
-    fin = False
+    done = 0
     h = 0
     while True:
         h, lo, hi = grab(sync, ph, tid, nt, n, h)
@@ -313,8 +313,8 @@ def _attn_phase(sync, ph, tid, nt, kv, l, q3, a3, pos0, scale, sc, part):
                 _tile_item(kv, l, it, q3, a3, pos0, scale)
             else:
                 _attn_item(kv, l, it, q3, pos0, scale, sc, part)
-        fin = finish(sync, ph, hi - lo, n)
-    return fin
+        done += hi - lo
+    return done > 0 and finish(sync, ph, done, n)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -373,15 +373,15 @@ def _tail_call(kind, lo, hi, l, t_n, pos0, bufs, norms, rope_p, bias, qk_norm, k
 def _tail_phase(sync, ph, tid, nt, kind, l, t_n, pos0, bufs, norms, rope_p, bias, qk_norm, kv, part):
     """Phase ph of a prompt's pass (wide): the tail of kind `kind` shared out by rows, which on one thread
     cost ~14% of a 256-row pass (scripts/step_phases.py --rows 256). True for the finisher."""
-    fin = False
+    done = 0
     h = 0
     while True:
         h, lo, hi = grab(sync, ph, tid, nt, t_n, h)
         if lo >= hi:
             break
         _tail_call(kind, lo, hi, l, t_n, pos0, bufs, norms, rope_p, bias, qk_norm, kv, part)
-        fin = finish(sync, ph, hi - lo, t_n)
-    return fin
+        done += hi - lo
+    return done > 0 and finish(sync, ph, done, t_n)
 
 
 @njit(cache=True, nogil=True)
