@@ -287,13 +287,11 @@ def main() -> int:
     a = ap.parse_args()
     import numba
 
-    from engine.api import Engine
-    from engine.config import EngineArgs
-    eng = Engine.load(EngineArgs(threads=2, prefix_reuse=False))
-    model, ff = eng.model, eng.model.fused
-    if ff is None or numba.get_num_threads() < 2:
-        print("needs the fused step and two threads", file=sys.stderr)
+    from fused_engine import load_fused
+    loaded = load_fused()
+    if loaded is None:
         return 2
+    eng, model, ff = loaded
     numba.set_num_threads(2)
     ar = ff.args
     r = ff.roles

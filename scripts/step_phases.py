@@ -176,13 +176,11 @@ def main() -> int:
     import numpy as np
     from numba import njit
 
-    from engine.api import Engine
-    from engine.config import EngineArgs
-    eng = Engine.load(EngineArgs(threads=2, prefix_reuse=False))
-    model, ff = eng.model, eng.model.fused
-    if ff is None or numba.get_num_threads() < 2:
-        print("needs the fused step and two threads", file=sys.stderr)
+    from fused_engine import load_fused
+    loaded = load_fused()
+    if loaded is None:
         return 2
+    eng, model, ff = loaded
     while subprocess.run(["pgrep", "-f", "engine.compile_bg"], capture_output=True).stdout:
         time.sleep(1)  # a first start's helper still compiling: it would share the cores
     tmp = tempfile.mkdtemp(prefix="step_phases_")

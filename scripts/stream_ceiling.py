@@ -103,13 +103,11 @@ def main() -> int:
     a = ap.parse_args()
     import numba
 
-    from engine.api import Engine
-    from engine.config import EngineArgs
-    eng = Engine.load(EngineArgs(threads=2, prefix_reuse=False))
-    model, ff = eng.model, eng.model.fused
-    if ff is None or numba.get_num_threads() < 2 or ff.head[0] != 1:
-        print("needs the fused step, two threads and a Q8_0 head (SmolLM2)", file=sys.stderr)
+    from fused_engine import load_fused
+    loaded = load_fused(q8_head=True)
+    if loaded is None:
         return 2
+    eng, model, ff = loaded
     numba.set_num_threads(2)
     r = ff.roles
     ws = tuple(r[k] for k in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"))

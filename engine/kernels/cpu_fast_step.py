@@ -117,7 +117,7 @@ def _mm_phase(sync, ph, tid, nt, o1, o2, o3, n_in, qa, sa, xs, w1, w2, w3, l, nw
                 h3 = h - h1 - h2
                 _q4(o3, qa_, sa_, xs_, w3[0][l, p], w3[1][p * h3 + j], j, p * h3 + j)
         done += hi - lo
-    return done > 0 and finish(sync, ph, done, n)
+    return finish(sync, ph, done, n)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -148,7 +148,7 @@ def _head_phase(sync, ph, tid, nt, logits, n_in, qa, sa, xs, h):
             else:
                 _q8(logits, qa_, sa_, h[2], h[4][g], g)
         done += hi - lo
-    return done > 0 and finish(sync, ph, done, n)
+    return finish(sync, ph, done, n)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -314,7 +314,7 @@ def _attn_phase(sync, ph, tid, nt, kv, l, q3, a3, pos0, scale, sc, part):
             else:
                 _attn_item(kv, l, it, q3, pos0, scale, sc, part)
         done += hi - lo
-    return done > 0 and finish(sync, ph, done, n)
+    return finish(sync, ph, done, n)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -381,7 +381,7 @@ def _tail_phase(sync, ph, tid, nt, kind, l, t_n, pos0, bufs, norms, rope_p, bias
             break
         _tail_call(kind, lo, hi, l, t_n, pos0, bufs, norms, rope_p, bias, qk_norm, kv, part)
         done += hi - lo
-    return done > 0 and finish(sync, ph, done, t_n)
+    return finish(sync, ph, done, t_n)
 
 
 @njit(cache=True, nogil=True)

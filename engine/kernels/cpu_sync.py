@@ -124,12 +124,12 @@ def grab(sync, ph, tid, nt, n, h):
 
 @njit(cache=True, nogil=True, inline="always")
 def finish(sync, ph, count, n):
-    """Report count items of phase ph done; True for the thread whose report completes the phase. The
-    fused step's threads report once each, after their last item (count > 0 only: a report of nothing could
-    also see the phase complete), not after every chunk: the done counter's cache line then crosses between
-    the cores once per thread and phase instead of ~10 times (scripts/step_phases.py, 60-99 positions: the
-    step's phases 3145 -> 3108 and 2659 -> 2629 us per token, the same logits)."""
-    return atomic_add(sync, ph * sync.shape[1] + sync.shape[1] - 8, count) + count == n
+    """Report count items of phase ph done; True for the thread whose report completes the phase. A report
+    of nothing is not made (it could see the phase complete too: two finishers). The fused step's threads
+    report once each, after their last item, not after every chunk: the done counter's cache line then
+    crosses between the cores once per thread and phase instead of ~10 times (scripts/step_phases.py,
+    60-99 positions: the step's phases 3145 -> 3108 and 2659 -> 2629 us per token, the same logits)."""
+    return count > 0 and atomic_add(sync, ph * sync.shape[1] + sync.shape[1] - 8, count) + count == n
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -1,0 +1,21 @@
+"""The engine as the fused decode step's measuring scripts load it (step_phases, stream_ceiling, lanes_ab):
+the default model (SmolLM2), two threads, prefix reuse off."""
+from __future__ import annotations
+
+import sys
+
+
+def load_fused(q8_head: bool = False):
+    """(engine, model, its FusedForward), or None after a line on stderr when the model has no fused step,
+    numba runs fewer than two threads, or (q8_head) the head is not Q8_0."""
+    import numba
+
+    from engine.api import Engine
+    from engine.config import EngineArgs
+    eng = Engine.load(EngineArgs(threads=2, prefix_reuse=False))
+    model, ff = eng.model, eng.model.fused
+    if ff is None or numba.get_num_threads() < 2 or (q8_head and ff.head[0] != 1):
+        print("needs the fused step, two threads" + (" and a Q8_0 head (SmolLM2)" if q8_head else ""),
+              file=sys.stderr)
+        return None
+    return eng, model, ff
