@@ -1,8 +1,16 @@
-"""The engine as the fused decode step's measuring scripts load it (step_phases, stream_ceiling, lanes_ab):
-the default model (SmolLM2), two threads, prefix reuse off."""
+"""What the fused decode step's measuring scripts share (step_phases, stream_ceiling, lanes_ab): the engine
+as they load it (the default model, SmolLM2; two threads; prefix reuse off) and a cycle counter for stamps
+inside jitted code (step_phases' instrumented copies of the step import it too)."""
 from __future__ import annotations
 
 import sys
+
+from engine import numba_env  # noqa: F401  (flags before numba)
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 
 def load_fused(q8_head: bool = False):
@@ -19,3 +27,13 @@ def load_fused(q8_head: bool = False):
               file=sys.stderr)
         return None
     return eng, model, ff
+
+
+@intrinsic
+def cycles(typingctx):
+    """The CPU's cycle counter (llvm.readcyclecounter: rdtsc on x86)."""
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(64), []),
+                                            "llvm.readcyclecounter")
+        return builder.call(fn, [])
+    return types.int64(), codegen

@@ -40,23 +40,11 @@ from engine.kernels import cpu_attn as A  # noqa: E402
 from engine.kernels.cpu_attn import SPLITS, store_f16  # noqa: E402
 from engine.kernels.cpu_fast import _q4, _q8, quantize_rows  # noqa: E402
 from engine.kernels.cpu_fast_step import _embed, swiglu_fast  # noqa: E402
-from llvmlite import ir as _ir  # noqa: E402
-from numba import types  # noqa: E402
-from numba.core import cgutils as _cg  # noqa: E402
-from numba.extending import intrinsic as _intrinsic  # noqa: E402
 from engine.kernels.cpu_sync import finish, grab, new_sync, open_phase, reset_rows, wait_open  # noqa: E402
+from fused_engine import cycles as _cyc  # noqa: E402
 
 F32 = np.float32
 WAITS = np.zeros((2, 4), np.int64)  # per thread: cycles waiting at A, B, head; cycles total
-
-
-@_intrinsic
-def _cyc(typingctx):
-    def codegen(context, builder, signature, args):
-        fn = _cg.get_or_insert_function(builder.module, _ir.FunctionType(_ir.IntType(64), []),
-                                        "llvm.readcyclecounter")
-        return builder.call(fn, [])
-    return types.int64(), codegen
 
 
 @njit(nogil=True, inline="always")

@@ -38,18 +38,7 @@ sys.path.insert(0, ROOT)
 
 STAMPS = '''
 
-from llvmlite import ir as _ir
-from numba.core import cgutils as _cg
-from numba.extending import intrinsic as _intrinsic
-
-
-@_intrinsic
-def _cyc(typingctx):
-    def codegen(context, builder, signature, args):
-        fn = _cg.get_or_insert_function(builder.module, _ir.FunctionType(_ir.IntType(64), []),
-                                        "llvm.readcyclecounter")
-        return builder.call(fn, [])
-    return types.int64(), codegen
+from fused_engine import cycles as _cyc
 '''
 
 
