@@ -4,9 +4,9 @@ Why IR: numba's scalar loops left attention at ~14 cycles per (position, head) f
 the weighted V sum (64-wide heads, 600 positions, one thread). The score loop vectorized over the head
 dimension, so every position ended in a horizontal sum plus loop setup; the V loop loaded and stored the
 accumulator row every few positions. Here:
-- `kdot8` / `kdot4`: R positions' dot products with one query row. R accumulators of 8 lanes stay in
-  registers over the head dimension, and one transposing reduction (shuffles + adds) turns them into the R
-  scores at once: no per-position horizontal sum.
+- `kdot8` / `kdot4`: R positions' dot products with one query row. R accumulators of 8 lanes (16 where the
+  target has AVX-512: SCORE_LANES) stay in registers over the head dimension, and one transposing
+  reduction (shuffles + adds) turns them into the R scores at once: no per-position horizontal sum.
 - `vsum`: the weighted sum over n positions of one head, 32 lanes of the accumulator row in registers
   over all positions (a loop in IR), written back once; 64 lanes in 16-lane vectors where the target has
   AVX-512 (LANES: half the conversions and FMAs, the same bits).
@@ -18,7 +18,13 @@ That is vcvtph2ps' rate (one per cycle here, one per 8 multiply-adds), not the F
 - `kdot8_heads` / `kdot4_heads` / `vsum_heads`: the same loops for the GROUP_HEADS query heads that share a
   KV head, each K / V vector converted once and used three times; every (head, position) or lane keeps its
   own chain of multiply-adds in the one-head order, so the results are the same bits. (A 2026-11-30 try
-  with 8 positions x 3 heads of accumulators spilled and was slower; 4 positions x 3 heads fit.)
+  with 8 positions x 3 heads of accumulators spilled and was slower on AVX2's 16 registers; 4 positions x
+  3 heads fit. AVX-512's 32 registers hold 8 x 3 of 16 lanes.)
+  On the Xeon host of 2026-12-02 the grouped scores were bound by ports 0 and 5 (FMAs, the two uops of each
+  vcvtph2ps, the reduction's shuffles), not by memory: 16 lanes and _reduce16 (no fold of each 16-lane
+  accumulator to 8 before the 8-lane reduction: 16 shuffles and 8 adds per 8 scores instead of 23 and 15)
+  took scores at 600 positions from 9.1 to 8.1 us per layer (one thread, cache-hot), the step's
+  attention at 600-639 positions from 722 to 674 us per token (history file).
 `kdot8_f32` / `vsum_f32` are the same loops over rows already converted to f32 (a prompt's blocks in
 cpu_attn_prefill, where every row serves a tile of queries); vsum_f32 keeps 64 lanes (8 chains of
 multiply-adds) in registers, since there the loop is compute-bound, not waiting on memory.
@@ -53,10 +59,14 @@ V8F, ZERO = _vf(8), _zero(8)
 # Lanes per vector of the V sums' (vsum, vsum_heads, vsum_f32) main loop: 16 where the target has AVX-512
 # (one vcvtph2ps and one FMA per 16 values; the 8-lane loops were bound by the conversions, one per cycle),
 # else 8; the rest of a row (hd % 16) in 8 lanes. The same bits either way: a lane is one output value's
-# chain over the positions. (The scores keep 8 lanes: 16 would change the order of a dot product's sums,
-# and through the next matmul's int8 activations the logits, for no gain at chat context: history file.)
+# chain over the positions.
 LANES = 16 if target_has("avx512f") else 8
-GROUP_HEADS = 3  # query heads per call of the *_heads forms (SmolLM2's GQA group; 3 x 4 accumulators fit)
+# Lanes of the scores' (kdot*) chains: 16 where the target has AVX-512 (one vcvtph2ps and one FMA per 16 K
+# values, and 32 registers for 8 positions x 3 heads of accumulators), else 8. Unlike the V sums' lanes
+# this changes the order of a dot product's sums, so the bits differ between the two targets (each
+# target's grouped and one-head forms still agree bit for bit).
+SCORE_LANES = 16 if target_has("avx512f") else 8
+GROUP_HEADS = 3  # query heads per call of the *_heads forms (SmolLM2's GQA group; see _kdot_codegen)
 
 
 def _i(x):
@@ -79,6 +89,25 @@ def _reduce8(builder, a):
     d = builder.fadd(_shuf(builder, c[0], c[1], [0, 8, 2, 10, 4, 12, 6, 14]),
                      _shuf(builder, c[0], c[1], [1, 9, 3, 11, 5, 13, 7, 15]))
     return _shuf(builder, d, d, [0, 4, 2, 6, 1, 5, 3, 7])  # d's lanes hold rows 0, 4, 2, 6, 1, 5, 3, 7
+
+
+def _reduce16(builder, a):
+    """8 vectors <16 x float> -> one <8 x float> whose lane r is the sum of a[r]'s lanes: _reduce8's pairwise
+    shuffle + add over 16 lanes (4 levels, 15 adds for 8 sums), without first folding each vector to 8."""
+    b = [builder.fadd(_shuf(builder, a[2 * k], a[2 * k + 1], list(range(8)) + list(range(16, 24))),
+                      _shuf(builder, a[2 * k], a[2 * k + 1], list(range(8, 16)) + list(range(24, 32))))
+         for k in range(4)]
+    # b[k]: lanes 0-7 partial sums of row 2k, 8-15 of row 2k + 1
+    lo2 = [0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27]
+    c = [builder.fadd(_shuf(builder, b[2 * k], b[2 * k + 1], lo2), _shuf(builder, b[2 * k], b[2 * k + 1],
+                                                                          [i + 4 for i in lo2])) for k in range(2)]
+    # c[k]: four lanes each of rows 4k, 4k + 2, 4k + 1, 4k + 3
+    lo3 = [0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29]
+    d = builder.fadd(_shuf(builder, c[0], c[1], lo3), _shuf(builder, c[0], c[1], [i + 2 for i in lo3]))
+    # d: lane pairs of rows 0, 4, 2, 6, 1, 5, 3, 7; the last level adds each pair and puts the rows in order
+    order = [0, 4, 2, 6, 1, 5, 3, 7]
+    return builder.fadd(_shuf(builder, d, d, [2 * order[r] for r in range(8)]),
+                        _shuf(builder, d, d, [2 * order[r] + 1 for r in range(8)]))
 
 
 def _elem_ptr(context, builder, arrty, arr, idx):
@@ -148,11 +177,14 @@ def _store_scores(context, builder, sty, s, o, tot, scale, rows, head=None):
 
 def _kdot_codegen(load, rows, heads):
     """kdot's code for `heads` query rows (1: q and s 1-d) over R = rows positions: per position and head
-    one chain of multiply-adds over the head dimension (8 lanes), then _reduce8 per head. Positions in
-    passes of `per`: 8 for one head (8 independent chains hide the FMA latency), 4 for three (4 x 3
-    accumulators, 3 query vectors and a K vector fill the 16 registers); each K vector is converted once
-    and serves every head."""
-    per = min(rows, 8 if heads == 1 else 4)
+    one chain of multiply-adds over the head dimension (SCORE_LANES lanes; a row's last hd % SCORE_LANES
+    values in 8 lanes widened with zeros), then _reduce16 (_reduce8 for 8 lanes) per head. Positions
+    in passes of `per`: 8 for one head (8 independent chains hide the FMA latency); for three, 4 in 16
+    registers (AVX2) or 8 in 32 (AVX-512: 24 accumulators, 3 query vectors and a K vector); each K vector
+    is converted once and serves every head."""
+    lanes = SCORE_LANES
+    per = min(rows, 8 if heads == 1 or lanes == 16 else 4)
+    zero = _zero(lanes)
 
     def codegen(context, builder, signature, args):
         s_, o_, q_, k_, p_, kh_, sc = args
@@ -160,26 +192,35 @@ def _kdot_codegen(load, rows, heads):
         hd = builder.extract_value(context.make_array(ty[2])(context, builder, q_).shape, ty[2].ndim - 1)
         qrow = _head_rows(context, builder, ty[2], q_, heads)
         sums = [[] for _ in range(heads)]
+
+        def wide(x, n):
+            return x if n == lanes else _shuf(builder, x, ZERO, list(range(lanes)))
         for first in range(0, rows, per):
             krow = [_elem_ptr(context, builder, ty[3], k_, [builder.add(p_, _i(first + r)), kh_]) for r in range(per)]
-            acc = [[cgutils.alloca_once_value(builder, ZERO) for _ in range(heads)] for _ in range(per)]
+            acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(heads)] for _ in range(per)]
 
-            def block(off, mask=None):
-                qv = [_load_floats(builder, qrow[h], off) for h in range(heads)]
+            def block(off, n, mask=None):
+                qv = [_load_floats(builder, qrow[h], off, n) for h in range(heads)]
                 if mask is not None:
                     qv = [builder.select(mask, x, ZERO) for x in qv]
+                qv = [wide(x, n) for x in qv]
                 for r in range(per):
-                    kv = load(builder, krow[r], off)
+                    kv = wide(load(builder, krow[r], off, n), n)
                     for h in range(heads):
                         _fma(builder, kv, qv[h], acc[r][h])
-            with cgutils.for_range(builder, builder.udiv(hd, _i(8))) as loop:
-                block(builder.mul(loop.index, _i(8)))
+            with cgutils.for_range(builder, builder.udiv(hd, _i(lanes))) as loop:
+                block(builder.mul(loop.index, _i(lanes)), lanes)
+            if lanes > 8:
+                base = builder.mul(builder.udiv(hd, _i(lanes)), _i(lanes))
+                with cgutils.for_range(builder, builder.udiv(builder.urem(hd, _i(lanes)), _i(8))) as loop:
+                    block(builder.add(base, builder.mul(loop.index, _i(8))), 8)
             with cgutils.if_unlikely(builder, builder.icmp_unsigned("!=", builder.urem(hd, _i(8)), _i(0))):
-                block(builder.sub(hd, _i(8)), _tail_mask(builder, hd))
+                block(builder.sub(hd, _i(8)), 8, _tail_mask(builder, hd))
             for h in range(heads):
                 sums[h] += [builder.load(acc[r][h]) for r in range(per)]
+        reduce = _reduce16 if lanes > 8 else _reduce8
         for h in range(heads):
-            tot = _reduce8(builder, sums[h] + [ZERO] * (8 - rows))
+            tot = reduce(builder, sums[h] + [zero] * (8 - rows))
             _store_scores(context, builder, ty[0], s_, o_, tot, sc, rows, None if heads == 1 else _i(h))
         return context.get_dummy_value()
     return codegen
