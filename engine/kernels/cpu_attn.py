@@ -26,6 +26,7 @@ from numba.extending import intrinsic, overload
 
 from .cpu_attn_avx2 import GROUP_HEADS, kdot4, kdot4_heads, kdot8, kdot8_heads, vsum, vsum_heads
 from .cpu_attn_int8_avx2 import kdot4_q8, kdot4_q8_heads, kdot8_q8, kdot8_q8_heads, vsum_q8, vsum_q8_heads
+from .cpu_attn_softmax import softmax_row
 from .cpu_sync import prefetch
 from .cpu_target import target_has
 
@@ -213,7 +214,17 @@ def _weighted_sum_loops(acc, s, vc, kh, lo, hi):
 
 
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
-def _softmax_rows(pc, s, n):
+def _softmax_rows_vec(pc, s, n):
+    """_softmax_rows through the IR kernel (cpu_attn_softmax: every score in vectors, a masked rest)."""
+    hd = pc.shape[1] - 2
+    for g in range(s.shape[0]):
+        m, tot = softmax_row(s[g], n)
+        pc[g, hd] = m
+        pc[g, hd + 1] = tot
+
+
+@njit(cache=True, nogil=True, fastmath=True, inline="always")
+def _softmax_rows_loops(pc, s, n):
     """s[g, :n] <- exp(s[g, :n] - max) in place; pc[g, hd] <- max, pc[g, hd + 1] <- sum, for every head g."""
     hd = pc.shape[1] - 2
     for g in range(s.shape[0]):
@@ -228,6 +239,9 @@ def _softmax_rows(pc, s, n):
             tot += e
         pc[g, hd] = m
         pc[g, hd + 1] = tot
+
+
+_softmax_rows = _softmax_rows_vec if VECTOR_ATTN else _softmax_rows_loops
 
 
 def chunk_cap(capacity: int) -> int:

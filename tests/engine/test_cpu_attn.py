@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from engine.kernels import cpu_attn, cpu_attn_int8, ref
+from engine.kernels.cpu_attn_softmax import softmax_row
 
 
 def _convert_all(h2f):
@@ -245,11 +246,46 @@ def test_int8_vector_items_match_numba_loops_and_numpy(hd, gs, n_kv, n_head):
 
 
 def test_generic_env_selects_the_numba_loops():
-    """NINFER_CPU_GENERIC=1 (what a CPU without AVX2 runs) takes the numba loops (tested above), f16 and int8."""
+    """NINFER_CPU_GENERIC=1 (what a CPU without AVX2 runs) takes the numba loops (tested above), f16 and int8,
+    and the numba softmax."""
     root = Path(__file__).resolve().parents[2]
     code = ("from engine.kernels import cpu_attn as A, cpu_attn_int8 as B; "
-            "print(A.VECTOR_ATTN, A._item_heads is A._item_heads_loops, B._item_heads_q8 is B._item_heads_q8_loops)")
+            "print(A.VECTOR_ATTN, A._item_heads is A._item_heads_loops, B._item_heads_q8 is B._item_heads_q8_loops, "
+            "A._softmax_rows is A._softmax_rows_loops)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(root), timeout=300,
                        env=dict(os.environ, NINFER_CPU_GENERIC="1", PYTHONPATH=str(root)))
     assert p.returncode == 0, p.stderr[-2000:]
-    assert p.stdout.split() == ["False", "True", "True"]
+    assert p.stdout.split() == ["False", "True", "True", "True"]
+
+
+@numba.njit
+def _softmax_both(s_vec, s_loops, n, pc):
+    for g in range(s_vec.shape[0]):
+        m, tot = softmax_row(s_vec[g], n)
+        pc[0, g, 0], pc[0, g, 1] = m, tot
+    cpu_attn._softmax_rows_loops(pc[1], s_loops, n)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 15, 16, 17, 31, 33, 150, 257])
+def test_softmax_row_matches_numpy_and_leaves_the_rest(n):
+    """The IR softmax of a scores row (every score in vectors, a masked rest): exp(s - max) in place, the
+    max and the sum returned, the floats past n untouched; the numba loops agree to rounding."""
+    rng = np.random.default_rng(n)
+    s = (rng.standard_normal((3, n + 40)) * 20).astype(np.float32)
+    s[:, n:] = 12345.0  # past n: must be neither read into the max nor written
+    if n > 3:
+        s[1, 3] = -200.0  # an exp that underflows to the clamp's value (exp(-87) ~ 1.6e-38)
+    before = s.copy()
+    loops, pc = s.copy(), np.zeros((2, 3, 2), np.float32)
+    _softmax_both(s, loops[:, :].copy(), n, pc)
+    loops_pc = np.zeros((3, 2), np.float32)
+    cpu_attn._softmax_rows_loops(loops_pc, loops, n)
+    for g in range(3):
+        x = before[g, :n].astype(np.float64)
+        e = np.exp(np.maximum(x - x.max(), -87.0))
+        assert pc[0, g, 0] == np.float32(x.max())
+        np.testing.assert_allclose(s[g, :n], e, rtol=1e-5, atol=1e-37)  # r = x - n ln2 carries |x| ulps
+        np.testing.assert_allclose(pc[0, g, 1], e.sum(), rtol=2e-6)
+        np.testing.assert_array_equal(s[g, n:], before[g, n:])
+        np.testing.assert_allclose(s[g, :n], loops[g, :n], rtol=2e-6, atol=1e-37)
+        np.testing.assert_allclose(pc[0, g, 1], loops_pc[g, 1], rtol=2e-6)
