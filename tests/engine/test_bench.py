@@ -259,6 +259,17 @@ def test_worker_env_threads_and_cold_cache(tmp_path):
     assert "NUMBA_CACHE_DIR" not in env
 
 
+def test_worker_env_of_another_checkout_keys_its_own_numba_cache(tmp_path, monkeypatch):
+    """This process's NUMBA_CACHE_DIR is keyed on this checkout's kernels: a tree= variant must not share it
+    (numba would serve it functions compiled from another version of their callees)."""
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba-this-tree"))
+    assert runner.worker_env(Variant("a"), None)["NUMBA_CACHE_DIR"] == str(tmp_path / "numba-this-tree")
+    (tmp_path / "engine" / "bench").mkdir(parents=True)
+    (tmp_path / "engine" / "bench" / "worker.py").write_text("")  # what a checkout is taken to be
+    other = runner.worker_env(Variant("b", tree=str(tmp_path)), None)
+    assert "NUMBA_CACHE_DIR" not in other and other["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path)
+
+
 # ------------------------------------------------------------------------------------ real worker runs
 def test_worker_run_ref_backend_synthetic(tiny_models):
     """One real subprocess run (numpy ref backend: no JIT) - figures are present and positive."""
