@@ -11,7 +11,7 @@ and the max and the sum kept per lane, then reduced across the lanes once per ro
 
 The sum's order is the lanes' (lane j adds scores j, j + LANES, ...), not the numba loop's, so the results
 agree with cpu_attn's loops to float rounding; every caller of cpu_attn._softmax_rows on a target takes the
-same path, so decode, verification and prefill rows stay bit-identical to each other.
+same path, so decode steps and verification passes (both per-row work items) stay bit-identical.
 """
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def softmax_row(typingctx, s, n):
         def vec(i):
             return builder.bitcast(builder.gep(base, [builder.mul(i, ir.Constant(I64, LANES))]), VF.as_pointer())
 
-        neg = _c(-3.0e38)
+        neg = _c(float("-inf"))
         acc = cgutils.alloca_once_value(builder, neg)
         with cgutils.for_range(builder, full) as loop:
             builder.store(_max(builder, builder.load(acc), builder.load(vec(loop.index), align=4)), acc)
