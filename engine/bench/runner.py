@@ -61,14 +61,13 @@ def worker_env(v: Variant, cold_dir: str | None) -> dict:
     (2026-12-03: a worktree moved from 93e7d13 to d527754 decoded 93e7d13's text). Its own numba_env keys
     its own directory under the same root."""
     env = dict(os.environ)
-    if variant_root(v) != REPO_ROOT:
-        env.pop("NUMBA_CACHE_DIR", None)
     n = str(v.threads)
     env.update(NUMBA_NUM_THREADS=n, OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env["PYTHONPATH"] = str(variant_root(v)) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(v.env)
     if cold_dir:
         env["NINFER_CACHE_DIR"] = cold_dir
+    if cold_dir or variant_root(v) != REPO_ROOT:
         env.pop("NUMBA_CACHE_DIR", None)
     return env
 

@@ -26,14 +26,12 @@ from numba.extending import intrinsic, overload
 
 from .cpu_attn_avx2 import GROUP_HEADS, kdot4, kdot4_heads, kdot8, kdot8_heads, vsum, vsum_heads
 from .cpu_attn_int8_avx2 import kdot4_q8, kdot4_q8_heads, kdot8_q8, kdot8_q8_heads, vsum_q8, vsum_q8_heads
-from .cpu_attn_softmax import softmax_row
+from .cpu_attn_softmax import EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_POLY, softmax_row
 from .cpu_sync import prefetch
 from .cpu_target import target_has
 
 F32 = np.float32
-_LOG2E = F32(1.4426950408889634)
-_LN2_HI = F32(0.693145751953125)
-_LN2_LO = F32(1.428606765330187e-06)
+_LOG2E, _LN2_HI, _LN2_LO = F32(EXP_LOG2E), F32(EXP_LN2_HI), F32(EXP_LN2_LO)
 
 SPLITS = 4  # decode attention: positions split in this many chunks per row (balanced over threads)
 V_BLOCK = 32  # positions per pass of the weighted V sums over every head (12 KiB of V rows at 3 heads of 64)
@@ -45,13 +43,13 @@ def exp_fast(x):
     x = min(max(x, F32(-87.0)), F32(88.0))
     n = np.floor(x * _LOG2E + F32(0.5))
     r = x - n * _LN2_HI - n * _LN2_LO  # |r| <= ln2/2
-    p = F32(1.0 / 720.0)
-    p = p * r + F32(1.0 / 120.0)
-    p = p * r + F32(1.0 / 24.0)
-    p = p * r + F32(1.0 / 6.0)
-    p = p * r + F32(0.5)
-    p = p * r + F32(1.0)
-    p = p * r + F32(1.0)
+    p = F32(EXP_POLY[0])  # the constants are cpu_attn_softmax's, whose vector form computes the same
+    p = p * r + F32(EXP_POLY[1])
+    p = p * r + F32(EXP_POLY[2])
+    p = p * r + F32(EXP_POLY[3])
+    p = p * r + F32(EXP_POLY[4])
+    p = p * r + F32(EXP_POLY[5])
+    p = p * r + F32(EXP_POLY[6])
     bits = np.int32(np.int32(np.int32(n) + np.int32(127)) << np.int32(23))
     return p * bits.view(np.float32)
 

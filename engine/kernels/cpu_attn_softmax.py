@@ -4,7 +4,7 @@
 scores over a work item's chunk of positions (~20-150 at chat and long context). Through numba the two loops
 (max, then exp and sum) had a runtime bound, so LLVM vectorized them 32 scores per iteration and left up to
 31 of a row to a scalar exp: at 600 positions that took 6.9-7.1 of a layer's 27.5 us (one thread,
-cache-hot; history file). Here every score goes through LANES-wide vectors: whole vectors, then the rest of
+cache-hot; history file). Here every score goes through LANES-wide vectors (cpu_attn_avx2.LANES: 16 with AVX-512, else 8): whole vectors, then the rest of
 the row in one masked load and store (the lanes past n are neither read nor written), the exp as
 cpu_attn.exp_fast computes it (clamp, 2^n by the exponent bits, a degree-6 polynomial in r = x - n ln2),
 and the max and the sum kept per lane, then reduced across the lanes once per row.
@@ -22,17 +22,17 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .cpu_attn_avx2 import LANES
 from .cpu_avx2 import _const, _fn, _splat
-from .cpu_target import target_has
 
 I1, I32, I64, F = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
-LANES = 16 if target_has("avx512f") else 8
 VF, VI = ir.VectorType(F, LANES), ir.VectorType(I32, LANES)
 VB = ir.VectorType(I1, LANES)
 
-# exp_fast's constants (cpu_attn): ln 2 split in a high part exact in float32 and the rest
-LOG2E, LN2_HI, LN2_LO = 1.4426950408889634, 0.693145751953125, 1.428606765330187e-06
-POLY = [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0]
+# The exp's constants, here and in cpu_attn.exp_fast (the scalar form): ln 2 split in a high part exact in
+# float32 and the rest; the degree-6 polynomial's coefficients, highest first.
+EXP_LOG2E, EXP_LN2_HI, EXP_LN2_LO = 1.4426950408889634, 0.693145751953125, 1.428606765330187e-06
+EXP_POLY = (1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0)
 
 
 def _c(x):
@@ -52,10 +52,10 @@ def _exp(builder, x):
     x = _max(builder, x, _c(-87.0))
     x = builder.select(builder.fcmp_ordered("<", x, _c(88.0)), x, _c(88.0))
     floor = _fn(builder, f"llvm.floor.v{LANES}f32", VF, [VF])
-    n = builder.call(floor, [_fma(builder, x, _c(LOG2E), _c(0.5))])
-    r = builder.fsub(builder.fsub(x, builder.fmul(n, _c(LN2_HI))), builder.fmul(n, _c(LN2_LO)))
-    p = _c(POLY[0])
-    for k in POLY[1:]:
+    n = builder.call(floor, [_fma(builder, x, _c(EXP_LOG2E), _c(0.5))])
+    r = builder.fsub(builder.fsub(x, builder.fmul(n, _c(EXP_LN2_HI))), builder.fmul(n, _c(EXP_LN2_LO)))
+    p = _c(EXP_POLY[0])
+    for k in EXP_POLY[1:]:
         p = _fma(builder, p, r, _c(k))
     bits = builder.shl(builder.add(builder.fptosi(n, VI), _const(VI, 127)), _const(VI, 23))
     return builder.fmul(p, builder.bitcast(bits, VF))
@@ -97,7 +97,7 @@ def softmax_row(typingctx, s, n):
         n = context.cast(builder, n_, signature.args[1], types.int64)
         full = builder.udiv(n, ir.Constant(I64, LANES))
         rest = builder.trunc(builder.urem(n, ir.Constant(I64, LANES)), I32)
-        tail = builder.gep(base, [builder.mul(full, ir.Constant(I64, LANES))])
+        tail = builder.bitcast(builder.gep(base, [builder.mul(full, ir.Constant(I64, LANES))]), VF.as_pointer())
         mask = builder.icmp_unsigned("<", _const(VI, list(range(LANES))), _splat(builder, rest, VI))
 
         def vec(i):
@@ -107,7 +107,7 @@ def softmax_row(typingctx, s, n):
         acc = cgutils.alloca_once_value(builder, neg)
         with cgutils.for_range(builder, full) as loop:
             builder.store(_max(builder, builder.load(acc), builder.load(vec(loop.index), align=4)), acc)
-        tv = _masked(builder, builder.bitcast(tail, VF.as_pointer()), mask, neg)
+        tv = _masked(builder, tail, mask, neg)
         m = _across(builder, _max(builder, builder.load(acc), tv), _max)
 
         ms = _splat(builder, m, VF)
@@ -117,9 +117,8 @@ def softmax_row(typingctx, s, n):
             e = _exp(builder, builder.fsub(builder.load(p, align=4), ms))
             builder.store(e, p, align=4)
             builder.store(builder.fadd(builder.load(tot), e), tot)
-        tp = builder.bitcast(tail, VF.as_pointer())
-        e = _exp(builder, builder.fsub(_masked(builder, tp, mask, ms), ms))
-        _masked_store(builder, e, tp, mask)
+        e = _exp(builder, builder.fsub(_masked(builder, tail, mask, ms), ms))
+        _masked_store(builder, e, tail, mask)
         last = builder.fadd(builder.load(tot), builder.select(mask, e, _c(0.0)))
         total = _across(builder, last, lambda b, x, y: b.fadd(x, y))
         return context.make_tuple(builder, signature.return_type, [m, total])
