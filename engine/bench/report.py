@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import statistics
 
+from .worker import RAMP_TOKENS
+
 # (result key, column title, format, higher is better?) - the figures the user's protocol asks for
 METRICS = (
     ("decode_tok_s", "decode tok/s", "{:.1f}", True),
+    ("decode_steady_tok_s", "steady tok/s", "{:.1f}", True),  # after the reply's first tokens (worker.RAMP_TOKENS)
     ("prefill_tok_s", "prefill tok/s", "{:.1f}", True),
     ("ttft_s", "TTFT s", "{:.2f}", False),
     ("load_s", "load s", "{:.2f}", False),
@@ -44,7 +47,7 @@ def ratios(agg: dict[str, dict], baseline: str) -> dict[str, dict]:
     out = {}
     for name, a in agg.items():
         r = {}
-        for key in ("decode_tok_s", "prefill_tok_s", "ttft_s", "peak_rss_mb"):
+        for key in ("decode_tok_s", "decode_steady_tok_s", "prefill_tok_s", "ttft_s", "peak_rss_mb"):
             if key in a and key in base and base[key]["mean"]:
                 r[key] = a[key]["mean"] / base[key]["mean"]
         out[name] = r
@@ -61,15 +64,17 @@ def roofline(results: list[dict], variant_names: list[str], weight_bytes: int | 
     what a token costs to read. Each share also comes pooled: the runs' mean bytes per second over their
     mean bandwidth. Where the host's bandwidth moves independently of the decode speed (the 2-core dev VM:
     correlation 0.07 over 26 runs), the mean of the runs' shares leans high (the mean of 1 / bandwidth
-    exceeds 1 / its mean) and a single run's share mostly measures the noise."""
+    exceeds 1 / its mean) and a single run's share mostly measures the noise. "steady" holds the same shares
+    of the rate after each reply's first tokens (worker.RAMP_TOKENS: the probe's bandwidth is the memory's
+    warm rate, which a reply's first tokens after an idle spell do not get)."""
     bws = [r["read_bandwidth"] for r in results if r.get("ok") and r.get("read_bandwidth")]
     if not weight_bytes or not bws:
         return {}
 
-    def shares(name, per_token):
+    def shares(name, per_token, key="decode_tok_s"):
         runs = [r for r in results
-                if r.get("variant") == name and r.get("ok") and r.get("decode_tok_s") and r.get("read_bandwidth")]
-        pairs = [(float(r["decode_tok_s"]) * b, r["read_bandwidth"]) for r, b in ((r, per_token(r)) for r in runs)
+                if r.get("variant") == name and r.get("ok") and r.get(key) and r.get("read_bandwidth")]
+        pairs = [(float(r[key]) * b, r["read_bandwidth"]) for r, b in ((r, per_token(r)) for r in runs)
                  if b is not None]
         if not pairs:
             return None
@@ -77,22 +82,26 @@ def roofline(results: list[dict], variant_names: list[str], weight_bytes: int | 
         return {"mean": statistics.fmean(vals), "min": min(vals), "max": max(vals), "n": len(vals),
                 "pooled": statistics.fmean(rate for rate, _ in pairs) / statistics.fmean(bw for _, bw in pairs)}
 
-    share, with_kv = {}, {}
+    share, with_kv, steady, steady_kv = {}, {}, {}, {}
     for name in variant_names:
-        if (s := shares(name, lambda r: weight_bytes)) is not None:
-            share[name] = s
+        for key, into in (("decode_tok_s", share), ("decode_steady_tok_s", steady)):
+            if (s := shares(name, lambda r: weight_bytes, key)) is not None:
+                into[name] = s
         if kv_bytes and name in kv_bytes:
             kv = kv_bytes[name]
-            s = shares(name, lambda r: weight_bytes + kv * (r["prompt_tokens"] + r["output_tokens"] / 2)
-                       if "prompt_tokens" in r and "output_tokens" in r else None)
-            if s is not None:
-                with_kv[name] = s
+            for key, into in (("decode_tok_s", with_kv), ("decode_steady_tok_s", steady_kv)):
+                s = shares(name, lambda r: weight_bytes + kv * (r["prompt_tokens"] + r["output_tokens"] / 2)
+                           if "prompt_tokens" in r and "output_tokens" in r else None, key)
+                if s is not None:
+                    into[name] = s
     bw = {"mean": statistics.fmean(bws) / 1e9, "min": min(bws) / 1e9, "max": max(bws) / 1e9, "n": len(bws)}
     out = {"weight_bytes_per_token": weight_bytes, "read_bandwidth_gb_s": bw,
            "roofline_tok_s": statistics.fmean(bws) / weight_bytes, "share_of_roofline": share}
     if with_kv:
         out["kv_bytes_per_position"] = kv_bytes
         out["share_with_kv"] = with_kv
+    if steady:
+        out["steady"] = {"share_of_roofline": steady, **({"share_with_kv": steady_kv} if steady_kv else {})}
     return out
 
 
@@ -143,6 +152,12 @@ def table(agg: dict[str, dict], rat: dict[str, dict], baseline: str, roof: dict 
         if roof.get("share_with_kv"):
             lines.append("counting the KV cache read per token too (at each run's mean context): "
                          + ", ".join(_share(n, s) for n, s in roof["share_with_kv"].items()))
+        if st := roof.get("steady"):
+            line = (f"steady (the rate after each reply's first {RAMP_TOKENS + 1} tokens, which meet the memory's "
+                    "ramp after an idle spell): " + ", ".join(_share(n, s) for n, s in st["share_of_roofline"].items()))
+            if st.get("share_with_kv"):
+                line += "; with the KV cache: " + ", ".join(_share(n, s) for n, s in st["share_with_kv"].items())
+            lines.append(line)
     if note := length_note(agg):
         lines.append(note)
     for name, a in agg.items():

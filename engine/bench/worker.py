@@ -17,6 +17,22 @@ import time
 
 RESULT_TAG = "BENCH_RESULT "
 
+# Tokens after the first one that a reply's "steady" decode rate leaves out. After an idle spell this host's
+# memory reads ramp up over ~10-20 ms of traffic (scripts/memory_ramp.py: the bandwidth probe's first passes
+# read 32-34 GB/s against 50-54 once warm; a decode step after 0.2 s idle ~5 ms against 2.6), so every
+# reply's first ~10 tokens decode slower. The probe reports the warm rate: the roofline share that compares
+# like with like is the steady rate's.
+RAMP_TOKENS = 16
+
+
+def steady_rate(marks: list[tuple[int, float]]) -> float | None:
+    """Decode tok/s after the ramp from (tokens so far, time) marks in order, the last one the reply's end:
+    from the first mark past 1 + RAMP_TOKENS tokens to the last; None when fewer than 8 tokens follow it."""
+    cut = next((m for m in marks if m[0] >= 1 + RAMP_TOKENS), None)
+    if cut is None or marks[-1][0] - cut[0] < 8 or marks[-1][1] <= cut[1]:
+        return None
+    return (marks[-1][0] - cut[0]) / (marks[-1][1] - cut[1])
+
 
 def _peak_rss() -> int:
     """Peak resident set size of this process in bytes (Linux reports KiB)."""
@@ -34,7 +50,7 @@ def run_ours(spec, t0_wall: float) -> dict:
     from .. import numba_env  # noqa: F401  (flags before numba is imported)
     from ..api import Engine
     from ..config import EngineArgs, GenerateRequest, SamplingParams, ThinkingParams
-    from ..events import FinalStats, ReasoningDelta, TextDelta
+    from ..events import FinalStats, ReasoningDelta, StepStats, TextDelta
 
     v, w = spec.variant, spec.workload
     args = EngineArgs(model=spec.model, threads=v.threads, prefix_reuse=False, max_context=spec.max_context,
@@ -43,11 +59,13 @@ def run_ours(spec, t0_wall: float) -> dict:
     eng = Engine.load(args)
     out = {"load_s": time.perf_counter() - t, "warmup_s": getattr(eng.model, "warmup_s", None)}
     session = eng.session()
+    session.stats_interval_s = 0.0  # a StepStats every round: the steady rate's marks
     sp = SamplingParams(greedy=w.greedy, temperature=0.0 if w.greedy else w.temperature, top_p=w.top_p,
                         top_k=w.top_k, seed=w.seed, max_new=w.decode_tokens,
                         presence_penalty=w.greedy_presence_penalty if w.greedy else w.presence_penalty)
     first = None
     fs = None
+    marks: list[tuple[int, float]] = []
     if w.mode == "synthetic":  # the token prompt as it is, exactly decode_tokens tokens (no end-of-text stop)
         events = session.generate_ids(w.prompt_ids, GenerateRequest(sampling=sp))
     else:
@@ -56,9 +74,12 @@ def run_ours(spec, t0_wall: float) -> dict:
     for ev in events:
         if first is None and isinstance(ev, (TextDelta, ReasoningDelta)):
             first = _since_spawn(t0_wall)
+        if isinstance(ev, StepStats):
+            marks.append((ev.output_tokens, time.perf_counter()))
         if isinstance(ev, FinalStats):
             fs = ev
-    out.update(prompt_tokens=fs.prompt_tokens, output_tokens=fs.output_tokens, prefill_tok_s=fs.prefill_tok_s,
+            marks.append((ev.output_tokens, time.perf_counter()))
+    out.update(decode_steady_tok_s=steady_rate(marks), prompt_tokens=fs.prompt_tokens, output_tokens=fs.output_tokens, prefill_tok_s=fs.prefill_tok_s,
                ttft_s=first if first is not None else _since_spawn(t0_wall), decode_tok_s=fs.decode_tok_s,
                ms_per_round=fs.ms_per_round or (1e3 / fs.decode_tok_s if fs.decode_tok_s else None),
                tokens_per_round=fs.tokens_per_round or 1.0, acceptance=fs.acceptance if fs.drafted else None,
@@ -105,6 +126,7 @@ def run_llama_cpp(spec, t0_wall: float) -> dict:
         text = llm.detokenize(gen).decode("utf-8", errors="replace")
         out.update(prompt_tokens=len(ids), output_tokens=len(gen), prefill_s=t_pf, prefill_tok_s=len(ids) / t_pf,
                    ttft_s=ttft, decode_s=t_dec, decode_tok_s=(len(gen) - 1) / t_dec,
+                   decode_steady_tok_s=steady_rate(list(zip(range(2, len(gen) + 1), np.cumsum(steps)))),
                    ms_per_round=float(np.mean(steps) * 1e3), ms_per_round_p90=float(np.percentile(steps, 90) * 1e3),
                    tokens_per_round=1.0, output_sha256=hashlib.sha256(text.encode()).hexdigest(),
                    token_ids=gen[:64], text_head=text[:120])
@@ -116,6 +138,7 @@ def run_llama_cpp(spec, t0_wall: float) -> dict:
     t = time.perf_counter()
     first = t_first = None
     parts = []
+    marks: list[tuple[int, float]] = []  # (chunks so far, time): a streamed chunk is one token
     for chunk in llm.create_chat_completion(messages=w.messages, max_tokens=w.decode_tokens, stream=True,
                                             seed=w.seed, **kw):
         delta = chunk["choices"][0].get("delta", {}).get("content")
@@ -123,11 +146,13 @@ def run_llama_cpp(spec, t0_wall: float) -> dict:
             if first is None:
                 first, t_first = _since_spawn(t0_wall), time.perf_counter()
             parts.append(delta)
+            marks.append((len(parts), time.perf_counter()))
     t_end = time.perf_counter()
     text = "".join(parts)
     n_out = len(llm.tokenize(text.encode(), add_bos=False, special=True)) if text else 0
     dec_s = t_end - (t_first or t_end)
     out.update(output_tokens=n_out, ttft_s=first, decode_tok_s=(n_out - 1) / dec_s if dec_s > 0 else None,
+               decode_steady_tok_s=steady_rate(marks) if marks else None,
                ms_per_round=dec_s * 1e3 / max(n_out - 1, 1), tokens_per_round=1.0,
                output_sha256=hashlib.sha256(text.encode()).hexdigest(), wall_s=t_end - t)
     return out

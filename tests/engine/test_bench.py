@@ -271,15 +271,46 @@ def test_worker_env_of_another_checkout_keys_its_own_numba_cache(tmp_path, monke
 
 
 # ------------------------------------------------------------------------------------ real worker runs
+def test_steady_rate_leaves_out_the_replys_first_tokens():
+    from engine.bench.worker import RAMP_TOKENS, steady_rate
+    cut = 1 + RAMP_TOKENS
+    # blocks of 8 after the first token: slow while the memory ramps (10 ms a token), then 2 ms a token
+    marks, t = [(1, 0.0)], 0.0
+    for n in range(9, 66, 8):
+        t += 8 * (0.010 if n <= cut else 0.002)
+        marks.append((n, t))
+    first_past = next(m for m in marks if m[0] >= cut)
+    assert steady_rate(marks) == pytest.approx((marks[-1][0] - first_past[0]) / (marks[-1][1] - first_past[1]))
+    assert steady_rate(marks) == pytest.approx(500.0)
+    assert steady_rate(marks[:4]) == pytest.approx(500.0) and steady_rate(marks[:3]) is None  # 8 tokens, 0
+    assert steady_rate([(1, 0.0), (cut, 1.0), (cut + 10, 1.0)]) is None  # no time passed
+
+
+def test_roofline_steady_share_uses_the_steady_rate():
+    runs = [{"variant": "ours", "ok": True, "decode_tok_s": 100.0, "decode_steady_tok_s": 150.0,
+             "read_bandwidth": 20e9, "prompt_tokens": 500, "output_tokens": 200},
+            {"variant": "peer", "ok": True, "decode_tok_s": 50.0, "read_bandwidth": 20e9}]  # no steady rate
+    roof = report.roofline(runs, ["ours", "peer"], weight_bytes=100e6, kv_bytes={"ours": 1000})
+    assert roof["share_of_roofline"]["ours"]["mean"] == pytest.approx(0.5)
+    assert roof["steady"]["share_of_roofline"]["ours"]["mean"] == pytest.approx(0.75)
+    assert roof["steady"]["share_with_kv"]["ours"]["mean"] == pytest.approx(150 * 100.6e6 / 20e9)
+    assert "peer" not in roof["steady"]["share_of_roofline"]
+    agg = report.aggregate(runs, ["ours", "peer"])
+    text = report.table(agg, report.ratios(agg, "peer"), "peer", roof)
+    assert "steady tok/s" in text and "steady (the rate after" in text and "ours 75%" in text
+    assert "steady" not in report.roofline(runs[1:], ["peer"], 100e6)
+
+
 def test_worker_run_ref_backend_synthetic(tiny_models):
     """One real subprocess run (numpy ref backend: no JIT) - figures are present and positive."""
     model = str(tiny_models["llama"])
     ids = synthetic_prompt_ids(model, 24)
     spec = RunSpec(parse_variant("r:backend=ref,prefill_chunk=16,threads=1"),
-                   Workload("syn", prompt_ids=ids, prompt_tokens=24, decode_tokens=6), model, max_context=128)
+                   Workload("syn", prompt_ids=ids, prompt_tokens=24, decode_tokens=30), model, max_context=128)
     res = runner.run_one(spec, timeout_s=300)
     assert res["ok"], res.get("error")
-    assert res["prompt_tokens"] == 24 and res["output_tokens"] == 6 and res["rounds"] == 6  # the reply loop
+    assert res["prompt_tokens"] == 24 and res["output_tokens"] == 30 and res["rounds"] == 30  # the reply loop
+    assert res["decode_steady_tok_s"] > 0  # 13 tokens after the ramp's 17
     assert res["decode_tok_s"] > 0 and res["prefill_tok_s"] > 0 and res["ttft_s"] > 0
     assert res["peak_rss"] > 10 * 2**20 and len(res["output_sha256"]) == 64
     again = runner.run_one(spec, timeout_s=300)
