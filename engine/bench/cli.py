@@ -178,6 +178,24 @@ def _workload(a, model: str) -> Workload:
                     prompt_tokens=len(ids), decode_tokens=a.decode_tokens, **sampling)
 
 
+def probe_context(wl: Workload) -> int:
+    """Positions of context the bandwidth probe adds KV bytes for: the workload's mean context while it
+    decodes (the prompt and half the reply) - a synthetic prompt's length is known; a message workload's is
+    not before its chat template is applied, so only the reply counts there (a lower bound: a smaller probe,
+    a faster memory level, a lower share)."""
+    return (wl.prompt_tokens if wl.mode == "synthetic" else 0) + wl.decode_tokens // 2
+
+
+def step_bytes(model: str, variants: list, wl: Workload) -> tuple[int, int]:
+    """(weight bytes, bytes a decode step reads at the workload's mean context): the weights plus the KV
+    cache of probe_context positions, in the smallest cache layout among our variants (int8 when one
+    decodes with it: again the smaller probe)."""
+    from .bandwidth import kv_bytes_per_position, weight_bytes_per_token
+    wbytes = weight_bytes_per_token(model)["bytes"]
+    kv = min(kv_bytes_per_position(model, v.engine.get("kv_dtype", "f16")) for v in variants if v.kind == "ours")
+    return wbytes, wbytes + kv * probe_context(wl)
+
+
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     log = (lambda s: print(s, file=sys.stderr, flush=True))
@@ -204,10 +222,13 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     probe = wbytes = None
     if not a.no_roofline and any(v.kind == "ours" for v in variants):
-        from .bandwidth import measure_read_bandwidth, probe_bytes, weight_bytes_per_token
+        from .bandwidth import measure_read_bandwidth, probe_bytes
         threads = max(v.threads for v in variants)
-        wbytes = weight_bytes_per_token(model)["bytes"]
-        probe = partial(measure_read_bandwidth, threads, probe_bytes(wbytes, threads))
+        wbytes, sbytes = step_bytes(model, variants, wl)
+        nbytes = probe_bytes(sbytes, threads)
+        log(f"[bandwidth] probe: {nbytes >> 20} MiB, what a decode step reads at {probe_context(wl)} positions of "
+            f"context ({wbytes / 1e6:.1f} MB of weights, {(sbytes - wbytes) / 1e6:.1f} MB of KV cache)")
+        probe = partial(measure_read_bandwidth, threads, nbytes)
     results = run_bench(variants, wl, model, repeats=a.repeats, idle_gap_s=a.idle_gap,
                         max_context=a.max_context, log=log, warmup=not a.no_warmup, bandwidth=probe)
     agg = aggregate(results, [v.name for v in variants])
@@ -218,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         kv = {v.name: kv_bytes_per_position(model, v.engine.get("kv_dtype", "f16") if v.kind == "ours" else "f16")
               for v in variants}
         roof = roofline(results, [v.name for v in variants], wbytes, kv)
+        if roof:
+            roof["probe_bytes"] = nbytes
     print(table(agg, rat, baseline, roof))
     doc = {"machine": machine, "model": model, "workload": {k: v for k, v in asdict(wl).items() if k != "prompt_ids"},
            "variants": [asdict(v) for v in variants], "baseline": baseline, "repeats": a.repeats,

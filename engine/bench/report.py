@@ -146,7 +146,9 @@ def table(agg: dict[str, dict], rat: dict[str, dict], baseline: str, roof: dict 
         lines.append("")
         lines.append(f"roofline: {roof['weight_bytes_per_token'] / 1e6:.1f} MB of weights per token at "
                      f"{_range(roof['read_bandwidth_gb_s'], '{:.1f}')} GB/s read bandwidth (a stream of "
-                     f"the weights' size, measured around each round) -> {roof['roofline_tok_s']:.0f} tok/s; "
+                     + (f"{roof['probe_bytes'] >> 20} MiB, a step's weights and KV cache" if "probe_bytes" in roof
+                        else "the weights' size")
+                     + f", measured around each round) -> {roof['roofline_tok_s']:.0f} tok/s; "
                      "share, each run against its round's bandwidth: "
                      + ", ".join(_share(n, s) for n, s in roof["share_of_roofline"].items()))
         if roof.get("share_with_kv"):

@@ -425,6 +425,21 @@ def test_read_probe_sums_every_value_and_reports_both_readers():
     assert set(rates) == {"numpy", "prefetched"} and all(0 < r < 1e13 for r in rates.values())
 
 
+def test_probe_reads_what_a_step_reads_at_the_mean_context(tiny_models):
+    from engine.bench import bandwidth as bw
+    from engine.bench import cli
+    model = str(tiny_models["llama"])
+    syn = Workload("syn", prompt_ids=[1] * 40, prompt_tokens=40, decode_tokens=30)
+    msg = Workload("m", mode="messages", messages=[{"role": "user", "content": "hi"}], decode_tokens=30)
+    assert cli.probe_context(syn) == 40 + 15 and cli.probe_context(msg) == 15  # a chat prompt: not counted
+    w = bw.weight_bytes_per_token(model)["bytes"]
+    f16, i8 = bw.kv_bytes_per_position(model, "f16"), bw.kv_bytes_per_position(model, "int8")
+    assert i8 < f16
+    ours, int8 = parse_variant("a:"), parse_variant("b:kv_dtype=int8")
+    assert cli.step_bytes(model, [ours, parse_variant("llama.cpp")], syn) == (w, w + 55 * f16)
+    assert cli.step_bytes(model, [ours, int8], syn) == (w, w + 55 * i8)  # the smaller cache: the smaller probe
+
+
 def test_exit_reason_names_the_signal_and_what_to_do_for_a_crashed_peer():
     assert runner.exit_reason(3, "ours") == "worker exited 3"
     assert runner.exit_reason(-9, "ours") == "worker killed by SIGKILL"
