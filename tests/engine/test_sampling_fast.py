@@ -193,3 +193,25 @@ def test_compile_plan_names_the_signatures_choose_uses(sp):
     assert plan
     for disp, sig in plan:
         assert tuple(sig) in [tuple(s) for s in disp.signatures], (disp, sig, disp.signatures)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 63, 64, 65, 3001])
+def test_lanes_max_is_the_max_of_the_penalised_row_ignoring_nan(n):
+    """The vectorized maximum behind top_scan's first chunks and select_wide's exp row: any length (the eight
+    lanes' rest), a penalty row or none, NaN never counted, -inf where nothing else is."""
+    from numba import njit
+
+    from engine.sampling_fast import _lanes_max
+    lanes = njit(lambda x, pen, lo, hi: _lanes_max(x, pen, pen.shape[0] > 0, lo, hi))
+    rng = np.random.default_rng(n)
+    x = (rng.normal(size=n) * 3).astype(np.float32)
+    x[rng.random(n) < 0.1] = np.nan
+    x[rng.random(n) < 0.1] = -np.inf
+    pen = (rng.random(n) * 2).astype(np.float32)
+    for p in (pen, pen[:0]):
+        v = x - p if p.shape[0] else x
+        for lo, hi in ((0, n), (n // 3, n), (0, (2 * n) // 3)):
+            got = lanes(x, p, lo, hi)
+            seg = v[lo:hi][~np.isnan(v[lo:hi])]
+            assert got == (seg.max() if seg.size else -np.inf), (lo, hi)
+    assert lanes(np.full(9, np.nan, np.float32), pen[:0], 0, 9) == -np.inf
