@@ -40,30 +40,12 @@ def _spin_both(s: float) -> None:
 
 
 def probe(nbytes: int, idle: float, passes: int, reps: int) -> None:
-    from engine.bench.stream_read import stream_sum
-    from engine.kernels.cpu_avx2 import PREFETCH
-    bufs = [np.arange(nbytes // 2 // 8, dtype=np.float64) for _ in range(2)]
-    for b in bufs:
-        stream_sum(b, PREFETCH)
-    barrier = threading.Barrier(2)
+    from engine.bench.bandwidth import prefetched_buffers, prefetched_passes
+    bufs = prefetched_buffers(2, nbytes)
+    total = sum(b.nbytes for b in bufs)
 
     def run(n):
-        times = []
-
-        def reader(i):
-            for _ in range(n):
-                barrier.wait()
-                t = time.perf_counter()
-                stream_sum(bufs[i], PREFETCH)
-                barrier.wait()
-                if i == 0:
-                    times.append(time.perf_counter() - t)
-        ts = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        return [sum(b.nbytes for b in bufs) / t / 1e9 for t in times]
+        return [total / t / 1e9 for t in prefetched_passes(bufs, n)]
     run(passes)
     got = {f"after {idle:g} s idle": [], "no pause": []}
     for _ in range(reps):

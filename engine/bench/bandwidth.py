@@ -68,16 +68,22 @@ def _numpy_rate(threads: int, nbytes: int, repeats: int) -> float:
     return float(sum(rates))
 
 
-def _prefetched_rate(threads: int, nbytes: int, repeats: int) -> float:
-    """The prefetching readers, in threads of this process, timed in lock step: each repeat starts them
-    together and ends when the last is done (the sum of each reader's best would count a reader that ran
-    alone at the single-core rate)."""
+def prefetched_buffers(threads: int, nbytes: int) -> list:
+    """One buffer per prefetching reader, nbytes in all, compiled for and touched once."""
     from ..kernels.cpu_avx2 import PREFETCH  # here, not at the top: the numpy readers' processes need no numba
     from .stream_read import stream_sum
-    n = max(1, threads)
-    bufs = [np.arange(nbytes // n // 8, dtype=np.float64) for _ in range(n)]
+    bufs = [np.arange(nbytes // max(1, threads) // 8, dtype=np.float64) for _ in range(max(1, threads))]
     for b in bufs:
         stream_sum(b, PREFETCH)  # compile (or load), touch the pages
+    return bufs
+
+
+def prefetched_passes(bufs: list, repeats: int) -> list[float]:
+    """Seconds of each of `repeats` passes of the prefetching readers, one thread per buffer, timed in lock
+    step: each pass starts them together and ends when the last is done (the sum of each reader's best
+    would count a reader that ran alone at the single-core rate)."""
+    from ..kernels.cpu_avx2 import PREFETCH
+    from .stream_read import stream_sum
     barrier = threading.Barrier(len(bufs))
     times = []
 
@@ -94,7 +100,13 @@ def _prefetched_rate(threads: int, nbytes: int, repeats: int) -> float:
         t.start()
     for t in ts:
         t.join()
-    return sum(b.nbytes for b in bufs) / min(times)
+    return times
+
+
+def _prefetched_rate(threads: int, nbytes: int, repeats: int) -> float:
+    """The prefetching readers' best pass (bytes/s)."""
+    bufs = prefetched_buffers(threads, nbytes)
+    return sum(b.nbytes for b in bufs) / min(prefetched_passes(bufs, repeats))
 
 
 def _prefetched_child(threads, nbytes, repeats, q):
