@@ -37,6 +37,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from .kernels.cpu import max_lanes8
 from .kernels.cpu_attn import exp_fast
 
 KMAX = 128  # above this the insertion buffer costs more than the threshold path
@@ -47,7 +48,7 @@ _SLACK = 1.0 + 1e-9  # the collected mass must beat top_p by more than summation
 @njit(cache=True, inline="always")
 def _lanes_max(x, pen, use_pen, lo, hi):
     """The largest x[i] - pen[i] (x[i] where pen is empty) over lo..hi; a NaN never counts (-inf if all are).
-    Eight interleaved compare-and-select lanes, which SLP packs into one vector (as cpu.argmax_row): numba's
+    Eight interleaved compare-and-select lanes (cpu.max_lanes8, as cpu.argmax_row) in one vector: numba's
     loop, one running maximum, stayed scalar (~1 ns a value: 50 of select_wide's 133 us per token over
     49152)."""
     m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = np.float32(-np.inf)
@@ -61,14 +62,7 @@ def _lanes_max(x, pen, use_pen, lo, hi):
         a5 = x[i + 5] - pen[i + 5] if use_pen else x[i + 5]
         a6 = x[i + 6] - pen[i + 6] if use_pen else x[i + 6]
         a7 = x[i + 7] - pen[i + 7] if use_pen else x[i + 7]
-        m0 = a0 if a0 > m0 else m0
-        m1 = a1 if a1 > m1 else m1
-        m2 = a2 if a2 > m2 else m2
-        m3 = a3 if a3 > m3 else m3
-        m4 = a4 if a4 > m4 else m4
-        m5 = a5 if a5 > m5 else m5
-        m6 = a6 if a6 > m6 else m6
-        m7 = a7 if a7 > m7 else m7
+        m0, m1, m2, m3, m4, m5, m6, m7 = max_lanes8(m0, m1, m2, m3, m4, m5, m6, m7, a0, a1, a2, a3, a4, a5, a6, a7)
     m = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
     for i in range(end8, hi):
         v = x[i] - pen[i] if use_pen else x[i]

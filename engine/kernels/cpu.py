@@ -360,6 +360,14 @@ def rope_apply(x, cs, neox):
             _rotate(x, t, i, cs[t, i, 0], cs[t, i, 1], neox)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def max_lanes8(m0, m1, m2, m3, m4, m5, m6, m7, a0, a1, a2, a3, a4, a5, a6, a7):
+    """Eight running maxima, each lane's a_j taken where it is larger (a NaN never is): written out so that
+    SLP packs the lanes into one vector compare-and-select (argmax_row; sampling_fast._lanes_max)."""
+    return (a0 if a0 > m0 else m0, a1 if a1 > m1 else m1, a2 if a2 > m2 else m2, a3 if a3 > m3 else m3,
+            a4 if a4 > m4 else m4, a5 if a5 > m5 else m5, a6 if a6 > m6 else m6, a7 if a7 > m7 else m7)
+
+
 @njit(cache=True, nogil=True)
 def argmax_row(x):
     """The first index of the largest value of x (n,) f32, as np.argmax (a NaN counts as the largest).
@@ -390,14 +398,7 @@ def argmax_row(x):
         z5 += a5 * zero
         z6 += a6 * zero
         z7 += a7 * zero
-        m0 = a0 if a0 > m0 else m0
-        m1 = a1 if a1 > m1 else m1
-        m2 = a2 if a2 > m2 else m2
-        m3 = a3 if a3 > m3 else m3
-        m4 = a4 if a4 > m4 else m4
-        m5 = a5 if a5 > m5 else m5
-        m6 = a6 if a6 > m6 else m6
-        m7 = a7 if a7 > m7 else m7
+        m0, m1, m2, m3, m4, m5, m6, m7 = max_lanes8(m0, m1, m2, m3, m4, m5, m6, m7, a0, a1, a2, a3, a4, a5, a6, a7)
     m = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
     z = ((z0 + z1) + (z2 + z3)) + ((z4 + z5) + (z6 + z7))
     for i in range(n8, n):
