@@ -6,9 +6,10 @@ step reads (`probe_bytes` of cli.step_bytes: the weights, and the KV cache at th
 the step streams exactly those, over and over, so the probe meets the same memory level. The rate falls as
 the stream outgrows what the host's caches keep (the Xeon guest, 2026-12-03, MiB -> GB/s: 92 -> 53-55, 110
 -> 48, 120-140 -> 45-47, 192-256 -> 37-40), and at 1024 positions the KV cache adds a quarter to the
-weights' bytes; a weights-sized probe there set a long context's decode against a level it cannot stay in. A 256 MiB probe read DRAM while a host whose last-level cache holds the model (the 480 MiB L3
-of the Xeon guest of 2026-12-02) served much of the step from that cache: chat-context shares of 83-99%
-there, single runs over 100%. Where the cache is smaller than the weights (32 MiB on the Zen 5 host) both
+weights' bytes; a weights-sized probe there set a long context's decode against a level it cannot stay in.
+A 256 MiB probe read DRAM while a host whose last-level cache holds the model (the 480 MiB L3 of the Xeon
+guest of 2026-12-02) served much of the step from that cache: chat-context shares of 83-99% there, single
+runs over 100%. Where the cache is smaller than the weights (32 MiB on the Zen 5 host) both
 sizes must come from DRAM. The two readers:
 - a sum with numpy (numpy releases the GIL in `np.add.reduce` on large float arrays only partly, so these
   readers run in separate processes);

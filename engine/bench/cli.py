@@ -186,14 +186,11 @@ def probe_context(wl: Workload) -> int:
     return (wl.prompt_tokens if wl.mode == "synthetic" else 0) + wl.decode_tokens // 2
 
 
-def step_bytes(model: str, variants: list, wl: Workload) -> tuple[int, int]:
-    """(weight bytes, bytes a decode step reads at the workload's mean context): the weights plus the KV
-    cache of probe_context positions, in the smallest cache layout among our variants (int8 when one
-    decodes with it: again the smaller probe)."""
-    from .bandwidth import kv_bytes_per_position, weight_bytes_per_token
-    wbytes = weight_bytes_per_token(model)["bytes"]
-    kv = min(kv_bytes_per_position(model, v.engine.get("kv_dtype", "f16")) for v in variants if v.kind == "ours")
-    return wbytes, wbytes + kv * probe_context(wl)
+def step_bytes(wbytes: int, kv: dict[str, int], variants: list, wl: Workload) -> int:
+    """Bytes a decode step reads at the workload's mean context: the weights (wbytes) plus the KV cache of
+    probe_context positions, in the smallest cache layout among our variants (kv: variant -> bytes per
+    position; int8 when one decodes with it: again the smaller probe)."""
+    return wbytes + min(kv[v.name] for v in variants if v.kind == "ours") * probe_context(wl)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,11 +217,14 @@ def main(argv: list[str] | None = None) -> int:
         f"workload {wl.name}; prefix reuse disabled in every run (fresh process, empty cache)")
     log(f"machine: {machine.get('cpu')} ({machine.get('cores')} cores), {machine.get('simd')}")
     t0 = time.time()
-    probe = wbytes = None
+    probe = wbytes = kv = None
     if not a.no_roofline and any(v.kind == "ours" for v in variants):
-        from .bandwidth import measure_read_bandwidth, probe_bytes
+        from .bandwidth import kv_bytes_per_position, measure_read_bandwidth, probe_bytes, weight_bytes_per_token
         threads = max(v.threads for v in variants)
-        wbytes, sbytes = step_bytes(model, variants, wl)
+        wbytes = weight_bytes_per_token(model)["bytes"]
+        kv = {v.name: kv_bytes_per_position(model, v.engine.get("kv_dtype", "f16") if v.kind == "ours" else "f16")
+              for v in variants}
+        sbytes = step_bytes(wbytes, kv, variants, wl)
         nbytes = probe_bytes(sbytes, threads)
         log(f"[bandwidth] probe: {nbytes >> 20} MiB, what a decode step reads at {probe_context(wl)} positions of "
             f"context ({wbytes / 1e6:.1f} MB of weights, {(sbytes - wbytes) / 1e6:.1f} MB of KV cache)")
@@ -235,9 +235,6 @@ def main(argv: list[str] | None = None) -> int:
     rat = ratios(agg, baseline)
     roof = {}
     if probe:
-        from .bandwidth import kv_bytes_per_position
-        kv = {v.name: kv_bytes_per_position(model, v.engine.get("kv_dtype", "f16") if v.kind == "ours" else "f16")
-              for v in variants}
         roof = roofline(results, [v.name for v in variants], wbytes, kv)
         if roof:
             roof["probe_bytes"] = nbytes

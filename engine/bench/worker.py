@@ -79,7 +79,8 @@ def run_ours(spec, t0_wall: float) -> dict:
         if isinstance(ev, FinalStats):
             fs = ev
             marks.append((ev.output_tokens, time.perf_counter()))
-    out.update(decode_steady_tok_s=steady_rate(marks), prompt_tokens=fs.prompt_tokens, output_tokens=fs.output_tokens, prefill_tok_s=fs.prefill_tok_s,
+    out.update(decode_steady_tok_s=steady_rate(marks), prompt_tokens=fs.prompt_tokens,
+               output_tokens=fs.output_tokens, prefill_tok_s=fs.prefill_tok_s,
                ttft_s=first if first is not None else _since_spawn(t0_wall), decode_tok_s=fs.decode_tok_s,
                ms_per_round=fs.ms_per_round or (1e3 / fs.decode_tok_s if fs.decode_tok_s else None),
                tokens_per_round=fs.tokens_per_round or 1.0, acceptance=fs.acceptance if fs.drafted else None,

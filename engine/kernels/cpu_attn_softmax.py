@@ -4,10 +4,11 @@
 scores over a work item's chunk of positions (~20-150 at chat and long context). Through numba the two loops
 (max, then exp and sum) had a runtime bound, so LLVM vectorized them 32 scores per iteration and left up to
 31 of a row to a scalar exp: at 600 positions that took 6.9-7.1 of a layer's 27.5 us (one thread,
-cache-hot; history file). Here every score goes through LANES-wide vectors (cpu_attn_avx2.LANES: 16 with AVX-512, else 8): whole vectors, then the rest of
-the row in one masked load and store (the lanes past n are neither read nor written), the exp as
-cpu_attn.exp_fast computes it (clamp, 2^n by the exponent bits, a degree-6 polynomial in r = x - n ln2),
-and the max and the sum kept per lane, then reduced across the lanes once per row.
+cache-hot; history file). Here every score goes through LANES-wide vectors (cpu_attn_avx2.LANES: 16
+with AVX-512, else 8): whole vectors, then the rest of the row in one masked load and store (the lanes past
+n are neither read nor written), the exp as cpu_attn.exp_fast computes it (clamp, 2^n by the exponent
+bits, a degree-6 polynomial in r = x - n ln2), and the max and the sum kept per lane, then reduced across
+the lanes once per row.
 
 The sum's order is the lanes' (lane j adds scores j, j + LANES, ...), not the numba loop's, so the results
 agree with cpu_attn's loops to float rounding; every caller of cpu_attn._softmax_rows on a target takes the
@@ -22,7 +23,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .cpu_attn_avx2 import LANES
+from .cpu_attn_avx2 import LANES, _shuf
 from .cpu_avx2 import _const, _fn, _splat
 
 I1, I32, I64, F = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
@@ -66,7 +67,7 @@ def _across(builder, v, op):
     k = LANES
     while k > 1:
         k //= 2
-        hi = builder.shuffle_vector(v, v, _const(ir.VectorType(I32, LANES), [k + (i % k) for i in range(LANES)]))
+        hi = _shuf(builder, v, v, [k + (i % k) for i in range(LANES)])
         v = op(builder, v, hi)
     return builder.extract_element(v, ir.Constant(I32, 0))
 

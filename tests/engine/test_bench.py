@@ -435,9 +435,10 @@ def test_probe_reads_what_a_step_reads_at_the_mean_context(tiny_models):
     w = bw.weight_bytes_per_token(model)["bytes"]
     f16, i8 = bw.kv_bytes_per_position(model, "f16"), bw.kv_bytes_per_position(model, "int8")
     assert i8 < f16
-    ours, int8 = parse_variant("a:"), parse_variant("b:kv_dtype=int8")
-    assert cli.step_bytes(model, [ours, parse_variant("llama.cpp")], syn) == (w, w + 55 * f16)
-    assert cli.step_bytes(model, [ours, int8], syn) == (w, w + 55 * i8)  # the smaller cache: the smaller probe
+    ours, int8, peer = parse_variant("a:"), parse_variant("b:kv_dtype=int8"), parse_variant("llama.cpp")
+    kv = {"a": f16, "b": i8, "llama.cpp": f16}
+    assert cli.step_bytes(w, kv, [ours, peer], syn) == w + 55 * f16
+    assert cli.step_bytes(w, kv, [ours, int8], syn) == w + 55 * i8  # the smaller cache: the smaller probe
 
 
 def test_exit_reason_names_the_signal_and_what_to_do_for_a_crashed_peer():

@@ -202,7 +202,7 @@ def test_lanes_max_is_the_max_of_the_penalised_row_ignoring_nan(n):
     from numba import njit
 
     from engine.sampling_fast import _lanes_max
-    lanes = njit(lambda x, pen, lo, hi: _lanes_max(x, pen, pen.shape[0] > 0, lo, hi))
+    lanes = njit(lambda x, pen, lo, hi: _lanes_max(x[lo:hi], pen[lo:hi], pen.shape[0] > 0))
     rng = np.random.default_rng(n)
     x = (rng.normal(size=n) * 3).astype(np.float32)
     x[rng.random(n) < 0.1] = np.nan
