@@ -168,14 +168,17 @@ def greedy(path, tok=None, model=None, prompts=PROMPTS, n_new: int = 32) -> dict
     return {"prompts": len(rows), "identical": sum(r["match"] for r in rows), "n_new": n_new, "rows": rows}
 
 
-def teacher_forced(path, tok=None, model=None, text: str | None = None, chunk: int = 256) -> dict:
-    """Top-1 agreement at every position of a fixed text read by both models (logits for all positions)."""
+def teacher_forced(path, tok=None, model=None, text: str | None = None, chunk: int = 256,
+                   kv_dtype: str = "f16") -> dict:
+    """Top-1 agreement at every position of a fixed text read by both models (logits for all positions).
+    Ours reads it `chunk` tokens per pass (1: every position through the decode step's attention) into a
+    kv_dtype cache; llama.cpp with its default f16 cache."""
     if model is None:
         tok, model = load_ours(path)
     text = text if text is not None else TEXT_FILE.read_text(encoding="utf-8")
     ids = tok.encode(text)
     n = len(ids)
-    cache = model.new_cache(n)
+    cache = model.new_cache(n, kv_dtype)
     ours = np.empty((n, model.args.vocab_size), np.float32)  # (n, vocab)
     for s in range(0, n, chunk):
         ours[s:s + chunk] = model.forward(ids[s:s + chunk], s, cache, all_logits=True)
@@ -260,6 +263,9 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--n-new", type=int, default=32)
     ap.add_argument("--json", type=Path, help="write all figures here")
+    ap.add_argument("--kv-dtype", default="f16", help="our KV cache for the teacher-forced run (f16, int8)")
+    ap.add_argument("--chunk", type=int, default=256,
+                    help="tokens per pass of the teacher-forced run (1: each through the decode step)")
     args = ap.parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # figures appear as they are measured, also into a file
     if str(ROOT) not in sys.path:
@@ -287,7 +293,7 @@ def main(argv=None) -> int:
                       f"near tie: {row['near_tie']}) on {row['prompt']!r}")
     if "teacher" in which:
         t0 = time.time()
-        r = out["teacher"] = teacher_forced(path, tok, model)
+        r = out["teacher"] = teacher_forced(path, tok, model, chunk=args.chunk, kv_dtype=args.kv_dtype)
         print(f"teacher-forced top-1: {r['agree']}/{r['positions']} = {100 * r['rate']:.2f}% "
               f"({r['mismatches']} mismatches, {r['near_ties']} near ties < {NEAR_TIE}); "
               f"max |logit diff| {r['max_abs_logit_diff']:.3f}, mean {r['mean_abs_logit_diff']:.4f} "

@@ -1,8 +1,10 @@
 """Decode attention over an int8 KV cache (`--kv-dtype int8`) for the fused CPU step (numba).
 
 Same work items, chunks, softmax and merge as cpu_attn's f16 attention (imported from there). Where the
-target has AVX2/FMA/F16C (cpu_attn.VECTOR_ATTN) and a scale group is a multiple of 8 values (SmolLM2, Qwen:
-32), cpu_attn's positions-outer item with cpu_attn_int8_avx2's IR kernels; otherwise the numba loops below,
+target has AVX512-VNNI and the shape suits it (64-value blocks of 32-value groups: SmolLM2, Qwen), the scores
+in integer dot products (cpu_attn_int8_vnni, the query in 16 bits) and cpu_attn_int8_avx2's V sums; else,
+where the target has AVX2/FMA/F16C (cpu_attn.VECTOR_ATTN) and a scale group is a multiple of 8 values,
+cpu_attn's positions-outer item with cpu_attn_int8_avx2's IR kernels; otherwise the numba loops below,
 which dequantize value by value.
 """
 from __future__ import annotations
@@ -13,7 +15,9 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .cpu_attn import SPLITS, VECTOR_ATTN, _clear_part, _item_heads_vec, _softmax_rows, _work_item, merge_parts
+from .cpu_attn import (SPLITS, V_BLOCK, VECTOR_ATTN, _clear_part, _item_heads_vec, _softmax_rows, _vsum, _work_item,
+                       merge_parts)
+from .cpu_attn_int8_vnni import VNNI512, scores_q8_vnni, usable  # noqa: F401  (VNNI512: tests)
 
 F32 = np.float32
 
@@ -76,7 +80,26 @@ def _item_heads_q8_vec(part, sc, qt, kv, t, c, lo, hi, scale):
         _item_heads_vec(part, sc, qt, kv, t, c, lo, hi, scale)
 
 
-_item_heads_q8 = _item_heads_q8_vec if VECTOR_ATTN else _item_heads_q8_loops
+@njit(cache=True, nogil=True, fastmath=True, inline="always")
+def _item_heads_q8_vnni(part, sc, qt, kv, t, c, lo, hi, scale):
+    """_item_heads_q8_vec's contract with the scores in integer dot products (cpu_attn_int8_vnni: the query
+    quantized per 32 values, as llama.cpp scores a q8_0 K cache), then the same softmax and V sums; the
+    other kernels where the shape is not one it serves."""
+    kq, ks, vq, vs = kv
+    n_head, hd = qt.shape
+    n_kv = kq.shape[1]
+    if not usable(n_head, n_kv, hd, ks.shape[2]):
+        _item_heads_q8_vec(part, sc, qt, kv, t, c, lo, hi, scale)
+        return
+    group = n_head // n_kv
+    scores_q8_vnni(sc, qt, kq, ks, vq, vs, lo, hi - lo, scale)
+    for kh in range(n_kv):
+        _softmax_rows(part[t, kh, c], sc[kh * group:(kh + 1) * group], hi - lo)
+    for b in range(lo, hi, V_BLOCK):
+        _vsum(kv, part[t, :, c], sc[:n_head], b - lo, min(V_BLOCK, hi - b), b, group)
+
+
+_item_heads_q8 = (_item_heads_q8_vnni if VNNI512 else _item_heads_q8_vec) if VECTOR_ATTN else _item_heads_q8_loops
 
 
 @njit(cache=True, nogil=True, fastmath=True)

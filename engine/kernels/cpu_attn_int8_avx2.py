@@ -7,7 +7,9 @@ int8 one (vpmovsxbd + vcvtdq2ps: 8 values to 8 floats) and the group scales appl
   registers over the group's values, one transposing reduction (cpu_attn_avx2._reduce8) per group, and the
   R partial sums multiplied by the R positions' scales of that group into the running total.
 - `vsum_q8`: the weighted sum over n positions, 32 lanes (or 8) of one group in registers over all
-  positions; a position's weight is its score times its scale for the group.
+  positions, in 16-lane vectors where the target has AVX-512 (cpu_attn_avx2.LANES: half the conversions,
+  the same bits; at 600 positions 8 -> 16 lanes took a layer's items from 24.5 to 22.1 us, one thread,
+  cache-hot); a position's weight is its score times its scale for the group.
 - `kdot8_q8_heads` / `kdot4_q8_heads` / `vsum_q8_heads`: the same for the GROUP_HEADS query heads that share
   a KV head, each K / V vector dequantized once (as cpu_attn_avx2's *_heads forms; the same bits).
 A cache row is 72 bytes per (position, head) at hd 64 instead of f16's 128, but the dequantizing loads
@@ -27,8 +29,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .cpu_attn_avx2 import (F, GROUP_HEADS, I8, I32, V8F, ZERO, _elem_ptr, _fma, _head_rows, _i, _load_floats,
-                             _reduce8, _store_scores, _weighted_lanes)
+from .cpu_attn_avx2 import (LANES, F, GROUP_HEADS, I8, I32, V8F, ZERO, _elem_ptr, _fma, _head_rows, _i, _load_floats,
+                             _reduce8, _store_scores, _vf, _weighted_lanes)
 from .cpu_avx2 import _fn, _splat
 
 
@@ -149,19 +151,20 @@ def _vsum_codegen(heads):
         v0 = _elem_ptr(context, builder, ty[4], vq_, [p_, kh_])
         s0 = builder.bitcast(_elem_ptr(context, builder, ty[5], vs_, [p_, kh_]), I8.as_pointer())
         regs = [[cgutils.alloca_once(builder, V8F) for _ in range(4)] for _ in range(heads)]
+        wide = [[cgutils.alloca_once(builder, _vf(LANES)) for _ in range(32 // LANES)] for _ in range(heads)]
 
-        def lanes(g, base, width):
-            """acc[base : base + 8 * width] (inside group g) += the weighted sum."""
+        def lanes(g, base, width, n=8):
+            """acc[base : base + n * width] (inside group g) += the weighted sum, in vectors of n lanes."""
             def weights(i):  # a position's score times its scale for the group
                 scale = builder.load(builder.gep(_float_row(builder, s0, srow_bytes, i), [g]))
                 return [builder.fmul(builder.load(builder.gep(r, [i])), scale) for r in wrow]
             _weighted_lanes(builder, n_, lambda i: builder.gep(v0, [builder.mul(i, row_bytes)]), weights, _load_int8,
-                            arow, regs, base, width)
+                            arow, wide if n > 8 else regs, base, width, lanes=n)
         with cgutils.for_range(builder, n_g) as grp:
             g = grp.index
             g0 = builder.mul(g, gs)
             with cgutils.for_range(builder, builder.udiv(gs, _i(32))) as part:
-                lanes(g, builder.add(g0, builder.mul(part.index, _i(32))), 4)
+                lanes(g, builder.add(g0, builder.mul(part.index, _i(32))), 32 // LANES, LANES)
             full32 = builder.mul(builder.udiv(gs, _i(32)), _i(32))
             with cgutils.for_range(builder, builder.udiv(builder.urem(gs, _i(32)), _i(8))) as part:
                 lanes(g, builder.add(g0, builder.add(full32, builder.mul(part.index, _i(8)))), 1)

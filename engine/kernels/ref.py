@@ -175,3 +175,25 @@ def attention_int8(out, q, k_q, k_s, v_q, v_s, pos0, scale):
     """As attention_f16 over an int8 cache: k_q, v_q (cap, n_kv, hd) int8; k_s, v_s (cap, n_kv, hd//g) f32."""
     n = pos0 + q.shape[0]
     _attend(out, q, dequantize_kv_int8(k_q[:n], k_s[:n]), dequantize_kv_int8(v_q[:n], v_s[:n]), pos0, scale)
+
+
+def quantize_query_q16(q, group):
+    """q (..., hd) f32 -> its values as cpu_attn_int8_vnni multiplies them (f64): per group, d = max|x| / 127,
+    hi = quantize_kv_int8's int8, lo = round(256 (x / d - hi)) clipped to +-127, x ~ (256 hi + lo) d / 256."""
+    shape = q.shape
+    x = q.reshape(-1, group).astype(np.float32)
+    d = (np.max(np.abs(x), axis=-1) / np.float32(127.0)).astype(np.float32)
+    inv = np.where(d > 0, np.float32(1.0) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    y = x * inv[:, None]
+
+    def rounded(z):
+        return np.trunc(z + np.copysign(np.float32(0.5), z))
+    hi = rounded(y)
+    lo = np.clip(rounded((y - hi) * np.float32(256.0)), -127, 127)
+    return ((256 * hi.astype(np.float64) + lo) * (d.astype(np.float64) / 256)[:, None]).reshape(shape)
+
+
+def attention_int8_q16(out, q, k_q, k_s, v_q, v_s, pos0, scale):
+    """attention_int8 with the query in 16 bits per value as cpu_attn_int8_vnni multiplies it
+    (quantize_query_q16, the K cache's groups): the integer scores of the AVX512-VNNI kernel."""
+    attention_int8(out, quantize_query_q16(q, q.shape[-1] // k_s.shape[-1]), k_q, k_s, v_q, v_s, pos0, scale)

@@ -62,7 +62,9 @@ def test_split_int8_attention_matches_reference(pos0, t_n, n_kv, hd, n_head):
     vq, vs = ref.quantize_kv_int8(v, group)
     q = rng.standard_normal((t_n, n_head, hd)).astype(np.float32)
     want = np.zeros_like(q)
-    ref.attention_int8(want, q, kq, ks, vq, vs, pos0, 0.125)
+    # where the target has AVX512-VNNI the scores multiply the query in 16 bits per value (two int8 parts)
+    vnni = cpu_attn_int8.VNNI512 and cpu_attn.VECTOR_ATTN and cpu_attn_int8.usable(n_head, n_kv, hd, hd // group)
+    (ref.attention_int8_q16 if vnni else ref.attention_int8)(want, q, kq, ks, vq, vs, pos0, 0.125)
     got = np.zeros_like(q)
     nt = numba.config.NUMBA_NUM_THREADS
     cpu_attn_int8.attention_int8_split(got, q, kq, ks, vq, vs, pos0, np.float32(0.125),
@@ -286,3 +288,60 @@ def test_softmax_row_matches_numpy_and_leaves_the_rest(n):
         np.testing.assert_array_equal(s[g, n:], before[g, n:])
         np.testing.assert_allclose(s[g, :n], loops[g, :n], rtol=2e-6, atol=1e-37)
         np.testing.assert_allclose(pc[g, 1], loops_pc[g, 1], rtol=2e-6)
+
+
+def _vnni_or_skip():
+    if not (cpu_attn.VECTOR_ATTN and cpu_attn_int8.VNNI512):
+        pytest.skip("target without AVX512-VNNI (or NINFER_CPU_GENERIC set)")
+
+
+@numba.njit(fastmath=True)
+def _scores_vnni(sc, qt, kq, ks, vq, vs, lo, n):
+    cpu_attn_int8.scores_q8_vnni(sc, qt, kq, ks, vq, vs, lo, n, np.float32(0.125))
+
+
+@pytest.mark.parametrize("hd,n_kv,n_head", [(64, 3, 9), (128, 2, 4), (64, 2, 12), (64, 4, 4), (192, 1, 8)])
+@pytest.mark.parametrize("lo,n", [(0, 8), (5, 1), (3, 13), (0, 71), (40, 24)])  # whole and partial blocks of 8
+def test_vnni_scores_are_the_quantized_query_dot_products(hd, n_kv, n_head, lo, n):
+    """scores_q8_vnni against numpy: the query rows in 16 bits per value as two int8 parts per 32 values
+    (ref.quantize_query_q16), dotted with K's quants, times the K scales; every query head, positions
+    lo:lo + n only (the rest of each score row untouched)."""
+    _vnni_or_skip()
+    rng = np.random.default_rng(hd + 7 * n + lo)
+    (kq, ks), (vq, vs) = (ref.quantize_kv_int8((rng.standard_normal((96, n_kv, hd)) * 3).astype(np.float32), 32)
+                          for _ in range(2))
+    qt = (rng.standard_normal((n_head, hd)) * 2).astype(np.float32)
+    sc = np.full((n_head, 100), np.nan, np.float32)
+    _scores_vnni(sc, qt, kq, ks, vq, vs, lo, n)
+    q16 = ref.quantize_query_q16(qt, 32)
+    assert 0 < np.abs(q16 - qt).max() < 2e-4 * np.abs(qt).max()  # 16 bits, not the float query
+    group = n_head // n_kv
+    for h in range(n_head):
+        kh = h // group
+        kf = ref.dequantize_kv_int8(kq[lo:lo + n], ks[lo:lo + n])[:, kh]
+        want = 0.125 * kf @ q16[h]
+        np.testing.assert_allclose(sc[h, :n], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        assert np.isnan(sc[h, n:]).all()
+
+
+def test_vnni_scores_quantize_a_zero_query_group_to_zero():
+    """A query group of zeros (scale 0) adds nothing, and the group beside it scores as alone."""
+    _vnni_or_skip()
+    rng = np.random.default_rng(3)
+    kq, ks = ref.quantize_kv_int8(rng.standard_normal((16, 1, 64)).astype(np.float32), 32)
+    qt = rng.standard_normal((1, 64)).astype(np.float32)
+    qt[0, :32] = 0
+    sc = np.zeros((1, 16), np.float32)
+    _scores_vnni(sc, qt, kq, ks, kq, ks, 0, 16)
+    want = 0.125 * ref.dequantize_kv_int8(kq, ks)[:, 0, 32:] @ ref.quantize_query_q16(qt, 32)[0, 32:]
+    np.testing.assert_allclose(sc[0], want, rtol=1e-5)
+
+
+def test_vnni_item_serves_only_the_shapes_it_can():
+    """usable(): 64-value blocks of 32-value groups, at most GMAX query heads per KV head, the stack buffers."""
+    from engine.kernels.cpu_attn_int8_vnni import GMAX, QBYTES, usable
+    assert usable(9, 3, 64, 2) and usable(32, 8, 128, 4)
+    assert not usable(9, 3, 96, 3)  # 96 is not whole 64-value blocks
+    assert not usable(9, 3, 64, 1)  # one 64-value group
+    assert not usable(2 * GMAX, 1, 64, 2)  # too many query heads per KV head
+    assert QBYTES // 128 + 8 <= 5 * GMAX and not usable(QBYTES // 128 + 8, (QBYTES // 128 + 8) // 8, 128, 4)

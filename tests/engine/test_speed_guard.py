@@ -369,6 +369,33 @@ def test_sampler_scans_are_vectorized(tmp_path):
     assert res["select_wide"]["maxps"] >= 4, res
 
 
+INT8_ATTN_ASM = """
+import json, re
+import numpy as np
+from engine.kernels import cpu_attn_int8 as A
+from engine.kernels.cpu_attn import SPLITS
+cap, n_kv, hd, H = 32, 3, 64, 9
+kq = np.zeros((cap, n_kv, hd), np.int8); ks = np.zeros((cap, n_kv, hd // 32), np.float32)
+part = np.zeros((1, n_kv, SPLITS, 3, hd + 2), np.float32)
+A.attn_item_int8(part, np.zeros((H, cap), np.float32), np.zeros((1, H, hd), np.float32), kq, ks, kq, ks, 0, 20,
+                 np.float32(0.125))
+asm = "\\n".join(A.attn_item_int8.inspect_asm().values())
+print(json.dumps({"VNNI512": A.VNNI512, "dpbusd": len(re.findall(r"vpdpbusd\\s", asm)),
+                  "sx16": len(re.findall(r"vpmovsxbd\\s[^\\n]*%zmm", asm))}))
+"""
+
+
+@pytest.mark.skipif(not _has_avx2(), reason="checks x86 AVX2+ code generation")
+def test_int8_attention_scores_in_integer_dot_products(tmp_path):
+    """Where the target has AVX512-VNNI, an int8 cache's scores run in vpdpbusd (two per query head and 8
+    positions: the 16-bit query's parts) and its V sums convert 16 values per instruction."""
+    res = _run_py(INT8_ATTN_ASM, {"NUMBA_CACHE_DIR": str(tmp_path / "numba")})
+    if not res["VNNI512"]:
+        pytest.skip("target without AVX512-VNNI")
+    assert res["dpbusd"] >= 16, res
+    assert res["sx16"] >= 2, res
+
+
 @pytest.fixture
 def guard_clock(monkeypatch):
     """(a fresh ContentionGuard on 2 numba threads, its clocks: [wall, process CPU] seconds, advanced by the
