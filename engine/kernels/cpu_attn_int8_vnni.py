@@ -33,7 +33,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .cpu_attn_avx2 import F, I8, I32, I64, _elem_ptr, _shuf
+from .cpu_attn_avx2 import F, I8, I32, I64, _shuf
 from .cpu_avx2 import _const, _fn, _splat
 from .cpu_target import target_has
 
@@ -43,13 +43,13 @@ QGROUPS = 128  # query groups (scale, correction): heads * head_dim / 32 at most
 GMAX = 8  # query heads per KV head at most
 FETCH_AHEAD = 16  # K rows asked for this many positions ahead (cpu_attn.FETCH_AHEAD)
 
-V16F, V16I, V64B = ir.VectorType(F, 16), ir.VectorType(I32, 16), ir.VectorType(I8, 64)
+V16F, V16I = ir.VectorType(F, 16), ir.VectorType(I32, 16)
 
 
 @njit(cache=True, nogil=True, inline="always")
 def usable(n_head, n_kv, hd, n_g):
     """Whether scores_q8_vnni serves this shape (the CPU's AVX512-VNNI is VNNI512's to check)."""
-    return ( hd % 64 == 0 and n_g * 32 == hd and n_head % n_kv == 0 and n_head // n_kv <= GMAX
+    return (hd % 64 == 0 and n_g * 32 == hd and n_head % n_kv == 0 and n_head // n_kv <= GMAX
             and n_head * hd <= QBYTES and n_head * n_g <= QGROUPS)
 
 
@@ -142,8 +142,8 @@ def _gather_scales(builder, sbase, sst, rows, kh, b):
     for r in range(8):
         for j in range(2):
             row = builder.insert_element(row, rows[r], ir.Constant(I32, 2 * r + j))
-    off = builder.add(builder.mul(row, _splat(builder, sst[0], vi)),
-                      _splat(builder, builder.add(builder.mul(kh, sst[1]), builder.mul(builder.mul(b, _i(2)), sst[2])), vi))
+    at = builder.add(builder.mul(kh, sst[1]), builder.mul(builder.mul(b, _i(2)), sst[2]))
+    off = builder.add(builder.mul(row, _splat(builder, sst[0], vi)), _splat(builder, at, vi))
     off = builder.add(off, builder.mul(_const(vi, [0, 1] * 8), _splat(builder, sst[2], vi)))
     ptrs = builder.inttoptr(builder.add(off, _splat(builder, builder.ptrtoint(sbase, I64), vi)),
                             ir.VectorType(F.as_pointer(), 16))
@@ -153,106 +153,117 @@ def _gather_scales(builder, sbase, sst, rows, kh, b):
                                  _const(V16F, 0.0)])
 
 
-def _codegen(context, builder, signature, args):
-    s_, q_, kq_, ks_, vq_, vs_, lo, n, scale = args
-    ty = signature.args
-    sa, qa = (context.make_array(t)(context, builder, a) for t, a in ((ty[0], s_), (ty[1], q_)))
-    kqa, ksa = (context.make_array(t)(context, builder, a) for t, a in ((ty[2], kq_), (ty[3], ks_)))
-    vqa, vsa = (context.make_array(t)(context, builder, a) for t, a in ((ty[4], vq_), (ty[5], vs_)))
-    n_q, hd = cgutils.unpack_tuple(builder, qa.shape, 2)
-    n_kv = builder.extract_value(kqa.shape, 1)
-    n_g = builder.extract_value(ksa.shape, 2)
-    group = builder.udiv(n_q, n_kv)
-    kst = cgutils.unpack_tuple(builder, kqa.strides, 3)
-    sst = cgutils.unpack_tuple(builder, ksa.strides, 3)
-    qst = builder.extract_value(qa.strides, 0)
-    s_row = builder.extract_value(sa.strides, 0)
-    kbase, sbase = (builder.bitcast(a.data, I8.as_pointer()) for a in (kqa, ksa))
-    vbase, vsbase = (builder.bitcast(a.data, I8.as_pointer()) for a in (vqa, vsa))
-    vrow, vsrow = builder.extract_value(vqa.strides, 0), builder.extract_value(vsa.strides, 0)
-    qdata, sdata = builder.bitcast(qa.data, I8.as_pointer()), builder.bitcast(sa.data, I8.as_pointer())
+class _Args:
+    """The arrays' pointers, shapes and strides (in bytes) that the code below reads."""
 
+    def __init__(self, context, builder, signature, args):
+        s_, q_, kq_, ks_, vq_, vs_, self.lo, self.n, self.scale = args
+        sa, qa, kqa, ksa, vqa, vsa = (context.make_array(t)(context, builder, a)
+                                      for t, a in zip(signature.args, (s_, q_, kq_, ks_, vq_, vs_)))
+        self.n_q, self.hd = cgutils.unpack_tuple(builder, qa.shape, 2)
+        self.n_kv = builder.extract_value(kqa.shape, 1)
+        self.n_g = builder.extract_value(ksa.shape, 2)
+        self.group = builder.udiv(self.n_q, self.n_kv)
+        self.kst = cgutils.unpack_tuple(builder, kqa.strides, 3)
+        self.sst = cgutils.unpack_tuple(builder, ksa.strides, 3)
+        self.q_row = builder.extract_value(qa.strides, 0)
+        self.s_row = builder.extract_value(sa.strides, 0)
+        self.v_row, self.vs_row = builder.extract_value(vqa.strides, 0), builder.extract_value(vsa.strides, 0)
+        self.s, self.q, self.k, self.ks, self.v, self.vs = (builder.bitcast(a.data, I8.as_pointer())
+                                                            for a in (sa, qa, kqa, ksa, vqa, vsa))
+
+
+def _group_sums(builder, x, qbuf, hq, hd, b):
+    """Query head hq's block b against 8 K vectors x (k + 128): sum (k + 128)(256 hi + lo) per group as
+    _reduce_halves' <16 x i32>. Under 2^31: |256 hi + lo| <= 32639, 32 values of k + 128 <= 255."""
+    dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", V16I, [V16I, V16I, V16I])
+    qp = builder.gep(qbuf, [builder.add(builder.mul(hq, builder.mul(hd, _i(2))), builder.mul(b, _i(128)))])
+    qh, ql = (builder.load(builder.bitcast(builder.gep(qp, [_i(off)]), V16I.as_pointer()), align=1) for off in (0, 64))
+    eight, zero = _const(V16I, 8), _const(V16I, 0)
+    return _reduce_halves(builder, [builder.call(dp, [builder.shl(builder.call(dp, [zero, k, qh]), eight), k, ql])
+                                    for k in x])
+
+
+def _store8(builder, a, tot, hq, o, p, hi):
+    """s[hq, o : o + 8] <- scale * (tot's even + odd lanes) (the two groups of each position); only the
+    positions below hi in the last block."""
+    s8 = builder.fmul(builder.fadd(_shuf(builder, tot, tot, list(range(0, 16, 2))),
+                                   _shuf(builder, tot, tot, list(range(1, 16, 2)))),
+                      _splat(builder, a.scale, ir.VectorType(F, 8)))
+    dst = builder.gep(a.s, [builder.add(builder.mul(hq, a.s_row), builder.mul(o, _i(4)))])
+    with builder.if_else(builder.icmp_signed("<=", builder.add(p, _i(8)), hi)) as (whole, part):
+        with whole:
+            builder.store(s8, builder.bitcast(dst, ir.VectorType(F, 8).as_pointer()), align=4)
+        with part:
+            fp = builder.bitcast(dst, F.as_pointer())
+            with cgutils.for_range(builder, builder.sub(hi, p)) as rl:
+                builder.store(builder.extract_element(s8, builder.trunc(rl.index, I32)), builder.gep(fp, [rl.index]))
+
+
+def _codegen(context, builder, signature, args):
+    a = _Args(context, builder, signature, args)
     qbuf = builder.bitcast(cgutils.alloca_once(builder, ir.ArrayType(I8, 2 * QBYTES)), I8.as_pointer())
     qsc = builder.bitcast(cgutils.alloca_once(builder, ir.ArrayType(F, QGROUPS)), F.as_pointer())
     qcor = builder.bitcast(cgutils.alloca_once(builder, ir.ArrayType(I32, QGROUPS)), I32.as_pointer())
     tot = builder.bitcast(cgutils.alloca_once(builder, ir.ArrayType(V16F, GMAX)), V16F.as_pointer())
-    _quantize_queries(builder, lambda h: builder.bitcast(builder.gep(qdata, [builder.mul(h, qst)]), F.as_pointer()),
-                      n_q, hd, n_g, qbuf, qsc, qcor)
-
-    dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", V16I, [V16I, V16I, V16I])
-    hi = builder.add(lo, n)
-    last = builder.sub(hi, _i(1))
+    _quantize_queries(builder, lambda h: builder.bitcast(builder.gep(a.q, [builder.mul(h, a.q_row)]), F.as_pointer()),
+                      a.n_q, a.hd, a.n_g, qbuf, qsc, qcor)
+    hi = builder.add(a.lo, a.n)
     flip = _const(V16I, -0x7f7f7f80)  # 0x80808080: each byte's sign bit
-    zero = _const(V16I, 0)
 
     def clamp(x):
         return builder.select(builder.icmp_signed("<", x, hi), x, hi)
 
-    _prefetch_rows(builder, kbase, kst[0], lo, clamp(builder.add(lo, _i(FETCH_AHEAD))))
-    _prefetch_rows(builder, sbase, sst[0], lo, clamp(builder.add(lo, _i(FETCH_AHEAD))))
-    with cgutils.for_range(builder, builder.udiv(builder.add(n, _i(7)), _i(8))) as bl:
+    def fetch(p0, p1, v):  # cpu_attn._fetch_kv's requests: K rows and their scales, or V rows and theirs
+        for base, row in ((a.v, a.v_row), (a.vs, a.vs_row)) if v else ((a.k, a.kst[0]), (a.ks, a.sst[0])):
+            _prefetch_rows(builder, base, row, p0, p1)
+    fetch(a.lo, clamp(builder.add(a.lo, _i(FETCH_AHEAD))), False)
+    with cgutils.for_range(builder, builder.udiv(builder.add(a.n, _i(7)), _i(8))) as bl:
         o = builder.mul(bl.index, _i(8))
-        p = builder.add(lo, o)
-        a = clamp(builder.add(p, _i(FETCH_AHEAD)))
-        _prefetch_rows(builder, kbase, kst[0], a, clamp(builder.add(a, _i(8))))
-        _prefetch_rows(builder, sbase, sst[0], a, clamp(builder.add(a, _i(8))))
-        _prefetch_rows(builder, vbase, vrow, p, clamp(builder.add(p, _i(8))))
-        _prefetch_rows(builder, vsbase, vsrow, p, clamp(builder.add(p, _i(8))))
-        rows = [builder.select(builder.icmp_signed("<", builder.add(p, _i(r)), hi), builder.add(p, _i(r)), last)
-                for r in range(8)]
-        with cgutils.for_range(builder, n_kv) as kl:
+        p = builder.add(a.lo, o)
+        ahead = clamp(builder.add(p, _i(FETCH_AHEAD)))
+        fetch(ahead, clamp(builder.add(ahead, _i(8))), False)
+        fetch(p, clamp(builder.add(p, _i(8))), True)
+        # the last block's rows past hi repeat its last position (their scores are not stored)
+        rows = [builder.select(builder.icmp_signed("<", builder.add(p, _i(r)), hi), builder.add(p, _i(r)),
+                               builder.sub(hi, _i(1))) for r in range(8)]
+        with cgutils.for_range(builder, a.n_kv) as kl:
             kh = kl.index
-            with cgutils.for_range(builder, group) as hl:
+            with cgutils.for_range(builder, a.group) as hl:
                 builder.store(_const(V16F, 0.0), builder.gep(tot, [hl.index]))
-            with cgutils.for_range(builder, builder.udiv(hd, _i(64))) as blk:
+            with cgutils.for_range(builder, builder.udiv(a.hd, _i(64))) as blk:
                 b = blk.index
                 kx = []
                 for r in range(8):
-                    at = builder.add(builder.add(builder.mul(rows[r], kst[0]), builder.mul(kh, kst[1])),
+                    at = builder.add(builder.add(builder.mul(rows[r], a.kst[0]), builder.mul(kh, a.kst[1])),
                                      builder.mul(b, _i(64)))
-                    v = builder.load(builder.bitcast(builder.gep(kbase, [at]), V16I.as_pointer()), align=1)
-                    kx.append(builder.xor(v, flip))
-                ksv = _gather_scales(builder, sbase, sst, rows, kh, b)
-                with cgutils.for_range(builder, group) as hl:
-                    hq = builder.add(builder.mul(kh, group), hl.index)
-                    qp = builder.gep(qbuf, [builder.add(builder.mul(hq, builder.mul(hd, _i(2))), builder.mul(b, _i(128)))])
-                    qh, ql = (builder.load(builder.bitcast(builder.gep(qp, [_i(off)]), V16I.as_pointer()), align=1)
-                              for off in (0, 64))
-                    eight = _const(V16I, 8)  # 256 (k + 128) hi, then + (k + 128) lo: under 2^31 per lane
-                    red = _reduce_halves(builder, [builder.call(dp, [builder.shl(builder.call(dp, [zero, x, qh]), eight),
-                                                                     x, ql]) for x in kx])
-                    gi = builder.add(builder.mul(hq, n_g), builder.mul(b, _i(2)))
-                    f = builder.sitofp(builder.sub(red, _pair(builder, qcor, gi, I32)), V16F)
+                    kx.append(builder.xor(builder.load(builder.bitcast(builder.gep(a.k, [at]), V16I.as_pointer()),
+                                                       align=1), flip))
+                ksv = _gather_scales(builder, a.ks, a.sst, rows, kh, b)
+                with cgutils.for_range(builder, a.group) as hl:
+                    hq = builder.add(builder.mul(kh, a.group), hl.index)
+                    gi = builder.add(builder.mul(hq, a.n_g), builder.mul(b, _i(2)))
+                    sums = builder.sub(_group_sums(builder, kx, qbuf, hq, a.hd, b), _pair(builder, qcor, gi, I32))
+                    term = builder.fmul(builder.sitofp(sums, V16F), builder.fmul(_pair(builder, qsc, gi, F), ksv))
                     tp = builder.gep(tot, [hl.index])
-                    term = builder.fmul(f, builder.fmul(_pair(builder, qsc, gi, F), ksv))
                     builder.store(builder.fadd(builder.load(tp), term), tp)
-            with cgutils.for_range(builder, group) as hl:
-                t = builder.load(builder.gep(tot, [hl.index]))
-                s8 = builder.fmul(builder.fadd(_shuf(builder, t, t, list(range(0, 16, 2))),
-                                               _shuf(builder, t, t, list(range(1, 16, 2)))),
-                                  _splat(builder, scale, ir.VectorType(F, 8)))
-                hq = builder.add(builder.mul(kh, group), hl.index)
-                dst = builder.gep(sdata, [builder.add(builder.mul(hq, s_row), builder.mul(o, _i(4)))])
-                full = builder.icmp_signed("<=", builder.add(p, _i(8)), hi)
-                with builder.if_else(full) as (then, other):
-                    with then:
-                        builder.store(s8, builder.bitcast(dst, ir.VectorType(F, 8).as_pointer()), align=4)
-                    with other:
-                        fp = builder.bitcast(dst, F.as_pointer())
-                        with cgutils.for_range(builder, builder.sub(hi, p)) as rl:
-                            builder.store(builder.extract_element(s8, builder.trunc(rl.index, I32)),
-                                          builder.gep(fp, [rl.index]))
+            with cgutils.for_range(builder, a.group) as hl:
+                _store8(builder, a, builder.load(builder.gep(tot, [hl.index])),
+                        builder.add(builder.mul(kh, a.group), hl.index), o, p, hi)
     return context.get_dummy_value()
 
 
 @intrinsic
 def scores_q8_vnni(typingctx, s, q, kq, ks, vq, vs, lo, n, scale):
-    """s[h, i] <- scale * q8(q[h]) . K[lo + i, h // group] for i < n and every query head h (group = heads
-    per KV head): s (H, >= n) f32 (rows by stride), q (H, hd) f32 rows contiguous, kq / vq (cap, n_kv, hd)
-    int8, ks / vs (cap, n_kv, hd // 32) f32 (V only asked for). usable() must hold."""
+    """s[h, i] <- scale * q16(q[h]) . K[lo + i, h // group] for i < n and every query head h (group = heads
+    per KV head; q16: ref.quantize_query_q16): s (H, >= n) f32 (rows by stride), q (H, hd) f32, kq / vq
+    (cap, n_kv, hd) int8, ks / vs (cap, n_kv, hd // 32) f32 (V only asked for), q, kq and ks C-contiguous.
+    usable() must hold."""
     arr = (s, q, kq, ks, vq, vs)
     want = ((2, types.float32), (2, types.float32), (3, types.int8), (3, types.float32), (3, types.int8),
             (3, types.float32))
     if not all(isinstance(a, types.Array) and (a.ndim, a.dtype) == w for a, w in zip(arr, want)):
+        return None
+    if not all(a.layout == "C" for a in (q, kq, ks)):
         return None
     return types.void(s, q, kq, ks, vq, vs, lo, n, scale), _codegen
