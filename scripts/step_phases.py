@@ -1,6 +1,7 @@
 """Where the fused decode step's time goes, phase by phase, and an A-B of step versions in one process.
 
-    PYTHONPATH=. .venv/bin/python scripts/step_phases.py [--ctx 60] [--steps 400] [--rows 256] [--with MODULE] [REV ...]
+    PYTHONPATH=. .venv/bin/python scripts/step_phases.py [--ctx 60] [--steps 400] [--rows 256] [--with MODULE]
+        [--kv-dtype int8] [REV ...]
 
 --rows N (> 1) times a prompt's pass of N rows at positions ctx.. instead of a decode step (figures are
 then us per pass); a pass of 32+ rows has a tail phase after each phase ("+tail").
@@ -160,6 +161,7 @@ def main() -> int:
                     help="each version also uses its revision's engine/kernels/MODULE.py where the step imports it "
                          "(e.g. cpu_fast: the matmuls and the quantizer; cpu_attn); repeatable")
     ap.add_argument("--with-attn", action="store_true", help="the same as --with cpu_attn")
+    ap.add_argument("--kv-dtype", default="f16", help="the KV cache's type (f16, int8)")
     a = ap.parse_args()
     import numba
     import numpy as np
@@ -186,7 +188,7 @@ def main() -> int:
         mods[rev] = importlib.import_module(f"step_v{j}")
     n_layer = len(ff.norms[0])
     arity = {r: m.fused_forward.py_func.__code__.co_argcount - 1 for r, m in mods.items()}  # older: fewer
-    cache = model.new_cache(max(2048, a.ctx + 64 + a.rows))
+    cache = model.new_cache(max(2048, a.ctx + 64 + a.rows), a.kv_dtype)
     if a.ctx:  # the context before the measured passes (--ctx 0: a prompt's first chunk)
         model.forward(np.arange(1, a.ctx + 1, dtype=np.int32) % 1000 + 100, 0, cache)
     ff.guard.before = lambda: None
