@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--threads", type=int)
     g.add_argument("--max-context", type=int)
     g.add_argument("--kv-capacity", type=int)
-    g.add_argument("--kv-dtype", choices=KV_DTYPES)
+    g.add_argument("--kv-dtype", choices=KV_DTYPES,
+                   help="int8: ~half the KV memory, faster decode at long context on AVX512-VNNI CPUs")
     g.add_argument("--prefill-chunk", type=int)
     g.add_argument("--no-prefix-reuse", action="store_true")
     g.add_argument("--tp", type=int)
