@@ -174,3 +174,64 @@ def _vsum_codegen(heads):
 
 vsum_q8 = _make_vsum()
 vsum_q8_heads = _make_vsum(GROUP_HEADS)
+
+
+def _quantize_rows_codegen(context, builder, signature, args):
+    q_, s_, x_, pos0 = args
+    qa, sa, xa = (context.make_array(t)(context, builder, a) for t, a in zip(signature.args[:3], (q_, s_, x_)))
+    t_n, n_kv, hd = cgutils.unpack_tuple(builder, xa.shape, 3)
+    n_g = builder.extract_value(sa.shape, 2)
+    gs = builder.udiv(hd, n_g)
+    qst, sst, xst = (cgutils.unpack_tuple(builder, a.strides, 3) for a in (qa, sa, xa))
+    qb, sb, xb = (builder.bitcast(a.data, I8.as_pointer()) for a in (qa, sa, xa))
+    v16, i16 = ir.VectorType(F, 16), ir.VectorType(I32, 16)
+    fabs = _fn(builder, "llvm.fabs.v16f32", v16, [v16])
+    fmax = _fn(builder, "llvm.maxnum.v16f32", v16, [v16, v16])
+    hmax = _fn(builder, "llvm.vector.reduce.fmax.v16f32", F, [v16])
+    copysign = _fn(builder, "llvm.copysign.v16f32", v16, [v16, v16])
+    with cgutils.for_range(builder, t_n) as tl, cgutils.for_range(builder, n_kv) as hl:
+        t, h = tl.index, hl.index
+        x_row = builder.add(builder.mul(t, xst[0]), builder.mul(h, xst[1]))
+        p = builder.add(pos0, t)
+        q_row = builder.add(builder.mul(p, qst[0]), builder.mul(h, qst[1]))
+        s_row = builder.add(builder.mul(p, sst[0]), builder.mul(h, sst[1]))
+        with cgutils.for_range(builder, n_g) as gl:
+            g0 = builder.mul(gl.index, gs)
+
+            def chunk(c):  # x's 16 values at g0 + 16 c
+                at = builder.add(x_row, builder.mul(builder.add(g0, builder.mul(c, _i(16))), _i(4)))
+                return builder.load(builder.bitcast(builder.gep(xb, [at]), v16.as_pointer()), align=4)
+            amax = cgutils.alloca_once_value(builder, ir.Constant(v16, [0.0] * 16))
+            with cgutils.for_range(builder, builder.udiv(gs, _i(16))) as cl:
+                builder.store(builder.call(fmax, [builder.load(amax), builder.call(fabs, [chunk(cl.index)])]), amax)
+            sc = builder.fdiv(builder.call(hmax, [builder.load(amax)]), ir.Constant(F, 127.0))
+            pos = builder.fcmp_ordered(">", sc, ir.Constant(F, 0.0))
+            inv = builder.select(pos, builder.fdiv(ir.Constant(F, 1.0), builder.select(pos, sc, ir.Constant(F, 1.0))),
+                                 ir.Constant(F, 0.0))
+            builder.store(sc, builder.bitcast(builder.gep(sb, [builder.add(s_row, builder.mul(gl.index, sst[2]))]),
+                                              F.as_pointer()))
+            with cgutils.for_range(builder, builder.udiv(gs, _i(16))) as cl:
+                y = builder.fmul(chunk(cl.index), _splat(builder, inv, v16))
+                r = builder.fadd(y, builder.call(copysign, [ir.Constant(v16, [0.5] * 16), y]))
+                lim = ir.Constant(v16, [127.0] * 16)
+                r = builder.select(builder.fcmp_ordered(">", r, lim), lim, r)
+                r = builder.select(builder.fcmp_ordered("<", r, builder.fneg(lim)), builder.fneg(lim), r)
+                qi = builder.trunc(builder.fptosi(r, i16), ir.VectorType(I8, 16))
+                at = builder.add(q_row, builder.add(g0, builder.mul(cl.index, _i(16))))
+                builder.store(qi, builder.bitcast(builder.gep(qb, [at]), ir.VectorType(I8, 16).as_pointer()), align=1)
+    return context.get_dummy_value()
+
+
+@intrinsic
+def quantize_rows_q8(typingctx, q, s, x, pos0):
+    """q (cap, n_kv, hd) int8, s (cap, n_kv, hd // gs) f32 [pos0 + t] <- x (T, n_kv, hd) f32 quantized per gs
+    values (ref.quantize_kv_int8, the same bits as cpu._quant_rows' loop) in 16-lane vectors: generic LLVM
+    vector code (two 8-lane halves on AVX2). Needs gs % 16 == 0 and every last axis contiguous (the caller
+    checks)."""
+    ok = (isinstance(q, types.Array) and q.ndim == 3 and q.dtype == types.int8
+          and isinstance(s, types.Array) and s.ndim == 3 and s.dtype == types.float32
+          and isinstance(x, types.Array) and x.ndim == 3 and x.dtype == types.float32
+          and isinstance(pos0, types.Integer))
+    if not ok:
+        return None
+    return types.void(q, s, x, types.int64), _quantize_rows_codegen

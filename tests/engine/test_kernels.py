@@ -129,6 +129,24 @@ def test_kv_store_int8_matches_ref():
     assert np.abs(deq - k).max() < np.abs(k).max() / 127  # the int8 cache is close to the values
 
 
+@pytest.mark.parametrize("hd,group", [(64, 32), (128, 32), (64, 64), (48, 16), (40, 40), (12, 12)])
+def test_int8_store_is_refs_quantization_bit_for_bit(hd, group):
+    """cpu._quant_rows (the KV store of every CPU path): 16-lane vectors where the groups are multiples of 16
+    values (cpu_attn_int8_avx2.quantize_rows_q8), the loop otherwise; both give ref.quantize_kv_int8's bits,
+    at halves (x / scale = +-0.5, 126.5), a zero group, a -0.0 and a group's largest value."""
+    rng = np.random.default_rng(hd + group)
+    x = (rng.standard_normal((4, 3, hd)) * rng.choice([1e-3, 1.0, 60.0], size=(4, 3, 1))).astype(np.float32)
+    x[0, 0, :group] = 0
+    x[1, 1, :group] = np.linspace(-1, 1, group, dtype=np.float32)
+    x[1, 1, :4] = [0.5 / 127, -0.5 / 127, -0.0, 126.5 / 127]
+    q = np.full((9, 3, hd), 99, np.int8)
+    s = np.full((9, 3, hd // group), np.nan, np.float32)
+    cpu._quant_rows(q, s, x, 5)
+    want_q, want_s = ref.quantize_kv_int8(x, group)
+    assert np.array_equal(q[5:], want_q) and np.array_equal(s[5:], want_s)
+    assert (q[:5] == 99).all() and np.isnan(s[:5]).all()
+
+
 @pytest.mark.parametrize("kv_dtype", ["f16", "int8"])
 @pytest.mark.parametrize("pos0,t_n", [(0, 1), (0, 5), (6, 1), (9, 3)])
 def test_attention(kv_dtype, pos0, t_n):
