@@ -83,7 +83,7 @@ def _item_heads_q8_vec(part, sc, qt, kv, t, c, lo, hi, scale):
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
 def _item_heads_q8_vnni(part, sc, qt, kv, t, c, lo, hi, scale):
     """_item_heads_q8_vec's contract with the scores in integer dot products (cpu_attn_int8_vnni: the query
-    quantized per 32 values, as llama.cpp scores a q8_0 K cache), then the same softmax and V sums; the
+    in 16 bits per value as two int8 parts, ref.attention_int8_q16), then the same softmax and V sums; the
     other kernels where the shape is not one it serves."""
     kq, ks, vq, vs = kv
     n_head, hd = qt.shape

@@ -176,6 +176,30 @@ vsum_q8 = _make_vsum()
 vsum_q8_heads = _make_vsum(GROUP_HEADS)
 
 
+def group_scale(builder, chunks):
+    """(d, 1 / d or 0) of a group whose values are the <16 x float> chunks: d = max|x| / 127 in float32, as
+    ref.quantize_kv_int8 (and cpu._quant_rows' loop) compute it, to the bit."""
+    v16 = ir.VectorType(F, 16)
+    fabs = _fn(builder, "llvm.fabs.v16f32", v16, [v16])
+    fmax = _fn(builder, "llvm.maxnum.v16f32", v16, [v16, v16])
+    hmax = _fn(builder, "llvm.vector.reduce.fmax.v16f32", F, [v16])
+    m = ir.Constant(v16, [0.0] * 16)
+    for c in chunks:
+        m = builder.call(fmax, [m, builder.call(fabs, [c])])
+    d = builder.fdiv(builder.call(hmax, [m]), ir.Constant(F, 127.0))
+    pos = builder.fcmp_ordered(">", d, ir.Constant(F, 0.0))
+    return d, builder.select(pos, builder.fdiv(ir.Constant(F, 1.0), builder.select(pos, d, ir.Constant(F, 1.0))),
+                             ir.Constant(F, 0.0))
+
+
+def round_away(builder, y):
+    """<16 x float> y -> <16 x i32> rounded half away from zero (ref.quantize_kv_int8's rounding)."""
+    v16 = ir.VectorType(F, 16)
+    copysign = _fn(builder, "llvm.copysign.v16f32", v16, [v16, v16])
+    return builder.fptosi(builder.fadd(y, builder.call(copysign, [ir.Constant(v16, [0.5] * 16), y])),
+                          ir.VectorType(I32, 16))
+
+
 def _quantize_rows_codegen(context, builder, signature, args):
     q_, s_, x_, pos0 = args
     qa, sa, xa = (context.make_array(t)(context, builder, a) for t, a in zip(signature.args[:3], (q_, s_, x_)))
@@ -184,11 +208,7 @@ def _quantize_rows_codegen(context, builder, signature, args):
     gs = builder.udiv(hd, n_g)
     qst, sst, xst = (cgutils.unpack_tuple(builder, a.strides, 3) for a in (qa, sa, xa))
     qb, sb, xb = (builder.bitcast(a.data, I8.as_pointer()) for a in (qa, sa, xa))
-    v16, i16 = ir.VectorType(F, 16), ir.VectorType(I32, 16)
-    fabs = _fn(builder, "llvm.fabs.v16f32", v16, [v16])
-    fmax = _fn(builder, "llvm.maxnum.v16f32", v16, [v16, v16])
-    hmax = _fn(builder, "llvm.vector.reduce.fmax.v16f32", F, [v16])
-    copysign = _fn(builder, "llvm.copysign.v16f32", v16, [v16, v16])
+    v16 = ir.VectorType(F, 16)
     with cgutils.for_range(builder, t_n) as tl, cgutils.for_range(builder, n_kv) as hl:
         t, h = tl.index, hl.index
         x_row = builder.add(builder.mul(t, xst[0]), builder.mul(h, xst[1]))
@@ -201,22 +221,21 @@ def _quantize_rows_codegen(context, builder, signature, args):
             def chunk(c):  # x's 16 values at g0 + 16 c
                 at = builder.add(x_row, builder.mul(builder.add(g0, builder.mul(c, _i(16))), _i(4)))
                 return builder.load(builder.bitcast(builder.gep(xb, [at]), v16.as_pointer()), align=4)
-            amax = cgutils.alloca_once_value(builder, ir.Constant(v16, [0.0] * 16))
+            amax = cgutils.alloca_once_value(builder, ir.Constant(v16, [0.0] * 16))  # the group's max|x| lanes
+            fabs = _fn(builder, "llvm.fabs.v16f32", v16, [v16])
             with cgutils.for_range(builder, builder.udiv(gs, _i(16))) as cl:
-                builder.store(builder.call(fmax, [builder.load(amax), builder.call(fabs, [chunk(cl.index)])]), amax)
-            sc = builder.fdiv(builder.call(hmax, [builder.load(amax)]), ir.Constant(F, 127.0))
-            pos = builder.fcmp_ordered(">", sc, ir.Constant(F, 0.0))
-            inv = builder.select(pos, builder.fdiv(ir.Constant(F, 1.0), builder.select(pos, sc, ir.Constant(F, 1.0))),
-                                 ir.Constant(F, 0.0))
+                builder.store(builder.call(_fn(builder, "llvm.maxnum.v16f32", v16, [v16, v16]),
+                                           [builder.load(amax), builder.call(fabs, [chunk(cl.index)])]), amax)
+            sc, inv = group_scale(builder, [builder.load(amax)])
             builder.store(sc, builder.bitcast(builder.gep(sb, [builder.add(s_row, builder.mul(gl.index, sst[2]))]),
                                               F.as_pointer()))
             with cgutils.for_range(builder, builder.udiv(gs, _i(16))) as cl:
-                y = builder.fmul(chunk(cl.index), _splat(builder, inv, v16))
-                r = builder.fadd(y, builder.call(copysign, [ir.Constant(v16, [0.5] * 16), y]))
-                lim = ir.Constant(v16, [127.0] * 16)
-                r = builder.select(builder.fcmp_ordered(">", r, lim), lim, r)
-                r = builder.select(builder.fcmp_ordered("<", r, builder.fneg(lim)), builder.fneg(lim), r)
-                qi = builder.trunc(builder.fptosi(r, i16), ir.VectorType(I8, 16))
+                # |x| / d <= 127 up to rounding, so the clip to +-127 of the loop is a clip of the integers
+                r = round_away(builder, builder.fmul(chunk(cl.index), _splat(builder, inv, v16)))
+                lim = ir.Constant(ir.VectorType(I32, 16), [127] * 16)
+                r = builder.select(builder.icmp_signed(">", r, lim), lim, r)
+                r = builder.select(builder.icmp_signed("<", r, builder.neg(lim)), builder.neg(lim), r)
+                qi = builder.trunc(r, ir.VectorType(I8, 16))
                 at = builder.add(q_row, builder.add(g0, builder.mul(cl.index, _i(16))))
                 builder.store(qi, builder.bitcast(builder.gep(qb, [at]), ir.VectorType(I8, 16).as_pointer()), align=1)
     return context.get_dummy_value()

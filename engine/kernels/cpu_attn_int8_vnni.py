@@ -34,6 +34,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .cpu_attn_avx2 import F, I8, I32, I64, _shuf
+from .cpu_attn_int8_avx2 import group_scale, round_away
 from .cpu_avx2 import _const, _fn, _splat
 from .cpu_target import target_has
 
@@ -88,16 +89,9 @@ def _quantize_queries(builder, qrow, n_q, hd, n_g, qbuf, qsc, qcor):
     127, ref.quantize_kv_int8's rounding; lo = round(256 (x / d - hi)), clipped to +-127):
     qbuf[h * 2 hd + 128 b + 32 j + i] <- hi of value i of group 2b + j, 64 bytes on the lo; qsc[h * n_g + g]
     <- d / 256 (exact), qcor[...] <- 128 x the group's sum of 256 hi + lo. qrow(h) is a float* to row h."""
-    fabs = _fn(builder, "llvm.fabs.v16f32", V16F, [V16F])
-    fmax = _fn(builder, "llvm.maxnum.v16f32", V16F, [V16F, V16F])
-    hmax = _fn(builder, "llvm.vector.reduce.fmax.v16f32", F, [V16F])
     hadd = _fn(builder, "llvm.vector.reduce.add.v16i32", I32, [V16I])
-    copysign = _fn(builder, "llvm.copysign.v16f32", V16F, [V16F, V16F])
     smin = _fn(builder, "llvm.smin.v16i32", V16I, [V16I, V16I])
     smax = _fn(builder, "llvm.smax.v16i32", V16I, [V16I, V16I])
-
-    def rounded(y):  # round half away from zero, as ref.quantize_kv_int8
-        return builder.fptosi(builder.fadd(y, builder.call(copysign, [_const(V16F, 0.5), y])), V16I)
     with cgutils.for_range(builder, n_q) as hl:
         h = hl.index
         with cgutils.for_range(builder, n_g) as gl:
@@ -105,19 +99,15 @@ def _quantize_queries(builder, qrow, n_q, hd, n_g, qbuf, qsc, qcor):
             src = builder.gep(qrow(h), [builder.mul(g, _i(32))])
             x = [builder.load(builder.bitcast(builder.gep(src, [_i(16 * j)]), V16F.as_pointer()), align=4)
                  for j in range(2)]
-            amax = builder.call(hmax, [builder.call(fmax, [builder.call(fabs, [x[0]]), builder.call(fabs, [x[1]])])])
-            d = builder.fdiv(amax, ir.Constant(F, 127.0))
-            pos = builder.fcmp_ordered(">", d, ir.Constant(F, 0.0))
-            inv = builder.select(pos, builder.fdiv(ir.Constant(F, 1.0), builder.select(pos, d, ir.Constant(F, 1.0))),
-                                 ir.Constant(F, 0.0))
+            d, inv = group_scale(builder, x)
             at = builder.add(builder.add(builder.mul(h, builder.mul(hd, _i(2))),
                                          builder.mul(builder.udiv(g, _i(2)), _i(128))),
                              builder.mul(builder.urem(g, _i(2)), _i(32)))
             total = _const(V16I, 0)
             for j in range(2):
                 y = builder.fmul(x[j], _splat(builder, inv, V16F))
-                hi = rounded(y)
-                lo = rounded(builder.fmul(builder.fsub(y, builder.sitofp(hi, V16F)), _const(V16F, 256.0)))
+                hi = round_away(builder, y)
+                lo = round_away(builder, builder.fmul(builder.fsub(y, builder.sitofp(hi, V16F)), _const(V16F, 256.0)))
                 lo = builder.call(smax, [builder.call(smin, [lo, _const(V16I, 127)]), _const(V16I, -127)])
                 total = builder.add(total, builder.add(builder.shl(hi, _const(V16I, 8)), lo))
                 for part, off in ((hi, 0), (lo, 64)):
