@@ -39,8 +39,8 @@ from .cpu_avx2 import _const, _fn, _splat
 from .cpu_target import target_has
 
 VNNI512 = target_has("avx512vnni") and target_has("avx512bw")
-QBYTES = 4096  # query quants on the stack: heads * head_dim at most
-QGROUPS = 128  # query groups (scale, correction): heads * head_dim / 32 at most
+QBYTES = 8192  # query values on the stack (two bytes each): heads * head_dim at most (64 heads of 128)
+QGROUPS = 256  # query groups (scale, correction): heads * head_dim / 32 at most
 GMAX = 8  # query heads per KV head at most
 FETCH_AHEAD = 16  # K rows asked for this many positions ahead (cpu_attn.FETCH_AHEAD)
 
