@@ -199,6 +199,7 @@ class ChatApp(App):
     def on_engine_failed(self, message: br.EngineFailed) -> None:
         self.load_error = message.error
         self._status(f"model failed to load: {message.error}")
+        self.query_one("#stats", StatsPanel).on_engine_failed()
         self.notify(message.error, severity="error", timeout=30)
 
     # -- sending and streaming ---------------------------------------------------------------------

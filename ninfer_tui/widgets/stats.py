@@ -42,6 +42,7 @@ class StatsPanel(VerticalScroll):
         self.settings: ChatSettings | None = None
         self.spec_modes: dict[str, str | None] = {}
         self.engine_info: dict = {}
+        self.engine_failed = False  # the model did not load: the engine section says so instead of "loading..."
         self.prompted_thinking = False
         self.live = False
 
@@ -111,6 +112,10 @@ class StatsPanel(VerticalScroll):
         self.engine_info.update(info)
         self._render_engine()
         self._render_reply()
+
+    def on_engine_failed(self) -> None:
+        self.engine_failed = True
+        self._render_engine()
 
     def on_gpu(self, samples: list[GpuSample], reason: str) -> None:
         if not samples:
@@ -221,7 +226,8 @@ class StatsPanel(VerticalScroll):
     def _render_engine(self) -> None:
         e = self.engine_info
         if not e:
-            self._set("engine", "ENGINE        loading...")
+            self._set("engine", "ENGINE        " + ("failed to load (see the status line)" if self.engine_failed
+                                                  else "loading..."))
             return
         self._set("engine", "\n".join([
             "ENGINE",

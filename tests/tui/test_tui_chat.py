@@ -181,8 +181,8 @@ async def test_engine_error_is_notified_not_crashing(make_app):
 
 
 async def test_kv_cache_that_cannot_be_allocated_is_a_load_error(make_app):
-    """An engine whose session (its KV cache) cannot be made: the status line and a notification say why, and
-    the app keeps running without a session."""
+    """An engine whose session (its KV cache) cannot be made: the status line and a notification say why, the
+    panel's engine section stops saying "loading...", and the app keeps running without a session."""
     from engine.errors import ConfigError
     from ninfer_tui.fake import FakeEngine
 
@@ -193,6 +193,7 @@ async def test_kv_cache_that_cannot_be_allocated_is_a_load_error(make_app):
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: any("kv-capacity" in n.message for n in app._notifications))
         assert app.session is None and app.is_running
+        assert "ENGINE        failed to load" in str(app.query_one("#engine").render())
         app.query_one("#prompt").load_text("x")
         await pilot.press("enter")
         assert any(n.message.startswith("no model: a KV cache") for n in app._notifications)
