@@ -79,13 +79,20 @@ def _transcript_commands(ns) -> int:
         if ns.import_file:
             try:
                 text = Path(ns.import_file).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as e:
-                raise NinferError(f"cannot read {ns.import_file}: {e}") from None
+            except UnicodeDecodeError as e:
+                raise NinferError(f"{ns.import_file} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+                                  f"{e.start}); pass a transcript exported with --format json") from None
+            except OSError as e:
+                raise NinferError(f"cannot read {ns.import_file} ({e.strerror or e}); check the path") from None
             print(f"imported as conversation {import_json(store, text)}")
             return 0
         text = export(store, ns.export, ns.format)
         if ns.output:
-            Path(ns.output).write_text(text, encoding="utf-8")
+            try:
+                Path(ns.output).write_text(text, encoding="utf-8")
+            except OSError as e:
+                raise NinferError(f"cannot write {ns.output} ({e.strerror or e}); pick a writable path with -o, "
+                                  f"or leave -o out to print the export") from None
         else:
             sys.stdout.write(text)
         return 0

@@ -139,6 +139,25 @@ def test_list_export_import_without_tui(tmp_path, capsys):
     assert "no conversation with id 999" in capsys.readouterr().err
 
 
+def test_import_and_export_errors_are_one_line(tmp_path, capsys):
+    """A binary or missing file to import, an export path that cannot be written: one line each, saying what
+    to do, and nothing is added to or taken from the store."""
+    st = Store()
+    c = st.new_conversation("Kept", "m.gguf")
+    st.add_message(c, "user", "q?")
+    st.close()
+    (tmp_path / "model.gguf").write_bytes(b"GGUF\x03\x00\xff\xfe" * 50)
+    for args, want in ((["--import", str(tmp_path / "model.gguf")], "is not UTF-8 text"),
+                       (["--import", str(tmp_path / "missing.json")], "cannot read"),
+                       (["--export", str(c), "-o", str(tmp_path / "no" / "dir" / "c.md")], "cannot write")):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and want in err, err
+    assert main(["--list"]) == 0
+    out = capsys.readouterr().out
+    assert "Kept" in out and out.count("\n") == 1
+
+
 def test_corrupt_db_cli_message(capsys):
     p = paths.user_data_dir() / "transcripts.db"
     p.parent.mkdir(parents=True, exist_ok=True)
