@@ -222,9 +222,16 @@ class ChatApp(App):
                 msg = self.chat.add_user(event.text)
                 await self._mount(PromptView(msg, version=self.chat.versions(msg)))
         except NinferError as e:
+            self.query_one("#prompt", PromptInput).load_text(event.text)  # the prompt is not lost
             self.notify(str(e), severity="error")
             return
+        self._saving_notice()
         await self._start_reply()
+
+    def _saving_notice(self) -> None:
+        """Say once that the open conversation stopped being saved (a write to the store failed)."""
+        if (err := self.chat.take_save_error()) is not None:
+            self.notify(err, severity="error", timeout=20)
 
     async def _mount(self, view: MessageView) -> None:
         log = self.query_one("#log", VerticalScroll)
@@ -312,6 +319,7 @@ class ChatApp(App):
             try:
                 view.stored = self.chat.add_reply(view.text, view.reasoning, view.forced, self.reply_settings, final)
                 view.set_version(self.chat.versions(view.stored))
+                self._saving_notice()
             except NinferError as e:
                 self.notify(f"could not save the reply: {e}", severity="error")
         if final is not None and not view.text and final.finish_reason != "cancelled":
@@ -345,6 +353,7 @@ class ChatApp(App):
         if not self.chat.prepare_regenerate():
             self.notify("nothing to regenerate", severity="warning")
             return
+        self._saving_notice()
         await self._rebuild_log()
         await self._start_reply()
 

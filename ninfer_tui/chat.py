@@ -1,7 +1,9 @@
 """The conversation being chatted: the current branch of messages, saved to the store as turns complete.
 
 Shared by the TUI and plain mode. Works without a store (when the database could not be opened) so a broken
-transcript file never stops the chat; messages then live in memory only.
+transcript file never stops the chat; messages then live in memory only. The same when a write fails midway
+(a full disk): the open conversation goes on in memory from that message, and take_save_error() hands the
+reason to the UI once.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import time
 
 from engine.events import FinalStats
 
-from .store import Message, Store
+from .store import Message, Store, StoreError
 
 
 def stats_record(final: FinalStats | None) -> dict:
@@ -39,27 +41,41 @@ class ChatState:
         self.model_name = model_name
         self.conv_id: int | None = None
         self.path: list[Message] = []
-        self._mem_ids = itertools.count(1)
+        self._mem_ids = itertools.count(-1, -1)  # below every stored id: a branch may hold both
+        self.unsaved = False  # a write failed: this conversation's next messages live in memory only
+        self._save_error: str | None = None
 
     def new(self) -> None:
-        self.conv_id, self.path = None, []
+        self.conv_id, self.path, self.unsaved = None, [], False
 
     def open(self, conv_id: int) -> None:
         if self.store is None:
             return
         self.conv_id = conv_id
         self.path = self.store.branch(conv_id)
+        self.unsaved = False
+
+    def take_save_error(self) -> str | None:
+        """Why the open conversation stopped being saved, once (None when nothing new failed)."""
+        err, self._save_error = self._save_error, None
+        return err
+
+    def _stop_saving(self, e: StoreError) -> None:
+        self.unsaved, self._save_error = True, f"{e}; this conversation goes on unsaved"
 
     def engine_messages(self) -> list[dict]:
         """The branch as the engine's chat messages (reasoning is not sent back to the model)."""
         return [{"role": m.role, "content": m.content} for m in self.path]
 
     def _add(self, role: str, content: str, parent_id: int | None, **kw) -> Message:
-        if self.store is not None:
-            if self.conv_id is None:
-                self.conv_id = self.store.new_conversation(title_from(content), self.model_name)
-            mid = self.store.add_message(self.conv_id, role, content, parent_id, **kw)
-            return self.store.message(mid)
+        if self.store is not None and not self.unsaved:
+            try:
+                if self.conv_id is None:
+                    self.conv_id = self.store.new_conversation(title_from(content), self.model_name)
+                mid = self.store.add_message(self.conv_id, role, content, parent_id, **kw)
+                return self.store.message(mid)
+            except StoreError as e:
+                self._stop_saving(e)
         return Message(next(self._mem_ids), self.conv_id or 0, parent_id, role, content, time.time(),
                        kw.get("reasoning", ""), kw.get("reasoning_forced", False), kw.get("settings") or {},
                        kw.get("stats") or {})
@@ -88,8 +104,11 @@ class ChatState:
             return False
         if self.path[-1].role == "assistant":
             self.path.pop()
-            if self.store is not None and self.conv_id is not None and self.path:
-                self.store.set_leaf(self.conv_id, self.path[-1].id)
+            if self.store is not None and self.conv_id is not None and self.path and not self.unsaved:
+                try:
+                    self.store.set_leaf(self.conv_id, self.path[-1].id)
+                except StoreError as e:
+                    self._stop_saving(e)
         return bool(self.path) and self.path[-1].role == "user"
 
     def last_reply(self) -> Message | None:
@@ -97,7 +116,7 @@ class ChatState:
 
     def versions(self, msg: Message) -> tuple[int, int]:
         """(1-based index, count) of this message among its regenerated/edited versions."""
-        if self.store is None or self.conv_id is None:
+        if self.store is None or self.conv_id is None or msg.id < 0:
             return 1, 1
         sib = self.store.siblings(msg.id)
         return sib.index(msg.id) + 1, len(sib)

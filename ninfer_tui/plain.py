@@ -114,6 +114,7 @@ class PlainChat:
                 self._export(arg or s.export_format)
             elif name in ("regen", "regenerate"):
                 if self.chat.prepare_regenerate():
+                    self._saving_notice()
                     self.reply()
                 else:
                     self.say("nothing to regenerate")
@@ -134,7 +135,12 @@ class PlainChat:
     # -- a turn ------------------------------------------------------------------------------------
     def ask(self, text: str) -> FinalStats | None:
         self.chat.add_user(text)
+        self._saving_notice()
         return self.reply()
+
+    def _saving_notice(self) -> None:
+        if (err := self.chat.take_save_error()) is not None:
+            self.say(f"error: {err}")
 
     def reply(self) -> FinalStats | None:
         """Stream one reply: answer to `out`, reasoning to `err`. Ctrl+C stops it and keeps the text."""
@@ -183,6 +189,7 @@ class PlainChat:
             self.say(f"error: {e}" if isinstance(e, NinferError) else f"error: {type(e).__name__}: {e}")
         if answer or reasoning or final is not None:
             self.chat.add_reply("".join(answer), "".join(reasoning), forced, record, final)
+            self._saving_notice()
         if final is not None:
             self.say(f"[{footer_line(stats_record(final))}]")
         return final

@@ -148,10 +148,18 @@ class Store:
         return self.db.execute("PRAGMA user_version").fetchone()[0]
 
     # -- conversations -----------------------------------------------------------------------------
+    def _write_failed(self, e: sqlite3.Error) -> StoreError:
+        """A write the database refused (a full disk, a read-only file) as one line saying what to do."""
+        return StoreError(f"cannot save to the transcript database {self.path} ({e}); free some disk space or "
+                          "check its permissions")
+
     def new_conversation(self, title: str = "New chat", model: str = "") -> int:
         now = time.time()
-        cur = self.db.execute("INSERT INTO conversations(title, model, created, updated) VALUES (?,?,?,?)",
-                              (title, model, now, now))
+        try:
+            cur = self.db.execute("INSERT INTO conversations(title, model, created, updated) VALUES (?,?,?,?)",
+                                  (title, model, now, now))
+        except sqlite3.Error as e:
+            raise self._write_failed(e) from None
         return cur.lastrowid
 
     def conversation(self, conv_id: int) -> Conversation:
@@ -192,17 +200,21 @@ class Store:
         """Append a complete message (committed before returning) and make it the conversation's leaf."""
         now = created or time.time()
         stats = stats or {}
-        with self._tx():
-            cur = self.db.execute(
-                "INSERT INTO messages(conversation_id, parent_id, role, content, created, settings, stats, "
-                "spec_mode, finish_reason) VALUES (?,?,?,?,?,?,?,?,?)",
-                (conv_id, parent_id, role, content, now, json.dumps(settings or {}), json.dumps(stats),
-                 stats.get("spec_mode"), stats.get("finish_reason")))
-            mid = cur.lastrowid
-            if reasoning or reasoning_forced:
-                self.db.execute("INSERT INTO reasoning(message_id, content, forced) VALUES (?,?,?)",
-                                (mid, reasoning, int(reasoning_forced)))
-            self.db.execute("UPDATE conversations SET leaf_id=?, updated=? WHERE id=?", (mid, time.time(), conv_id))
+        try:
+            with self._tx():
+                cur = self.db.execute(
+                    "INSERT INTO messages(conversation_id, parent_id, role, content, created, settings, stats, "
+                    "spec_mode, finish_reason) VALUES (?,?,?,?,?,?,?,?,?)",
+                    (conv_id, parent_id, role, content, now, json.dumps(settings or {}), json.dumps(stats),
+                     stats.get("spec_mode"), stats.get("finish_reason")))
+                mid = cur.lastrowid
+                if reasoning or reasoning_forced:
+                    self.db.execute("INSERT INTO reasoning(message_id, content, forced) VALUES (?,?,?)",
+                                    (mid, reasoning, int(reasoning_forced)))
+                self.db.execute("UPDATE conversations SET leaf_id=?, updated=? WHERE id=?",
+                                (mid, time.time(), conv_id))
+        except sqlite3.Error as e:
+            raise self._write_failed(e) from None
         return mid
 
     def _message(self, r: sqlite3.Row) -> Message:
@@ -243,4 +255,8 @@ class Store:
         return [r[0] for r in rows]
 
     def set_leaf(self, conv_id: int, msg_id: int | None) -> None:
-        self.db.execute("UPDATE conversations SET leaf_id=?, updated=? WHERE id=?", (msg_id, time.time(), conv_id))
+        try:
+            self.db.execute("UPDATE conversations SET leaf_id=?, updated=? WHERE id=?",
+                            (msg_id, time.time(), conv_id))
+        except sqlite3.Error as e:
+            raise self._write_failed(e) from None

@@ -110,6 +110,20 @@ def test_plain_commands_and_reply(tmp_path):
     assert chat.quit
 
 
+def test_plain_mode_goes_on_when_the_disk_fills(tmp_path):
+    """A full disk midway (SQLite's max_page_count): one error line, then the chat goes on in memory."""
+    st = Store(tmp_path / "t.db")
+    chat, out, err = _plain(Script(answer="the answer " * 300), st)
+    chat.ask("first")
+    st.db.execute(f"PRAGMA max_page_count = {st.db.execute('PRAGMA page_count').fetchone()[0]}")
+    chat.ask("second " * 500)
+    chat.ask("third")
+    assert err.getvalue().count("this conversation goes on unsaved") == 1
+    assert [m.role for m in chat.chat.path] == ["user", "assistant"] * 3
+    assert out.getvalue().count("\n") == 3 and out.getvalue().startswith("the answer")  # three replies shown
+    assert st.list_conversations()[0].n_messages == 2
+
+
 def test_plain_piped_stdin_answers_one_prompt():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "-m", "ninfer_tui", "--plain", "--fake", "--fake-delay", "0"],
