@@ -13,7 +13,7 @@ from engine.config import SPEC_MODES
 from engine.errors import NinferError
 
 from .settings import THINKING_MODES, ChatSettings
-from .store import Store
+from .store import Store, StoreError
 
 
 class HelpScreen(ModalScreen[None]):
@@ -146,7 +146,10 @@ class TranscriptsScreen(ModalScreen[int | None]):
 
         def done(title: str | None) -> None:
             if title:
-                self.store.rename(cid, title)
+                try:
+                    self.store.rename(cid, title)
+                except StoreError as e:
+                    self.notify(f"not renamed: {e}", severity="error")
                 self.refresh_list()
         self.app.push_screen(TextPromptScreen("New title:", self.store.conversation(cid).title), done)
 
@@ -158,8 +161,12 @@ class TranscriptsScreen(ModalScreen[int | None]):
 
         def done(yes: bool | None) -> None:
             if yes:
-                self.store.delete(cid)
-                self.notify(f"deleted conversation {cid}")
+                try:
+                    self.store.delete(cid)
+                except StoreError as e:
+                    self.notify(f"not deleted: {e}", severity="error")
+                else:
+                    self.notify(f"deleted conversation {cid}")
                 self.refresh_list()
         self.app.push_screen(ConfirmScreen(f"Delete conversation {cid} \u201c{title}\u201d? This cannot be undone."),
                              done)

@@ -186,12 +186,18 @@ class Store:
 
     def rename(self, conv_id: int, title: str) -> None:
         self.conversation(conv_id)
-        self.db.execute("UPDATE conversations SET title=? WHERE id=?", (title.strip() or "Untitled", conv_id))
+        try:
+            self.db.execute("UPDATE conversations SET title=? WHERE id=?", (title.strip() or "Untitled", conv_id))
+        except sqlite3.Error as e:
+            raise self._write_failed(e) from None
 
     def delete(self, conv_id: int) -> None:
         """Delete a conversation and its messages (foreign keys cascade)."""
         self.conversation(conv_id)
-        self.db.execute("DELETE FROM conversations WHERE id=?", (conv_id,))
+        try:
+            self.db.execute("DELETE FROM conversations WHERE id=?", (conv_id,))
+        except sqlite3.Error as e:
+            raise self._write_failed(e) from None
 
     # -- messages ----------------------------------------------------------------------------------
     def add_message(self, conv_id: int, role: str, content: str, parent_id: int | None = None, *,

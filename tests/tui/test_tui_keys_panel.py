@@ -211,6 +211,13 @@ async def test_transcripts_browser_open_rename_delete(make_app):
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("n")
         assert len(app.store.list_conversations()) == 2
+        app.store.db.execute("PRAGMA query_only = ON")  # the database refuses writes (a full disk, read-only)
+        await pilot.press("delete")
+        await pilot.press("y")
+        await pilot.pause()
+        assert isinstance(app.screen, TranscriptsScreen) and len(app.store.list_conversations()) == 2
+        assert any(n.message.startswith("not deleted: cannot save") for n in app._notifications)
+        app.store.db.execute("PRAGMA query_only = OFF")
         await pilot.press("delete")
         await pilot.press("y")
         await pilot.pause()

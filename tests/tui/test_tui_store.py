@@ -87,6 +87,21 @@ def test_committed_rows_survive_a_kill(tmp_path):
     assert other.execute("SELECT content FROM messages").fetchall() == [("saved at once",)]
 
 
+def test_writes_to_a_read_only_database_are_one_line(tmp_path):
+    """Rename, delete and a new message on a database opened read-only (as a full disk or a read-only file
+    would refuse them): StoreError saying what to do, and nothing changed."""
+    st = Store(tmp_path / "t.db")
+    c, _ = _chat(st)
+    st.db.execute("PRAGMA query_only = ON")
+    for write in (lambda: st.rename(c, "x"), lambda: st.delete(c), lambda: st.add_message(c, "user", "y"),
+                  lambda: st.new_conversation("z"), lambda: st.set_leaf(c, None)):
+        with pytest.raises(StoreError, match="cannot save to the transcript database .*; free some disk space"):
+            write()
+    st.db.execute("PRAGMA query_only = OFF")
+    assert [x.title for x in st.list_conversations()] == [st.conversation(c).title]
+    assert st.conversation(c).leaf_id is not None and not st.db.in_transaction
+
+
 def test_rename_delete(tmp_path):
     st = Store(tmp_path / "t.db")
     c, _ = _chat(st)
