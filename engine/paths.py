@@ -61,15 +61,66 @@ def _read_toml(path: Path) -> dict:
         raise ConfigError(f"config file {path} is not valid TOML ({e}); fix or remove it") from None
 
 
+# Keys config.toml leaves out (they have no default value there), with their types.
+OPTIONAL_KEYS = {
+    "engine": {"model": str, "threads": int, "max_context": int, "kv_capacity": int, "spec": str, "draft_tokens": int,
+               "tp": int, "devices": list, "transport": str},
+    "sampling": {"seed": int},
+    "thinking": {"open_marker": str, "close_marker": str},
+}
+_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list"}
+
+
+def _fits(v, typ) -> bool:
+    if typ is bool or isinstance(v, bool):
+        return typ is bool and isinstance(v, bool)
+    return isinstance(v, (int, float)) if typ is float else isinstance(v, typ)
+
+
+def check_config(layer: dict, defaults: dict, path) -> None:
+    """Raise ConfigError for the first key of a config file that config.toml (the defaults, which list every
+    key) and OPTIONAL_KEYS do not know, or whose value has another type than the default's: a typo would
+    otherwise be ignored in silence."""
+    import difflib
+
+    def known(section: str | None) -> dict:
+        d = defaults if section is None else defaults.get(section, {})
+        types = {k: (dict if isinstance(v, dict) else type(v)) for k, v in d.items()}
+        return {**types, **({} if section is None else OPTIONAL_KEYS.get(section, {}))}
+
+    for section, body in [(None, {k: v for k, v in layer.items() if not isinstance(v, dict)})] + \
+            [(k, v) for k, v in layer.items() if isinstance(v, dict)]:
+        kinds = known(section)
+        if section is not None and section not in defaults:
+            near = difflib.get_close_matches(section, [k for k, t in known(None).items() if t is dict], 1)
+            raise ConfigError(f"config file {path}: unknown section [{section}]"
+                              + (f" (did you mean [{near[0]}]?)" if near else "") + "; config.toml lists every key")
+        for key, v in body.items():
+            where = f"[{section}] {key}" if section else key
+            if key not in kinds:
+                near = difflib.get_close_matches(key, list(kinds), 1)
+                raise ConfigError(f"config file {path}: unknown key {where}"
+                                  + (f" (did you mean {near[0]}?)" if near else "") + "; config.toml lists every key")
+            if not _fits(v, kinds[key]):
+                raise ConfigError(f"config file {path}: {where} = {v!r} must be {_TYPE_NAMES[kinds[key]]}; "
+                                  "fix it (config.toml shows the default)")
+
+
 def load_config(extra: str | os.PathLike | None = None) -> dict:
-    """Defaults (repo config.toml) <- user config (XDG) <- an explicit --config file."""
-    cfg = _read_toml(REPO_CONFIG)
-    cfg = _merge(cfg, _read_toml(user_config_path()))
+    """Defaults (repo config.toml) <- user config (XDG) <- an explicit --config file; each file's keys and
+    types checked against the defaults (check_config)."""
+    defaults = _read_toml(REPO_CONFIG)
+    cfg = defaults
+    layers = [user_config_path()]
     if extra is not None:
         p = Path(extra)
         if not p.exists():
             raise ConfigError(f"--config {p} does not exist")
-        cfg = _merge(cfg, _read_toml(p))
+        layers.append(p)
+    for p in layers:
+        layer = _read_toml(p)
+        check_config(layer, defaults, p)
+        cfg = _merge(cfg, layer)
     return cfg
 
 

@@ -196,10 +196,37 @@ def test_smollm2_prompted_thinking_budget(smollm2_path, tmp_path):
     assert d["reasoning_tokens"] <= 48 and d["answer"].strip() and out.strip()
 
 
+@pytest.mark.parametrize("text,want", [
+    ('[sampling]\ntemperature = "hot"\n', "[sampling] temperature = 'hot' must be a number"),
+    ("[sampling]\ntemprature = 0.5\n", "unknown key [sampling] temprature (did you mean temperature?)"),
+    ("[samplng]\ntop_k = 3\n", "unknown section [samplng] (did you mean [sampling]?)"),
+    ("[engine]\nprefix_reuse = 1\n", "[engine] prefix_reuse = 1 must be true or false"),
+    ("[sampling]\ntop_k = 2.5\n", "[sampling] top_k = 2.5 must be an integer"),
+])
+def test_config_typos_and_wrong_types_are_one_line(capsys, tmp_path, text, want):
+    """A config key that config.toml does not list, or a value of another type than its default's: one line
+    naming it (and the key meant, when one is close), before anything loads (ninfer-chat: tests/tui)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(text, encoding="utf-8")
+    assert main(["--prompt", "hi", "--config", str(cfg)], fake_factory(script_policy("x"))) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and want in err and str(cfg) in err, err
+
+
+def test_config_accepts_every_default_and_the_optional_keys(tmp_path):
+    """config.toml itself, and the keys it leaves out (engine threads and limits, a seed, thinking markers),
+    pass the check; an integer where a number is wanted too."""
+    from engine import paths
+    defaults = paths._read_toml(paths.REPO_CONFIG)
+    paths.check_config(defaults, defaults, "config.toml")
+    paths.check_config({"engine": {"threads": 2, "max_context": 512, "kv_capacity": 1024, "devices": [0, 1]},
+                        "sampling": {"seed": 7, "temperature": 1}, "ui": {"stream_fps": 30},
+                        "thinking": {"open_marker": "<t>", "close_marker": "</t>"}}, defaults, "x.toml")
+
+
 def test_config_defaults_and_flag_override(capsys, tmp_path):
     cfg = tmp_path / "c.toml"
-    cfg.write_text('[sampling]\nmax_new = 5\ntemperature = "hot"\n[thinking]\nmode = "on"\nbudget = 2\n',
-                   encoding="utf-8")
+    cfg.write_text('[sampling]\nmax_new = 5\n[thinking]\nmode = "on"\nbudget = 2\n', encoding="utf-8")
     stats = tmp_path / "s.json"
     fac = fake_factory(thinking_policy(close_after=None))
     assert main(["--prompt", "hi", "--config", str(cfg), "--max-new", "200", "--stats-json", str(stats)], fac) == 0
@@ -208,4 +235,4 @@ def test_config_defaults_and_flag_override(capsys, tmp_path):
     assert main(["--prompt", "hi", "--config", str(cfg), "--no-thinking", "--stats-json", str(stats)],
                 fake_factory(script_policy("x" * 50))) == 0
     d = json.loads(stats.read_text())
-    assert d["output_tokens"] == 5 and d["reasoning_tokens"] == 0  # max_new from the config; bad types ignored
+    assert d["output_tokens"] == 5 and d["reasoning_tokens"] == 0  # max_new from the config

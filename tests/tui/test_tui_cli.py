@@ -110,6 +110,15 @@ def test_plain_commands_and_reply(tmp_path):
     assert chat.quit
 
 
+def test_config_typo_is_one_line_before_the_chat_starts(tmp_path, capsys):
+    """ninfer-chat reads config files through the same check as ninfer (engine.paths.check_config)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[ui]\nshow_stat = false\n", encoding="utf-8")
+    assert main(["--fake", "--plain", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown key [ui] show_stat (did you mean show_stats?)" in err, err
+
+
 def test_plain_mode_goes_on_when_the_disk_fills(tmp_path):
     """A full disk midway (SQLite's max_page_count): one error line, then the chat goes on in memory."""
     st = Store(tmp_path / "t.db")
