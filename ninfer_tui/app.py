@@ -57,6 +57,23 @@ ACTIONS = [
 ]
 # Shown/used only on the chat screen (priority so that the focused TextArea cannot swallow them).
 MAIN_ONLY = {a for _, a, *_ in ACTIONS} - {"quit", "help"}
+PROMPT_KEYS = {"send": "enter", "newline": "ctrl+j,shift+enter"}  # the prompt's own keys (PromptInput)
+
+
+def keymap_problems(keymap: dict[str, str]) -> list[str]:
+    """What is wrong with a [keymap] (keys that are not keys, a key bound to two actions), a line each."""
+    out, owner = [], {}
+    defaults = {bid: key for bid, _, _, key, _ in ACTIONS} | PROMPT_KEYS
+    for bid, default in defaults.items():
+        value = keymap.get(bid, default)
+        for key in (k.strip() for k in value.split(",")):
+            if not key or key.startswith("+") or key.endswith("+"):
+                out.append(f"keymap: {bid} = {value!r} is not a key list (e.g. \"ctrl+r\" or \"f2,ctrl+k\")")
+                break
+            if key in owner:
+                out.append(f"keymap: {key} is bound to both {owner[key]} and {bid}; give one of them another key")
+            owner.setdefault(key, bid)
+    return out
 
 
 class ChatApp(App):
@@ -138,6 +155,8 @@ class ChatApp(App):
         self._apply_theme(self.settings.theme)
         if self.settings.keymap:
             self.set_keymap(self.settings.keymap)
+            for problem in keymap_problems(self.settings.keymap):
+                self.notify(problem, severity="warning", timeout=15)
         self.query_one("#log", VerticalScroll).anchor()
         self.query_one("#stats", StatsPanel).display = self.settings.show_stats
         self._refresh_panel_settings()

@@ -78,6 +78,25 @@ async def test_keymap_from_config_remaps(make_app, tmp_path):
         assert app.settings.spec == "ngram"
 
 
+async def test_keymap_clash_and_broken_key_are_warned(make_app):
+    """A key bound to two actions and a key that is not one: a warning each at start, the chat runs."""
+    from ninfer_tui.app import keymap_problems
+    assert keymap_problems({}) == []
+    assert keymap_problems({"spec_cycle": "ctrl+t", "regenerate": "f2"}) == []  # f2 was freed first
+    cfg = paths.user_config_path()
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text('[keymap]\nregenerate = "f2"\nquit = "ctrl+"\n')
+    app = make_app(Script(answer="ok"))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        warned = [n.message for n in app._notifications if n.message.startswith("keymap:")]
+        assert sorted(warned) == sorted(["keymap: f2 is bound to both regenerate and spec_cycle; give one of them "
+                                         "another key",
+                                         "keymap: quit = 'ctrl+' is not a key list (e.g. \"ctrl+r\" or \"f2,ctrl+k\")"])
+        await send(pilot, "still chatting")
+        assert app.chat.path[-1].content == "ok"
+
+
 async def test_live_panel_values(make_app):
     app = make_app(Script(answer="one two three four five", hold_after=3))
     async with app.run_test(size=SIZE) as pilot:
