@@ -85,6 +85,16 @@ def default_path() -> Path:
     return paths.user_data_dir() / "transcripts.db"
 
 
+def _json_dict(text) -> dict:
+    """A message's settings or stats column as a dict; {} where the column was damaged outside ninfer-chat
+    (the message itself still opens)."""
+    try:
+        d = json.loads(text or "{}")
+    except (TypeError, ValueError):
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
 class Store:
     """One SQLite file. Opening validates it before anything is written."""
 
@@ -224,9 +234,8 @@ class Store:
         return mid
 
     def _message(self, r: sqlite3.Row) -> Message:
-        return Message(r["id"], r["conversation_id"], r["parent_id"], r["role"], r["content"], r["created"],
-                       r["rcontent"] or "", bool(r["forced"]), json.loads(r["settings"] or "{}"),
-                       json.loads(r["stats"] or "{}"))
+        return Message(r["id"], r["conversation_id"], r["parent_id"], r["role"], r["content"] or "", r["created"],
+                       r["rcontent"] or "", bool(r["forced"]), _json_dict(r["settings"]), _json_dict(r["stats"]))
 
     _SELECT = ("SELECT m.*, r.content AS rcontent, r.forced AS forced FROM messages m "
                "LEFT JOIN reasoning r ON r.message_id = m.id")

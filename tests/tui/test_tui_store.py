@@ -102,6 +102,16 @@ def test_writes_to_a_read_only_database_are_one_line(tmp_path):
     assert st.conversation(c).leaf_id is not None and not st.db.in_transaction
 
 
+def test_a_damaged_stats_column_still_opens(tmp_path):
+    """Settings or stats edited into invalid JSON (or a JSON list) outside ninfer-chat: the messages open with
+    empty stats, the text intact."""
+    st = Store(tmp_path / "t.db")
+    c, _ = _chat(st)
+    st.db.execute("UPDATE messages SET stats='{broken', settings='[1, 2]'")
+    path = st.branch(c)
+    assert [m.content for m in path] and all(m.stats == {} and m.settings == {} for m in path)
+
+
 def test_rename_delete(tmp_path):
     st = Store(tmp_path / "t.db")
     c, _ = _chat(st)
