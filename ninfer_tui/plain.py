@@ -215,13 +215,28 @@ def run_plain(settings: ChatSettings, args, loader: Callable, model_name: str, s
     facts = engine_facts(engine, args)
     chat = PlainChat(engine, settings, model_name, store, spec_modes=facts["spec_modes"])
     if not stdin.isatty():
-        text = stdin.read().strip()
+        text = _read_piped(stdin)
+        if text is None:
+            return 2
         if not text:
             print("ninfer-chat: no prompt on stdin", file=sys.stderr)
             return 2
         final = chat.ask(text)
         return 0 if final is not None and final.finish_reason != "error" else 1
     return _interactive(chat)
+
+
+def _read_piped(stdin) -> str | None:
+    """The prompt piped to stdin, stripped and NFC; None after one line on stderr when it is not UTF-8."""
+    import unicodedata
+    raw = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode("utf-8", "surrogateescape")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        print(f"ninfer-chat: stdin is not valid UTF-8 (byte {raw[e.start]:#04x} at offset {e.start}); pipe UTF-8 "
+              "text", file=sys.stderr)
+        return None
+    return unicodedata.normalize("NFC", text.strip())
 
 
 def _interactive(chat: PlainChat) -> int:

@@ -133,6 +133,16 @@ def test_plain_mode_goes_on_when_the_disk_fills(tmp_path):
     assert st.list_conversations()[0].n_messages == 2
 
 
+def test_plain_piped_stdin_that_is_not_utf8_is_one_line():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "ninfer_tui", "--plain", "--fake", "--fake-delay", "0"],
+                       input=b"hello \xff\xfe world\n", capture_output=True, timeout=60, cwd=ROOT, env=env)
+    err = r.stderr.decode("utf-8", "replace")
+    assert r.returncode == 2 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == ("ninfer-chat: stdin is not valid UTF-8 (byte 0xff at offset 6); "
+                                            "pipe UTF-8 text")
+
+
 def test_plain_piped_stdin_answers_one_prompt():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "-m", "ninfer_tui", "--plain", "--fake", "--fake-delay", "0"],
