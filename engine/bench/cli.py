@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
 from dataclasses import asdict, replace
 from functools import partial
+from pathlib import Path
 
 from ..errors import NinferError
 from .spec import Variant, Workload, load_variants_toml, parse_variant, read_messages_file, workload_file
@@ -206,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         if baseline not in {v.name for v in variants}:
             raise NinferError(f"--baseline {baseline!r} is not one of the variants ({', '.join(v.name for v in variants)})")
         wl = _workload(a, model)
+        for flag, out in (("--json", a.json), ("--markdown", a.markdown)):
+            _check_writable(flag, out)
     except NinferError as e:
         print(f"ninfer-bench: {e}", file=sys.stderr)
         return 2
@@ -243,13 +247,30 @@ def main(argv: list[str] | None = None) -> int:
            "variants": [asdict(v) for v in variants], "baseline": baseline, "repeats": a.repeats,
            "idle_gap_s": a.idle_gap, "prefix_reuse": False, "started": t0, "elapsed_s": time.time() - t0,
            "aggregate": agg, "ratios": rat, "roofline": roof, "runs": results}
-    if a.json:
-        with open(a.json, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
-    if a.markdown:
-        with open(a.markdown, "w", encoding="utf-8") as f:
-            f.write(markdown_table(agg, rat, baseline) + "\n")
-    return 0 if all(r.get("ok") for r in results) else 1
+    written = True
+    for flag, out, text in (("--json", a.json, lambda: json.dumps(doc, indent=1)),
+                            ("--markdown", a.markdown, lambda: markdown_table(agg, rat, baseline) + "\n")):
+        if out:
+            try:
+                Path(out).write_text(text(), encoding="utf-8")
+            except OSError as e:  # checked before the runs; the disk can still fill meanwhile
+                print(f"ninfer-bench: cannot write {flag} {out} ({e.strerror or e}); the table above has the "
+                      "figures", file=sys.stderr)
+                written = False
+    return 0 if written and all(r.get("ok") for r in results) else 1
+
+
+def _check_writable(flag: str, out: str | None) -> None:
+    """Fail before the runs (minutes) rather than after them when an output file cannot be written."""
+    if not out:
+        return
+    p = Path(out)
+    if p.is_dir():
+        raise NinferError(f"{flag} {out} is a directory; give a file name")
+    if not p.parent.is_dir():
+        raise NinferError(f"{flag} {out}: the folder {p.parent} does not exist; create it or pick another path")
+    if not os.access(p.parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise NinferError(f"{flag} {out} is not writable; pick another path")
 
 
 if __name__ == "__main__":

@@ -337,6 +337,17 @@ def test_bench_cli_bad_variant_is_one_line_error(capsys):
     assert err.startswith("ninfer-bench: ") and "unknown key" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("flag", ["--json", "--markdown"])
+def test_bench_cli_unwritable_output_fails_before_the_runs(tmp_path, capsys, monkeypatch, flag):
+    """An output path in a folder that does not exist, or a folder: one line before anything runs."""
+    import engine.bench.runner as runner
+    monkeypatch.setattr(runner, "run_bench", lambda *a, **k: pytest.fail("ran before checking the output path"))
+    for out, want in ((tmp_path / "no" / "r.out", "does not exist; create it"), (tmp_path, "is a directory")):
+        assert bench_main(["--variant", "a:backend=ref", "--no-roofline", flag, str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"ninfer-bench: {flag} ") and want in err, err
+
+
 def test_bench_cli_presence_penalty_greedy_or_sampled(tiny_models, tmp_path, capsys):
     """--presence-penalty: greedy runs with that penalty (without --sampled), or the preset with it instead of
     1.5; the run's output differs from plain greedy once the penalty moves a token. Bad values and synthetic
