@@ -4,6 +4,7 @@ Every option the CLI, the TUI and the benchmark accept travels as one of these; 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
@@ -114,6 +115,9 @@ class SamplingParams:
     greedy: bool = False
 
     def __post_init__(self):
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got {getattr(self, name)}")
         if self.temperature < 0:
             raise ConfigError(f"--temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -124,6 +128,8 @@ class SamplingParams:
             raise ConfigError(f"--top-k must be >= 0, got {self.top_k}")
         if self.max_new < 1:
             raise ConfigError(f"--max-new must be >= 1, got {self.max_new}")
+        if self.seed is not None and not 0 <= self.seed < 2 ** 63:
+            raise ConfigError(f"--seed must be in [0, 2^63), got {self.seed}; leave it out for a random seed")
         self.stop = tuple(self.stop)
         self.stop_token_ids = tuple(self.stop_token_ids)
 

@@ -86,6 +86,21 @@ def test_budget_too_large_is_one_line(capsys):
     assert_one_line_error(code, capsys.readouterr().err, "--thinking-budget 48", "--max-new")
 
 
+@pytest.mark.parametrize("args,needles", [
+    (["--seed", "-1"], ("--seed must be in [0, 2^63), got -1", "leave it out")),
+    (["--temperature", "nan"], ("--temperature must be a finite number",)),
+    (["--top-p", "nan"], ("--top-p must be a finite number",)),
+    (["--presence-penalty", "inf"], ("--presence-penalty must be a finite number",)),
+    (["--top-p", "0"], ("--top-p must be in (0, 1]",)),
+    (["--min-p", "2"], ("--min-p must be in [0, 1]",)),
+])
+def test_sampling_values_out_of_range_are_one_line(capsys, args, needles):
+    """Sampling options that cannot mean anything (a negative seed used to be a numpy traceback, NaN was
+    taken): one line naming the option."""
+    code = main(["--prompt", "hi", *args], fake_factory(script_policy("x")))
+    assert_one_line_error(code, capsys.readouterr().err, *needles)
+
+
 def test_too_long_prompt_is_one_line(capsys):
     code = main(["--prompt", "word " * 100, "--max-context", "32"], fake_factory(script_policy("x")))
     assert_one_line_error(code, capsys.readouterr().err, "context")
