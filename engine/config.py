@@ -79,6 +79,8 @@ class EngineArgs:
             raise ConfigError(f"--transport {self.transport!r} is not one of auto, p2p, mapped")
         if self.max_context is not None and self.max_context < 1:
             raise ConfigError(f"--max-context must be >= 1, got {self.max_context}")
+        if self.kv_capacity is not None and self.kv_capacity < 1:
+            raise ConfigError(f"--kv-capacity must be >= 1, got {self.kv_capacity}")
         if self.kv_capacity is not None and self.max_context is not None and self.kv_capacity < self.max_context:
             raise ConfigError(
                 f"--kv-capacity {self.kv_capacity} is smaller than --max-context {self.max_context}; "

@@ -93,8 +93,9 @@ def test_budget_too_large_is_one_line(capsys):
     (["--presence-penalty", "inf"], ("--presence-penalty must be a finite number",)),
     (["--top-p", "0"], ("--top-p must be in (0, 1]",)),
     (["--min-p", "2"], ("--min-p must be in [0, 1]",)),
+    (["--kv-capacity", "0"], ("--kv-capacity must be >= 1, got 0",)),  # 0 used to mean the default
 ])
-def test_sampling_values_out_of_range_are_one_line(capsys, args, needles):
+def test_option_values_out_of_range_are_one_line(capsys, args, needles):
     """Sampling options that cannot mean anything (a negative seed used to be a numpy traceback, NaN was
     taken): one line naming the option."""
     code = main(["--prompt", "hi", *args], fake_factory(script_policy("x")))
