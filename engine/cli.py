@@ -54,7 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--devices", help="comma-separated device ids, e.g. 0,1")
     g.add_argument("--transport", choices=("auto", "p2p", "mapped"), help="--tp all-reduce path")
     g.add_argument("--spec", choices=SPEC_MODES)
-    g.add_argument("--draft-tokens", type=int)
+    g.add_argument("--draft-tokens", type=int, help="tokens a drafter proposes per round (needs a --spec mode)")
+    g.add_argument("--lm-head-draft", action="store_true",
+                   help="NInfer's switch for an MTP/DFlash drafter's own proposal head; needs --spec mtp or "
+                        "dflash, whose drafters are not in this build (it is checked, then refused with them)")
     s = p.add_argument_group("sampling")
     s.add_argument("--max-new", type=int, help="new tokens, reasoning and answer together")
     s.add_argument("--greedy", action="store_true", help="argmax (temperature 0)")
@@ -156,6 +159,10 @@ def build_options(a: argparse.Namespace, cfg: dict) -> tuple[EngineArgs, Generat
         tp=a.tp or 1, devices=devices, transport=a.transport or "auto")
     if a.threads is not None and a.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {a.threads}")
+    if a.lm_head_draft and eargs.spec not in ("mtp", "dflash"):
+        raise ConfigError("--lm-head-draft selects an MTP or DFlash drafter's head; it needs --spec mtp or --spec dflash")
+    if a.draft_tokens is not None and eargs.spec == "off":
+        raise ConfigError("--draft-tokens needs a speculative mode: add --spec ngram (or mtp, dflash)")
     pen_on = _pick(None, cp, "enabled", bool, False)
     max_new = _pick(a.max_new, cs, "max_new", int, 512)
     sampling = SamplingParams(

@@ -94,6 +94,9 @@ def test_budget_too_large_is_one_line(capsys):
     (["--top-p", "0"], ("--top-p must be in (0, 1]",)),
     (["--min-p", "2"], ("--min-p must be in [0, 1]",)),
     (["--kv-capacity", "0"], ("--kv-capacity must be >= 1, got 0",)),  # 0 used to mean the default
+    (["--draft-tokens", "3"], ("--draft-tokens needs a speculative mode",)),  # as NInfer: no --spec, no drafts
+    (["--lm-head-draft"], ("--lm-head-draft", "needs --spec mtp or --spec dflash")),
+    (["--spec", "ngram", "--lm-head-draft"], ("needs --spec mtp or --spec dflash",)),
 ])
 def test_option_values_out_of_range_are_one_line(capsys, args, needles):
     """Sampling options that cannot mean anything (a negative seed used to be a numpy traceback, NaN was
