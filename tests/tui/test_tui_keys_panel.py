@@ -65,11 +65,16 @@ async def test_penalties_thinking_budget_keys(make_app):
         assert t.enabled is True and t.budget == app.settings.budget_step
 
 
-async def test_keymap_from_config_remaps(make_app, tmp_path):
+def _keymap_app(make_app, keymap_toml: str):
+    """An app over a user config holding this [keymap] section."""
     cfg = paths.user_config_path()
     cfg.parent.mkdir(parents=True, exist_ok=True)
-    cfg.write_text('[keymap]\nspec_cycle = "ctrl+t"\n')
-    app = make_app(Script(answer="ok"))
+    cfg.write_text("[keymap]\n" + keymap_toml)
+    return make_app(Script(answer="ok"))
+
+
+async def test_keymap_from_config_remaps(make_app, tmp_path):
+    app = _keymap_app(make_app, 'spec_cycle = "ctrl+t"\n')
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await pilot.press("f2")
@@ -83,10 +88,7 @@ async def test_keymap_clash_and_broken_key_are_warned(make_app):
     from ninfer_tui.app import keymap_problems
     assert keymap_problems({}) == []
     assert keymap_problems({"spec_cycle": "ctrl+t", "regenerate": "f2"}) == []  # f2 was freed first
-    cfg = paths.user_config_path()
-    cfg.parent.mkdir(parents=True, exist_ok=True)
-    cfg.write_text('[keymap]\nregenerate = "f2"\nquit = "ctrl+"\n')
-    app = make_app(Script(answer="ok"))
+    app = _keymap_app(make_app, 'regenerate = "f2"\nquit = "ctrl+"\n')
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         warned = [n.message for n in app._notifications if n.message.startswith("keymap:")]
