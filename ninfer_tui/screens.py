@@ -5,6 +5,7 @@ import time
 
 from textual import on
 from textual.binding import Binding
+from textual.markup import escape
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Label, Markdown, Select, Static, Switch
@@ -240,7 +241,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         try:
             new = self._collect()
         except NinferError as e:
-            self.query_one("#settings-error", Static).update(f"[b red]{e}[/]")
+            self.query_one("#settings-error", Static).update(f"[b red]{escape(str(e))}[/]")  # the text as typed
             return
         self.dismiss(new)
 

@@ -173,6 +173,12 @@ async def test_settings_screen_saves_user_config(make_app):
         await pilot.pause()
         assert isinstance(app.screen, SettingsScreen)
         assert "top-p" in str(app.screen.query_one("#settings-error").render())
+        # text that looks like markup is shown as typed, not parsed (a stray closing tag used to raise)
+        app.screen.query_one("#set-top_p", Input).value = "[/b]0.5[x]"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert isinstance(app.screen, SettingsScreen) and app.is_running
+        assert "'[/b]0.5[x]' is not a valid float" in str(app.screen.query_one("#settings-error").render())
 
 
 async def test_help_lists_bindings(make_app):
