@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 
+from rich.text import Text
 from textual import on
 from textual.binding import Binding
 from textual.markup import escape
@@ -43,7 +44,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self):
         with Vertical(classes="dialog"):
-            yield Label(self.question)
+            yield Label(self.question, markup=False)  # it may quote a title the user typed
             with Horizontal():
                 yield Button("Yes (y)", id="yes", variant="error")
                 yield Button("No (n)", id="no")
@@ -68,7 +69,7 @@ class TextPromptScreen(ModalScreen[str | None]):
 
     def compose(self):
         with Vertical(classes="dialog"):
-            yield Label(self.question)
+            yield Label(self.question, markup=False)  # it may quote a title the user typed
             yield Input(self.value, id="answer")
 
     @on(Input.Submitted)
@@ -116,7 +117,8 @@ class TranscriptsScreen(ModalScreen[int | None]):
             convs = []
         for c in convs:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.updated))
-            table.add_row(str(c.id), c.title[:60], str(c.n_messages), when, key=str(c.id))
+            # Text, not str: DataTable reads a str cell as markup, and a title like "what does [/b] do?" is not
+            table.add_row(str(c.id), Text(c.title[:60]), str(c.n_messages), when, key=str(c.id))
 
     @on(Input.Changed, "#search")
     def _search(self) -> None:

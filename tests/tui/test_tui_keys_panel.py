@@ -5,7 +5,7 @@ from __future__ import annotations
 import tomllib
 
 import pytest
-from textual.widgets import DataTable, Digits, Input
+from textual.widgets import DataTable, Digits, Input, Label
 
 from engine import paths
 from ninfer_tui.fake import Script
@@ -249,6 +249,26 @@ async def test_transcripts_browser_open_rename_delete(make_app):
         await pilot.press("y")
         await pilot.pause()
         assert len(app.store.list_conversations()) == 1
+
+
+async def test_a_title_that_looks_like_markup_is_shown_as_typed(make_app):
+    """A first prompt about markup ("[/b]") becomes a title the transcripts table, the delete question and the
+    rename prompt show as typed (a str cell or Label parses markup: the stray closing tag raised)."""
+    app = make_app(Script(answer="ok"))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "what does [/b] close in [b]BBCode[/b]?")
+        await pilot.press("ctrl+o")
+        table = app.screen.query_one(DataTable)
+        assert str(table.get_row_at(0)[1]) == "what does [/b] close in [b]BBCode[/b]?"
+        table.focus()
+        await pilot.press("delete")
+        assert isinstance(app.screen, ConfirmScreen)
+        assert "[/b] close in [b]BBCode[/b]" in str(app.screen.query_one(Label).render())
+        await pilot.press("n")
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        assert app.is_running and app.screen.query_one(Input).value.startswith("what does [/b]")
 
 
 async def test_reply_is_saved_when_the_panel_is_already_gone(make_app):
