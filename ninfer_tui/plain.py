@@ -88,10 +88,13 @@ class PlainChat:
                     s.change_budget(-1)
                 elif arg is not None:
                     try:
-                        s.budget = max(0, int(arg))
+                        budget = int(arg)
                     except ValueError:
-                        self.say(f"/budget: {arg!r} is not a number")
+                        budget = -1
+                    if budget < 0:
+                        self.say(f"/budget: {arg!r} is not a number >= 0 (0 = unlimited; + or - to step)")
                         return
+                    s.budget = budget
                     if s.budget and s.thinking == "off":
                         s.thinking = "on"
                 self.say(f"thinking budget {s.budget_label()} (thinking {s.thinking})")

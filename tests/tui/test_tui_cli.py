@@ -106,6 +106,10 @@ def test_plain_commands_and_reply(tmp_path):
     assert "exported to" in err.getvalue()
     chat.command("/nope")
     assert "unknown command /nope" in err.getvalue()
+    for bad in ("/budget -5", "/budget x"):  # -5 used to mean unlimited in silence
+        chat.command(bad)
+        assert err.getvalue().rstrip().endswith("is not a number >= 0 (0 = unlimited; + or - to step)")
+    assert chat.settings.budget == 2
     chat.command("/quit")
     assert chat.quit
 
