@@ -11,7 +11,7 @@ from pathlib import Path
 
 from engine.errors import InputError
 
-from .store import Store
+from .store import Store, StoreError
 
 FORMAT = "ninfer-chat-transcript"
 FORMAT_VERSION = 1
@@ -77,30 +77,48 @@ def export(store: Store, conv_id: int, fmt: str = "md") -> str:
 
 
 def import_json(store: Store, text: str) -> int:
-    """Create a new conversation from `export_json` output; returns its id. Message ids are remapped."""
+    """Create a new conversation from `export_json` output; returns its id. Message ids are remapped. The whole
+    file is checked before anything is written, and a write that fails midway leaves no partial chat."""
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise InputError(f"transcript JSON is not valid JSON ({e}); export it again with --format json") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("messages"), list):
         raise InputError(f"this JSON is not a {FORMAT} export (missing 'format'/'messages')")
-    if doc.get("version", 0) > FORMAT_VERSION:
-        raise InputError(f"transcript format version {doc['version']} is newer than this ninfer-chat reads")
-    conv_id = store.new_conversation(str(doc.get("title") or "Imported chat"), str(doc.get("model") or ""))
-    new_ids: dict = {}
-    for m in doc["messages"]:
-        if m.get("role") not in ("user", "assistant", "system") or not isinstance(m.get("content"), str):
-            raise InputError(f"message {m.get('id')!r} has no valid role/content; the file is damaged")
+    version = doc.get("version", 0)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise InputError(f"transcript format version {version!r} is newer than this ninfer-chat reads "
+                         f"({FORMAT_VERSION}); upgrade ninfer-chat")
+    seen: set = set()
+    for i, m in enumerate(doc["messages"]):
+        what = f"message {i + 1}" + (f" (id {m['id']!r})" if isinstance(m, dict) and "id" in m else "")
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system") \
+                or not isinstance(m.get("content"), str):
+            raise InputError(f"{what} has no valid role/content; the file is damaged (nothing was imported)")
         parent = m.get("parent_id")
-        if parent is not None and parent not in new_ids:
-            raise InputError(f"message {m.get('id')!r} refers to unknown parent {parent!r}; the file is damaged")
-        new_ids[m.get("id")] = store.add_message(
-            conv_id, m["role"], m["content"], new_ids.get(parent), reasoning=m.get("reasoning") or "",
-            reasoning_forced=bool(m.get("reasoning_forced")), settings=m.get("settings") or {},
-            stats=m.get("stats") or {}, created=m.get("created"))
-    leaf = new_ids.get(doc.get("leaf_id"))
-    if leaf is not None:
-        store.set_leaf(conv_id, leaf)
+        if parent is not None and parent not in seen:
+            raise InputError(f"{what} refers to unknown parent {parent!r}; the file is damaged (nothing was "
+                             "imported)")
+        seen.add(m.get("id"))
+    conv_id = store.new_conversation(str(doc.get("title") or "Imported chat"), str(doc.get("model") or ""))
+    try:
+        new_ids: dict = {}
+        for m in doc["messages"]:
+            new_ids[m.get("id")] = store.add_message(
+                conv_id, m["role"], m["content"], new_ids.get(m.get("parent_id")),
+                reasoning=str(m.get("reasoning") or ""), reasoning_forced=bool(m.get("reasoning_forced")),
+                settings=m.get("settings") if isinstance(m.get("settings"), dict) else {},
+                stats=m.get("stats") if isinstance(m.get("stats"), dict) else {},
+                created=m.get("created") if isinstance(m.get("created"), (int, float)) else None)
+        leaf = new_ids.get(doc.get("leaf_id"))
+        if leaf is not None:
+            store.set_leaf(conv_id, leaf)
+    except StoreError:
+        try:
+            store.delete(conv_id)
+        except StoreError:
+            pass  # the store refuses writes altogether: the half chat stays, the error below says why
+        raise
     return conv_id
 
 

@@ -147,7 +147,15 @@ class Store:
                 db.execute("BEGIN")
 
             def __exit__(self, exc_type, *_):
-                db.execute("ROLLBACK" if exc_type else "COMMIT")
+                if exc_type is None:
+                    try:
+                        db.execute("COMMIT")
+                    except sqlite3.Error:
+                        if db.in_transaction:  # a commit that failed leaves nothing half-written behind
+                            db.execute("ROLLBACK")
+                        raise
+                elif db.in_transaction:  # SQLite may have rolled back already (a full disk): keep its error
+                    db.execute("ROLLBACK")
         return _Tx()
 
     def close(self) -> None:

@@ -154,3 +154,34 @@ def test_json_roundtrip_keeps_the_tree(tmp_path):
 def test_import_rejects_bad_json(tmp_path, text, msg):
     with pytest.raises(InputError, match=msg):
         import_json(Store(tmp_path / "t.db"), text)
+
+
+@pytest.mark.parametrize("messages,msg", [
+    ('[{"id": 1, "role": "user", "content": "x"}, {"id": 2, "role": "wizard", "content": "y"}]',
+     r"message 2 \(id 2\) has no valid role/content; the file is damaged \(nothing was imported\)"),
+    ('[{"role": "user", "content": "x"}, {"role": "assistant"}]', r"message 2 has no valid role/content"),
+    ('[{"id": 1, "role": "user", "content": "x"}, 7]', r"message 2 has no valid"),
+])
+def test_a_damaged_import_adds_nothing(tmp_path, messages, msg):
+    """A message that is damaged after good ones: the error names it by position, and no empty or half
+    chat is left behind (one used to be, per failed import)."""
+    st = Store(tmp_path / "t.db")
+    with pytest.raises(InputError, match=msg):
+        import_json(st, '{"format": "ninfer-chat-transcript", "version": 1, "messages": ' + messages + "}")
+    assert st.list_conversations() == []
+
+
+def test_an_import_the_disk_cannot_hold_leaves_no_half_chat(tmp_path):
+    st = Store(tmp_path / "t.db")
+    st.db.execute(f"PRAGMA max_page_count = {st.db.execute('PRAGMA page_count').fetchone()[0] + 2}")
+    msgs = [{"id": i, "parent_id": i - 1 if i else None, "role": "user", "content": "x" * 3000} for i in range(40)]
+    with pytest.raises(StoreError, match="database or disk is full"):
+        import_json(st, json.dumps({"format": "ninfer-chat-transcript", "version": 1, "messages": msgs}))
+    assert st.list_conversations() == []
+
+
+def test_import_of_a_newer_format_says_to_upgrade(tmp_path):
+    st = Store(tmp_path / "t.db")
+    with pytest.raises(InputError, match=r"version 99 is newer than this ninfer-chat reads \(1\); upgrade"):
+        import_json(st, '{"format": "ninfer-chat-transcript", "version": 99, "messages": []}')
+    assert st.list_conversations() == []
