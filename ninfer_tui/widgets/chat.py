@@ -46,6 +46,12 @@ class PromptInput(TextArea):
         self._hist_pos: int | None = None
 
     def action_submit(self) -> None:
+        # A priority binding runs as the app receives the key, while the keys typed before it may still wait
+        # in this widget's queue (a fast burst: a paste without bracketed paste, a busy UI): read the text
+        # after them, or Enter sends a cut prompt, or none.
+        self.call_later(self._submit_now)
+
+    def _submit_now(self) -> None:
         text = self.text.strip()
         if not text:
             return

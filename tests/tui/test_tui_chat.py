@@ -149,6 +149,22 @@ async def test_input_newline_history_and_enter(make_app):
         assert prompt.text == "a\nb"
 
 
+async def test_enter_in_a_burst_sends_everything_typed_before_it(make_app):
+    """Keys that arrive together (a paste without bracketed paste, typing while the UI is busy): Enter, a
+    priority binding, used to run before the characters ahead of it reached the input, and sent nothing (or a
+    cut prompt) while the text stayed behind."""
+    from textual import events
+    app = make_app(Script(answer="ok"))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        for ch in "hello there":
+            app.post_message(events.Key("space" if ch == " " else ch, ch))
+        app.post_message(events.Key("enter", "\r"))
+        await wait_for(pilot, lambda: len(app.chat.path) == 2 and not app.generating)
+        assert [m.content for m in app.chat.path] == ["hello there", "ok"]
+        assert app.query_one("#prompt").text == ""
+
+
 async def test_copy_message_and_code_blocks(make_app):
     app = make_app(Script(answer="See:\n```\nA\n```\nand\n```sh\nB\n```\n"))
     copied = []
