@@ -30,7 +30,7 @@ class PromptInput(TextArea):
 
     BINDINGS = [
         Binding("enter", "submit", "Send", priority=True, id="send"),
-        Binding("ctrl+j,shift+enter", "newline", "Newline", show=False, id="newline"),
+        Binding("ctrl+j,shift+enter", "newline", "Newline", show=False, priority=True, id="newline"),
         Binding("up", "history_prev", "History", show=False, id="history_prev"),
         Binding("down", "history_next", show=False, id="history_next"),
     ]
@@ -61,6 +61,10 @@ class PromptInput(TextArea):
         self.post_message(self.Submitted(text))
 
     def action_newline(self) -> None:
+        # priority too, then queued like submit: it lands between the keys typed before and after it
+        self.call_later(self._newline_now)
+
+    def _newline_now(self) -> None:
         start, end = self.selection
         self._replace_via_keyboard("\n", start, end)
 

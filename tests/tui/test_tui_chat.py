@@ -149,7 +149,7 @@ async def test_input_newline_history_and_enter(make_app):
         assert prompt.text == "a\nb"
 
 
-async def test_enter_in_a_burst_sends_everything_typed_before_it(make_app):
+async def test_keys_in_a_burst_keep_their_order(make_app):
     """Keys that arrive together (a paste without bracketed paste, typing while the UI is busy): Enter, a
     priority binding, used to run before the characters ahead of it reached the input, and sent nothing (or a
     cut prompt) while the text stayed behind."""
@@ -163,6 +163,9 @@ async def test_enter_in_a_burst_sends_everything_typed_before_it(make_app):
         await wait_for(pilot, lambda: len(app.chat.path) == 2 and not app.generating)
         assert [m.content for m in app.chat.path] == ["hello there", "ok"]
         assert app.query_one("#prompt").text == ""
+        for key, ch in (("a", "a"), ("ctrl+j", "\n"), ("b", "b")):  # the newline key in a burst: in its place
+            app.post_message(events.Key(key, ch))
+        await wait_for(pilot, lambda: app.query_one("#prompt").text == "a\nb")
 
 
 async def test_copy_message_and_code_blocks(make_app):
