@@ -68,7 +68,8 @@ OPTIONAL_KEYS = {
     "sampling": {"seed": int},
     "thinking": {"open_marker": str, "close_marker": str},
 }
-_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list"}
+_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list",
+               dict: "a table ([section] with its keys)"}
 
 
 def _fits(v, typ) -> bool:
@@ -90,6 +91,9 @@ def check_config(layer: dict, defaults: dict, path) -> None:
 
     for section, body in [(None, {k: v for k, v in layer.items() if not isinstance(v, dict)})] + \
             [(k, v) for k, v in layer.items() if isinstance(v, dict)]:
+        if section is not None and section in defaults and not isinstance(defaults[section], dict):
+            raise ConfigError(f"config file {path}: {section} must be {_TYPE_NAMES[type(defaults[section])]}, "
+                              f"not a table; fix it (config.toml shows the default)")
         kinds = known(section)
         if section is not None and section not in defaults:
             near = difflib.get_close_matches(section, [k for k, t in known(None).items() if t is dict], 1)

@@ -221,6 +221,8 @@ def test_smollm2_prompted_thinking_budget(smollm2_path, tmp_path):
     ("[samplng]\ntop_k = 3\n", "unknown section [samplng] (did you mean [sampling]?)"),
     ("[engine]\nprefix_reuse = 1\n", "[engine] prefix_reuse = 1 must be true or false"),
     ("[sampling]\ntop_k = 2.5\n", "[sampling] top_k = 2.5 must be an integer"),
+    ("sampling = 3\n", "sampling = 3 must be a table"),
+    ("[model]\npath = 'x.gguf'\n", "model must be a string, not a table"),
 ])
 def test_config_typos_and_wrong_types_are_one_line(capsys, tmp_path, text, want):
     """A config key that config.toml does not list, or a value of another type than its default's: one line
