@@ -58,6 +58,7 @@ ACTIONS = [
 # Shown/used only on the chat screen (priority so that the focused TextArea cannot swallow them).
 MAIN_ONLY = {a for _, a, *_ in ACTIONS} - {"quit", "help"}
 PROMPT_KEYS = {"send": "enter", "newline": "ctrl+j,shift+enter"}  # the prompt's own keys (PromptInput)
+QUIT_WAIT_S = 3.0  # quitting mid-reply: how long the engine gets to stop before the text so far is saved
 
 
 def keymap_problems(keymap: dict[str, str]) -> list[str]:
@@ -534,8 +535,43 @@ class ChatApp(App):
         except NoMatches:
             return None
 
+    async def action_quit(self) -> None:
+        """Quit; a reply still streaming is stopped and saved first, as Esc would (QUIT_WAIT_S at most)."""
+        if not self.generating or self.bridge is None:
+            self.exit()
+            return
+
+        async def leave() -> None:
+            self.exit()
+        self._after_reply = leave
+        self.action_stop()
+        self.set_timer(QUIT_WAIT_S, self._quit_now)
+
+    def _quit_now(self) -> None:
+        self._save_partial_reply()
+        self.exit()
+
+    def _save_partial_reply(self) -> None:
+        """Save what a reply has streamed so far, without waiting for the engine (the app is going away)."""
+        bridge, view = self.bridge, self.reply_view
+        if bridge is None or view is None or getattr(view, "stored", None) is not None:
+            return
+        self.bridge = None  # a ReplyDone still on its way is ignored: the reply is saved here, once
+        text, reasoning = view.text, view.reasoning
+        for kind, value in bridge.drain():
+            if kind == "answer":
+                text += value
+            elif kind == "reasoning":
+                reasoning += value
+        if text or reasoning:
+            try:
+                self.chat.add_reply(text, reasoning, view.forced, self.reply_settings, None, "cancelled")
+            except NinferError:
+                pass  # the chat already said saving had stopped; nothing left to tell on the way out
+
     def on_unmount(self) -> None:
         if self.bridge is not None:
             self.bridge.cancel.set()
+            self._save_partial_reply()
         if self.telemetry is not None:
             self.telemetry.close()

@@ -90,11 +90,13 @@ class ChatState:
         return msg
 
     def add_reply(self, answer: str, reasoning: str, forced: bool, settings: dict,
-                  final: FinalStats | None) -> Message:
-        """Save a finished (or stopped) reply as the child of the last prompt."""
+                  final: FinalStats | None, finish_reason: str | None = None) -> Message:
+        """Save a finished (or stopped) reply as the child of the last prompt. `finish_reason` stands in
+        for the final stats of a reply cut short before the engine reported them (the app quitting)."""
         parent = self.path[-1].id if self.path else None
+        stats = stats_record(final) if final is not None or finish_reason is None else {"finish_reason": finish_reason}
         msg = self._add("assistant", answer, parent, reasoning=reasoning, reasoning_forced=forced,
-                        settings=settings, stats=stats_record(final))
+                        settings=settings, stats=stats)
         self.path.append(msg)
         return msg
 

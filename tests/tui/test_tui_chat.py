@@ -245,3 +245,43 @@ async def test_reply_finishes_while_a_modal_screen_is_open(make_app):
         await pilot.press("escape")
         assert app.chat.path[-1].content == "one two three four"
         assert "tokens out" in str(app.query_one("#reply").render())
+
+
+async def test_quit_mid_reply_saves_the_text_so_far(make_app, tmp_path):
+    """ctrl+q while a reply streams stops it and saves it as Esc does (it used to vanish from the transcript)."""
+    from ninfer_tui.store import Store
+    app = make_app(Script(answer="one two three four five six", hold_after=3))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "go", wait=False)
+        view = app.query(ReplyView).last()
+        await wait_for(pilot, lambda: view.text == "one two three ")
+        await pilot.press("ctrl+q")
+        await wait_for(pilot, lambda: not app.is_running)
+    store = Store(tmp_path / "data" / "transcripts.db")
+    conv = store.list_conversations()[0]
+    saved = store.branch(conv.id)
+    assert [m.role for m in saved] == ["user", "assistant"]
+    assert saved[-1].content == "one two three " and saved[-1].stats["finish_reason"] == "cancelled"
+
+
+async def test_quit_saves_the_reply_even_when_the_engine_does_not_stop(make_app, tmp_path, monkeypatch):
+    """An engine that ignores the cancel does not keep the app open nor lose the text: after QUIT_WAIT_S the
+    text so far is saved and the app exits."""
+    import ninfer_tui.app as app_mod
+    from ninfer_tui.store import Store
+    monkeypatch.setattr(app_mod, "QUIT_WAIT_S", 0.2)
+    script = Script(answer="one two three four five six", hold_after=3)
+    app = make_app(script)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "go", wait=False)
+        view = app.query(ReplyView).last()
+        await wait_for(pilot, lambda: view.text == "one two three ")
+        app.bridge.cancel = __import__("threading").Event()  # the stop never reaches the engine
+        await pilot.press("ctrl+q")
+        await wait_for(pilot, lambda: app.bridge is None)  # saved by the fallback, not by the engine's end
+        script.release.set()  # let the test's engine thread end
+    saved = Store(tmp_path / "data" / "transcripts.db").branch(1)
+    assert saved[-1].role == "assistant" and saved[-1].content == "one two three "
+    assert saved[-1].stats == {"finish_reason": "cancelled"}
