@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("transcripts (no UI)")
     g.add_argument("--list", action="store_true", help="list saved conversations and exit")
     g.add_argument("--export", type=int, metavar="ID", help="print conversation ID as Markdown/JSON and exit")
-    g.add_argument("--format", choices=("md", "json"), default="md", help="export format (default md)")
+    g.add_argument("--format", choices=("md", "json"), help="export format (default md)")
     g.add_argument("-o", "--output", help="write the export to this file instead of stdout")
     g.add_argument("--import", dest="import_file", metavar="FILE", help="import a JSON export and exit")
     return p
@@ -67,7 +67,7 @@ def real_loader(args: EngineArgs, progress=None):
 def _transcript_commands(ns) -> int:
     from .export import export, import_json
     from .store import Store
-    store = Store()
+    store = Store(readonly=not ns.import_file)  # listing and exporting write nothing (a read-only disk is fine)
     try:
         if ns.list:
             convs = store.list_conversations()
@@ -101,7 +101,11 @@ def _transcript_commands(ns) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.export is None and (ns.format or ns.output):
+        parser.error("--format and -o go with --export ID (`ninfer-chat --list` shows the ids)")
+    ns.format = ns.format or "md"
     try:
         if ns.list or ns.export is not None or ns.import_file:
             return _transcript_commands(ns)

@@ -436,7 +436,11 @@ class ChatApp(App):
 
         async def opened(conv_id: int | None) -> None:
             async def go() -> None:
-                self.chat.open(conv_id)
+                try:
+                    self.chat.open(conv_id)
+                except NinferError as e:
+                    self.notify(str(e), severity="error")
+                    return
                 self.edit_index = None
                 await self._rebuild_log()
                 self._ready_status()

@@ -3,13 +3,17 @@
 Every message is committed as soon as it is complete, so killing the app loses no finished turn.
 Regenerate and edit never overwrite: they add a sibling (same parent) and move the conversation's leaf, so
 both versions stay. The schema is versioned with `PRAGMA user_version` and upgraded by MIGRATIONS; a file
-that is not a database, or one written by a newer ninfer-chat, raises StoreError and is left untouched.
+that is not a database, one that fails SQLite's quick_check (a damaged page), or one written by a newer
+ninfer-chat raises StoreError and is left untouched; so does a file whose disk or folder is read-only, unless
+it is opened read-only (`--list`, `--export`), which then works.
 """
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,27 +100,56 @@ def _json_dict(text) -> dict:
 
 
 class Store:
-    """One SQLite file. Opening validates it before anything is written."""
+    """One SQLite file. Opening validates it before anything is written.
 
-    def __init__(self, path: str | Path | None = None):
+    readonly=True (listing and exporting) opens an existing file without writing to it, also where its disk
+    or folder is read-only; a file that does not exist yet is created as usual."""
+
+    def __init__(self, path: str | Path | None = None, readonly: bool = False):
         self.path = Path(path) if path is not None else default_path()
-        if str(self.path) != ":memory:":
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+        memory = str(self.path) == ":memory:"
+        self.readonly = readonly and not memory and self.path.exists()
+        if not memory and not self.readonly:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise StoreError(f"cannot create the transcript folder {self.path.parent} ({e.strerror or e}); "
+                                 "check the path and permissions") from None
+            if not (os.access(self.path.parent, os.W_OK) and (not self.path.exists() or os.access(self.path, os.W_OK))):
+                raise StoreError(f"transcript database {self.path} cannot be written (its file or folder is "
+                                 "read-only); fix the permissions or the disk (the file was not modified)")
         try:
-            self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+            if self.readonly:  # immutable where the folder is read-only: SQLite cannot make its -shm file there
+                flags = "mode=ro" + ("" if os.access(self.path.parent, os.W_OK) else "&immutable=1")
+                self.db = sqlite3.connect(f"file:{urllib.parse.quote(str(self.path))}?{flags}", uri=True,
+                                          isolation_level=None, check_same_thread=False)
+            else:
+                self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
         except sqlite3.Error as e:
             raise StoreError(f"cannot open transcript database {self.path} ({e}); check the path and permissions")
         self.db.row_factory = sqlite3.Row
         self._check_and_migrate()
 
+    def _corrupt(self, why) -> StoreError:
+        return StoreError(f"transcript database {self.path} is corrupt or not a database ({why}); "
+                          "move it aside to start a new one (it was not modified)")
+
     def _check_and_migrate(self) -> None:
         try:
             version = self.db.execute("PRAGMA user_version").fetchone()[0]
             self.db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            problems = [r[0] for r in self.db.execute("PRAGMA quick_check(1)")]
+        except sqlite3.OperationalError as e:
+            self.db.close()
+            raise StoreError(f"cannot read transcript database {self.path} ({e}); check its permissions and "
+                             "disk (the file was not modified)") from None
         except sqlite3.DatabaseError as e:
             self.db.close()
-            raise StoreError(f"transcript database {self.path} is corrupt or not a database ({e}); "
-                             "move it aside to start a new one (it was not modified)") from None
+            raise self._corrupt(e) from None
+        if problems != ["ok"]:
+            self.db.close()
+            first = " ".join(problems[0].replace("*** in database main ***", "").split())
+            raise self._corrupt(f"damaged: {first}")
         if version > SCHEMA_VERSION:
             self.db.close()
             raise StoreError(f"transcript database {self.path} has schema version {version}, newer than this "
@@ -127,6 +160,8 @@ class Store:
                 self.db.close()
                 raise StoreError(f"transcript database {self.path} is missing its tables; move it aside "
                                  "to start a new one (it was not modified)")
+        if self.readonly:
+            return
         self.db.execute("PRAGMA foreign_keys = ON")
         for v in range(version, SCHEMA_VERSION):
             # one transaction per step: the script and its version bump commit together or not at all
@@ -167,9 +202,28 @@ class Store:
 
     # -- conversations -----------------------------------------------------------------------------
     def _write_failed(self, e: sqlite3.Error) -> StoreError:
-        """A write the database refused (a full disk, a read-only file) as one line saying what to do."""
+        """A write the database refused (a full disk, a read-only file, a damaged page) as one line saying
+        what to do."""
+        if self.readonly:
+            return StoreError(f"transcript database {self.path} is open read-only; nothing was saved")
+        if type(e) is sqlite3.DatabaseError or "malformed" in str(e):
+            return StoreError(f"cannot save to the transcript database {self.path}: it is damaged ({e}); move "
+                              "it aside to start a new one")
         return StoreError(f"cannot save to the transcript database {self.path} ({e}); free some disk space or "
                           "check its permissions")
+
+    def _rows(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        """A read; a file damaged after it was opened gives one StoreError line, not an sqlite3 traceback."""
+        try:
+            return self.db.execute(sql, args).fetchall()
+        except sqlite3.OperationalError as e:
+            if "fts5" in str(e) or "MATCH" in str(e):
+                raise  # a search the user typed: the transcripts screen shows it
+            raise StoreError(f"cannot read the transcript database {self.path} ({e}); check its disk and "
+                             "permissions") from None
+        except sqlite3.DatabaseError as e:
+            raise StoreError(f"cannot read the transcript database {self.path}: it is damaged ({e}); move it "
+                             "aside to start a new one") from None
 
     def new_conversation(self, title: str = "New chat", model: str = "") -> int:
         now = time.time()
@@ -181,8 +235,9 @@ class Store:
         return cur.lastrowid
 
     def conversation(self, conv_id: int) -> Conversation:
-        r = self.db.execute("SELECT c.*, (SELECT count(*) FROM messages m WHERE m.conversation_id=c.id) n "
-                            "FROM conversations c WHERE id=?", (conv_id,)).fetchone()
+        rows = self._rows("SELECT c.*, (SELECT count(*) FROM messages m WHERE m.conversation_id=c.id) n "
+                          "FROM conversations c WHERE id=?", (conv_id,))
+        r = rows[0] if rows else None
         if r is None:
             raise StoreError(f"no conversation with id {conv_id}; `ninfer-chat --list` shows the ids")
         return Conversation(r["id"], r["title"], r["model"], r["created"], r["updated"], r["leaf_id"], r["n"])
@@ -198,7 +253,7 @@ class Store:
                     "JOIN messages_fts f ON f.rowid = m.id WHERE messages_fts MATCH ?)")
             args = (f"%{query.strip()}%", words)
         sql += " ORDER BY c.updated DESC, c.id DESC LIMIT ?"
-        rows = self.db.execute(sql, args + (limit,)).fetchall()
+        rows = self._rows(sql, args + (limit,))
         return [Conversation(r["id"], r["title"], r["model"], r["created"], r["updated"], r["leaf_id"], r["n"])
                 for r in rows]
 
@@ -249,13 +304,14 @@ class Store:
                "LEFT JOIN reasoning r ON r.message_id = m.id")
 
     def message(self, msg_id: int) -> Message:
-        r = self.db.execute(self._SELECT + " WHERE m.id=?", (msg_id,)).fetchone()
+        rows = self._rows(self._SELECT + " WHERE m.id=?", (msg_id,))
+        r = rows[0] if rows else None
         if r is None:
             raise StoreError(f"no message with id {msg_id}")
         return self._message(r)
 
     def all_messages(self, conv_id: int) -> list[Message]:
-        rows = self.db.execute(self._SELECT + " WHERE m.conversation_id=? ORDER BY m.id", (conv_id,))
+        rows = self._rows(self._SELECT + " WHERE m.conversation_id=? ORDER BY m.id", (conv_id,))
         return [self._message(r) for r in rows]
 
     def branch(self, conv_id: int, leaf_id: int | None = None) -> list[Message]:
@@ -272,7 +328,7 @@ class Store:
     def siblings(self, msg_id: int) -> list[int]:
         """Ids of the versions of this message (same parent and role), oldest first."""
         m = self.message(msg_id)
-        rows = self.db.execute(
+        rows = self._rows(
             "SELECT id FROM messages WHERE conversation_id=? AND role=? AND parent_id IS ? ORDER BY id",
             (m.conversation_id, m.role, m.parent_id))
         return [r[0] for r in rows]

@@ -203,3 +203,30 @@ def test_corrupt_db_cli_message(capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "corrupt" in err
     assert p.read_bytes() == b"garbage" * 100
+
+
+def test_a_damaged_page_in_the_db_is_one_line_for_list_and_export(capsys):
+    """A transcript file with a valid header and a damaged page: --list and --export say so in one line (they
+    printed sqlite3's traceback) and leave the file as it was."""
+    p = paths.user_data_dir() / "transcripts.db"
+    st = Store(p)
+    for i in range(40):
+        st.add_message(st.new_conversation(f"chat {i}"), "user", "words " * 300)
+    st.close()
+    data = bytearray(p.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    data[3 * page:4 * page] = b"\xa5" * page
+    p.write_bytes(bytes(data))
+    for args in (["--list"], ["--export", "1"]):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "corrupt" in err and "move it aside" in err, err
+    assert p.read_bytes() == bytes(data)
+
+
+def test_export_options_without_export_are_a_usage_error(capsys):
+    """--format or -o alone used to start the chat, ignoring them."""
+    for args in (["--format", "json"], ["-o", "x.md"]):
+        with pytest.raises(SystemExit) as e:
+            main(args)
+        assert e.value.code == 2 and "go with --export" in capsys.readouterr().err

@@ -53,6 +53,73 @@ def test_corrupt_database_is_reported_and_not_modified(tmp_path):
     assert p.read_bytes() == junk
 
 
+def _damaged_db(tmp_path):
+    """A real transcript file with a page in its middle overwritten (the header stays valid)."""
+    p = tmp_path / "t.db"
+    st = Store(p)
+    for i in range(40):
+        c = st.new_conversation(f"chat {i}")
+        st.add_message(c, "user", f"question {i} " + "words " * 300)
+    st.close()
+    data = bytearray(p.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    assert len(data) >= 8 * page
+    data[3 * page:4 * page] = b"\xa5" * page
+    p.write_bytes(bytes(data))
+    return p
+
+
+def test_a_damaged_page_is_reported_at_open_and_not_modified(tmp_path):
+    """A file whose header is fine but whose pages are not: refused at open (quick_check), before anything is
+    written (it used to take new messages into the damaged file, and an export then raised a traceback)."""
+    p = _damaged_db(tmp_path)
+    before = p.read_bytes()
+    with pytest.raises(StoreError, match="corrupt or not a database .*damaged.*move it aside.*not modified") as e:
+        Store(p)
+    assert "\n" not in str(e.value)
+    with pytest.raises(StoreError, match="corrupt or not a database"):
+        Store(p, readonly=True)
+    assert p.read_bytes() == before
+
+
+def test_damage_found_after_opening_is_one_line(tmp_path):
+    """Reads of a file damaged while open raise StoreError (the app shows it), not sqlite3's error."""
+    st = Store(tmp_path / "t.db")
+    c, _ = _chat(st)
+
+    class Broken:
+        def execute(self, *a):
+            raise sqlite3.DatabaseError("database disk image is malformed")
+    st.db = Broken()
+    for read in (lambda: st.conversation(c), lambda: st.list_conversations(), lambda: st.branch(c),
+                 lambda: st.all_messages(c), lambda: st.message(1)):
+        with pytest.raises(StoreError, match="it is damaged .*move it aside"):
+            read()
+
+
+def test_a_read_only_disk_is_not_called_corrupt(tmp_path, monkeypatch):
+    """On a read-only disk (os.access says so; SQLite then cannot write its -shm file), opening to write says
+    it is read-only and touches nothing; opening read-only (--list, --export) reads the conversations."""
+    import ninfer_tui.store as store_mod
+    p = tmp_path / "t.db"
+    st = Store(p)
+    c, _ = _chat(st)
+    st.close()
+    before = p.read_bytes()
+    real_access = store_mod.os.access
+    monkeypatch.setattr(store_mod.os, "access", lambda f, mode: False if mode & store_mod.os.W_OK else
+                        real_access(f, mode))
+    with pytest.raises(StoreError, match="cannot be written .*read-only.*not modified"):
+        Store(p)
+    ro = Store(p, readonly=True)
+    assert [x.title for x in ro.list_conversations()] == ["Capital question"]
+    assert [m.content for m in ro.branch(c)] == ["What is the capital of France?", "It is Paris."]
+    with pytest.raises(StoreError, match="read-only; nothing was saved"):
+        ro.rename(c, "x")
+    ro.close()
+    assert p.read_bytes() == before and not (tmp_path / "t.db-shm").exists()
+
+
 def test_newer_version_is_reported_and_not_modified(tmp_path):
     p = tmp_path / "t.db"
     db = sqlite3.connect(p)
