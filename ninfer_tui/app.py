@@ -6,6 +6,7 @@ transcript store immediately.
 """
 from __future__ import annotations
 
+import re
 import sys
 import time
 from functools import partial
@@ -183,7 +184,9 @@ class ChatApp(App):
 
     def _ready_status(self) -> None:
         conv = f"chat #{self.chat.conv_id}" if self.chat.conv_id else "new chat"
-        self._status(f"{self.model_name} · {conv} · F1 help · ctrl+p commands")
+        key = self.settings.keymap.get("help", "f1").split(",")[0].strip()
+        key = key.upper() if re.fullmatch(r"f\d+", key) else key
+        self._status(f"{self.model_name} · {conv} · {key} help · ctrl+p commands")
 
     # -- engine loading ----------------------------------------------------------------------------
     @work(thread=True, group="load", exclusive=True)
@@ -484,7 +487,10 @@ class ChatApp(App):
             rows.append((keymap.get(bid, key), bid, label))
         rows += [(keymap.get("send", "enter"), "send", "Send the prompt"),
                  (keymap.get("newline", "ctrl+j,shift+enter"), "newline", "New line in the prompt"),
-                 ("up", "history_prev", "Previous prompt (on an empty input)")]
+                 ("up", "history_prev", "Previous prompt (on an empty input)"),
+                 (keymap.get("edit_prompt", "e,enter"), "edit_prompt", "Edit & resend the focused prompt"),
+                 (keymap.get("copy_message", "c"), "copy_message", "Copy the focused message"),
+                 (keymap.get("copy_code", "b"), "copy_code", "Copy the focused message's code block")]
         self.push_screen(HelpScreen(rows))
 
     def get_system_commands(self, screen) -> Iterable[SystemCommand]:
@@ -523,6 +529,7 @@ class ChatApp(App):
         self.edit_index = idx
         prompt = self.query_one("#prompt", PromptInput)
         prompt.load_text(stored.content)
+        prompt.move_cursor(prompt.document.end)  # typing goes on after the text, as in the history keys
         prompt.focus()
         self.notify("editing: Enter resends as a new branch (the old one is kept)", timeout=4)
 

@@ -243,7 +243,10 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         try:
             new = self._collect()
         except NinferError as e:
-            self.query_one("#settings-error", Static).update(f"[b red]{escape(str(e))}[/]")  # the text as typed
+            err = self.query_one("#settings-error", Static)
+            err.update(f"[b red]{escape(str(e))}[/]")  # the text as typed
+            err.scroll_visible()  # below the buttons: out of sight on a short terminal, so a toast says it too
+            self.notify(f"not saved: {e}", severity="error", markup=False)
             return
         self.dismiss(new)
 

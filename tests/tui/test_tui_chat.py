@@ -126,6 +126,9 @@ async def test_edit_and_resend_branches(make_app):
         await pilot.press("e")
         prompt = app.query_one("#prompt")
         assert prompt.text == "first question" and app.edit_index == 0
+        await pilot.press("backspace", "backspace", "backspace", "backspace", "backspace", "backspace", "backspace",
+                          "backspace", *"edited question")  # the cursor starts at the end of the text
+        assert prompt.text == "first edited question"
         prompt.load_text("edited question")
         prompt.focus()
         await pilot.press("enter")

@@ -173,6 +173,8 @@ async def test_settings_screen_saves_user_config(make_app):
         await pilot.pause()
         assert isinstance(app.screen, SettingsScreen)
         assert "top-p" in str(app.screen.query_one("#settings-error").render())
+        assert any("not saved:" in n.message and "top-p" in n.message for n in app._notifications), \
+            [n.message for n in app._notifications]  # seen on any screen size
         # text that looks like markup is shown as typed, not parsed (a stray closing tag used to raise)
         app.screen.query_one("#set-top_p", Input).value = "[/b]0.5[x]"
         await pilot.press("ctrl+s")
@@ -189,10 +191,19 @@ async def test_help_lists_bindings(make_app):
         assert isinstance(app.screen, HelpScreen)
         ids = [r[1] for r in app.screen.rows]
         for bid in ("spec_cycle", "penalties", "thinking", "budget_up", "budget_down", "new_chat",
-                    "transcripts", "export", "settings", "help", "quit", "stop", "regenerate", "send"):
+                    "transcripts", "export", "settings", "help", "quit", "stop", "regenerate", "send",
+                    "edit_prompt", "copy_message", "copy_code"):
             assert bid in ids
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_status_line_names_the_remapped_help_key(make_app):
+    app = _keymap_app(make_app, 'help = "f12"\n')
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        status = str(app.query_one("#status").render())
+        assert "F12 help" in status and "F1 help" not in status
 
 
 async def test_every_action_has_binding_id_and_palette_entry(make_app):
