@@ -113,6 +113,9 @@ def import_json(store: Store, text: str) -> int:
         leaf = new_ids.get(doc.get("leaf_id"))
         if leaf is not None:
             store.set_leaf(conv_id, leaf)
+        times = [doc.get(k) for k in ("created", "updated")]
+        if all(isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0 for t in times):
+            store.set_times(conv_id, float(times[0]), float(times[1]))  # the chat keeps its age
     except StoreError:
         try:
             store.delete(conv_id)

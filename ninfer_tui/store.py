@@ -333,6 +333,13 @@ class Store:
             (m.conversation_id, m.role, m.parent_id))
         return [r[0] for r in rows]
 
+    def set_times(self, conv_id: int, created: float, updated: float) -> None:
+        """A conversation's creation and last-change times (an import keeps the exported ones)."""
+        try:
+            self.db.execute("UPDATE conversations SET created=?, updated=? WHERE id=?", (created, updated, conv_id))
+        except sqlite3.Error as e:
+            raise self._write_failed(e) from None
+
     def set_leaf(self, conv_id: int, msg_id: int | None) -> None:
         try:
             self.db.execute("UPDATE conversations SET leaf_id=?, updated=? WHERE id=?",

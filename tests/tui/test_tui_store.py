@@ -213,6 +213,8 @@ def test_json_roundtrip_keeps_the_tree(tmp_path):
                         for m in d["messages"]])
     assert strip(a) == strip(b)
     assert [m.content for m in st.branch(c2)] == [m.content for m in st.branch(c)]
+    assert (b["created"], b["updated"]) == (a["created"], a["updated"])  # not the time of the import
+    assert [m["created"] for m in b["messages"]] == [m["created"] for m in a["messages"]]
 
 
 @pytest.mark.parametrize("text,msg", [("{", "not valid JSON"), ('{"a": 1}', "not a ninfer-chat"),
