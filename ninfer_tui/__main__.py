@@ -22,6 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plain", action="store_true", help="line-based prompt-toolkit interface (no full screen)")
     p.add_argument("--backend", help="cpu | ref | cuda (default: config [engine] backend)")
     p.add_argument("--threads", type=int, help="CPU threads (default: all)")
+    p.add_argument("--kv-dtype", choices=("f16", "int8"), help="KV cache type (default: config [engine] kv_dtype)")
+    p.add_argument("--max-context", type=int, help="context length (default: min(model context, 4096))")
+    p.add_argument("--kv-capacity", type=int, help="KV cache positions, >= --max-context (default: the same)")
     p.add_argument("--spec", choices=SPEC_MODES, help="speculative decoding mode for the first reply")
     p.add_argument("--max-new", type=int, help="tokens per reply (reasoning + answer)")
     p.add_argument("--temperature", type=float, help="0 = greedy")
@@ -45,7 +48,8 @@ def engine_args_from(cfg: dict, ns: argparse.Namespace) -> EngineArgs:
     unknown = sorted(set(e) - known)
     if unknown:
         raise ConfigError(f"unknown [engine] keys in config: {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    for k, v in (("backend", ns.backend), ("threads", ns.threads)):
+    for k, v in (("backend", ns.backend), ("threads", ns.threads), ("kv_dtype", ns.kv_dtype),
+                 ("max_context", ns.max_context), ("kv_capacity", ns.kv_capacity)):
         if v is not None:
             e[k] = v
     spec = cfg.get("spec", {})

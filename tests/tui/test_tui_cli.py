@@ -230,3 +230,14 @@ def test_export_options_without_export_are_a_usage_error(capsys):
         with pytest.raises(SystemExit) as e:
             main(args)
         assert e.value.code == 2 and "go with --export" in capsys.readouterr().err
+
+
+def test_engine_flags_the_error_hints_name_are_accepted():
+    """The engine's hints ("raise --max-context", "--kv-capacity") name flags ninfer-chat takes too; they
+    override the config's [engine] keys."""
+    from ninfer_tui.__main__ import build_parser, engine_args_from
+    ns = build_parser().parse_args(["--max-context", "8192", "--kv-capacity", "9000", "--kv-dtype", "int8"])
+    args = engine_args_from(paths.load_config(), ns)
+    assert (args.max_context, args.kv_capacity, args.kv_dtype) == (8192, 9000, "int8")
+    args = engine_args_from(paths.load_config(), build_parser().parse_args([]))
+    assert (args.max_context, args.kv_capacity, args.kv_dtype) == (None, None, "f16")
