@@ -27,8 +27,8 @@ from engine.config import SPEC_MODES, EngineArgs
 from engine.errors import NinferError
 
 from . import bridge as br
-from .chat import ChatState
-from .export import export_to_file
+from .chat import ChatState, title_from
+from .export import export_branch, export_to_file
 from .pacer import FramePacer
 from .screens import HelpScreen, SettingsScreen, TranscriptsScreen
 from .settings import ChatSettings, save_user_settings
@@ -452,16 +452,23 @@ class ChatApp(App):
         self.push_screen(TranscriptsScreen(self.store), opened)
 
     def action_export(self) -> None:
-        if self.store is None or self.chat.conv_id is None:
-            self.notify("nothing to export yet (or transcripts are disabled)", severity="warning")
+        chat, fmt, where = self.chat, self.settings.export_format, paths.user_data_dir() / "exports"
+        if not chat.path:
+            self.notify("nothing to export yet", severity="warning")
             return
+        in_memory = self.store is None or chat.unsaved or chat.conv_id is None
         try:
-            out = export_to_file(self.store, self.chat.conv_id, self.settings.export_format,
-                                 paths.user_data_dir() / "exports")
+            if in_memory:  # the store could not take this chat: export what is on screen
+                first = next((m.content for m in chat.path if m.role == "user"), "")
+                text = export_branch(chat.path, title_from(first), self.model_name, fmt)
+                out = export_to_file(None, chat.conv_id or "unsaved", fmt, where, text=text)
+            else:
+                out = export_to_file(self.store, chat.conv_id, fmt, where)
         except (NinferError, OSError) as e:
             self.notify(f"export failed: {e}", severity="error")
             return
-        self.notify(f"exported to {out}", timeout=8)
+        note = " (the conversation as shown: it is not in the transcripts)" if in_memory else ""
+        self.notify(f"exported to {out}{note}", timeout=8)
 
     def action_settings(self) -> None:
         def done(new: ChatSettings | None) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from engine.errors import InputError
 
-from .store import Store, StoreError
+from .store import Conversation, Message, Store, StoreError
 
 FORMAT = "ninfer-chat-transcript"
 FORMAT_VERSION = 1
@@ -19,7 +19,10 @@ FORMAT_VERSION = 1
 
 def export_json(store: Store, conv_id: int) -> str:
     conv = store.conversation(conv_id)
-    msgs = store.all_messages(conv_id)
+    return _json(conv, store.all_messages(conv_id))
+
+
+def _json(conv: Conversation, msgs: list[Message]) -> str:
     doc = {
         "format": FORMAT, "version": FORMAT_VERSION, "id": conv.id, "title": conv.title, "model": conv.model,
         "created": conv.created, "updated": conv.updated, "leaf_id": conv.leaf_id,
@@ -28,6 +31,20 @@ def export_json(store: Store, conv_id: int) -> str:
                       "settings": m.settings, "stats": m.stats} for m in msgs],
     }
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+def export_branch(path: list[Message], title: str, model: str, fmt: str = "md") -> str:
+    """A branch held in memory (a chat the transcript store could not take) in either format; the JSON
+    imports like any other export."""
+    if not path:
+        raise InputError("nothing to export yet")
+    conv = Conversation(path[0].conversation_id or 0, title, model, path[0].created, path[-1].created, path[-1].id,
+                        len(path))
+    if fmt == "json":
+        return _json(conv, path)
+    if fmt == "md":
+        return _markdown(conv, path)
+    raise InputError(f"--format {fmt!r} is not md or json")
 
 
 def _yaml_scalar(v) -> str:
@@ -42,8 +59,10 @@ def _yaml_scalar(v) -> str:
 
 def export_markdown(store: Store, conv_id: int) -> str:
     """The current branch as Markdown, with YAML front-matter (model, settings of the last reply)."""
-    conv = store.conversation(conv_id)
-    path = store.branch(conv_id)
+    return _markdown(store.conversation(conv_id), store.branch(conv_id))
+
+
+def _markdown(conv: Conversation, path: list[Message]) -> str:
     last_settings = next((m.settings for m in reversed(path) if m.role == "assistant" and m.settings), {})
     lines = ["---", f"title: {_yaml_scalar(conv.title)}", f"model: {_yaml_scalar(conv.model)}",
              f"conversation_id: {conv.id}",
@@ -125,9 +144,10 @@ def import_json(store: Store, text: str) -> int:
     return conv_id
 
 
-def export_to_file(store: Store, conv_id: int, fmt: str, directory: Path) -> Path:
-    """Write an export next to the other exports (TUI ctrl+e); returns the file path."""
+def export_to_file(store: Store | None, conv_id: int | str, fmt: str, directory: Path, text: str | None = None) -> Path:
+    """Write an export next to the other exports (TUI ctrl+s); returns the file path. `text`: an export made
+    already (export_branch), written under the name `conv_id` gives."""
     directory.mkdir(parents=True, exist_ok=True)
     out = directory / f"chat-{conv_id}-{time.strftime('%Y%m%d-%H%M%S')}.{fmt}"
-    out.write_text(export(store, conv_id, fmt), encoding="utf-8")
+    out.write_text(export(store, conv_id, fmt) if text is None else text, encoding="utf-8")
     return out

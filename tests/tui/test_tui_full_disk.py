@@ -57,3 +57,33 @@ def test_store_write_on_a_full_disk_is_one_line_and_rolls_back(tmp_path):
     assert "\n" not in str(e.value)
     assert [m.content for m in st.branch(c)] == ["q"] and not st.db.in_transaction
     st.close()
+
+
+async def test_an_unsaved_chat_can_still_be_exported(make_app, tmp_path):
+    """With the store full (or no store at all), ctrl+s writes the conversation as shown, and its JSON imports
+    into a working store (it used to say "nothing to export", so the chat could only be lost)."""
+    import json
+
+    from ninfer_tui.export import import_json
+    from ninfer_tui.store import Store
+    for store in (True, False):
+        app = make_app(Script(answer="kept answer"), store=store)
+        app.settings.export_format = "json"
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot)
+            await send(pilot, "first question")
+            if store:
+                _fill(app.store)
+            await send(pilot, "second question " * 200)
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            assert any("not in the transcripts" in n.message for n in app._notifications)
+        files = sorted((tmp_path / "data" / "exports").glob("*.json"))
+        doc = json.loads(files[-1].read_text())
+        assert [m["content"][:15] for m in doc["messages"]] == ["first question", "kept answer",
+                                                                 "second question", "kept answer"]
+        other = Store(tmp_path / f"other-{store}.db")
+        conv = import_json(other, files[-1].read_text())
+        assert [m.content for m in other.branch(conv)][-1] == "kept answer"
+        for f in files:
+            f.unlink()
