@@ -43,6 +43,11 @@ class StepStats:
     round_tokens: int = 1  # tokens accepted this round (accepted drafts + 1)
     draft_ms: float = 0.0
     verify_ms: float = 0.0
+    # the prompt's figures, known from the first token on (FinalStats repeats them)
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    ttft_s: float = 0.0
+    prefill_tok_s: float = 0.0
 
 
 @dataclass(frozen=True)

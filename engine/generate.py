@@ -321,7 +321,8 @@ def run_reply(model, cache, cached: list[int], prompt: list[int], chooser, think
             el = now - t_first
             rate = decode_rate(n_out, el, rounds[0])
             events.append(StepStats(n_out, thinking.reasoning_tokens, el, rate, len(seq), len(rnd.tokens),
-                                    rnd.draft_ms, rnd.verify_ms))
+                                    rnd.draft_ms, rnd.verify_ms, P, reuse, t_first - t_start,
+                                    prefilled / t_prefill if t_prefill > 0 else 0.0))
         yield from events
     # -- flush held-back text ----------------------------------------------------------------------------
     if reason != "stop" or not detail.startswith("stop string"):

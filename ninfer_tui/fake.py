@@ -138,7 +138,9 @@ class FakeSession:
             yield StepStats(output_tokens=n_out, reasoning_tokens=n_reason, elapsed_s=el,
                             decode_tok_s=n_out / max(el, 1e-6), context_used=prompt_tokens + n_out,
                             round_tokens=2 if spec != "off" else 1,
-                            draft_ms=0.1 if spec != "off" else 0.0, verify_ms=1.0 if spec != "off" else 0.0)
+                            draft_ms=0.1 if spec != "off" else 0.0, verify_ms=1.0 if spec != "off" else 0.0,
+                            prompt_tokens=prompt_tokens, ttft_s=ttft,
+                            prefill_tok_s=prompt_tokens / ttft if ttft else 0.0)
         wall = time.perf_counter() - t0
         if sc.virtual_tok_s is not None:  # deterministic figures: prefill 10x faster than decode
             wall = max(n_out, 1) / sc.virtual_tok_s

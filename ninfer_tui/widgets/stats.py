@@ -161,6 +161,13 @@ class StatsPanel(VerticalScroll):
                       f"tokens out    {f.output_tokens:8d}",
                       f"context       {f.prompt_tokens + f.output_tokens:>8d}/{cap or '?'}",
                       f"finish        {f.finish_reason:>8s}"]
+        elif s is not None and s.ttft_s > 0:  # live: the prompt's figures are known from the first token
+            lines += [f"TTFT          {s.ttft_s * 1000:8.0f} ms",
+                      f"prefill       {s.prefill_tok_s:8.1f} tok/s",
+                      f"tokens in     {s.prompt_tokens:8d}" + (f"  ({s.cached_prompt_tokens} cached)"
+                                                               if s.cached_prompt_tokens else ""),
+                      f"tokens out    {s.output_tokens:8d}",
+                      f"context       {s.context_used:>8d}/{cap or '?'}"]
         elif s is not None:
             lines += ["TTFT               ...", f"tokens out    {s.output_tokens:8d}",
                       f"context       {s.context_used:>8d}/{cap or '?'}"]

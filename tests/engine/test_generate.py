@@ -150,6 +150,19 @@ def test_step_stats_are_throttled():
     assert sum(isinstance(e, StepStats) for e in evs) == 1
 
 
+def test_step_stats_carry_the_prompt_figures():
+    """Every StepStats has the prompt's size, TTFT and prefill rate (a live panel shows them before the end),
+    the same as the final stats."""
+    eng = fake_engine(script_policy("x" * 20))
+    s = eng.session()
+    s.stats_interval_s = 0.0
+    evs, st, _ = collect(s)
+    steps = [e for e in evs if isinstance(e, StepStats)]
+    assert steps and all((e.prompt_tokens, e.cached_prompt_tokens, e.ttft_s, e.prefill_tok_s)
+                         == (st.prompt_tokens, st.cached_prompt_tokens, st.ttft_s, st.prefill_tok_s) for e in steps)
+    assert st.ttft_s > 0 and st.prompt_tokens > 0
+
+
 def test_abandoned_iteration_leaves_a_usable_session():
     eng = fake_engine(script_policy("Hello! the capital of France"))
     s = eng.session()

@@ -106,7 +106,9 @@ async def test_live_panel_values(make_app):
         assert "context cap   2048" in panel_text(app, "engine")
         await send(pilot, "go", wait=False)
         await wait_for(pilot, lambda: "tokens out           3" in panel_text(app, "reply"))
-        assert "(live)" in panel_text(app, "reply")
+        live = panel_text(app, "reply")
+        assert "(live)" in live
+        assert "TTFT" in live and " ms" in live and "prefill" in live and "tokens in" in live  # not "...": known
         app.made["engine"].script.release.set()
         await wait_for(pilot, lambda: not app.generating)
         reply = panel_text(app, "reply")
