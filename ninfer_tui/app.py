@@ -336,6 +336,8 @@ class ChatApp(App):
             panel.on_final(final)
         if message.error:
             self.notify(message.error, severity="error", timeout=10)
+            if final is None and not view.text and not view.reasoning:
+                await self._return_failed_prompt()
         elif final is not None and final.finish_reason == "cancelled":
             self.notify("stopped; the text so far is kept", timeout=3)
         if view.text or view.reasoning or final is not None:
@@ -355,6 +357,19 @@ class ChatApp(App):
         after, self._after_reply = self._after_reply, None
         if after is not None:
             await after()
+
+    async def _return_failed_prompt(self) -> None:
+        """A reply that failed before its first token (a prompt over the context, an engine error): the prompt
+        goes back to the input box and off the branch, so the chat is not stuck re-sending it."""
+        msg = self.chat.drop_failed_prompt()
+        if msg is None:
+            return
+        self.reply_view = None
+        await self._rebuild_log()
+        prompt = self.query_one("#prompt", PromptInput)
+        if not prompt.text.strip():
+            prompt.load_text(msg.content)
+            prompt.move_cursor(prompt.document.end)
 
     # -- actions -----------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple) -> bool | None:

@@ -113,6 +113,19 @@ class ChatState:
                     self._stop_saving(e)
         return bool(self.path) and self.path[-1].role == "user"
 
+    def drop_failed_prompt(self) -> Message | None:
+        """Take the last prompt off the branch (its reply failed before a token: e.g. the prompt does not fit
+        the context), so the next prompt does not carry it again; it stays in the store as a side branch."""
+        if not self.path or self.path[-1].role != "user":
+            return None
+        msg = self.path.pop()
+        if self.store is not None and self.conv_id is not None and not self.unsaved and msg.id > 0:
+            try:
+                self.store.set_leaf(self.conv_id, self.path[-1].id if self.path else None)
+            except StoreError as e:
+                self._stop_saving(e)
+        return msg
+
     def last_reply(self) -> Message | None:
         return next((m for m in reversed(self.path) if m.role == "assistant"), None)
 

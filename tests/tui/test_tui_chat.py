@@ -202,6 +202,25 @@ async def test_engine_error_is_notified_not_crashing(make_app):
         assert any("too long" in n.message for n in app._notifications)
 
 
+async def test_a_prompt_whose_reply_fails_at_once_goes_back_to_the_input(make_app):
+    """A reply that fails before its first token (a prompt over the context): the prompt returns to the input
+    box and leaves the branch, so the next prompt does not carry it and fail the same way (it used to)."""
+    from engine.errors import InputError
+    script = Script(answer=lambda msgs: "seen: " + " | ".join(m["content"] for m in msgs),
+                    fail_with=InputError("the prompt is 9000 tokens but the context is 4096"))
+    app = make_app(script)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "a very long paste")
+        await wait_for(pilot, lambda: app.query_one("#prompt").text == "a very long paste")
+        assert app.chat.path == [] and not app.query(ReplyView)
+        script.fail_with = None
+        app.query_one("#prompt").load_text("")
+        await send(pilot, "short")
+        assert [m.content for m in app.chat.path] == ["short", "seen: short"]
+        assert [m.content for m in app.store.branch(app.chat.conv_id)] == ["short", "seen: short"]
+
+
 async def test_kv_cache_that_cannot_be_allocated_is_a_load_error(make_app):
     """An engine whose session (its KV cache) cannot be made: the status line and a notification say why, the
     panel's engine section stops saying "loading...", and the app keeps running without a session."""
