@@ -129,11 +129,22 @@ class PlainChat:
             self.say(f"error: {e}")
 
     def _export(self, fmt: str) -> None:
-        from .export import export_to_file
-        if self.store is None or self.chat.conv_id is None:
+        from .chat import title_from
+        from .export import export_branch, export_to_file
+        chat, where = self.chat, paths.user_data_dir() / "exports"
+        if not chat.path:
             self.say("nothing to export yet")
             return
-        self.say(f"exported to {export_to_file(self.store, self.chat.conv_id, fmt, paths.user_data_dir() / 'exports')}")
+        try:
+            if self.store is None or chat.unsaved or chat.conv_id is None:  # what the store could not take
+                first = next((m.content for m in chat.path if m.role == "user"), "")
+                text = export_branch(chat.path, title_from(first), chat.model_name, fmt)
+                out = export_to_file(None, chat.conv_id or "unsaved", fmt, where, text=text)
+                self.say(f"exported to {out} (the conversation as shown: it is not in the transcripts)")
+            else:
+                self.say(f"exported to {export_to_file(self.store, chat.conv_id, fmt, where)}")
+        except OSError as e:
+            self.say(f"error: export failed ({e.strerror or e}); free some disk space or check {where}")
 
     # -- a turn ------------------------------------------------------------------------------------
     def ask(self, text: str) -> FinalStats | None:
@@ -190,6 +201,8 @@ class PlainChat:
         if errors:
             e = errors[0]
             self.say(f"error: {e}" if isinstance(e, NinferError) else f"error: {type(e).__name__}: {e}")
+            if not (answer or reasoning or final is not None) and self.chat.drop_failed_prompt() is not None:
+                self.say("(that prompt was not added to the conversation)")  # else every later one fails too
         if answer or reasoning or final is not None:
             self.chat.add_reply("".join(answer), "".join(reasoning), forced, record, final)
             self._saving_notice()

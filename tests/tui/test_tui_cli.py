@@ -241,3 +241,22 @@ def test_engine_flags_the_error_hints_name_are_accepted():
     assert (args.max_context, args.kv_capacity, args.kv_dtype) == (8192, 9000, "int8")
     args = engine_args_from(paths.load_config(), build_parser().parse_args([]))
     assert (args.max_context, args.kv_capacity, args.kv_dtype) == (None, None, "f16")
+
+
+def test_plain_failed_prompt_leaves_the_branch_and_an_unsaved_chat_exports(tmp_path):
+    """Plain mode: a prompt whose reply fails at once is not kept on the branch (the next one would carry it
+    and fail too); /export writes a chat that has no store from memory."""
+    from engine.errors import InputError
+    script = Script(answer=lambda msgs: "seen: " + " | ".join(m["content"] for m in msgs),
+                    fail_with=InputError("the prompt is 9000 tokens but the context is 4096"))
+    chat, out, err = _plain(script, None)
+    chat.ask("a very long paste")
+    assert "context is 4096" in err.getvalue() and "not added to the conversation" in err.getvalue()
+    assert chat.chat.path == []
+    script.fail_with = None
+    chat.ask("short")
+    assert [m.content for m in chat.chat.path] == ["short", "seen: short"]
+    chat.command("/export md")
+    assert "not in the transcripts" in err.getvalue()
+    files = list((paths.user_data_dir() / "exports").glob("chat-unsaved-*.md"))
+    assert len(files) == 1 and "seen: short" in files[0].read_text()
