@@ -46,8 +46,11 @@ async def test_tui_thinking_budget_with_engine(make_app):
         await send(pilot, "capital?")
         # max_new 64 cannot hold budget + the forced close insert: the engine's one-line error is shown
         assert app.last_final is None and any("leaves no room" in n.message for n in app._notifications)
+        await wait_for(pilot, lambda: app.query_one("#prompt").text == "capital?")  # back in the input box
+        assert app.chat.path == []
         app.settings.max_new = 256
-        await pilot.press("ctrl+r")
+        app.query_one("#prompt").focus()
+        await pilot.press("enter")
         await wait_for(pilot, lambda: not app.generating and app.replies_started == 2)
         final = app.last_final
         reply = app.chat.path[-1]
