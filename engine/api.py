@@ -14,6 +14,7 @@ threading.Event) is checked between prefill chunks and decode rounds. One sessio
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import unicodedata
@@ -63,6 +64,8 @@ class Engine:
         mf = load_gguf(path)
         tok = Tokenizer.from_gguf(mf)
         max_ctx, cap = args.resolve_context(mf.args.context_length)
+        if args.prefill_chunk > cap:  # no chunk is longer than the cache: buffers for more rows would idle
+            args = dataclasses.replace(args, prefill_chunk=cap)
         if args.threads:
             _set_threads(args.threads)
         if args.backend == "cpu":

@@ -113,6 +113,8 @@ def read_messages(path: str) -> list[dict]:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise InputError(f"--messages {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise InputError(f"--messages {path}: its JSON is nested too deeply to be a list of messages") from None
     if isinstance(obj, dict) and "messages" in obj:
         obj = obj["messages"]
     if not isinstance(obj, list) or not obj:
@@ -120,6 +122,11 @@ def read_messages(path: str) -> list[dict]:
     for i, m in enumerate(obj):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise InputError(f'--messages {path}: message {i} must be an object with string "role" and "content"')
+        try:
+            m["content"].encode("utf-8")
+        except UnicodeEncodeError as e:  # "\ud800" in JSON: a lone UTF-16 surrogate, not text
+            raise InputError(f"--messages {path}: message {i} holds an invalid character ({m['content'][e.start]!r}, "
+                             "a lone UTF-16 surrogate); fix or remove it") from None
     return [dict(m, content=unicodedata.normalize("NFC", m["content"])) for m in obj]
 
 

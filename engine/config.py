@@ -13,6 +13,8 @@ ARCHITECTURES = ("llama", "qwen2", "qwen3")
 KV_DTYPES = ("f16", "int8")
 SPEC_MODES = ("off", "ngram", "mtp", "dflash")
 BACKENDS = ("cpu", "ref", "cuda")
+MAX_POSITIONS = 1 << 24  # context, KV capacity and prefill chunk (16.7M positions: past any model's context)
+MIN_TEMPERATURE = 1e-6  # the smallest temperature that is not 0 (greedy); below it logits / T can overflow
 
 
 @dataclass
@@ -72,15 +74,15 @@ class EngineArgs:
             raise ConfigError(f"--kv-dtype {self.kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
         if self.spec not in SPEC_MODES:
             raise ConfigError(f"--spec {self.spec!r} is not one of {', '.join(SPEC_MODES)}")
-        if self.prefill_chunk < 1:
-            raise ConfigError(f"--prefill-chunk must be >= 1, got {self.prefill_chunk}")
+        if not 1 <= self.prefill_chunk <= MAX_POSITIONS:
+            raise ConfigError(f"--prefill-chunk must be in 1..{MAX_POSITIONS}, got {self.prefill_chunk}")
         _check_draft_tokens(self.draft_tokens)
         if self.transport not in ("auto", "p2p", "mapped"):
             raise ConfigError(f"--transport {self.transport!r} is not one of auto, p2p, mapped")
-        if self.max_context is not None and self.max_context < 1:
-            raise ConfigError(f"--max-context must be >= 1, got {self.max_context}")
-        if self.kv_capacity is not None and self.kv_capacity < 1:
-            raise ConfigError(f"--kv-capacity must be >= 1, got {self.kv_capacity}")
+        if self.max_context is not None and not 1 <= self.max_context <= MAX_POSITIONS:
+            raise ConfigError(f"--max-context must be in 1..{MAX_POSITIONS}, got {self.max_context}")
+        if self.kv_capacity is not None and not 1 <= self.kv_capacity <= MAX_POSITIONS:
+            raise ConfigError(f"--kv-capacity must be in 1..{MAX_POSITIONS}, got {self.kv_capacity}")
         if self.kv_capacity is not None and self.max_context is not None and self.kv_capacity < self.max_context:
             raise ConfigError(
                 f"--kv-capacity {self.kv_capacity} is smaller than --max-context {self.max_context}; "
@@ -120,8 +122,9 @@ class SamplingParams:
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty"):
             if not math.isfinite(getattr(self, name)):
                 raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got {getattr(self, name)}")
-        if self.temperature < 0:
-            raise ConfigError(f"--temperature must be >= 0, got {self.temperature}")
+        if self.temperature < 0 or 0 < self.temperature < MIN_TEMPERATURE:
+            raise ConfigError(f"--temperature must be 0 (greedy) or >= {MIN_TEMPERATURE:g}, got {self.temperature} "
+                              "(below that the scaled logits overflow)")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"--top-p must be in (0, 1], got {self.top_p}")
         if not 0 <= self.min_p <= 1:

@@ -57,6 +57,8 @@ def _read_toml(path: Path) -> dict:
             return tomllib.load(f)
     except FileNotFoundError:
         return {}
+    except OSError as e:
+        raise ConfigError(f"config file {path} cannot be read ({e.strerror or e}); give a TOML file") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"config file {path} is not valid TOML ({e}); fix or remove it") from None
 

@@ -190,6 +190,11 @@ class Tokenizer:
         """Token ids of `text` (NFC-normalized first). parse_special: control tokens in the text -> their id."""
         if not isinstance(text, str):
             raise InputError(f"text to encode must be a string, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InputError(f"the text holds an invalid character ({text[e.start]!r} at {e.start}, a lone UTF-16 "
+                             "surrogate); fix or remove it") from None
         text = unicodedata.normalize("NFC", text)
         tk = self._tk
         if not parse_special:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -204,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         variants = _variants(a)
         if a.repeats < 1:
             raise NinferError("--repeats must be >= 1")
+        if not (math.isfinite(a.idle_gap) and 0 <= a.idle_gap <= 3600):
+            raise NinferError(f"--idle-gap must be a number of seconds in [0, 3600], got {a.idle_gap}")
         baseline = a.baseline or next((v.name for v in variants if v.kind == "llama.cpp"), variants[0].name)
         if baseline not in {v.name for v in variants}:
             raise NinferError(f"--baseline {baseline!r} is not one of the variants ({', '.join(v.name for v in variants)})")

@@ -51,14 +51,23 @@ class Variant:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ConfigError(f"variant {self.name!r}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
-        if self.threads < 1:
-            raise ConfigError(f"variant {self.name!r}: threads must be >= 1, got {self.threads}")
+        for k in ("busy", "cold"):
+            if not isinstance(getattr(self, k), bool):
+                raise ConfigError(f"variant {self.name!r}: {k} must be true or false, got {getattr(self, k)!r}")
+        if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
+            raise ConfigError(f"variant {self.name!r}: threads must be an integer >= 1, got {self.threads!r}")
         unknown = set(self.engine) - ENGINE_KEYS
         if unknown:
             raise ConfigError(f"variant {self.name!r}: unknown key(s) {', '.join(sorted(unknown))}; "
                               f"known: {', '.join(sorted(ENGINE_KEYS | RUN_KEYS))}")
+        if isinstance(self.engine.get("devices"), int) and not isinstance(self.engine["devices"], bool):
+            self.engine["devices"] = (self.engine["devices"],)  # devices=0: one id, as --devices 0
         if self.kind == "ours":
-            EngineArgs(**self.engine)  # validate now, not in the worker
+            try:
+                EngineArgs(**self.engine)  # validate now, not in the worker
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"variant {self.name!r}: a value has the wrong type ({e}); see --help for "
+                                  "each key's values") from None
         if self.tree:
             self.tree = str(self.tree)
             if self.kind != "ours":
@@ -97,8 +106,8 @@ def _from_mapping(name: str, items: dict) -> Variant:
     env = {k[4:]: str(items.pop(k)) for k in list(items) if k.startswith("env.")}
     if isinstance(items.get("env"), dict):  # TOML: env = { NAME = "value" }
         env.update({k: str(v) for k, v in items.pop("env").items()})
-    for k in ("busy", "cold"):
-        if k in run:
+    for k in ("busy", "cold"):  # 1 / 0 as well as true / false; anything else is refused by Variant
+        if k in run and (isinstance(run[k], bool) or run[k] in (0, 1)):
             run[k] = bool(run[k])
     engine = {k: (tuple(v) if isinstance(v, list) else v) for k, v in items.items()}
     if kind != "ours" and engine:
@@ -132,6 +141,9 @@ def load_variants_toml(path: str | Path) -> list[Variant]:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"--variants {p}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--variants {p}: cannot read it ({getattr(e, 'strerror', None) or e}); give a TOML "
+                          "file") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"--variants {p} is not valid TOML ({e})") from None
     table = data.get("variant")
@@ -191,10 +203,18 @@ def read_messages_file(path: Path) -> list:
         obj = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"messages file {path}: cannot read it as UTF-8 JSON ({e})") from None
+    except RecursionError:
+        raise ConfigError(f"messages file {path}: its JSON is nested too deeply to be a messages file") from None
     if isinstance(obj, dict):
         obj = obj.get("messages")
     if not isinstance(obj, list) or not obj or not all(isinstance(m, dict) and "content" in m for m in obj):
         raise ConfigError(f'messages file {path} must hold a non-empty list of {{"role", "content"}} objects')
+    for i, m in enumerate(obj):
+        try:
+            str(m["content"]).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"messages file {path}: message {i} holds a lone UTF-16 surrogate; fix or remove "
+                              "it") from None
     return obj
 
 

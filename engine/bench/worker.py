@@ -53,8 +53,8 @@ def run_ours(spec, t0_wall: float) -> dict:
     from ..events import FinalStats, ReasoningDelta, StepStats, TextDelta
 
     v, w = spec.variant, spec.workload
-    args = EngineArgs(model=spec.model, threads=v.threads, prefix_reuse=False, max_context=spec.max_context,
-                      **v.engine)
+    args = EngineArgs(**{"model": spec.model, "threads": v.threads, "prefix_reuse": False,
+                         "max_context": spec.max_context, **v.engine})  # a variant's max_context wins
     t = time.perf_counter()
     eng = Engine.load(args)
     out = {"load_s": time.perf_counter() - t, "warmup_s": getattr(eng.model, "warmup_s", None)}

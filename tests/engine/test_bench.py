@@ -43,6 +43,9 @@ def test_parse_variant_peer_and_plain_name():
     ("p:kind=llama.cpp,kv_dtype=int8", "llama.cpp takes only"),
     ("old:tree=/nonexistent/ninfer", "not a ninfer-chat checkout"),
     (f"p:kind=llama.cpp,tree={runner.REPO_ROOT}", "llama.cpp takes none"),
+    ("x:threads=abc", "threads must be an integer"),  # a TypeError traceback before
+    ("x:busy=maybe", "busy must be true or false"),  # taken as busy=1 before
+    ("x:prefill_chunk=abc", "wrong type"),
 ])
 def test_parse_variant_errors_name_the_problem(text, fragment):
     with pytest.raises(ConfigError, match=fragment):
@@ -467,3 +470,10 @@ def test_probe_reads_as_many_bytes_as_the_weights_in_whole_mib_per_reader():
     assert bw.probe_bytes(w, 1) == 92 * (1 << 20)
     assert bw.probe_bytes(1000, 2) == bw.PROBE_MIN  # a tiny model: still past the L2 caches
     assert bw.probe_bytes(w, 3) % (3 << 20) == 0
+
+
+def test_variant_devices_as_one_id_and_its_own_max_context():
+    """devices=0 is one id (as --devices 0; it was a TypeError in the worker); max_context is a variant key the
+    worker lets win over --max-context (it was "got multiple values")."""
+    v = parse_variant("a:max_context=64,devices=0")
+    assert v.engine == {"max_context": 64, "devices": (0,)}

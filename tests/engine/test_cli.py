@@ -93,7 +93,13 @@ def test_budget_too_large_is_one_line(capsys):
     (["--presence-penalty", "inf"], ("--presence-penalty must be a finite number",)),
     (["--top-p", "0"], ("--top-p must be in (0, 1]",)),
     (["--min-p", "2"], ("--min-p must be in [0, 1]",)),
-    (["--kv-capacity", "0"], ("--kv-capacity must be >= 1, got 0",)),  # 0 used to mean the default
+    (["--kv-capacity", "0"], ("--kv-capacity must be in 1..", "got 0")),  # 0 used to mean the default
+    # numbers past any context: an OverflowError / a 4 TiB allocation traceback before
+    (["--kv-capacity", "9000000000000000000000"], ("--kv-capacity must be in 1..16777216",)),
+    (["--max-context", "9000000000000000000"], ("--max-context must be in 1..16777216",)),
+    (["--prefill-chunk", "2000000000"], ("--prefill-chunk must be in 1..16777216",)),
+    # a tiny temperature overflowed the scaled logits: random text or a ZeroDivisionError
+    (["--temperature", "1e-40"], ("--temperature must be 0 (greedy) or >= 1e-06",)),
     (["--draft-tokens", "3"], ("--draft-tokens needs a speculative mode",)),  # as NInfer: no --spec, no drafts
     (["--lm-head-draft"], ("--lm-head-draft", "needs --spec mtp or --spec dflash")),
     (["--spec", "ngram", "--lm-head-draft"], ("needs --spec mtp or --spec dflash",)),
@@ -257,3 +263,17 @@ def test_config_defaults_and_flag_override(capsys, tmp_path):
                 fake_factory(script_policy("x" * 50))) == 0
     d = json.loads(stats.read_text())
     assert d["output_tokens"] == 5 and d["reasoning_tokens"] == 0  # max_new from the config
+
+
+def test_unreadable_inputs_are_one_line(capsys, tmp_path):
+    """A folder as --config, JSON nested past Python's recursion limit, a lone UTF-16 surrogate in a message:
+    tracebacks before (IsADirectoryError, RecursionError, the tokenizer's TypeError)."""
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000)
+    lone = tmp_path / "lone.json"
+    lone.write_text('[{"role": "user", "content": "hi\\ud800"}]')
+    for args, needle in ((["--prompt", "hi", "--config", str(tmp_path)], "cannot be read"),
+                         (["--messages", str(deep)], "nested too deeply"),
+                         (["--messages", str(lone)], "lone UTF-16 surrogate")):
+        code = main(args, fake_factory(script_policy("x")))
+        assert_one_line_error(code, capsys.readouterr().err, needle)
