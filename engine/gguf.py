@@ -7,6 +7,7 @@ missing, unknown and mis-shaped tensors are all listed together so a user sees t
 """
 from __future__ import annotations
 
+import math
 import os
 import struct
 from collections import Counter
@@ -141,16 +142,38 @@ def args_from_metadata(meta: dict, path: Path, n_vocab_tokens: int | None,
             d_model=d_model, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
             d_ff=_meta_int(meta, path, p + "feed_forward_length"),
             vocab_size=int(vocab),
-            rope_base=float(meta.get(p + "rope.freq_base", 10000.0)),
-            rms_eps=float(meta.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_base=_meta_positive(meta, path, p + "rope.freq_base", 10000.0),
+            rms_eps=_meta_positive(meta, path, p + "attention.layer_norm_rms_epsilon", 1e-5),
             context_length=_meta_int(meta, path, p + "context_length", 2048),
             qkv_bias=arch == "qwen2" or "blk.0.attn_q.bias" in tensor_names,
             qk_norm=arch == "qwen3",
             tied_embeddings="output.weight" not in tensor_names,
             rope_neox=arch in ("qwen2", "qwen3"),
         )
+    except ModelFileError:
+        raise  # names the file and the fix already
     except NinferError as e:
         raise ModelFileError(f"{path}: {e}; {_FIX}") from None
+
+
+def _as_f32(a: np.ndarray, qtype) -> np.ndarray:
+    """An F32 / F16 / BF16 tensor's values as f32 (BF16 is stored as its 16-bit patterns)."""
+    if qtype == QT.BF16:
+        return (np.asarray(a).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return np.asarray(a, dtype=np.float32)
+
+
+def _meta_positive(meta: dict, path, key: str, default: float) -> float:
+    """A float the forward pass divides by or takes powers of (RMS epsilon, RoPE base): finite and > 0, else a
+    damaged file (NaN there made every activation NaN and the threaded step wait forever)."""
+    v = meta.get(key, default)
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        f = math.nan
+    if not (math.isfinite(f) and f > 0):
+        raise ModelFileError(f"{path} has an invalid {key!r} = {v!r} (must be a finite number > 0); {_FIX}")
+    return f
 
 
 def expected_shapes(a: ModelArgs) -> dict[str, tuple[int, ...]]:
@@ -214,6 +237,18 @@ def load_gguf(path: str | os.PathLike) -> ModelFile:
     if short:
         raise ModelFileError(f"{path} is truncated: tensor data for {_names(short)} lies past the end "
                              f"of the file ({size} bytes); {_FIX}")
+    # ... each tensor at an aligned offset, none running into the next (a damaged type or offset field would
+    # otherwise read another tensor's bytes, or bytes off the block grid, as weights)
+    align = getattr(reader, "alignment", 32)
+    off_grid = [t.name for t in reader.tensors if (t.data_offset - reader.data_offset) % align]
+    if off_grid:
+        raise ModelFileError(f"{path} is damaged: tensor data for {_names(off_grid)} does not start on the "
+                             f"file's {align}-byte alignment; {_FIX}")
+    spans = sorted((t.data_offset, t.data_offset + t.n_bytes, t.name) for t in reader.tensors)
+    overlap = [b[2] for a, b in zip(spans, spans[1:]) if b[0] < a[1]]
+    if overlap:
+        raise ModelFileError(f"{path} is damaged: tensor data for {_names(overlap)} overlaps the tensor before "
+                             f"it (a wrong type or offset field); {_FIX}")
     bad_q = sorted({QT(t.tensor_type).name for t in reader.tensors if t.tensor_type not in SUPPORTED_QTYPES})
     if bad_q:
         raise ModelFileError(f"{path} uses unsupported quant type(s) {', '.join(bad_q)}; supported: "
@@ -248,6 +283,11 @@ def load_gguf(path: str | os.PathLike) -> ModelFile:
             tensors[n] = _as_qtensor(have[n], reader.tensor_data(have[n]), shp)
         except ValueError as e:
             raise ModelFileError(f"{path}: tensor {n} has an inconsistent size ({e}); {_FIX}") from None
+    # norms and biases (1-D, a few KB each): NaN or inf there makes every activation NaN (a damaged file)
+    bad = [n for n, shp in want.items() if len(shp) == 1 and have[n].tensor_type in (QT.F32, QT.F16, QT.BF16)
+           and not np.isfinite(_as_f32(reader.tensor_data(have[n]), have[n].tensor_type)).all()]
+    if bad:
+        raise ModelFileError(f"{path} is damaged: {_names(bad)} hold(s) NaN or infinite values; {_FIX}")
     summary = Counter(QT(t.tensor_type).name for t in reader.tensors)
     return ModelFile(path=path, args=args, tensors=tensors, metadata=meta, quant_summary=dict(summary),
                      file_size=size, reader=reader)

@@ -127,3 +127,63 @@ def test_smollm2_loads(smollm2_path):
     assert a.rope_base == 100000.0 and a.context_length == 8192 and a.tied_embeddings
     assert m.quant_summary == {"Q8_0": 1, "F32": 61, "Q4_1": 210}
     assert m.tensors["token_embd.weight"].data.shape == (49152, 576 // 32 * 34)
+
+
+def _tensor_info_at(raw: bytes, name: str) -> tuple[int, int]:
+    """(offset of the type field, n_dims) of a tensor's info record in a GGUF file's bytes."""
+    key = name.encode()
+    i = raw.find(struct.pack("<Q", len(key)) + key)
+    assert i > 0
+    at = i + 8 + len(key)
+    n_dims = struct.unpack_from("<I", raw, at)[0]
+    return at + 4 + 8 * n_dims, n_dims
+
+
+def _patched(src, dst, patch) -> object:
+    raw = bytearray(src.read_bytes())
+    patch(raw)
+    dst.write_bytes(bytes(raw))
+    return dst
+
+
+@pytest.mark.parametrize("key,value", [("llama.attention.layer_norm_rms_epsilon", float("nan")),
+                                       ("llama.attention.layer_norm_rms_epsilon", -1.0),
+                                       ("llama.rope.freq_base", float("inf"))])
+def test_metadata_the_forward_divides_by_must_be_finite_and_positive(tiny_models, tmp_path, key, value):
+    """NaN there made every activation NaN, and the threaded decode step then waited forever."""
+    def patch(raw):
+        i = raw.find(struct.pack("<Q", len(key)) + key.encode()) + 8 + len(key)
+        assert struct.unpack_from("<I", raw, i)[0] == 6  # FLOAT32
+        struct.pack_into("<f", raw, i + 4, value)
+    msg = _one_line_error(_patched(tiny_models["llama"], tmp_path / "m.gguf", patch))
+    assert repr(key) in msg and "finite number > 0" in msg
+
+
+def test_a_norm_holding_nan_is_reported(tiny_models, tmp_path):
+    mf = load_gguf(tiny_models["llama"])
+    t = next(t for t in mf.reader.tensors if t.name == "blk.0.attn_norm.weight")
+
+    def patch(raw):
+        struct.pack_into("<f", raw, t.data_offset + 4, float("nan"))
+    msg = _one_line_error(_patched(tiny_models["llama"], tmp_path / "m.gguf", patch))
+    assert "blk.0.attn_norm.weight" in msg and "NaN" in msg
+
+
+def test_a_misaligned_or_overlapping_tensor_is_reported(tiny_models, tmp_path):
+    """A damaged offset (off the alignment) or type field (its data now runs into the next tensor's) read
+    other bytes as weights: a ZeroDivisionError traceback, or a hang, before."""
+    raw0 = tiny_models["llama"].read_bytes()
+    at, _ = _tensor_info_at(raw0, "blk.0.ffn_norm.weight")
+
+    def shift(raw):
+        struct.pack_into("<Q", raw, at + 4, struct.unpack_from("<Q", raw, at + 4)[0] + 3)
+    assert "alignment" in _one_line_error(_patched(tiny_models["llama"], tmp_path / "a.gguf", shift))
+
+    mf = load_gguf(tiny_models["llama"])
+    big = next(t for t in mf.reader.tensors if t.tensor_type == QT.Q4_1 and t.name.startswith("blk.0."))
+    at2, _ = _tensor_info_at(raw0, big.name)
+
+    def retype(raw):  # Q4_1 -> Q8_0: same block, 34 bytes instead of 20: runs into the next tensor
+        struct.pack_into("<I", raw, at2, int(QT.Q8_0))
+    msg = _one_line_error(_patched(tiny_models["llama"], tmp_path / "t.gguf", retype))
+    assert "overlaps" in msg or "past the end" in msg
