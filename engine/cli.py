@@ -30,8 +30,15 @@ from .events import FinalStats, Progress, ReasoningDelta, StepStats, TextDelta, 
 EFFORT_SHARE = {"low": 0.25, "medium": 0.5, "high": 0.75}
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line (argparse prints the whole usage block first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _OneLineParser(
         prog="ninfer", description="Generate one reply with a local GGUF model (answer to stdout, "
         "reasoning/progress/stats to stderr).",
         epilog="--reasoning-effort low|medium|high = a thinking budget of 1/4, 1/2, 3/4 of --max-new.")
@@ -245,8 +252,14 @@ def run(argv=None, engine_factory=None) -> int:
         messages = read_messages(a.messages)
     if a.system is not None:
         messages.insert(0, {"role": "system", "content": fix_argv_text(a.system, "--system")})
-    if a.stats_json and not Path(a.stats_json).expanduser().resolve().parent.is_dir():
-        raise InputError(f"--stats-json {a.stats_json}: its directory does not exist")
+    if a.stats_json is not None:  # checked before the reply, not after it (the reply would be spent)
+        sj = Path(a.stats_json).expanduser()
+        if not a.stats_json.strip() or sj.is_dir():
+            raise InputError(f"--stats-json {a.stats_json!r}: give the path of a file to write")
+        if not sj.resolve().parent.is_dir():
+            raise InputError(f"--stats-json {a.stats_json}: its directory does not exist")
+        if not os.access(sj if sj.exists() else sj.resolve().parent, os.W_OK):
+            raise InputError(f"--stats-json {a.stats_json}: cannot write there (permissions or a read-only disk)")
     if a.log_stats_interval_ms is not None and a.log_stats_interval_ms < 0:
         raise ConfigError(f"--log-stats-interval-ms must be >= 0, got {a.log_stats_interval_ms}")
 

@@ -277,3 +277,17 @@ def test_unreadable_inputs_are_one_line(capsys, tmp_path):
                          (["--messages", str(lone)], "lone UTF-16 surrogate")):
         code = main(args, fake_factory(script_policy("x")))
         assert_one_line_error(code, capsys.readouterr().err, needle)
+
+
+def test_usage_errors_and_a_stats_path_that_cannot_be_written_are_one_line(capsys, tmp_path):
+    """An unknown option: one line (argparse printed its usage block first). --stats-json that names a folder
+    or nothing: refused before the reply (the reply ran, then the write failed)."""
+    with pytest.raises(SystemExit) as e:
+        main(["--prompt", "hi", "--bogus"], fake_factory(script_policy("x")))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "unrecognized arguments: --bogus" in err
+    for bad in (str(tmp_path), ""):
+        code = main(["--prompt", "hi", "--stats-json", bad], fake_factory(script_policy("never shown")))
+        out, err = capsys.readouterr()
+        assert_one_line_error(code, err, "--stats-json", "file to write")
+        assert "never shown" not in out
