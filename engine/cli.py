@@ -194,7 +194,8 @@ def build_options(a: argparse.Namespace, cfg: dict) -> tuple[EngineArgs, Generat
     elif a.thinking:
         enabled = True
     budget = a.thinking_budget
-    if budget is None and a.reasoning_effort:
+    fits = budget is None and bool(a.reasoning_effort)
+    if fits:
         budget = int(max_new * EFFORT_SHARE[a.reasoning_effort])
     if budget is None and enabled is not False:
         b = _pick(None, ct, "budget", int, 0)
@@ -203,7 +204,8 @@ def build_options(a: argparse.Namespace, cfg: dict) -> tuple[EngineArgs, Generat
         else _pick(None, ct, "message", str, ThinkingParams.message)
     thinking = ThinkingParams(enabled=enabled, budget=None if enabled is False else budget, message=message,
                               open_marker=_pick(None, ct, "open_marker", str, None) or None,
-                              close_marker=_pick(None, ct, "close_marker", str, None) or None)
+                              close_marker=_pick(None, ct, "close_marker", str, None) or None,
+                              budget_fits=fits)
     model_cfg = cfg.get("model") if isinstance(cfg.get("model"), str) and cfg.get("model") else None
     return eargs, GenerateRequest(sampling=sampling, thinking=thinking), model_cfg
 

@@ -153,6 +153,7 @@ class ThinkingParams:
                     "based on the thinking directly now.\n")
     open_marker: str | None = None  # None: from the model (template/tokenizer) or the prompted default
     close_marker: str | None = None
+    budget_fits: bool = False  # --reasoning-effort: a budget too large for max_new shrinks to leave the answer room
 
     def __post_init__(self):
         if self.budget is not None and self.budget < 0:

@@ -103,7 +103,13 @@ def plan_thinking(params: ThinkingParams, tokenizer, max_new: int) -> ThinkingPl
                         close_ids=close_ids, forced_ids=tuple(tokenizer.encode(forced_text)),
                         forced_text=forced_text, budget=params.budget, start=start, template_extra=extra,
                         prompt_suffix=suffix, system_note=note)
+    if plan.budget is not None and plan.min_tokens() > max_new and params.budget_fits:
+        plan.budget = max(0, plan.budget - (plan.min_tokens() - max_new))  # an effort: what room allows
     if plan.budget is not None and plan.min_tokens() > max_new:
+        if params.budget_fits:
+            raise ConfigError(f"--max-new {max_new} cannot hold the thinking close insert "
+                              f"({len(plan.forced_ids)} tokens) and an answer; raise --max-new to at least "
+                              f"{plan.min_tokens()} or drop --reasoning-effort")
         raise ConfigError(
             f"--thinking-budget {plan.budget} leaves no room for the answer: with the close insert "
             f"({len(plan.forced_ids)} tokens) and one answer token it needs --max-new >= {plan.min_tokens()}, "

@@ -80,6 +80,26 @@ def test_reasoning_effort_is_a_share_of_max_new(capsys, tmp_path):
     assert json.loads(stats.read_text())["reasoning_tokens"] == 100
 
 
+def test_reasoning_effort_shrinks_to_leave_the_answer_room(capsys, tmp_path):
+    """--reasoning-effort with a small --max-new: the share would leave no room for the close insert and an
+    answer (it failed naming a --thinking-budget the user never gave); the budget shrinks instead, and only a
+    --max-new that cannot hold the insert at all is an error, naming --reasoning-effort."""
+    from engine.config import ThinkingParams
+    from engine.thinking import plan_thinking
+    need = plan_thinking(ThinkingParams(budget=0), FakeTokenizer(), 10_000).min_tokens()  # insert + 1 answer
+    stats = tmp_path / "s.json"
+    max_new = need + 6  # medium: half of it would not fit
+    code = main(["--prompt", "hi", "--reasoning-effort", "medium", "--max-new", str(max_new), "--stats-json",
+                 str(stats)], fake_factory(thinking_policy(close_after=None)))
+    err = capsys.readouterr().err
+    assert code == 0, err
+    d = json.loads(stats.read_text())
+    assert d["reasoning_tokens"] == 6 and d["answer_tokens"] >= 1 and d["thinking_forced"]
+    code = main(["--prompt", "hi", "--reasoning-effort", "low", "--max-new", str(need - 1)],
+                fake_factory(thinking_policy(close_after=None)))
+    assert_one_line_error(code, capsys.readouterr().err, "--reasoning-effort", f"at least {need}")
+
+
 def test_budget_too_large_is_one_line(capsys):
     code = main(["--prompt", "hi", "--thinking-budget", "48", "--max-new", "50"],
                 fake_factory(thinking_policy(close_after=None)))
