@@ -171,8 +171,9 @@ def build_options(a: argparse.Namespace, cfg: dict) -> tuple[EngineArgs, Generat
         prefix_reuse=False if a.no_prefix_reuse else _pick(None, ce, "prefix_reuse", bool, True),
         spec=_pick(a.spec, cx, "mode", str, "off"), draft_tokens=_pick(a.draft_tokens, cx, "draft_tokens", int, 3),
         tp=a.tp or 1, devices=devices, transport=a.transport or "auto")
-    if a.threads is not None and a.threads < 1:
-        raise ConfigError(f"--threads must be >= 1, got {a.threads}")
+    if eargs.threads is not None and eargs.threads < 1:  # the flag, or [engine] threads in a config
+        raise ConfigError(f"--threads must be >= 1, got {eargs.threads}"
+                          + ("" if a.threads is not None else " (from [engine] threads in your config)"))
     if a.lm_head_draft and eargs.spec not in ("mtp", "dflash"):
         raise ConfigError("--lm-head-draft selects an MTP or DFlash drafter's head; it needs --spec mtp or --spec dflash")
     if a.draft_tokens is not None and eargs.spec == "off":
@@ -188,6 +189,11 @@ def build_options(a: argparse.Namespace, cfg: dict) -> tuple[EngineArgs, Generat
         seed=_pick(a.seed, cs, "seed", int, None), max_new=max_new,
         stop=tuple(fix_argv_text(s, "--stop") for s in a.stop), greedy=a.greedy)
     mode = _pick(None, ct, "mode", str, "auto")
+    if mode not in ("auto", "on", "off"):
+        raise ConfigError(f"[thinking] mode = {mode!r} in your config is not one of auto, on, off")
+    if a.no_thinking and (a.thinking_budget is not None or a.reasoning_effort):
+        raise ConfigError("--no-thinking leaves nothing for --thinking-budget / --reasoning-effort to limit; "
+                          "drop one of them")
     enabled = {"on": True, "off": False}.get(mode)
     if a.no_thinking:
         enabled = False
@@ -199,6 +205,8 @@ def build_options(a: argparse.Namespace, cfg: dict) -> tuple[EngineArgs, Generat
         budget = int(max_new * EFFORT_SHARE[a.reasoning_effort])
     if budget is None and enabled is not False:
         b = _pick(None, ct, "budget", int, 0)
+        if b < 0:
+            raise ConfigError(f"[thinking] budget = {b} in your config must be >= 0 (0 = unlimited)")
         budget = b if b > 0 else None  # config: 0 = unlimited
     message = fix_argv_text(a.thinking_message, "--thinking-message") if a.thinking_message \
         else _pick(None, ct, "message", str, ThinkingParams.message)

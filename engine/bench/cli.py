@@ -176,6 +176,9 @@ def _workload(a, model: str) -> Workload:
             path = workload_file(a.workload) if a.workload else workload_file(a.messages)
             msgs, name = read_messages_file(path), path.stem
         return Workload(name=name, mode="messages", messages=msgs, decode_tokens=a.decode_tokens, **sampling)
+    if a.prompt_tokens + a.decode_tokens > a.max_context:  # else the runs stop short, reported as if whole
+        raise NinferError(f"--prompt-tokens {a.prompt_tokens} + --decode-tokens {a.decode_tokens} do not fit "
+                          f"--max-context {a.max_context}; raise --max-context or lower one of them")
     ids = synthetic_prompt_ids(model, a.prompt_tokens)
     return Workload(name=f"synthetic-{a.prompt_tokens}+{a.decode_tokens}", mode="synthetic", prompt_ids=ids,
                     prompt_tokens=len(ids), decode_tokens=a.decode_tokens, **sampling)

@@ -477,3 +477,13 @@ def test_variant_devices_as_one_id_and_its_own_max_context():
     worker lets win over --max-context (it was "got multiple values")."""
     v = parse_variant("a:max_context=64,devices=0")
     assert v.engine == {"max_context": 64, "devices": (0,)}
+
+
+def test_bench_synthetic_run_that_cannot_fit_the_context_is_refused(tiny_models, capsys):
+    """--prompt-tokens + --decode-tokens past --max-context: refused up front (the runs stopped short and the
+    table reported them as the asked-for workload)."""
+    from engine.bench.cli import main as bench_main
+    code = bench_main([str(tiny_models["llama"]), "--variant", "a:backend=ref", "--prompt-tokens", "32",
+                       "--decode-tokens", "100", "--max-context", "64", "--repeats", "1"])
+    err = capsys.readouterr().err
+    assert code != 0 and "do not fit --max-context 64" in err and err.count("\n") == 1, err

@@ -122,6 +122,8 @@ def test_budget_too_large_is_one_line(capsys):
     (["--temperature", "1e-40"], ("--temperature must be 0 (greedy) or >= 1e-06",)),
     (["--draft-tokens", "3"], ("--draft-tokens needs a speculative mode",)),  # as NInfer: no --spec, no drafts
     (["--lm-head-draft"], ("--lm-head-draft", "needs --spec mtp or --spec dflash")),
+    (["--no-thinking", "--thinking-budget", "8"], ("--no-thinking leaves nothing",)),  # was taken in silence
+    (["--no-thinking", "--reasoning-effort", "low"], ("--no-thinking leaves nothing",)),
     (["--spec", "ngram", "--lm-head-draft"], ("needs --spec mtp or --spec dflash",)),
 ])
 def test_option_values_out_of_range_are_one_line(capsys, args, needles):
@@ -311,3 +313,14 @@ def test_usage_errors_and_a_stats_path_that_cannot_be_written_are_one_line(capsy
         out, err = capsys.readouterr()
         assert_one_line_error(code, err, "--stats-json", "file to write")
         assert "never shown" not in out
+
+
+@pytest.mark.parametrize("text,want", [("[engine]\nthreads = 0\n", "--threads must be >= 1, got 0 (from [engine]"),
+                                       ('[thinking]\nmode = "maybe"\n', "[thinking] mode = 'maybe'"),
+                                       ("[thinking]\nbudget = -5\n", "[thinking] budget = -5")])
+def test_config_values_out_of_range_are_one_line(capsys, tmp_path, text, want):
+    """Config values of the right type but no meaning: refused in one line (they were taken in silence)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(text, encoding="utf-8")
+    code = main(["--prompt", "hi", "--config", str(cfg)], fake_factory(script_policy("x")))
+    assert_one_line_error(code, capsys.readouterr().err, want)
