@@ -119,6 +119,10 @@ class Tokenizer:
                                  f"{', '.join(sorted(PRE_TOKENIZERS))}")
         if len(types) != len(tokens):
             types = [NORMAL] * len(tokens)
+        for what, tid in (("bos", bos_id), ("eos", eos_id), ("eot", eot_id)):
+            if tid is not None and not (isinstance(tid, int) and 0 <= tid < len(tokens)):
+                raise ModelFileError(f"{source}: tokenizer.ggml.{what}_token_id = {tid!r} is not a token id (the "
+                                     f"vocabulary has {len(tokens)}); re-download or re-convert the model")
         self.source = source
         self.tokens = tokens
         self.types = types

@@ -187,3 +187,17 @@ def test_a_misaligned_or_overlapping_tensor_is_reported(tiny_models, tmp_path):
         struct.pack_into("<I", raw, at2, int(QT.Q8_0))
     msg = _one_line_error(_patched(tiny_models["llama"], tmp_path / "t.gguf", retype))
     assert "overlaps" in msg or "past the end" in msg
+
+
+def test_a_special_token_id_outside_the_vocabulary_is_reported(tiny_models, tmp_path):
+    """An eos id past the vocabulary never matched: replies ran to max_new with no word of why."""
+    from engine.tokenizer import Tokenizer
+    key = "tokenizer.ggml.eos_token_id"
+
+    def patch(raw):
+        i = raw.find(struct.pack("<Q", len(key)) + key.encode()) + 8 + len(key)
+        assert struct.unpack_from("<I", raw, i)[0] == 4  # UINT32
+        struct.pack_into("<I", raw, i + 4, 99999999)
+    p = _patched(tiny_models["llama"], tmp_path / "m.gguf", patch)
+    with pytest.raises(ModelFileError, match="eos_token_id = 99999999 is not a token id"):
+        Tokenizer.from_gguf(load_gguf(p))
