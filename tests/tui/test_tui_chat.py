@@ -82,14 +82,20 @@ async def test_no_reasoning_section_without_thinking(make_app):
         assert not app.query(ReplyView).last().query_one(".reasoning", Collapsible).display
 
 
+async def _held_after_three(pilot):
+    """Send a prompt and wait until the reply holds after its first three words (Script(hold_after=3))."""
+    await ready(pilot)
+    await send(pilot, "go", wait=False)
+    view = pilot.app.query(ReplyView).last()
+    await wait_for(pilot, lambda: view.text == "one two three ")
+    return view
+
+
 async def test_escape_stops_and_keeps_text(make_app):
     script = Script(answer="one two three four five six", hold_after=3)
     app = make_app(script)
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await send(pilot, "go", wait=False)
-        view = app.query(ReplyView).last()
-        await wait_for(pilot, lambda: view.text == "one two three ")
+        view = await _held_after_three(pilot)
         await pilot.press("escape")
         await wait_for(pilot, lambda: not app.generating)
         assert view.text == "one two three "
@@ -274,10 +280,7 @@ async def test_quit_mid_reply_saves_the_text_so_far(make_app, tmp_path):
     from ninfer_tui.store import Store
     app = make_app(Script(answer="one two three four five six", hold_after=3))
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await send(pilot, "go", wait=False)
-        view = app.query(ReplyView).last()
-        await wait_for(pilot, lambda: view.text == "one two three ")
+        await _held_after_three(pilot)
         await pilot.press("ctrl+q")
         await wait_for(pilot, lambda: not app.is_running)
     store = Store(tmp_path / "data" / "transcripts.db")
@@ -296,10 +299,7 @@ async def test_quit_saves_the_reply_even_when_the_engine_does_not_stop(make_app,
     script = Script(answer="one two three four five six", hold_after=3)
     app = make_app(script)
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await send(pilot, "go", wait=False)
-        view = app.query(ReplyView).last()
-        await wait_for(pilot, lambda: view.text == "one two three ")
+        await _held_after_three(pilot)
         app.bridge.cancel = __import__("threading").Event()  # the stop never reaches the engine
         await pilot.press("ctrl+q")
         await wait_for(pilot, lambda: app.bridge is None)  # saved by the fallback, not by the engine's end
