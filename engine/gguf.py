@@ -156,13 +156,6 @@ def args_from_metadata(meta: dict, path: Path, n_vocab_tokens: int | None,
         raise ModelFileError(f"{path}: {e}; {_FIX}") from None
 
 
-def _as_f32(a: np.ndarray, qtype) -> np.ndarray:
-    """An F32 / F16 / BF16 tensor's values as f32 (BF16 is stored as its 16-bit patterns)."""
-    if qtype == QT.BF16:
-        return (np.asarray(a).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-    return np.asarray(a, dtype=np.float32)
-
-
 def _meta_positive(meta: dict, path, key: str, default: float) -> float:
     """A float the forward pass divides by or takes powers of (RMS epsilon, RoPE base): finite and > 0, else a
     damaged file (NaN there made every activation NaN and the threaded step wait forever)."""
@@ -239,7 +232,7 @@ def load_gguf(path: str | os.PathLike) -> ModelFile:
                              f"of the file ({size} bytes); {_FIX}")
     # ... each tensor at an aligned offset, none running into the next (a damaged type or offset field would
     # otherwise read another tensor's bytes, or bytes off the block grid, as weights)
-    align = getattr(reader, "alignment", 32)
+    align = reader.alignment
     off_grid = [t.name for t in reader.tensors if (t.data_offset - reader.data_offset) % align]
     if off_grid:
         raise ModelFileError(f"{path} is damaged: tensor data for {_names(off_grid)} does not start on the "
@@ -283,9 +276,9 @@ def load_gguf(path: str | os.PathLike) -> ModelFile:
             tensors[n] = _as_qtensor(have[n], reader.tensor_data(have[n]), shp)
         except ValueError as e:
             raise ModelFileError(f"{path}: tensor {n} has an inconsistent size ({e}); {_FIX}") from None
-    # norms and biases (1-D, a few KB each): NaN or inf there makes every activation NaN (a damaged file)
-    bad = [n for n, shp in want.items() if len(shp) == 1 and have[n].tensor_type in (QT.F32, QT.F16, QT.BF16)
-           and not np.isfinite(_as_f32(reader.tensor_data(have[n]), have[n].tensor_type)).all()]
+    # norms and biases (1-D floats once _as_qtensor has them, a few KB each): NaN or inf there makes every
+    # activation NaN (a damaged file)
+    bad = [n for n, shp in want.items() if len(shp) == 1 and not np.isfinite(tensors[n].data).all()]
     if bad:
         raise ModelFileError(f"{path} is damaged: {_names(bad)} hold(s) NaN or infinite values; {_FIX}")
     summary = Counter(QT(t.tensor_type).name for t in reader.tensors)
