@@ -26,6 +26,7 @@ from pathlib import Path
 from .config import KV_DTYPES, SPEC_MODES, BACKENDS, EngineArgs, GenerateRequest, SamplingParams, ThinkingParams
 from .errors import ConfigError, InputError, NinferError
 from .events import FinalStats, Progress, ReasoningDelta, StepStats, TextDelta, ThinkingForced
+from .tokenizer import check_text
 
 EFFORT_SHARE = {"low": 0.25, "medium": 0.5, "high": 0.75}
 
@@ -129,11 +130,7 @@ def read_messages(path: str) -> list[dict]:
     for i, m in enumerate(obj):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise InputError(f'--messages {path}: message {i} must be an object with string "role" and "content"')
-        try:
-            m["content"].encode("utf-8")
-        except UnicodeEncodeError as e:  # "\ud800" in JSON: a lone UTF-16 surrogate, not text
-            raise InputError(f"--messages {path}: message {i} holds an invalid character ({m['content'][e.start]!r}, "
-                             "a lone UTF-16 surrogate); fix or remove it") from None
+        check_text(m["content"], f"--messages {path}: message {i}")
     return [dict(m, content=unicodedata.normalize("NFC", m["content"])) for m in obj]
 
 

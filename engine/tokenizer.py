@@ -103,6 +103,16 @@ class IncrementalDecoder:
         return self._dec.decode(b"", final=True)
 
 
+
+def check_text(text: str, what: str) -> None:
+    """InputError if `text` cannot be UTF-8: a lone UTF-16 surrogate ("\\ud800" in JSON), which no tokenizer
+    takes. `what` names where the text came from."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InputError(f"{what} holds an invalid character ({text[e.start]!r} at {e.start}, a lone UTF-16 "
+                         "surrogate); fix or remove it") from None
+
 class Tokenizer:
     """Encode/decode text for one model; chat template rendering. Build with `Tokenizer.from_gguf`."""
 
@@ -194,11 +204,7 @@ class Tokenizer:
         """Token ids of `text` (NFC-normalized first). parse_special: control tokens in the text -> their id."""
         if not isinstance(text, str):
             raise InputError(f"text to encode must be a string, got {type(text).__name__}")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise InputError(f"the text holds an invalid character ({text[e.start]!r} at {e.start}, a lone UTF-16 "
-                             "surrogate); fix or remove it") from None
+        check_text(text, "the text")
         text = unicodedata.normalize("NFC", text)
         tk = self._tk
         if not parse_special:

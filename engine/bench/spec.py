@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ..config import EngineArgs
 from ..errors import ConfigError
+from ..tokenizer import check_text
 
 KINDS = ("ours", "llama.cpp")
 RUN_KEYS = {"kind", "busy", "cold", "threads", "tree"}  # not EngineArgs fields
@@ -210,11 +211,7 @@ def read_messages_file(path: Path) -> list:
     if not isinstance(obj, list) or not obj or not all(isinstance(m, dict) and "content" in m for m in obj):
         raise ConfigError(f'messages file {path} must hold a non-empty list of {{"role", "content"}} objects')
     for i, m in enumerate(obj):
-        try:
-            str(m["content"]).encode("utf-8")
-        except UnicodeEncodeError:
-            raise ConfigError(f"messages file {path}: message {i} holds a lone UTF-16 surrogate; fix or remove "
-                              "it") from None
+        check_text(str(m["content"]), f"messages file {path}: message {i}")
     return obj
 
 
