@@ -27,8 +27,7 @@ from engine.config import SPEC_MODES, EngineArgs
 from engine.errors import NinferError
 
 from . import bridge as br
-from .chat import ChatState, title_from
-from .export import export_branch, export_to_file
+from .chat import ChatState
 from .pacer import FramePacer
 from .screens import HelpScreen, SettingsScreen, TranscriptsScreen
 from .settings import ChatSettings, save_user_settings
@@ -467,18 +466,11 @@ class ChatApp(App):
         self.push_screen(TranscriptsScreen(self.store), opened)
 
     def action_export(self) -> None:
-        chat, fmt, where = self.chat, self.settings.export_format, paths.user_data_dir() / "exports"
-        if not chat.path:
+        if not self.chat.path:
             self.notify("nothing to export yet", severity="warning")
             return
-        in_memory = self.store is None or chat.unsaved or chat.conv_id is None
         try:
-            if in_memory:  # the store could not take this chat: export what is on screen
-                first = next((m.content for m in chat.path if m.role == "user"), "")
-                text = export_branch(chat.path, title_from(first), self.model_name, fmt)
-                out = export_to_file(None, chat.conv_id or "unsaved", fmt, where, text=text)
-            else:
-                out = export_to_file(self.store, chat.conv_id, fmt, where)
+            out, in_memory = self.chat.export(self.settings.export_format, paths.user_data_dir() / "exports")
         except (NinferError, OSError) as e:
             self.notify(f"export failed: {e}", severity="error")
             return

@@ -10,9 +10,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
+from pathlib import Path
 
+from engine.errors import InputError
 from engine.events import FinalStats
 
+from .export import export_branch, export_to_file, write_export
 from .store import Message, Store, StoreError
 
 
@@ -125,6 +128,17 @@ class ChatState:
             except StoreError as e:
                 self._stop_saving(e)
         return msg
+
+    def export(self, fmt: str, directory: Path) -> tuple[Path, bool]:
+        """Write the open conversation to `directory`: from the store, or, where the store could not take it
+        (none, a failed write, nothing saved yet), the branch as shown. Returns (file, whether from memory)."""
+        if not self.path:
+            raise InputError("nothing to export yet")
+        if self.store is not None and not self.unsaved and self.conv_id is not None:
+            return export_to_file(self.store, self.conv_id, fmt, directory), False
+        first = next((m.content for m in self.path if m.role == "user"), "")
+        text = export_branch(self.path, title_from(first), self.model_name, fmt)
+        return write_export(text, self.conv_id or "unsaved", fmt, directory), True
 
     def last_reply(self) -> Message | None:
         return next((m for m in reversed(self.path) if m.role == "assistant"), None)

@@ -144,10 +144,14 @@ def import_json(store: Store, text: str) -> int:
     return conv_id
 
 
-def export_to_file(store: Store | None, conv_id: int | str, fmt: str, directory: Path, text: str | None = None) -> Path:
-    """Write an export next to the other exports (TUI ctrl+s); returns the file path. `text`: an export made
-    already (export_branch), written under the name `conv_id` gives."""
+def export_to_file(store: Store, conv_id: int, fmt: str, directory: Path) -> Path:
+    """Write an export next to the other exports (TUI ctrl+s); returns the file path."""
+    return write_export(export(store, conv_id, fmt), conv_id, fmt, directory)
+
+
+def write_export(text: str, name: int | str, fmt: str, directory: Path) -> Path:
+    """Write an export made already as chat-NAME-TIME.FMT in `directory`; returns the file path."""
     directory.mkdir(parents=True, exist_ok=True)
-    out = directory / f"chat-{conv_id}-{time.strftime('%Y%m%d-%H%M%S')}.{fmt}"
-    out.write_text(export(store, conv_id, fmt) if text is None else text, encoding="utf-8")
+    out = directory / f"chat-{name}-{time.strftime('%Y%m%d-%H%M%S')}.{fmt}"
+    out.write_text(text, encoding="utf-8")
     return out

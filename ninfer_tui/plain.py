@@ -129,22 +129,17 @@ class PlainChat:
             self.say(f"error: {e}")
 
     def _export(self, fmt: str) -> None:
-        from .chat import title_from
-        from .export import export_branch, export_to_file
-        chat, where = self.chat, paths.user_data_dir() / "exports"
-        if not chat.path:
+        where = paths.user_data_dir() / "exports"
+        if not self.chat.path:
             self.say("nothing to export yet")
             return
         try:
-            if self.store is None or chat.unsaved or chat.conv_id is None:  # what the store could not take
-                first = next((m.content for m in chat.path if m.role == "user"), "")
-                text = export_branch(chat.path, title_from(first), chat.model_name, fmt)
-                out = export_to_file(None, chat.conv_id or "unsaved", fmt, where, text=text)
-                self.say(f"exported to {out} (the conversation as shown: it is not in the transcripts)")
-            else:
-                self.say(f"exported to {export_to_file(self.store, chat.conv_id, fmt, where)}")
+            out, in_memory = self.chat.export(fmt, where)
         except OSError as e:
             self.say(f"error: export failed ({e.strerror or e}); free some disk space or check {where}")
+            return
+        self.say(f"exported to {out}" + (" (the conversation as shown: it is not in the transcripts)"
+                                         if in_memory else ""))
 
     # -- a turn ------------------------------------------------------------------------------------
     def ask(self, text: str) -> FinalStats | None:
