@@ -225,21 +225,24 @@ class Store:
             raise StoreError(f"cannot read the transcript database {self.path}: it is damaged ({e}); move it "
                              "aside to start a new one") from None
 
-    def new_conversation(self, title: str = "New chat", model: str = "") -> int:
-        now = time.time()
+    def _write(self, sql: str, args: tuple) -> sqlite3.Cursor:
+        """One statement that writes (committed at once); a refused write is _write_failed's one line."""
         try:
-            cur = self.db.execute("INSERT INTO conversations(title, model, created, updated) VALUES (?,?,?,?)",
-                                  (title, model, now, now))
+            return self.db.execute(sql, args)
         except sqlite3.Error as e:
             raise self._write_failed(e) from None
-        return cur.lastrowid
+
+    def new_conversation(self, title: str = "New chat", model: str = "") -> int:
+        now = time.time()
+        return self._write("INSERT INTO conversations(title, model, created, updated) VALUES (?,?,?,?)",
+                           (title, model, now, now)).lastrowid
 
     def conversation(self, conv_id: int) -> Conversation:
         rows = self._rows("SELECT c.*, (SELECT count(*) FROM messages m WHERE m.conversation_id=c.id) n "
                           "FROM conversations c WHERE id=?", (conv_id,))
-        r = rows[0] if rows else None
-        if r is None:
+        if not rows:
             raise StoreError(f"no conversation with id {conv_id}; `ninfer-chat --list` shows the ids")
+        r = rows[0]
         return Conversation(r["id"], r["title"], r["model"], r["created"], r["updated"], r["leaf_id"], r["n"])
 
     def list_conversations(self, query: str | None = None, limit: int = 500) -> list[Conversation]:
@@ -259,18 +262,12 @@ class Store:
 
     def rename(self, conv_id: int, title: str) -> None:
         self.conversation(conv_id)
-        try:
-            self.db.execute("UPDATE conversations SET title=? WHERE id=?", (title.strip() or "Untitled", conv_id))
-        except sqlite3.Error as e:
-            raise self._write_failed(e) from None
+        self._write("UPDATE conversations SET title=? WHERE id=?", (title.strip() or "Untitled", conv_id))
 
     def delete(self, conv_id: int) -> None:
         """Delete a conversation and its messages (foreign keys cascade)."""
         self.conversation(conv_id)
-        try:
-            self.db.execute("DELETE FROM conversations WHERE id=?", (conv_id,))
-        except sqlite3.Error as e:
-            raise self._write_failed(e) from None
+        self._write("DELETE FROM conversations WHERE id=?", (conv_id,))
 
     # -- messages ----------------------------------------------------------------------------------
     def add_message(self, conv_id: int, role: str, content: str, parent_id: int | None = None, *,
@@ -305,10 +302,9 @@ class Store:
 
     def message(self, msg_id: int) -> Message:
         rows = self._rows(self._SELECT + " WHERE m.id=?", (msg_id,))
-        r = rows[0] if rows else None
-        if r is None:
+        if not rows:
             raise StoreError(f"no message with id {msg_id}")
-        return self._message(r)
+        return self._message(rows[0])
 
     def all_messages(self, conv_id: int) -> list[Message]:
         rows = self._rows(self._SELECT + " WHERE m.conversation_id=? ORDER BY m.id", (conv_id,))
@@ -335,14 +331,7 @@ class Store:
 
     def set_times(self, conv_id: int, created: float, updated: float) -> None:
         """A conversation's creation and last-change times (an import keeps the exported ones)."""
-        try:
-            self.db.execute("UPDATE conversations SET created=?, updated=? WHERE id=?", (created, updated, conv_id))
-        except sqlite3.Error as e:
-            raise self._write_failed(e) from None
+        self._write("UPDATE conversations SET created=?, updated=? WHERE id=?", (created, updated, conv_id))
 
     def set_leaf(self, conv_id: int, msg_id: int | None) -> None:
-        try:
-            self.db.execute("UPDATE conversations SET leaf_id=?, updated=? WHERE id=?",
-                            (msg_id, time.time(), conv_id))
-        except sqlite3.Error as e:
-            raise self._write_failed(e) from None
+        self._write("UPDATE conversations SET leaf_id=?, updated=? WHERE id=?", (msg_id, time.time(), conv_id))
