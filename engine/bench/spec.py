@@ -61,8 +61,6 @@ class Variant:
         if unknown:
             raise ConfigError(f"variant {self.name!r}: unknown key(s) {', '.join(sorted(unknown))}; "
                               f"known: {', '.join(sorted(ENGINE_KEYS | RUN_KEYS))}")
-        if isinstance(self.engine.get("devices"), int) and not isinstance(self.engine["devices"], bool):
-            self.engine["devices"] = (self.engine["devices"],)  # devices=0: one id, as --devices 0
         if self.kind == "ours":
             try:
                 EngineArgs(**self.engine)  # validate now, not in the worker
@@ -111,6 +109,8 @@ def _from_mapping(name: str, items: dict) -> Variant:
         if k in run and (isinstance(run[k], bool) or run[k] in (0, 1)):
             run[k] = bool(run[k])
     engine = {k: (tuple(v) if isinstance(v, list) else v) for k, v in items.items()}
+    if isinstance(engine.get("devices"), int) and not isinstance(engine["devices"], bool):
+        engine["devices"] = (engine["devices"],)  # devices=0: one id, as --devices 0
     if kind != "ours" and engine:
         raise ConfigError(f"variant {name!r}: llama.cpp takes only threads/busy/cold, not {', '.join(sorted(engine))}")
     return Variant(name=name, kind=kind, engine=engine, env=env, **run)
