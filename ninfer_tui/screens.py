@@ -28,7 +28,8 @@ class HelpScreen(ModalScreen[None]):
     def compose(self):
         table = "\n".join(f"| `{k}` | {d} | `{i}` |" for k, i, d in self.rows)
         text = ("# ninfer-chat keys\n\n| key | action | keymap id |\n|---|---|---|\n" + table +
-                "\n\nTab / shift+tab focus a message for the keys that say \"focused\".\n\nRemap any key in the `[keymap]` table of your config.toml "
+                "\n\nTab / shift+tab focus a message for the keys that say \"focused\"."
+                "\n\nRemap any key in the `[keymap]` table of your config.toml "
                 "(binding id = \"key\"). ctrl+p opens the command palette.")
         with VerticalScroll(id="help-box"):
             yield Markdown(text)
