@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from engine.api import Engine
-from engine.cli import fix_argv_text, main, read_messages
+from engine.oneshot import fix_argv_text, main, read_messages
 from engine.errors import InputError
 from engine.fake import FakeModel, FakeTokenizer, script_policy, thinking_policy
 
@@ -32,10 +32,10 @@ def fake_factory(policy, native=False):
 
 
 def cli(*args, env_extra=None, timeout=120):
-    """Run `python -m engine.cli` in a subprocess -> (exit code, stdout, stderr)."""
+    """Run `python -m engine.oneshot` in a subprocess -> (exit code, stdout, stderr)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), NUMBA_NUM_THREADS="2", NINFER_CONFIG_DIR=str(ROOT / ".no-config"))
     env.update(env_extra or {})
-    r = subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=ROOT, env=env, capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "engine.oneshot", *args], cwd=ROOT, env=env, capture_output=True,
                        timeout=timeout)
     return r.returncode, r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace")
 
