@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .spec import RunSpec, Variant, Workload
+from .variants import Run, Variant, Workload
 from .worker import RESULT_TAG
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -94,9 +94,9 @@ def exit_reason(returncode: int, kind: str) -> str:
     return why
 
 
-def run_one(spec: RunSpec, timeout_s: float = 900.0) -> dict:
+def run_one(run: Run, timeout_s: float = 900.0) -> dict:
     """Spawn the worker for one run; return its result dict (ok=False with the error on failure)."""
-    v = spec.variant
+    v = run.variant
     cold_dir = tempfile.mkdtemp(prefix="ninfer-bench-cold-") if v.cold else None
     busy = start_busy_process(0) if v.busy else None
     try:
@@ -104,15 +104,15 @@ def run_one(spec: RunSpec, timeout_s: float = 900.0) -> dict:
             time.sleep(0.3)  # let the spinner take its core
         env = worker_env(v, cold_dir)
         env["NINFER_BENCH_T0"] = repr(time.time())
-        proc = subprocess.run([sys.executable, "-m", "engine.bench.worker"], input=spec.to_json(), text=True,
+        proc = subprocess.run([sys.executable, "-m", "engine.bench.worker"], input=run.to_json(), text=True,
                               capture_output=True, env=env, cwd=str(variant_root(v)), timeout=timeout_s)
         for line in reversed(proc.stdout.splitlines()):
             if line.startswith(RESULT_TAG):
                 return json.loads(line[len(RESULT_TAG):])
-        return {"ok": False, "variant": v.name, "repeat": spec.repeat,
+        return {"ok": False, "variant": v.name, "repeat": run.repeat,
                 "error": f"{exit_reason(proc.returncode, v.kind)} without a result: {proc.stderr.strip()[-800:]}"}
     except subprocess.TimeoutExpired:
-        return {"ok": False, "variant": v.name, "repeat": spec.repeat, "error": f"timed out after {timeout_s:.0f} s"}
+        return {"ok": False, "variant": v.name, "repeat": run.repeat, "error": f"timed out after {timeout_s:.0f} s"}
     finally:
         stop_process(busy)
         if cold_dir:
@@ -140,8 +140,8 @@ def run_bench(variants: list[Variant], workload: Workload, model: str, repeats: 
             # the fused step compiled in the warm-up's own process: on an empty cache a compile helper would
             # go on compiling it for minutes after the warm-up ends, beside the measured runs
             fg = replace(v, busy=False, env={**v.env, "NINFER_COMPILE_BG": "0"})
-            spec = RunSpec(fg, short, model, repeat=-1, max_context=max_context)
-            res = run_one(spec)
+            run = Run(fg, short, model, repeat=-1, max_context=max_context)
+            res = run_one(run)
             if not res.get("ok"):
                 log(f"[warm-up] {v.name} failed: {res.get('error')}")
     bw_before = _probe(bandwidth, log)
@@ -149,8 +149,8 @@ def run_bench(variants: list[Variant], workload: Workload, model: str, repeats: 
         this_round = []
         k = r % len(variants)
         for v in variants[k:] + variants[:k]:
-            spec = RunSpec(v, workload, model, repeat=r, max_context=max_context)
-            res = run_one(spec)
+            run = Run(v, workload, model, repeat=r, max_context=max_context)
+            res = run_one(run)
             this_round.append(res)
             log(_one_line(res))
             if idle_gap_s > 0:

@@ -1,6 +1,6 @@
 """One measured run in its own process, so peak RSS, JIT state and threads belong to that variant alone.
 
-    python -m engine.bench.worker < runspec.json      # prints one line: BENCH_RESULT {json}
+    python -m engine.bench.worker < run.json      # prints one line: BENCH_RESULT {json}
 
 The parent passes the wall-clock time it spawned us (NINFER_BENCH_T0) so time-to-first-token includes the
 interpreter start, imports, model load and (cold) compilation: what a user waits for after pressing Enter.
@@ -44,7 +44,7 @@ def _since_spawn(t0_wall: float) -> float:
 
 
 # ------------------------------------------------------------------------------------------------ ours
-def run_ours(spec, t0_wall: float) -> dict:
+def run_ours(run, t0_wall: float) -> dict:
     """Our engine: Engine.load, then the workload through the product's reply loop (Session.generate, or
     generate_ids for the synthetic token prompt): its decode blocks, speculation and statistics."""
     from .. import numba_env  # noqa: F401  (flags before numba is imported)
@@ -52,9 +52,9 @@ def run_ours(spec, t0_wall: float) -> dict:
     from ..config import EngineArgs, GenerateRequest, SamplingParams, ThinkingParams
     from ..events import FinalStats, ReasoningDelta, StepStats, TextDelta
 
-    v, w = spec.variant, spec.workload
-    args = EngineArgs(**{"model": spec.model, "threads": v.threads, "prefix_reuse": False,
-                         "max_context": spec.max_context, **v.engine})  # a variant's max_context wins
+    v, w = run.variant, run.workload
+    args = EngineArgs(**{"model": run.model, "threads": v.threads, "prefix_reuse": False,
+                         "max_context": run.max_context, **v.engine})  # a variant's max_context wins
     t = time.perf_counter()
     eng = Engine.load(args)
     out = {"load_s": time.perf_counter() - t, "warmup_s": getattr(eng.model, "warmup_s", None)}
@@ -91,14 +91,14 @@ def run_ours(spec, t0_wall: float) -> dict:
 
 
 # ------------------------------------------------------------------------------------------- llama.cpp
-def run_llama_cpp(spec, t0_wall: float) -> dict:
+def run_llama_cpp(run, t0_wall: float) -> dict:
     """The peer: llama-cpp-python with n_threads = n_threads_batch = the variant's threads."""
     import numpy as np
     from llama_cpp import Llama
 
-    v, w = spec.variant, spec.workload
+    v, w = run.variant, run.workload
     t = time.perf_counter()
-    llm = Llama(model_path=spec.model, n_threads=v.threads, n_threads_batch=v.threads, n_ctx=spec.max_context,
+    llm = Llama(model_path=run.model, n_threads=v.threads, n_threads_batch=v.threads, n_ctx=run.max_context,
                 n_batch=512, n_ubatch=512, logits_all=False, verbose=False, seed=w.seed)
     out = {"load_s": time.perf_counter() - t}
     try:
@@ -167,16 +167,16 @@ def _last_logits(llm):
 
 
 def main() -> int:
-    from .spec import RunSpec
+    from .variants import Run
     t0_wall = float(os.environ.get("NINFER_BENCH_T0", time.time()))
-    spec = RunSpec.from_json(sys.stdin.read())
+    run = Run.from_json(sys.stdin.read())
     try:
-        res = (run_ours if spec.variant.kind == "ours" else run_llama_cpp)(spec, t0_wall)
+        res = (run_ours if run.variant.kind == "ours" else run_llama_cpp)(run, t0_wall)
         res["ok"] = True
     except Exception as e:  # reported, not raised: one failing variant must not kill the whole bench
         import traceback
         res = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-2000:]}
-    res.update(variant=spec.variant.name, repeat=spec.repeat, peak_rss=_peak_rss(),
+    res.update(variant=run.variant.name, repeat=run.repeat, peak_rss=_peak_rss(),
                threading_layer=_threading_layer())
     sys.stdout.write(RESULT_TAG + json.dumps(res) + "\n")
     sys.stdout.flush()

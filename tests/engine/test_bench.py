@@ -8,9 +8,9 @@ import time
 import pytest
 
 from engine.bench import report, runner
-from engine.bench.cli import main as bench_main
-from engine.bench.cli import synthetic_prompt_ids
-from engine.bench.spec import RunSpec, Variant, Workload, load_variants_toml, parse_variant
+from engine.bench.main import main as bench_main
+from engine.bench.main import synthetic_prompt_ids
+from engine.bench.variants import Run, Variant, Workload, load_variants_toml, parse_variant
 from engine.errors import ConfigError
 
 
@@ -63,31 +63,31 @@ def test_variants_toml(tmp_path):
         load_variants_toml(tmp_path / "bad.toml")
 
 
-def test_runspec_json_roundtrip():
-    spec = RunSpec(parse_variant("a:kv_dtype=int8"), Workload("w", prompt_ids=[1, 2, 3], decode_tokens=5), "m.gguf", 1)
-    back = RunSpec.from_json(spec.to_json())
-    assert back == spec
+def test_run_json_roundtrip():
+    run = Run(parse_variant("a:kv_dtype=int8"), Workload("w", prompt_ids=[1, 2, 3], decode_tokens=5), "m.gguf", 1)
+    back = Run.from_json(run.to_json())
+    assert back == run
 
 
 def test_variant_tree_runs_its_worker_from_that_checkout(tmp_path, monkeypatch):
-    """tree=PATH: the worker runs from another checkout (its cwd and first import path); the run spec sent
+    """tree=PATH: the worker runs from another checkout (its cwd and first import path); the run sent
     to it leaves the key out (an older checkout's worker does not know it)."""
     (tmp_path / "engine" / "bench").mkdir(parents=True)
     (tmp_path / "engine" / "bench" / "worker.py").write_text("")
     v = parse_variant(f"old:tree={tmp_path},kv_dtype=int8")
     assert v.tree == str(tmp_path) and v.engine == {"kv_dtype": "int8"}
-    spec = RunSpec(v, Workload("w", prompt_ids=[1, 2], decode_tokens=3), "m.gguf")
-    assert "tree" not in json.loads(spec.to_json())["variant"]
-    assert RunSpec.from_json(spec.to_json()).variant.tree == ""
+    run = Run(v, Workload("w", prompt_ids=[1, 2], decode_tokens=3), "m.gguf")
+    assert "tree" not in json.loads(run.to_json())["variant"]
+    assert Run.from_json(run.to_json()).variant.tree == ""
     seen = {}
 
     def fake_run(cmd, **kw):
-        seen.update(cwd=kw["cwd"], path=kw["env"]["PYTHONPATH"].split(os.pathsep)[0], spec=json.loads(kw["input"]))
+        seen.update(cwd=kw["cwd"], path=kw["env"]["PYTHONPATH"].split(os.pathsep)[0], run=json.loads(kw["input"]))
         raise runner.subprocess.TimeoutExpired(cmd, 1)
     monkeypatch.setattr(runner.subprocess, "run", fake_run)
-    assert not runner.run_one(spec)["ok"]
-    assert seen["cwd"] == seen["path"] == str(tmp_path.resolve()) and seen["spec"]["variant"]["name"] == "old"
-    runner.run_one(RunSpec(Variant("new"), spec.workload, "m.gguf"))
+    assert not runner.run_one(run)["ok"]
+    assert seen["cwd"] == seen["path"] == str(tmp_path.resolve()) and seen["run"]["variant"]["name"] == "old"
+    runner.run_one(Run(Variant("new"), run.workload, "m.gguf"))
     assert seen["cwd"] == seen["path"] == str(runner.REPO_ROOT)
 
 
@@ -205,9 +205,9 @@ def test_warm_up_compiles_in_its_own_process_and_measured_runs_keep_their_env(mo
     """A warm-up on an empty cache must not leave a compile helper running beside the measured runs."""
     seen = []
     monkeypatch.setattr(runner, "_byte_compile", lambda log, **kw: None)
-    monkeypatch.setattr(runner, "run_one", lambda spec: seen.append((spec.repeat, spec.variant.name,
-                                                                     dict(spec.variant.env))) or
-                        {"ok": True, "variant": spec.variant.name, "repeat": spec.repeat, "decode_tok_s": 1.0})
+    monkeypatch.setattr(runner, "run_one", lambda run: seen.append((run.repeat, run.variant.name,
+                                                                    dict(run.variant.env))) or
+                        {"ok": True, "variant": run.variant.name, "repeat": run.repeat, "decode_tok_s": 1.0})
     wl = Workload(name="w", decode_tokens=4)
     variants = [Variant("a"), Variant("b", env={"NINFER_DECODE_BLOCK": "1"}), Variant("c", kind="llama.cpp")]
     runner.run_bench(variants, wl, "m", repeats=1, idle_gap_s=0, log=lambda s: None)
@@ -219,8 +219,8 @@ def test_warm_up_compiles_in_its_own_process_and_measured_runs_keep_their_env(mo
 
 def test_run_bench_brackets_each_round_with_bandwidth_and_turns_the_order(monkeypatch):
     order = []
-    monkeypatch.setattr(runner, "run_one", lambda spec: order.append(spec.variant.name) or
-                        {"ok": True, "variant": spec.variant.name, "repeat": spec.repeat, "decode_tok_s": 1.0})
+    monkeypatch.setattr(runner, "run_one", lambda run: order.append(run.variant.name) or
+                        {"ok": True, "variant": run.variant.name, "repeat": run.repeat, "decode_tok_s": 1.0})
     probes = iter([10.0, 20.0, 40.0, 80.0])
 
     def bandwidth():
@@ -308,15 +308,15 @@ def test_worker_run_ref_backend_synthetic(tiny_models):
     """One real subprocess run (numpy ref backend: no JIT) - figures are present and positive."""
     model = str(tiny_models["llama"])
     ids = synthetic_prompt_ids(model, 24)
-    spec = RunSpec(parse_variant("r:backend=ref,prefill_chunk=16,threads=1"),
-                   Workload("syn", prompt_ids=ids, prompt_tokens=24, decode_tokens=30), model, max_context=128)
-    res = runner.run_one(spec, timeout_s=300)
+    run = Run(parse_variant("r:backend=ref,prefill_chunk=16,threads=1"),
+              Workload("syn", prompt_ids=ids, prompt_tokens=24, decode_tokens=30), model, max_context=128)
+    res = runner.run_one(run, timeout_s=300)
     assert res["ok"], res.get("error")
     assert res["prompt_tokens"] == 24 and res["output_tokens"] == 30 and res["rounds"] == 30  # the reply loop
     assert res["decode_steady_tok_s"] > 0  # 13 tokens after the ramp's 17
     assert res["decode_tok_s"] > 0 and res["prefill_tok_s"] > 0 and res["ttft_s"] > 0
     assert res["peak_rss"] > 10 * 2**20 and len(res["output_sha256"]) == 64
-    again = runner.run_one(spec, timeout_s=300)
+    again = runner.run_one(run, timeout_s=300)
     assert again["output_sha256"] == res["output_sha256"]  # greedy: same ids, same text
 
 
@@ -355,7 +355,7 @@ def test_bench_cli_presence_penalty_greedy_or_sampled(tiny_models, tmp_path, cap
     """--presence-penalty: greedy runs with that penalty (without --sampled), or the preset with it instead of
     1.5; the run's output differs from plain greedy once the penalty moves a token. Bad values and synthetic
     workloads are one-line errors."""
-    from engine.bench.cli import _workload, build_parser
+    from engine.bench.main import _workload, build_parser
 
     def wl(*argv):
         return _workload(build_parser().parse_args(["--prompt", "Hi", *argv]), str(tiny_models["llama"]))
@@ -380,7 +380,7 @@ def test_bench_cli_presence_penalty_greedy_or_sampled(tiny_models, tmp_path, cap
 def test_bench_cli_top_k(tiny_models, capsys):
     """--top-k K replaces the sampled preset's top-k 20 (0: off); without --sampled, negative, or on the
     synthetic prompt it is a one-line error."""
-    from engine.bench.cli import _workload, build_parser
+    from engine.bench.main import _workload, build_parser
 
     def wl(*argv):
         return _workload(build_parser().parse_args(["--prompt", "Hi", *argv]), str(tiny_models["llama"]))
@@ -419,9 +419,9 @@ def test_bench_cli_thinking_budget(tiny_models, tmp_path, capsys):
 def test_llama_cpp_peer_run(smollm2_path):
     pytest.importorskip("llama_cpp")
     ids = synthetic_prompt_ids(str(smollm2_path), 32)
-    spec = RunSpec(parse_variant("llama.cpp"), Workload("syn", prompt_ids=ids, prompt_tokens=32, decode_tokens=8),
-                   str(smollm2_path))
-    res = runner.run_one(spec)
+    run = Run(parse_variant("llama.cpp"), Workload("syn", prompt_ids=ids, prompt_tokens=32, decode_tokens=8),
+              str(smollm2_path))
+    res = runner.run_one(run)
     assert res["ok"], res.get("error")
     assert res["decode_tok_s"] > 0
 
@@ -441,18 +441,18 @@ def test_read_probe_sums_every_value_and_reports_both_readers():
 
 def test_probe_reads_what_a_step_reads_at_the_mean_context(tiny_models):
     from engine.bench import bandwidth as bw
-    from engine.bench import cli
+    from engine.bench import main as bench
     model = str(tiny_models["llama"])
     syn = Workload("syn", prompt_ids=[1] * 40, prompt_tokens=40, decode_tokens=30)
     msg = Workload("m", mode="messages", messages=[{"role": "user", "content": "hi"}], decode_tokens=30)
-    assert cli.probe_context(syn) == 40 + 15 and cli.probe_context(msg) == 15  # a chat prompt: not counted
+    assert bench.probe_context(syn) == 40 + 15 and bench.probe_context(msg) == 15  # a chat prompt: not counted
     w = bw.weight_bytes_per_token(model)["bytes"]
     f16, i8 = bw.kv_bytes_per_position(model, "f16"), bw.kv_bytes_per_position(model, "int8")
     assert i8 < f16
     ours, int8, peer = parse_variant("a:"), parse_variant("b:kv_dtype=int8"), parse_variant("llama.cpp")
     kv = {"a": f16, "b": i8, "llama.cpp": f16}
-    assert cli.step_bytes(w, kv, [ours, peer], syn) == w + 55 * f16
-    assert cli.step_bytes(w, kv, [ours, int8], syn) == w + 55 * i8  # the smaller cache: the smaller probe
+    assert bench.step_bytes(w, kv, [ours, peer], syn) == w + 55 * f16
+    assert bench.step_bytes(w, kv, [ours, int8], syn) == w + 55 * i8  # the smaller cache: the smaller probe
 
 
 def test_exit_reason_names_the_signal_and_what_to_do_for_a_crashed_peer():
@@ -482,7 +482,7 @@ def test_variant_devices_as_one_id_and_its_own_max_context():
 def test_bench_synthetic_run_that_cannot_fit_the_context_is_refused(tiny_models, capsys):
     """--prompt-tokens + --decode-tokens past --max-context: refused up front (the runs stopped short and the
     table reported them as the asked-for workload)."""
-    from engine.bench.cli import main as bench_main
+    from engine.bench.main import main as bench_main
     code = bench_main([str(tiny_models["llama"]), "--variant", "a:backend=ref", "--prompt-tokens", "32",
                        "--decode-tokens", "100", "--max-context", "64", "--repeats", "1"])
     err = capsys.readouterr().err

@@ -27,7 +27,7 @@ from functools import partial
 from pathlib import Path
 
 from ..errors import NinferError
-from .spec import Variant, Workload, load_variants_toml, parse_variant, read_messages_file, workload_file
+from .variants import Variant, Workload, load_variants_toml, parse_variant, read_messages_file, workload_file
 
 FILLER = ("In the valley below the old mill, farmers counted their sheep at dawn and wrote the numbers in a "
           "ledger: {i} sheep on the north field, {j} near the river, and a few strays by the {w} fence. ")

@@ -14,7 +14,7 @@ Run-level keys a variant may also set: `busy=1` (run it while another process sp
 (empty numba/tokenizer caches: a cold start), `threads=N`, `env.NAME=value` (an environment variable of
 the run, e.g. `env.NINFER_THREADING_LAYER=workqueue` or `env.GOMP_SPINCOUNT=10000`), and `tree=PATH`: run
 our engine from another checkout of ninfer-chat (e.g. `git worktree add ../base HEAD~1`), so that two builds
-alternate in one run. Its worker takes this one's run spec (JSON); its numba cache and its stored weights
+alternate in one run. Its worker takes this one's run (as JSON); its numba cache and its stored weights
 are its own (both keyed on the code: the kernels' sources, engine/weight_store.py's digest). A checkout from
 before that store keyed its file names on the code (802d084) deletes the other's stored weights whenever it
 writes its own, i.e. only on a start that found none.
@@ -216,7 +216,7 @@ def read_messages_file(path: Path) -> list:
 
 
 @dataclass
-class RunSpec:
+class Run:
     """One measured run: sent to the worker process as JSON."""
 
     variant: Variant
@@ -231,7 +231,7 @@ class RunSpec:
         return json.dumps(d)
 
     @classmethod
-    def from_json(cls, text: str) -> "RunSpec":
+    def from_json(cls, text: str) -> "Run":
         d = json.loads(text)
         v = Variant(**d["variant"])
         w = Workload(**d["workload"])
