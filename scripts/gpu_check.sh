@@ -15,7 +15,7 @@
 #   2. every kernel vs kernels/ref.py on the real device (tests/engine/test_cuda_kernels.py --worker)
 #   3. tiny models end to end == ref greedy tokens, plain and CUDA-graph decode (test_cuda_model.py --worker)
 #   4. TP2 with both ranks on GPU 0, transports p2p and mapped == TP1 (test_tp.py --worker)
-#   5. decode benchmark of the default model (scripts/gpu_bench.py): tok/s, launches/token, graphs on/off
+#   5. decode benchmark of the default model (ninfer-bench gpu: engine/bench/gpu.py): tok/s, launches/token, graphs on/off
 # Then ONE summary block. Work files: /tmp/gpu_check_work; copied to $OUT when set: summary.txt,
 # gpu_check.log, kernels/model/tp.json, bench_full.json, env.txt (7 files).
 set -u
@@ -103,7 +103,7 @@ run_step kernels 150 "$PY" tests/engine/test_cuda_kernels.py --worker
 run_step model 150 "$PY" tests/engine/test_cuda_model.py --worker
 run_step tp 120 "$PY" tests/engine/test_tp.py --worker
 # shellcheck disable=SC2086
-run_step bench 240 "$PY" scripts/gpu_bench.py $BENCH_ARGS --json "$RES/bench_full.json"
+run_step bench 240 "$PY" -m engine.bench.gpu $BENCH_ARGS --json "$RES/bench_full.json"
 
 say "summary"
 "$PY" - "$RES" <<'EOF' | tee "$RES/summary.txt"

@@ -30,13 +30,13 @@ export PYTHONPATH="$SITE:$PWD"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 "$PY" -c "import numba, numpy; print('numba', numba.__version__, 'numpy', numpy.__version__)"
 echo "== 1. verify cost, cuda"
-timeout 150 "$PY" scripts/spec_bench.py --random-smollm2 --backend cuda --json "$RES/verify_cuda.json"; echo "rc=$?"
+timeout 150 "$PY" -m engine.bench.speculative --random-smollm2 --backend cuda --json "$RES/verify_cuda.json"; echo "rc=$?"
 echo "== 2. lossless, cuda, tiny models"
-timeout 120 "$PY" scripts/spec_bench.py --lossless-tiny --backend cuda; echo "rc=$?"
+timeout 120 "$PY" -m engine.bench.speculative --lossless-tiny --backend cuda; echo "rc=$?"
 echo "== 3. verify cost, cpu, 2 threads"
-NUMBA_NUM_THREADS=2 timeout 75 "$PY" scripts/spec_bench.py --random-smollm2 --backend cpu --threads 2 \
+NUMBA_NUM_THREADS=2 timeout 75 "$PY" -m engine.bench.speculative --random-smollm2 --backend cpu --threads 2 \
   --json "$RES/verify_cpu2.json"; echo "rc=$?"
 echo "== 4. verify cost, cpu_fast (fused forward), 2 threads"
-NUMBA_NUM_THREADS=2 timeout 90 "$PY" scripts/spec_bench.py --random-smollm2 --backend cpu_fast --threads 2 \
+NUMBA_NUM_THREADS=2 timeout 90 "$PY" -m engine.bench.speculative --random-smollm2 --backend cpu_fast --threads 2 \
   --json "$RES/verify_cpufast2.json"; echo "rc=$?"
 echo "== done"

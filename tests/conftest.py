@@ -7,18 +7,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 if str(ROOT) not in sys.path:  # tests run from a checkout without an editable install
     sys.path.insert(0, str(ROOT))
 
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
-    """{arch: path} of tiny models written by scripts/make_tiny_models.py (seed 0) into a session tmp dir."""
-    sys.path.insert(0, str(ROOT / "scripts"))
+    """{arch: path} of tiny models written by tests/fixtures/make_tiny_models.py (seed 0) into a session tmp dir."""
+    sys.path.insert(0, str(FIXTURES))
     try:
         from make_tiny_models import ARCHS, make_tiny_model
     finally:
-        sys.path.remove(str(ROOT / "scripts"))
+        sys.path.remove(str(FIXTURES))
     out = tmp_path_factory.mktemp("tiny_models")
     return {arch: make_tiny_model(out / f"tiny-{arch}.gguf", arch, seed=0) for arch in ARCHS}
 
@@ -26,11 +27,11 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def make_tiny():
     """The `make_tiny_model(path, arch, seed=0, **overrides)` function, for tests that need variants."""
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(FIXTURES))
     try:
         from make_tiny_models import make_tiny_model
     finally:
-        sys.path.remove(str(ROOT / "scripts"))
+        sys.path.remove(str(FIXTURES))
     return make_tiny_model
 
 

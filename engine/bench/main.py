@@ -6,6 +6,7 @@
     ninfer-bench --workload count300_en --sampled --variant plain: --variant ngram:spec=ngram,draft_tokens=3
     ninfer-bench --variants bench.toml --json out.json --markdown out.md
     ninfer-bench --variant new: --variant old:tree=../base --variant llama.cpp   # two builds, one run
+    ninfer-bench speculative --help     # other benchmarks: speculative decoding (speculative.py), gpu (gpu.py)
 
 Synthetic workload (default): exactly --prompt-tokens prompt tokens (the same ids for every variant), then
 exactly --decode-tokens greedy tokens, end-of-sequence ignored. Message workloads (--workload / --messages /
@@ -199,7 +200,15 @@ def step_bytes(wbytes: int, kv: dict[str, int], variants: list, wl: Workload) ->
     return wbytes + min(kv[v.name] for v in variants if v.kind == "ours") * probe_context(wl)
 
 
+# The other benchmarks, each a module of this package with its own options: `ninfer-bench NAME ...`.
+SUBCOMMANDS = ("speculative", "gpu")
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in SUBCOMMANDS and not Path(argv[0]).exists():  # a model file of that name wins
+        import importlib
+        return importlib.import_module(f".{argv[0]}", __package__).main(argv[1:])
     a = build_parser().parse_args(argv)
     log = (lambda s: print(s, file=sys.stderr, flush=True))
     try:

@@ -1,6 +1,6 @@
 """llama.cpp as the oracle (slow, needs llama-cpp-python): tokenization, logits, greedy, teacher forcing.
 
-Run: .venv/bin/python -m pytest -m slow tests/engine/test_oracle.py   (figures: scripts/oracle_agreement.py)
+Run: .venv/bin/python -m pytest -m slow tests/engine/test_oracle.py   (figures: probes/oracle_agreement.py)
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("llama_cpp")
 pytestmark = [pytest.mark.slow, pytest.mark.oracle]
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "probes"))
 import oracle_agreement as oa  # noqa: E402
 
 sys.path.pop(0)
@@ -75,19 +75,19 @@ def test_tiny_quantized_model_close_to_llama_cpp(tiny_models, arch):
 # rounding turns that into whole quanta and the difference cascades, so llama.cpp agrees with itself (batch vs
 # token by token, flash_attn=False as the oracle runs it) on only 96.65% of 2059 teacher-forced positions (mean
 # |logit diff| 0.160) and 5/10 greedy prompts. Any implementation that is not bit-exact with llama.cpp's own
-# summation order lands at the same distance (scripts/llama_numerics.py: one emulation with f64 vs f32 sums).
+# summation order lands at the same distance (probes/llama_numerics.py: one emulation with f64 vs f32 sums).
 # The issue's targets (>= 99.5%, >= 9/10) are therefore asserted on an F32 copy of the same weights, where
 # llama.cpp does not round activations; on the Q4_1 file we must agree with llama.cpp at least as well as
-# llama.cpp agrees with itself. scripts/oracle_agreement.py --explain prints all the figures.
+# llama.cpp agrees with itself. probes/oracle_agreement.py --explain prints all the figures.
 
 
 def test_q4_1_matmul_recipe_is_bit_exact(smollm2_path):
-    """scripts/llama_bitexact.py's recipe of llama.cpp's Q8_1 activation rounding + Q4_1 dot (AVX2) gives
+    """probes/llama_bitexact.py's recipe of llama.cpp's Q8_1 activation rounding + Q4_1 dot (AVX2) gives
     llama.cpp's own matmul outputs bit for bit from its own inputs (read through the ggml eval callback)."""
     from engine.gguf import load_gguf
     from engine.tokenizer import Tokenizer
-    scripts = str(Path(oa.__file__).parent)
-    sys.path.insert(0, scripts)
+    probes = str(Path(oa.__file__).parent)
+    sys.path.insert(0, probes)
     try:
         import llama_bitexact as lb
         ids = Tokenizer.from_gguf(smollm2_path).encode(oa.CORPUS[0] + " " + oa.CORPUS[2])
@@ -100,7 +100,7 @@ def test_q4_1_matmul_recipe_is_bit_exact(smollm2_path):
                 mine = lb.exact_matmul(tensors[f"blk.{layer}.{w}.weight"], x)
                 assert np.array_equal(mine, want), (layer, out, np.abs(mine - want).max())
     finally:
-        sys.path.remove(scripts)
+        sys.path.remove(probes)
 
 
 @pytest.fixture(scope="module")

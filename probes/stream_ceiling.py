@@ -1,7 +1,7 @@
 """How close the decode step can come to the roofline: the probe's reader, the step's matmul kernels alone,
 and the whole step, alternated in one process over the same minutes.
 
-    PYTHONPATH=. .venv/bin/python scripts/stream_ceiling.py [--rounds 8] [--reps 60] [--ctx 60]
+    PYTHONPATH=. .venv/bin/python probes/stream_ceiling.py [--rounds 8] [--reps 60] [--ctx 60]
 
 Four ways of reading the model's weights on two threads, each timed from the threads' common start to the
 last one's end, in turn (the order turns each repetition):
@@ -37,9 +37,9 @@ import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
 from engine.bench.stream_read import stream_sum  # noqa: E402
-from engine.kernels.cpu_avx2 import PREFETCH  # noqa: E402
-from engine.kernels.cpu_fast import _q4, _q8, quantize_rows  # noqa: E402
-from engine.kernels.cpu_fast_step import BLOCK  # noqa: E402
+from engine.backends.cpu.avx2 import PREFETCH  # noqa: E402
+from engine.backends.cpu.fast import _q4, _q8, quantize_rows  # noqa: E402
+from engine.backends.cpu.step import BLOCK  # noqa: E402
 
 
 @njit(nogil=True, inline="always")

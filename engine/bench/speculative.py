@@ -1,8 +1,8 @@
-#!/usr/bin/env python3
 """Speculative decoding benchmark: plain vs speculative modes, A-B-A-B in one process, plus verify-pass cost.
 
-    PYTHONPATH=. .venv/bin/python scripts/spec_bench.py                      # default model, greedy, 128 tokens
-    scripts/spec_bench.py --variants off ngram:3 ngram:3:fixed ngram:7 --repeats 2 --max-new 128 --json out.json
+    ninfer-bench speculative                      # default model, greedy, 128 tokens
+    ninfer-bench speculative --variants off ngram:3 ngram:3:fixed ngram:7 --repeats 2 --max-new 128 --json out.json
+    python -m engine.bench.speculative ...        # the same from a checkout without an install
     (ngram:K = adaptive draft length up to K, what users get; ngram:K:fixed = always up to K drafts)
 
 Part 1, verify cost: one forward over T = 1, 4, 8 tokens at a realistic context position (the cost a round
@@ -24,14 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from ..api import Engine
+from ..config import EngineArgs, GenerateRequest, SamplingParams
+from .variants import WORKLOAD_DIR
 
-from engine.api import Engine  # noqa: E402
-from engine.config import EngineArgs, GenerateRequest, SamplingParams  # noqa: E402
-
-WORKLOAD_DIR = Path("/work/shared/workloads")
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_WORKLOADS = ("count300_plain_en.json", "count300_en.json")
 CHAT_PROMPTS = ("Write a short story about a robot who learns to paint.",
                 "Explain how a bicycle works, step by step.")
@@ -49,8 +46,8 @@ def variant_name(mode: str, k: int, fixed: bool) -> str:
 
 def fixed_round(engine: Engine, mode: str, k: int):
     """A round function drafting always up to k tokens (no adaptive length), through the same spec_round."""
-    from engine.generate import Round
-    from engine.spec import make_drafter, spec_round
+    from ..generate import Round
+    from ..spec import make_drafter, spec_round
     drafter = make_drafter(mode, engine.model, engine.model_path, adaptive=False)
 
     def round_fn(ctx):
@@ -84,23 +81,23 @@ def verify_cost(model, kv_dtype: str = "f16", sizes=(1, 2, 4, 8), ctx_len: int =
 
 def random_verify_cost(a) -> int:
     """--random-smollm2: the verify-pass cost only (e.g. on a GPU machine the model file cannot reach)."""
-    from engine.backend import get_backend
-    from engine.model import Model
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from gpu_bench import smollm2_like
+    from ..backends.kernels import get_kernels
+    from ..model import Model
+    from .gpu import smollm2_like
     if a.threads:
         import numba
         numba.set_num_threads(a.threads)
     margs, tensors = smollm2_like()
     forward, label = None, a.backend
     if a.backend == "cpu_fast":  # the interleaved int8 kernels + the fused one-call forward
-        from engine.backend import Backend
-        from engine.kernels import cpu_fast, cpu_fast_step
-        model = Model(margs, tensors, Backend("cpu", cpu_fast), max_batch=16)
+        from ..backends.kernels import Kernels
+        from ..backends.cpu import fast as cpu_fast
+        from ..backends.cpu import step as cpu_fast_step
+        model = Model(margs, tensors, Kernels("cpu", cpu_fast), max_batch=16)
         forward = cpu_fast_step.build(model)
         label += " (fused)" if forward is not None else " (per-kernel)"
     else:
-        model = Model(margs, tensors, get_backend(a.backend), max_batch=16)
+        model = Model(margs, tensors, get_kernels(a.backend), max_batch=16)
     cost = verify_cost(model, forward=forward)
     print(f"## verify pass cost, random SmolLM2-135M-shaped model, backend {label}, threads {a.threads}")
     for t, ms in cost.items():
@@ -113,7 +110,7 @@ def random_verify_cost(a) -> int:
 def lossless_tiny(a) -> int:
     """--lossless-tiny: speculation == plain decode on tiny models with this backend (e.g. cuda on a GPU)."""
     import tempfile
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(REPO_ROOT / "tests" / "fixtures"))  # a checkout's test fixture: not installed
     from make_tiny_models import ARCHS, make_tiny_model
     prompts = ("Hello there, how are you today?", "def main(args):\n    for item in items:",
                "The capital of France is Paris. The capital of")
@@ -197,7 +194,7 @@ def modelled_speedup(st, k: int, cost: dict[int, float]) -> float | None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="ninfer-bench speculative", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="GGUF path (default: the embedded SmolLM2)")
     ap.add_argument("--variants", nargs="+", default=["off", "ngram:3", "ngram:3:fixed", "ngram:7"])
     ap.add_argument("--workloads", nargs="*", default=list(DEFAULT_WORKLOADS))
@@ -209,7 +206,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-verify-cost", action="store_true")
     ap.add_argument("--verify-only", action="store_true", help="only the verify-pass cost")
     ap.add_argument("--lossless-tiny", action="store_true",
-                    help="greedy off vs ngram k=1,3,5 on the tiny models (scripts/make_tiny_models.py) on --backend, "
+                    help="greedy off vs ngram k=1,3,5 on the tiny models (tests/fixtures/make_tiny_models.py) on --backend, "
                          "and the largest |verify row - decode step| difference")
     ap.add_argument("--random-smollm2", action="store_true",
                     help="verify cost on a random model with SmolLM2-135M's shapes and quant types (no file needed; "

@@ -1,4 +1,4 @@
-"""What the fused decode step's measuring scripts share (step_phases, stream_ceiling, lanes_ab): the engine
+"""What the fused decode step's probes share (step_phases, stream_ceiling, lanes_ab): the engine
 as they load it (the default model, SmolLM2; two threads; prefix reuse off) and a cycle counter for stamps
 inside jitted code (step_phases' instrumented copies of the step import it too)."""
 from __future__ import annotations
@@ -22,7 +22,7 @@ def load_fused(q8_head: bool = False):
     from engine.config import EngineArgs
     eng = Engine.load(EngineArgs(threads=2, prefix_reuse=False))
     model, ff = eng.model, eng.model.fused
-    ff = getattr(ff, "ff", ff)  # a first start's TieredForward: its FusedForward (the scripts call it directly)
+    ff = getattr(ff, "ff", ff)  # a first start's TieredForward: its FusedForward (the probes call it directly)
     if ff is None or numba.get_num_threads() < 2 or (q8_head and ff.head[0] != 1):
         print("needs the fused step, two threads" + (" and a Q8_0 head (SmolLM2)" if q8_head else ""),
               file=sys.stderr)

@@ -8,7 +8,7 @@ layer alone would sit in L2/L3). Variants alternate (A B A B ...) so the machine
 GB/s counts the bytes the kernels read (repacked weights: nibbles/int8 + f32 scales), and also the GGUF
 bytes of the same matrices (the roofline unit of bench/results-cpu.md).
 
-    NUMBA_NUM_THREADS=2 .venv/bin/python scripts/matmul_bench.py --base HEAD --t 1 2 4 8 16 64
+    NUMBA_NUM_THREADS=2 .venv/bin/python probes/matmul_bench.py --base HEAD --t 1 2 4 8 16 64
 --base REV: the old kernels are cpu_fast.py at that git revision (compiled uncached, same flags).
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ GGUF_BYTES = {QT.Q4_1: 20, QT.Q8_0: 34}
 
 def _prepare():
     try:
-        from engine.kernels.cpu_repack import prepare_weight  # where the repacking lives after the move
+        from engine.backends.cpu.repack import prepare_weight  # where the repacking lives after the move
     except ImportError:
         prepare_weight = cpu_fast.prepare_weight
     return prepare_weight

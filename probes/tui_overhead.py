@@ -1,6 +1,6 @@
 """Decode tok/s seen through the TUI vs the same generation headless, alternating A-B-A-B in one process.
 
-    PYTHONPATH=. .venv/bin/python scripts/tui_overhead.py [--backend cpu] [--max-new 96] [--rounds 3]
+    PYTHONPATH=. .venv/bin/python probes/tui_overhead.py [--backend cpu] [--max-new 96] [--rounds 3]
 
 Both sides use one loaded engine, a fresh session (no prefix reuse) and the same greedy request. The TUI side
 runs the full app headless (Textual's headless driver: every frame is still composed and rendered, only not

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A numpy emulation of llama.cpp's CPU forward pass (the path scripts/oracle_agreement.py compares against),
+"""A numpy emulation of llama.cpp's CPU forward pass (the path probes/oracle_agreement.py compares against),
 with each of llama.cpp's roundings switchable, to find which of them explain our gap to llama.cpp (issue 2).
 
 The oracle runs llama-cpp-python's Llama(flash_attn=False, n_batch=512, n_ubatch=512, type_k=type_v=f16)
@@ -15,18 +15,18 @@ on an AVX2 CPU. On a llama Q4_1 file (Q8_0 tied head) that path rounds, beyond p
 Everything else is computed in float64 (weights are exact in f64); llama.cpp's f32 summation order is
 not emulated.
 
-What it shows (SmolLM2-135M Q4_1, first 512 tokens of scripts/oracle_text.txt, `--table --sensitivity`):
+What it shows (SmolLM2-135M Q4_1, first 512 tokens of probes/oracle_text.txt, `--table --sensitivity`):
 every variant, all roundings on included, lands at 96.3-97.5% top-1 / mean |logit diff| 0.146-0.166 from
 llama.cpp, like our engine; and each variant differs from *itself computed with f32 instead of f64 sums*
 by as much (95.9-97.3%, 0.15-0.16) -- except with `act` off (100%, 0.002). The 8-bit activation rounding
 turns last-bit differences into whole quanta that cascade through the 30 layers, so no set of roundings
-closes the gap: only bit-exact summation order would (see scripts/llama_bitexact.py).
+closes the gap: only bit-exact summation order would (see probes/llama_bitexact.py).
 
 `--table` switches the roundings off one at a time (and all together) and prints, for each variant,
 teacher-forced top-1 agreement and mean |logit diff| against llama.cpp (`--greedy`: also 32-token
 greedy prefixes, slow: the emulation has no KV cache).
 
-Usage: scripts/llama_numerics.py [MODEL] [--table] [--off act,kv,...] [--greedy] [--floor]
+Usage: probes/llama_numerics.py [MODEL] [--table] [--off act,kv,...] [--greedy] [--floor]
 """
 from __future__ import annotations
 
@@ -215,7 +215,7 @@ def compare(ours: np.ndarray, theirs: np.ndarray) -> dict:
 
 def llama_logits(path, ids, one_by_one=False, flash_attn=False, n_batch=512) -> np.ndarray:
     """llama.cpp's logits (T, vocab) for ids, the oracle's settings (batched, or one token per eval)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "probes"))
     import oracle_agreement as oa
     ref = oa.llama_cpp_model(path, n_ctx=max(512, len(ids) + 16), n_batch=n_batch, logits_all=True,
                              flash_attn=flash_attn)
@@ -237,7 +237,7 @@ def main(argv=None) -> int:
                     help="also compare each variant with itself computed with f32 instead of f64 sums")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "probes"))
     import oracle_agreement as oa
 
     from engine.paths import resolve_model

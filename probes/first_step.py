@@ -1,7 +1,7 @@
 """A fresh process's first reply, pass by pass: what the first passes cost beyond the same passes later.
 
-    PYTHONPATH=. .venv/bin/python scripts/first_step.py [--prompt-tokens 512] [--runs 6] [--trees DIR ...]
-    PYTHONPATH=. .venv/bin/python scripts/first_step.py --pages CTX [--steps 300]
+    PYTHONPATH=. .venv/bin/python probes/first_step.py [--prompt-tokens 512] [--runs 6] [--trees DIR ...]
+    PYTHONPATH=. .venv/bin/python probes/first_step.py --pages CTX [--steps 300]
 
 Each run is a fresh process (this script's --child mode) that loads the engine, then, on a new KV cache,
 runs the prompt's chunks and one decode step, and then the same again on a second new cache. The first
@@ -114,7 +114,9 @@ def main() -> int:
     for r in range(a.runs):
         for tree in (trees if r % 2 == 0 else trees[::-1]):
             env = dict(os.environ, PYTHONPATH=tree)
-            p = subprocess.run([sys.executable, os.path.join(tree, "scripts", "first_step.py"), "--child",
+            here = os.path.join(tree, "probes", "first_step.py")  # a checkout from before probes/: scripts/
+            script = here if os.path.exists(here) else os.path.join(tree, "scripts", "first_step.py")
+            p = subprocess.run([sys.executable, script, "--child",
                                 "--prompt-tokens", str(a.prompt_tokens)], cwd=tree, env=env,
                                capture_output=True, text=True)
             line = [x for x in p.stdout.splitlines() if x.startswith(TAG)]

@@ -1,6 +1,6 @@
 """Where a warm start's time to first token goes, phase by phase, in fresh processes.
 
-    PYTHONPATH=. .venv/bin/python scripts/load_phases.py [--runs 5] [--workload count300_en]
+    PYTHONPATH=. .venv/bin/python probes/load_phases.py [--runs 5] [--workload count300_en]
 
 Each run is a fresh process (this script's --child mode) that stamps the clock around Engine.load's phases
 (engine imports, the GGUF header, the tokenizer, numba's import, the model's weights, the fused step's

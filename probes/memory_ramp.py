@@ -1,6 +1,6 @@
 """How the host's memory reads ramp up after an idle spell: the bandwidth probe's passes, then decode steps.
 
-    PYTHONPATH=. .venv/bin/python scripts/memory_ramp.py [--reps 6] [--idle 0.2] [--passes 16] [--steps 24]
+    PYTHONPATH=. .venv/bin/python probes/memory_ramp.py [--reps 6] [--idle 0.2] [--passes 16] [--steps 24]
 
 Prints, as medians over --reps rounds:
   probe   GB/s of each pass of ninfer-bench's second reader (engine/bench/stream_read.py: two threads, as many

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Teacher-forced top-1 agreement of the cpu backend (8-bit activations, Q4_1 kernels) with our own f32 numpy
-forward (backend "ref": dequantized weights, f32 activations) on the first N tokens of scripts/oracle_text.txt.
+forward (backend "ref": dequantized weights, f32 activations) on the first N tokens of probes/oracle_text.txt.
 
-Complements scripts/oracle_agreement.py: llama.cpp is one rounding recipe; this is the distance to the model
-without activation rounding. Usage: PYTHONPATH=. scripts/f32_agreement.py [--tokens 1024]
+Complements probes/oracle_agreement.py: llama.cpp is one rounding recipe; this is the distance to the model
+without activation rounding. Usage: PYTHONPATH=. probes/f32_agreement.py [--tokens 1024]
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from engine.config import EngineArgs  # noqa: E402
 
 def logits(backend: str, n: int) -> np.ndarray:
     e = Engine.load(EngineArgs(threads=2, backend=backend, max_context=max(2048, n + 64)))
-    ids = e.tokenizer.encode((ROOT / "scripts" / "oracle_text.txt").read_text())[:n]
+    ids = e.tokenizer.encode((ROOT / "probes" / "oracle_text.txt").read_text())[:n]
     cache = e.model.new_cache(n + 64)
     out = [e.model.forward(np.array(ids[c:c + 256], np.int32), c, cache, all_logits=True) for c in range(0, len(ids), 256)]
     return np.concatenate(out)

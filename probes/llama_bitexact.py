@@ -4,7 +4,7 @@
   2. where llama.cpp's own batched and one-token-per-eval paths first differ (per op, per layer).
 
 Recipe of ggml_vec_dot_q4_1_q8_1 (AVX2, llama-cpp-python 0.3.36), per output y[r] = W[r] . x:
-  x is quantized per 32 values by quantize_act (scripts/llama_numerics.py): d = f16(amax/127),
+  x is quantized per 32 values by quantize_act (probes/llama_numerics.py): d = f16(amax/127),
   q = rint(x * (127/amax)), s = f16(d_f32 * sum(q)).  For each block b (in order):
       summs  += f32(m_b * s_b)                      (exact: both f16)
       dd      = f32(d_w,b * d_x,b)                  (exact: both f16)
@@ -12,7 +12,7 @@ Recipe of ggml_vec_dot_q4_1_q8_1 (AVX2, llama-cpp-python 0.3.36), per output y[r
   y = f32(f32(f32(lane0+lane4) + f32(lane2+lane6)) + f32(f32(lane1+lane5) + f32(lane3+lane7))) + summs
 Q8_0 x Q8_0 (the head) is the same without summs.
 
-Usage: scripts/llama_bitexact.py [MODEL] [--layers 0,5,20] [--tokens 40]
+Usage: probes/llama_bitexact.py [MODEL] [--layers 0,5,20] [--tokens 40]
 """
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", default="0,5,20")
     ap.add_argument("--tokens", type=int, default=40)
     args = ap.parse_args(argv)
-    sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+    sys.path[:0] = [str(ROOT), str(ROOT / "probes")]
     import oracle_agreement as oa
 
     from engine.gguf import load_gguf

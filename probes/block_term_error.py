@@ -4,7 +4,7 @@ dequantized (8-bit) activations, in f64, for one SmolLM2 matrix and a heavy-tail
 also the error that two block-term forms alone carry (xs = the f16 block sum of the quantized row):
   llama.cpp's   m * xs                  error m * (xs - sa * A)
   ours          (m + 8 d) * xs - 8 d sa A  error (m + 8 d) * (xs - sa * A)   (m + 8 d is small for most blocks)
-Usage: PYTHONPATH=. scripts/block_term_error.py [--tensor blk.5.ffn_down.weight]
+Usage: PYTHONPATH=. probes/block_term_error.py [--tensor blk.5.ffn_down.weight]
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 Three measurements on one GGUF model (default: the embedded SmolLM2-135M-Instruct Q4_1):
   tokenize   identical token ids on a varied corpus (English, code, CJK, emoji, whitespace runs, specials)
   greedy     the first N greedy tokens of 10 varied chat prompts, token for token
-  teacher    teacher-forced top-1 agreement: both models read the same fixed text (scripts/oracle_text.txt);
+  teacher    teacher-forced top-1 agreement: both models read the same fixed text (probes/oracle_text.txt);
              at every position the argmax of our logits is compared with llama.cpp's
 A mismatch is a *near tie* when llama.cpp's own logit gap between its choice and ours is < 0.1.
 
@@ -15,12 +15,12 @@ Two more figures explain the teacher-forced one (--explain):
              batched and one-token attention kernels (f16 K.q, softmax.V) sum in different orders, and the
              last-bit differences flip 8-bit roundings in the next matmul, which cascade through the layers.
              Result: llama.cpp agrees with itself on 96.65% of positions (mean |logit diff| 0.160), the same
-             distance as ours; scripts/llama_bitexact.py shows the first differing op, scripts/llama_numerics.py
+             distance as ours; probes/llama_bitexact.py shows the first differing op, probes/llama_numerics.py
              shows the same cascade in a numpy emulation (f64 vs f32 sums).
   f32        both engines on an F32 copy of the same (dequantized) weights, where llama.cpp does not round
              activations: this isolates our forward pass from llama.cpp's activation quantization.
 
-Usage: scripts/oracle_agreement.py [MODEL] [--explain] [--only tokenize|greedy|teacher|floor|f32] [--json FILE]
+Usage: probes/oracle_agreement.py [MODEL] [--explain] [--only tokenize|greedy|teacher|floor|f32] [--json FILE]
 llama-cpp-python is a test tool only: `pip install llama-cpp-python` (builds llama.cpp, ~8 min on 2 cores).
 """
 from __future__ import annotations
@@ -86,12 +86,12 @@ def llama_cpp_model(path, **kw):
 
 def load_ours(path, backend: str = "cpu"):
     """(tokenizer, model) of our engine."""
-    from engine.backend import get_backend
+    from engine.backends.kernels import get_kernels
     from engine.gguf import load_gguf
     from engine.model import Model
     from engine.tokenizer import Tokenizer
     mf = load_gguf(path)
-    return Tokenizer.from_gguf(mf), Model(mf.args, mf.tensors, get_backend(backend))
+    return Tokenizer.from_gguf(mf), Model(mf.args, mf.tensors, get_kernels(backend))
 
 
 def tokenization(path, tok=None, corpus=CORPUS) -> dict:

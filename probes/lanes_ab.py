@@ -1,7 +1,7 @@
 """A decode step in two lanes with two barriers per layer, against the fused step, in one process: the
 measurement behind a design that was not adopted (bench/results-cpu-history.md, 2026-12-02 afternoon).
 
-    PYTHONPATH=. .venv/bin/python scripts/lanes_ab.py [--rounds 6] [--reps 40] [--ctx 60]
+    PYTHONPATH=. .venv/bin/python probes/lanes_ab.py [--rounds 6] [--reps 40] [--ctx 60]
 
 The fused step (engine/kernels/cpu_fast_step.py) has five phases per layer, each ending at a barrier with a
 serial tail. Here lane p (of two; the threads claim lanes, so one thread alone runs both) keeps its own copy
@@ -37,10 +37,10 @@ from numba import njit, prange  # noqa: E402
 
 from engine.kernels import cpu  # noqa: E402
 from engine.kernels import cpu_attn as A  # noqa: E402
-from engine.kernels.cpu_attn import SPLITS, store_f16  # noqa: E402
-from engine.kernels.cpu_fast import _q4, _q8, quantize_rows  # noqa: E402
-from engine.kernels.cpu_fast_step import _embed, swiglu_fast  # noqa: E402
-from engine.kernels.cpu_sync import finish, grab, new_sync, open_phase, reset_rows, wait_open  # noqa: E402
+from engine.backends.cpu.attn import SPLITS, store_f16  # noqa: E402
+from engine.backends.cpu.fast import _q4, _q8, quantize_rows  # noqa: E402
+from engine.backends.cpu.step import _embed, swiglu_fast  # noqa: E402
+from engine.backends.cpu.sync import finish, grab, new_sync, open_phase, reset_rows, wait_open  # noqa: E402
 from fused_engine import cycles as _cyc  # noqa: E402
 
 F32 = np.float32

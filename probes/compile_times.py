@@ -1,6 +1,6 @@
 """How long numba takes to compile the fused CPU step from an empty cache, function by function.
 
-    PYTHONPATH=. .venv/bin/python scripts/compile_times.py [--kv f16|int8] [--top 20]
+    PYTHONPATH=. .venv/bin/python probes/compile_times.py [--kv f16|int8] [--top 20]
 
 Runs with a fresh numba cache (a temporary NINFER_CACHE_DIR, removed at the end) and no compile helper, on a
 tiny llama model written by make_tiny_models with SmolLM2's weight types (the compile depends on the types,
@@ -33,7 +33,7 @@ def main() -> None:
     os.environ["NINFER_CACHE_DIR"] = tmp
     os.environ["NINFER_COMPILE_BG"] = "0"
     os.environ.pop("NUMBA_CACHE_DIR", None)
-    sys.path[:0] = [ROOT, os.path.join(ROOT, "scripts")]
+    sys.path[:0] = [ROOT, os.path.join(ROOT, "tests", "fixtures")]  # make_tiny_models
     try:
         run(args, tmp)
     finally:
@@ -49,15 +49,15 @@ def run(args, tmp: str) -> None:
     from numba.core.registry import CPUDispatcher
     from numba.core import types
 
-    from engine.backend import Backend
+    from engine.backends.kernels import Kernels
     from engine.gguf import load_gguf
-    from engine.kernels import cpu_fast
+    from engine.backends.cpu import fast as cpu_fast
     from engine.model import Model
 
     roles = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up")
     q4 = dict(token_embd=QT.Q8_0, **{r: QT.Q4_1 for r in roles}, ffn_down=[QT.Q4_1])  # as SmolLM2's file
     mf = load_gguf(make_tiny_model(os.path.join(tmp, "tiny-llama.gguf"), "llama", seed=0, qtypes=q4))
-    model = Model(mf.args, mf.tensors, Backend("cpu", cpu_fast), max_batch=8)
+    model = Model(mf.args, mf.tensors, Kernels("cpu", cpu_fast), max_batch=8)
     if getattr(model, "fused", None) is None:
         raise SystemExit("this model does not run the fused step (its weights' types)")
     cache = model.new_cache(32, args.kv)

@@ -1,7 +1,7 @@
 """Decode attention at 600 context, one thread: a layer's four work items (cpu_attn.attn_item_f16, and
 cpu_attn_int8.attn_item_int8 over the same values quantized), with the KV of one layer (cache-hot) or of 30
 layers (not in L2). Prints us per layer. In the decode step the KV comes from DRAM after the weight stream,
-so these are lower bounds (scripts/step_phases.py --with-attn measures attention in the step)."""
+so these are lower bounds (probes/step_phases.py --with-attn measures attention in the step)."""
 import os
 import sys
 import time
@@ -13,8 +13,8 @@ import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402
 
 from engine.kernels import ref  # noqa: E402
-from engine.kernels.cpu_attn import SPLITS, attn_item_f16  # noqa: E402
-from engine.kernels.cpu_attn_int8 import attn_item_int8  # noqa: E402
+from engine.backends.cpu.attn import SPLITS, attn_item_f16  # noqa: E402
+from engine.backends.cpu.attn_int8 import attn_item_int8  # noqa: E402
 
 F32 = np.float32
 L, cap, n_kv, hd, group = 30, 2048, 3, 64, 3

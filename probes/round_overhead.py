@@ -1,6 +1,6 @@
 """What a decode round costs outside the fused step, and the CPU share the contention guard reads.
 
-    PYTHONPATH=. .venv/bin/python scripts/round_overhead.py [--tokens 128] [--reps 4] [--busy]
+    PYTHONPATH=. .venv/bin/python probes/round_overhead.py [--tokens 128] [--reps 4] [--busy]
 
 Prints, for greedy replies to the count300_en workload (the product loop, Session.generate, one token per
 round: NINFER_DECODE_BLOCK=1 unless set, since a decode block chooses its tokens inside one call):
