@@ -152,7 +152,7 @@ def main() -> int:
     ap.add_argument("--busy", action="store_true", help="also the CPU share quiet and with a busy core")
     a = ap.parse_args()
     from engine.api import Engine
-    from engine.bench.spec import read_messages_file, workload_file
+    from engine.bench.variants import read_messages_file, workload_file
     from engine.config import EngineArgs
     eng = Engine.load(EngineArgs(threads=2, prefix_reuse=False))
     if eng.model.fused is None or not hasattr(eng.model.fused, "roles"):

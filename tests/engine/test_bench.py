@@ -487,3 +487,11 @@ def test_bench_synthetic_run_that_cannot_fit_the_context_is_refused(tiny_models,
                        "--decode-tokens", "100", "--max-context", "64", "--repeats", "1"])
     err = capsys.readouterr().err
     assert code != 0 and "do not fit --max-context 64" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("name", ["speculative", "gpu"])
+def test_other_benchmarks_are_subcommands(name, capsys):
+    """`ninfer-bench speculative|gpu ...` hands its arguments to that module's own parser."""
+    with pytest.raises(SystemExit) as e:
+        bench_main([name, "--help"])
+    assert e.value.code == 0 and f"usage: ninfer-bench {name}" in capsys.readouterr().out
