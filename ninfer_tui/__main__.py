@@ -9,9 +9,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from engine import paths
+from engine import options, paths
 from engine.config import SPEC_MODES, EngineArgs
-from engine.errors import ConfigError, NinferError
+from engine.errors import NinferError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,21 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def engine_args_from(cfg: dict, ns: argparse.Namespace) -> EngineArgs:
-    e = dict(cfg.get("engine", {}))
-    known = set(EngineArgs.__dataclass_fields__)
-    unknown = sorted(set(e) - known)
-    if unknown:
-        raise ConfigError(f"unknown [engine] keys in config: {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    for k, v in (("backend", ns.backend), ("threads", ns.threads), ("kv_dtype", ns.kv_dtype),
-                 ("max_context", ns.max_context), ("kv_capacity", ns.kv_capacity)):
-        if v is not None:
-            e[k] = v
-    spec = cfg.get("spec", {})
-    e.setdefault("spec", spec.get("mode", "off"))
-    e.setdefault("draft_tokens", spec.get("draft_tokens", 3))
-    if ns.spec:
-        e["spec"] = ns.spec
-    return EngineArgs(**e)
+    """EngineArgs from the engine flags over the config (engine.options, as for `ninfer`)."""
+    return options.engine_args(cfg, backend=ns.backend, threads=ns.threads, kv_dtype=ns.kv_dtype,
+                               max_context=ns.max_context, kv_capacity=ns.kv_capacity, spec=ns.spec)
+
+
+def settings_layer(ns: argparse.Namespace) -> dict:
+    """The chat flags as a config layer (config.toml's layout) laid over the config for ChatSettings."""
+    layer = {"ui": {"theme": ns.theme}, "spec": {"mode": ns.spec},
+             "sampling": {"max_new": ns.max_new, "temperature": ns.temperature, "seed": ns.seed},
+             "thinking": {"mode": "off" if ns.no_thinking else None, "budget": ns.thinking_budget}}
+    return {k: {key: v for key, v in body.items() if v is not None} for k, body in layer.items()}
 
 
 def real_loader(args: EngineArgs, progress=None):
@@ -122,22 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(ns) -> int:
     from .settings import ChatSettings
     cfg = paths.load_config(ns.config)
-    settings = ChatSettings.from_config(cfg)
-    if ns.theme:
-        settings.theme = ns.theme
-    if ns.spec:
-        settings.spec = ns.spec
-    if ns.max_new is not None:
-        settings.max_new = ns.max_new
-    if ns.temperature is not None:
-        settings.temperature = ns.temperature
-    if ns.seed is not None:
-        settings.seed = ns.seed
-    if ns.no_thinking:
-        settings.thinking = "off"
-    if ns.thinking_budget is not None:
-        settings.budget = ns.thinking_budget
-    settings.validate()
+    settings = ChatSettings.from_config(paths.merge(cfg, settings_layer(ns)))
     args = engine_args_from(cfg, ns)
     if ns.fake:
         from .fake import FakeEngine, Script
@@ -145,7 +126,7 @@ def _run(ns) -> int:
         loader = (lambda a, progress=None: FakeEngine.load(a, progress=progress, script=script))
         model_name = "fake-model"
     else:
-        model = paths.resolve_model(ns.model, cfg.get("model") or None)
+        model = paths.resolve_model(ns.model, options.config_model(cfg))
         args.model = str(model)
         loader, model_name = real_loader, model.name
     if ns.plain:

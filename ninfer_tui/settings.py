@@ -8,71 +8,59 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine import paths
-from engine.config import SPEC_MODES, GenerateRequest, SamplingParams, ThinkingParams
+from engine import options, paths
+from engine.config import SPEC_MODES, GenerateRequest
 from engine.errors import ConfigError
-
-THINKING_MODES = ("auto", "on", "off")
-
-
-def _num(cfg: dict, key: str, default, kind=float):
-    value = cfg.get(key, default)
-    try:
-        return kind(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"config value {key} = {value!r} is not a {kind.__name__}; fix your config.toml") from None
+from engine.options import THINKING_MODES  # noqa: F401 (the settings screen's choices)
 
 
 @dataclass
 class ChatSettings:
-    """Everything the user can change between replies (F-keys, settings screen, slash commands)."""
+    """Everything the user can change between replies (F-keys, settings screen, slash commands).
 
-    temperature: float = 0.7
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    max_new: int = 512
-    seed: int | None = None
-    penalties_on: bool = False
-    presence: float = 0.5
-    frequency: float = 0.3
-    thinking: str = "auto"  # auto | on | off
-    budget: int = 0  # 0: unlimited
-    budget_step: int = 64
-    thinking_message: str = ThinkingParams.message
-    spec: str = "off"
-    draft_tokens: int = 3
-    theme: str = "ninfer-dark"
-    show_stats: bool = True
-    export_format: str = "md"
-    telemetry_interval: float = 1.0
-    stream_fps: float = 12.0  # at most this many renders a second while streaming
-    ui_cpu_budget: float = 0.05  # share of one core the UI thread may use while streaming (frames widen)
-    gil_switch_ms: float = 0.5  # Python's GIL switch interval while streaming (default 5 ms)
-    reserve_ui_core: bool = True  # CPU backend, > 2 cores, no --threads: decode on all cores but one
+    No defaults of its own: `from_config` reads them from config.toml under the user's config."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    max_new: int
+    seed: int | None
+    penalties_on: bool
+    presence: float
+    frequency: float
+    thinking: str  # auto | on | off
+    budget: int  # 0: unlimited
+    budget_step: int
+    thinking_message: str
+    spec: str
+    draft_tokens: int
+    theme: str
+    show_stats: bool
+    export_format: str
+    telemetry_interval: float
+    stream_fps: float  # at most this many renders a second while streaming
+    ui_cpu_budget: float  # share of one core the UI thread may use while streaming (frames widen)
+    gil_switch_ms: float  # Python's GIL switch interval while streaming (default 5 ms)
+    reserve_ui_core: bool  # CPU backend, > 2 cores, no --threads: decode on all cores but one
     keymap: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, cfg: dict) -> "ChatSettings":
-        """Read the merged config dict (engine.paths.load_config); unknown keys are ignored."""
-        s, p = cfg.get("sampling", {}), cfg.get("penalties", {})
-        t, sp, ui = cfg.get("thinking", {}), cfg.get("spec", {}), cfg.get("ui", {})
+        """The config dict (engine.paths.load_config, or any part of one) over config.toml's defaults;
+        a key config.toml does not know, or a value of another type, is a ConfigError."""
+        cfg = options.with_defaults(cfg)
+        s, p, t, sp, ui = (cfg[k] for k in ("sampling", "penalties", "thinking", "spec", "ui"))
         out = cls(
-            temperature=_num(s, "temperature", 0.7), top_k=_num(s, "top_k", 40, int),
-            top_p=_num(s, "top_p", 0.95), min_p=_num(s, "min_p", 0.05), max_new=_num(s, "max_new", 512, int),
-            seed=None if s.get("seed") is None else _num(s, "seed", 0, int),
-            penalties_on=bool(p.get("enabled", False)), presence=_num(p, "presence", 0.5),
-            frequency=_num(p, "frequency", 0.3),
-            thinking=str(t.get("mode", "auto")), budget=_num(t, "budget", 0, int),
-            budget_step=max(1, _num(t, "budget_step", 64, int)),
-            thinking_message=str(t.get("message", ThinkingParams.message)),
-            spec=str(sp.get("mode", "off")), draft_tokens=_num(sp, "draft_tokens", 3, int),
-            theme=str(ui.get("theme", "ninfer-dark")), show_stats=bool(ui.get("show_stats", True)),
-            export_format=str(ui.get("export_format", "md")),
-            telemetry_interval=_num(ui, "telemetry_interval", 1.0),
-            stream_fps=_num(ui, "stream_fps", 12.0), ui_cpu_budget=_num(ui, "ui_cpu_budget", 0.05),
-            gil_switch_ms=_num(ui, "gil_switch_ms", 0.5), reserve_ui_core=bool(ui.get("reserve_ui_core", True)),
-            keymap={str(k): str(v) for k, v in cfg.get("keymap", {}).items()},
+            temperature=float(s["temperature"]), top_k=s["top_k"], top_p=float(s["top_p"]),
+            min_p=float(s["min_p"]), max_new=s["max_new"], seed=s.get("seed"),
+            penalties_on=p["enabled"], presence=float(p["presence"]), frequency=float(p["frequency"]),
+            thinking=t["mode"], budget=t["budget"], budget_step=max(1, t["budget_step"]),
+            thinking_message=t["message"], spec=sp["mode"], draft_tokens=sp["draft_tokens"],
+            theme=ui["theme"], show_stats=ui["show_stats"], export_format=ui["export_format"],
+            telemetry_interval=float(ui["telemetry_interval"]), stream_fps=float(ui["stream_fps"]),
+            ui_cpu_budget=float(ui["ui_cpu_budget"]), gil_switch_ms=float(ui["gil_switch_ms"]),
+            reserve_ui_core=ui["reserve_ui_core"], keymap={str(k): str(v) for k, v in cfg["keymap"].items()},
         )
         out.validate()
         return out
@@ -90,24 +78,17 @@ class ChatSettings:
         self.request()
 
     # -- the request for the next reply ------------------------------------------------------------
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(
-            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
-            presence_penalty=self.presence if self.penalties_on else 0.0,
-            frequency_penalty=self.frequency if self.penalties_on else 0.0,
-            seed=self.seed, max_new=self.max_new)
-
-    def thinking_params(self) -> ThinkingParams:
-        enabled = {"auto": None, "on": True, "off": False}[self.thinking]
-        # A budget only makes sense with thinking; asking for one turns prompted thinking on (issue 5).
-        if self.budget and enabled is None:
-            enabled = True
-        return ThinkingParams(enabled=enabled, budget=self.budget or None, message=self.thinking_message)
-
     def request(self) -> GenerateRequest:
-        """The GenerateRequest for the next reply."""
-        return GenerateRequest(sampling=self.sampling(), thinking=self.thinking_params(),
-                               spec=self.spec, draft_tokens=self.draft_tokens)
+        """The GenerateRequest for the next reply, built by engine.options from these values."""
+        cfg = self.to_config()
+        cfg["thinking"]["message"] = self.thinking_message
+        if self.budget and self.thinking == "auto":  # asking for a budget turns prompted thinking on (issue 5)
+            cfg["thinking"]["mode"] = "on"
+        return options.generate_request(cfg, spec=self.spec, draft_tokens=self.draft_tokens)
+
+    def thinking_params(self):
+        """The next reply's ThinkingParams (a budget turns "auto" thinking on)."""
+        return self.request().thinking
 
     def as_record(self) -> dict:
         """What a transcript stores with each reply."""

@@ -1,4 +1,7 @@
-"""Themes as data: every *.toml in the repo's themes/ and in <user config dir>/themes/ becomes a Textual Theme."""
+"""Themes as data: every *.toml in the shipped themes and in <user config dir>/themes/ becomes a Textual Theme.
+
+The shipped themes are the repository's top-level themes/, which ninfer_tui/builtin_themes links to in the
+source tree and which a wheel holds as package data in its place."""
 from __future__ import annotations
 
 import tomllib
@@ -9,7 +12,7 @@ from textual.theme import Theme
 from engine import paths
 from engine.errors import ConfigError
 
-REPO_THEMES = Path(__file__).resolve().parent.parent / "themes"
+BUILTIN_THEMES = Path(__file__).with_name("builtin_themes")
 _FIELDS = ("primary", "secondary", "warning", "error", "success", "accent", "foreground", "background",
            "surface", "panel", "boost")
 
@@ -35,8 +38,8 @@ def theme_from_file(path: Path) -> Theme:
 
 
 def load_themes(extra_dirs: list[Path] | None = None) -> tuple[list[Theme], list[str]]:
-    """All themes found (repo first, user dir overrides by name) and one warning line per bad file."""
-    dirs = [REPO_THEMES, paths.user_config_dir() / "themes"] + list(extra_dirs or [])
+    """All themes found (shipped first, user dir overrides by name) and one warning line per bad file."""
+    dirs = [BUILTIN_THEMES, paths.user_config_dir() / "themes"] + list(extra_dirs or [])
     found: dict[str, Theme] = {}
     warnings = []
     for d in dirs:

@@ -266,7 +266,7 @@ def test_config_accepts_every_default_and_the_optional_keys(tmp_path):
     """config.toml itself, and the keys it leaves out (engine threads and limits, a seed, thinking markers),
     pass the check; an integer where a number is wanted too."""
     from engine import paths
-    defaults = paths._read_toml(paths.REPO_CONFIG)
+    defaults = paths.load_defaults()
     paths.check_config(defaults, defaults, "config.toml")
     paths.check_config({"engine": {"threads": 2, "max_context": 512, "kv_capacity": 1024, "devices": [0, 1]},
                         "sampling": {"seed": 7, "temperature": 1}, "ui": {"stream_fps": 30},

@@ -20,7 +20,7 @@ from ninfer_tui.fake import FakeEngine, Script
 from ninfer_tui.plain import PlainChat
 from ninfer_tui.settings import ChatSettings, save_user_settings
 from ninfer_tui.store import Store
-from ninfer_tui.themes import REPO_THEMES, load_themes
+from ninfer_tui.themes import BUILTIN_THEMES, load_themes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,7 +34,7 @@ def test_repo_config_defaults_parse_and_build_a_request():
 
 
 def test_settings_toggles():
-    s = ChatSettings()
+    s = ChatSettings.from_config({})
     assert s.next_spec({"off": None, "ngram": None, "mtp": "no head", "dflash": "no drafter"}) == ("ngram", [])
     mode, skipped = s.next_spec({"off": None, "ngram": None, "mtp": "no head", "dflash": "no drafter"})
     assert mode == "off" and skipped == ["mtp: no head", "dflash: no drafter"]
@@ -72,7 +72,7 @@ def test_themes_load_as_data_and_bad_files_warn(tmp_path):
     themes, warnings = load_themes()
     names = {t.name for t in themes}
     assert {"ninfer-dark", "ninfer-light", "ninfer-high-contrast"} <= names and not warnings
-    assert len(list(REPO_THEMES.glob("*.toml"))) >= 3
+    assert len(list(BUILTIN_THEMES.glob("*.toml"))) >= 3
     user = paths.user_config_dir() / "themes"
     user.mkdir(parents=True)
     (user / "mine.toml").write_text('name = "mine"\nprimary = "#ff0000"\ndark = false\n')
@@ -85,7 +85,7 @@ def test_themes_load_as_data_and_bad_files_warn(tmp_path):
 def _plain(script: Script, store=None) -> tuple[PlainChat, io.StringIO, io.StringIO]:
     out, err = io.StringIO(), io.StringIO()
     eng = FakeEngine(EngineArgs(), script)
-    return PlainChat(eng, ChatSettings(), "fake", store, out=out, err=err, spec_modes=eng.spec_modes()), out, err
+    return PlainChat(eng, ChatSettings.from_config({}), "fake", store, out=out, err=err, spec_modes=eng.spec_modes()), out, err
 
 
 def test_plain_commands_and_reply(tmp_path):
