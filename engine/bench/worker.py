@@ -18,7 +18,7 @@ import time
 RESULT_TAG = "BENCH_RESULT "
 
 # Tokens after the first one that a reply's "steady" decode rate leaves out. After an idle spell this host's
-# memory reads ramp up over ~10-20 ms of traffic (scripts/memory_ramp.py: the bandwidth probe's first passes
+# memory reads ramp up over ~10-20 ms of traffic (probes/memory_ramp.py: the bandwidth probe's first passes
 # read 32-34 GB/s against 50-54 once warm; a decode step after 0.2 s idle ~5 ms against 2.6), so every
 # reply's first ~10 tokens decode slower. The probe reports the warm rate: the roofline share that compares
 # like with like is the steady rate's.
