@@ -23,7 +23,9 @@ from typing import Callable, Iterator
 from .config import EngineArgs, GenerateRequest
 from .errors import ConfigError, InputError
 from .events import Progress
-from .generate import ReplyOptions, RoundFn, plain_round, run_reply
+from .generate import PlainRound, Reply, ReplyOptions, RoundFn, run_reply
+from .prefill import Target
+from .reply_text import TextStream
 from .sampling import TokenChooser
 from .thinking import ANSWER, ChannelSplitter, ThinkingPlan, ThinkingState, detect_start, plan_thinking
 
@@ -164,19 +166,19 @@ class Session:
         if len(prompt) >= eng.max_context:
             raise InputError(f"the prompt is {len(prompt)} tokens but the context is {eng.max_context}; "
                              "shorten the conversation or raise --max-context")
-        state = ThinkingState(plan, stop_ids, decode=eng.tokenizer.decode, start=start)
-        chooser = TokenChooser(sp, eng.vocab_size, thinking=state)
-        splitter = ChannelSplitter(plan, start)
+        thinking = ThinkingState(plan, stop_ids, decode=eng.tokenizer.decode, start=start)
+        text = TextStream(eng.tokenizer.incremental_decoder(), stop_ids, sp.stop, ChannelSplitter(plan, start),
+                          thinking)
         spec = req.spec if req.spec is not None else eng.args.spec
-        k = req.draft_tokens or eng.args.draft_tokens
         if round_fn is None:
-            round_fn = plain_round if spec == "off" else SpecRound(eng, spec, k)
+            round_fn = _pick_round(eng, spec, req.draft_tokens or eng.args.draft_tokens)
+        reply = Reply(prompt, TokenChooser(sp, eng.vocab_size, thinking=thinking), thinking, text, stop_ids,
+                      sp.max_new, round_fn)
         opts = ReplyOptions(max_context=eng.max_context, prefill_chunk=eng.args.prefill_chunk,
                             prefix_reuse=eng.args.prefix_reuse, stats_interval_s=self.stats_interval_s,
-                            draft_tokens=k, spec_mode=spec, backend=eng.args.backend,
-                            kv_dtype=eng.args.kv_dtype, capacity=eng.capacity)
-        return self._locked(run_reply(eng.model, self.cache, self.cached, prompt, chooser, state, splitter,
-                                      eng.tokenizer, stop_ids, sp.stop, sp.max_new, opts, cancel, round_fn))
+                            spec_mode=spec, backend=eng.args.backend, kv_dtype=eng.args.kv_dtype,
+                            capacity=eng.capacity)
+        return self._locked(run_reply(Target(eng.model, self.cache, self.cached), reply, opts, cancel))
 
     def _locked(self, it: Iterator) -> Iterator:
         if not self._busy.acquire(blocking=False):
@@ -211,36 +213,13 @@ def normalize_messages(messages) -> list[dict]:
     return out
 
 
-class SpecRound:
-    """The speculative round function for a mode of `engine.spec` (one per reply): draft, verify, roll back.
-
-    Implements the optional hooks of the round seam (engine/generate.py): `begin()` at the start of a reply,
-    `capture` (target layers whose hidden states the drafter reads, also during prefill) and
-    `observe_prefill(tokens, features)` after every prefill chunk."""
-
-    def __init__(self, engine: Engine, mode: str, k: int):
-        from .spec import make_drafter
-        self.engine, self.k = engine, k
-        self.drafter = make_drafter(mode, engine.model, engine.model_path)  # ConfigError with the reason
-        self.capture = tuple(getattr(self.drafter, "features_needed", ()) or ())
-        self.features = None
-
-    def begin(self) -> None:
-        self.drafter.reset()
-        self.features = None
-
-    def observe_prefill(self, tokens, features) -> None:
-        self.drafter.observe(list(tokens), features)
-        self.features = features
-
-    def __call__(self, ctx):
-        from .generate import Round
-        from .spec import spec_round
-        res, self.features = spec_round(ctx.model, ctx.cache, ctx.chooser, self.drafter, ctx.seq, self.k,
-                                        stop_ids=ctx.stop_ids, max_tokens=ctx.max_tokens,
-                                        capacity=self.engine.capacity, features=self.features)
-        return Round(res.tokens, drafted=res.n_drafted, accepted=res.n_accepted, draft_ms=res.draft_ms,
-                     verify_ms=res.verify_ms)
+def _pick_round(engine: Engine, mode: str, k: int) -> RoundFn:
+    """A plain round, or the speculative round of `mode` (engine.spec) drafting up to k tokens; ConfigError
+    with the reason when the mode cannot run for this model."""
+    if mode == "off":
+        return PlainRound()
+    from .spec import SpecRound, make_drafter
+    return SpecRound(make_drafter(mode, engine.model, engine.model_path), k, engine.capacity)
 
 
 def _set_threads(n: int) -> None:

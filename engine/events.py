@@ -61,7 +61,7 @@ class FinalStats:
     cached_prompt_tokens: int  # reused from the previous turn (prefix reuse)
     ttft_s: float
     prefill_tok_s: float
-    decode_tok_s: float  # tokens after the first round / time since it (generate.decode_rate)
+    decode_tok_s: float  # tokens after the first round / time since it (reply_stats.decode_rate)
     wall_s: float
     output_sha256: str  # of the full output text (reasoning + answer as generated)
     token_ids: tuple[int, ...] = ()

@@ -220,6 +220,32 @@ class ThinkingState:
             return self.stop_ids
         return frozenset()
 
+    # -- the forced insert, by index i among this reply's tokens (the reply loop routes its text) ------------
+    def insert_starts(self, i: int) -> bool:
+        """Token i is the first of the forced insert."""
+        return self.forced and i == self.forced_at
+
+    def in_insert(self, i: int) -> bool:
+        """Token i is part of the forced insert."""
+        return self.forced and 0 <= i - self.forced_at < len(self.plan.forced_ids)
+
+    def insert_done(self, i: int) -> bool:
+        """The forced insert is complete at token i (its last token, or a later one)."""
+        return self.forced and i - self.forced_at >= len(self.plan.forced_ids) - 1
+
+    @property
+    def inserted_text(self) -> str:
+        return self.plan.forced_text
+
+    def why_no_answer(self, detail: str) -> str:
+        """A reply with no answer text says why (never silently empty content); `detail` is why it ended."""
+        if self.plan.active and self.state == IDLE:
+            return f"empty answer: the model never opened its reasoning nor wrote answer text ({detail})"
+        if self.plan.active and self.state != ANSWER:
+            where = "inside the reasoning" if self.state != FORCING else "while inserting the thinking close"
+            return f"empty answer: the reply ended {where} ({detail}); raise --max-new or set --thinking-budget"
+        return f"empty answer: the model produced no answer text ({detail})"
+
     # -- advancing -------------------------------------------------------------------------------------------
     def accept(self, token: int) -> None:
         """Advance with the token taken at this position (sampled or forced)."""
@@ -357,7 +383,7 @@ class ChannelSplitter:
         if self.forced_at is not None:
             end = min(end, max(self.forced_at, self.pos))
         elif i < 0 and not final:
-            end -= _partial_suffix(self.text[self.pos:], (c,))
+            end -= partial_suffix(self.text[self.pos:], (c,))
         piece = self.text[self.pos:end]
         if not self.reasoning_started:
             piece = piece.lstrip("\n")
@@ -385,7 +411,7 @@ class ChannelSplitter:
         self.pos = len(self.text)
 
 
-def _partial_suffix(text: str, targets) -> int:
+def partial_suffix(text: str, targets) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of one of `targets` (to hold back)."""
     best = 0
     for t in targets:

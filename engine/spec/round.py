@@ -1,4 +1,5 @@
-"""The speculative round the generation loop calls instead of a plain one-token step.
+"""The speculative round the generation loop calls instead of a plain one-token step (`SpecRound`, a
+`engine.generate.RoundFn`; `spec_round` is its body).
 
 Round = draft k tokens, run the target once over [last, d1..dk] (one batched pass: each weight block read once
 for all k+1 rows), verify with the reply's chooser (`spec.verify`), roll the KV cache back to what was kept.
@@ -10,26 +11,13 @@ last one (the last emitted token is fed by the next round). A round that emits e
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any, Collection, Sequence
 
 import numpy as np
 
+from ..generate import Round, RoundContext
 from .base import Drafter, Features
 from .verify import Chooser, verify
-
-
-@dataclass
-class RoundResult:
-    """One round. tokens: emitted (accepted drafts + the target's token); flags: per drafted position."""
-
-    tokens: list[int]
-    n_drafted: int
-    n_accepted: int
-    flags: list[bool]
-    draft_ms: float
-    verify_ms: float
-    stopped: bool = False
 
 
 def target_forward(model: Any, tokens: np.ndarray, pos: int, cache: Any, layers: tuple[int, ...]
@@ -43,7 +31,7 @@ def target_forward(model: Any, tokens: np.ndarray, pos: int, cache: Any, layers:
 
 def spec_round(model: Any, cache: Any, chooser: Chooser, drafter: Drafter, context: Sequence[int], k: int, *,
                stop_ids: Collection[int] = (), max_tokens: int | None = None, capacity: int | None = None,
-               features: Features | None = None) -> tuple[RoundResult, Features | None]:
+               features: Features | None = None) -> tuple[Round, Features | None]:
     """Run one speculative round.
 
     context: every token so far (prompt + reply); the cache holds all but the last (len(context) - 1).
@@ -77,45 +65,33 @@ def spec_round(model: Any, cache: Any, chooser: Chooser, drafter: Drafter, conte
         kept = {layer: h[:m] for layer, h in feats.items()}  # (m, d) per layer
     drafter.observe(fed[:m].tolist(), kept)
     t2 = time.perf_counter()
-    return RoundResult(tokens=res.tokens, n_drafted=len(drafts), n_accepted=res.n_accepted, flags=res.flags,
-                       draft_ms=(t1 - t0) * 1e3, verify_ms=(t2 - t1) * 1e3, stopped=res.stopped), kept
+    return Round(res.tokens, drafted=len(drafts), accepted=res.n_accepted, draft_ms=(t1 - t0) * 1e3,
+                 verify_ms=(t2 - t1) * 1e3), kept
 
 
-@dataclass
-class SpecStats:
-    """Running speculative statistics for one reply (the FinalStats/StepStats spec fields).
+class SpecRound:
+    """The speculative round function of one drafter (one per reply): draft, verify, roll back.
 
-    per_position_accept[j]: among rounds that drafted at least j+1 tokens, the fraction whose draft j+1 was
-    accepted (so it also counts d_1..d_j all matching: acceptance decays with j)."""
+    The drafter sees the prompt as the prefill forwards it (`observe_prefill`, with the hidden states of the
+    layers it reads: `capture`) and is reset when a reply begins."""
 
-    mode: str = "off"
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    draft_ms: float = 0.0
-    verify_ms: float = 0.0
-    pos_drafted: list[int] = field(default_factory=list)
-    pos_accepted: list[int] = field(default_factory=list)
+    def __init__(self, drafter: Drafter, k: int, capacity: int | None = None):
+        self.drafter = drafter
+        self.k = k  # drafts asked for per round (--draft-tokens; an adaptive drafter may draft fewer)
+        self.capacity = capacity  # the cache's positions: no round drafts past them
+        self.capture = tuple(drafter.features_needed)
+        self.features: Features | None = None  # of the positions kept last (the prefill's last pass, a round)
 
-    def add(self, r: RoundResult) -> None:
-        self.rounds += 1
-        self.drafted += r.n_drafted
-        self.accepted += r.n_accepted
-        self.draft_ms += r.draft_ms
-        self.verify_ms += r.verify_ms
-        while len(self.pos_drafted) < r.n_drafted:
-            self.pos_drafted.append(0)
-            self.pos_accepted.append(0)
-        for j, ok in enumerate(r.flags):
-            self.pos_drafted[j] += 1
-            self.pos_accepted[j] += int(ok)
+    def begin(self) -> None:
+        self.drafter.reset()
+        self.features = None
 
-    @property
-    def per_position_accept(self) -> tuple[float, ...]:
-        return tuple(a / d if d else 0.0 for a, d in zip(self.pos_accepted, self.pos_drafted))
+    def observe_prefill(self, tokens: Sequence[int], features: Features | None) -> None:
+        self.drafter.observe(list(tokens), features)
+        self.features = features
 
-    def final_fields(self) -> dict:
-        """Keyword arguments for `engine.events.FinalStats`."""
-        return dict(spec_mode=self.mode, rounds=self.rounds, drafted=self.drafted, accepted=self.accepted,
-                    draft_ms=self.draft_ms, verify_ms=self.verify_ms,
-                    per_position_accept=self.per_position_accept)
+    def __call__(self, ctx: RoundContext) -> Round:
+        rnd, self.features = spec_round(ctx.model, ctx.cache, ctx.chooser, self.drafter, ctx.seq, self.k,
+                                        stop_ids=ctx.stop_ids, max_tokens=ctx.max_tokens,
+                                        capacity=self.capacity, features=self.features)
+        return rnd

@@ -280,21 +280,24 @@ def test_decode_rate_leaves_the_first_rounds_tokens_out(monkeypatch):
     so every figure must read 100 tok/s (counting the first round's tokens in it read 108)."""
     import dataclasses
 
-    from engine import generate
+    from engine import generate, reply_stats
 
     clock = [0.0]
-    monkeypatch.setattr(generate, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: clock[0])}))
+    fake_time = type("Clock", (), {"perf_counter": staticmethod(lambda: clock[0])})
+    monkeypatch.setattr(generate, "time", fake_time)
+    monkeypatch.setattr(reply_stats, "time", fake_time)
 
-    def four(ctx):
-        toks = []
-        for _ in range(min(4, ctx.max_tokens)):
-            toks += generate.plain_round(dataclasses.replace(ctx, seq=ctx.seq + toks)).tokens
-            clock[0] += 0.01
-        return generate.Round(toks, verify_ms=10.0 * len(toks))
+    class Four(generate.PlainRound):
+        def __call__(self, ctx):
+            toks = []
+            for _ in range(min(4, ctx.max_tokens)):
+                toks += generate.plain_round(dataclasses.replace(ctx, seq=ctx.seq + toks)).tokens
+                clock[0] += 0.01
+            return generate.Round(toks, verify_ms=10.0 * len(toks))
 
     s = fake_engine(script_policy("x" * 80)).session()
     s.stats_interval_s = 0.0
-    evs = list(s.generate(MSG, greedy(max_new=40), round_fn=four))
+    evs = list(s.generate(MSG, greedy(max_new=40), round_fn=Four()))
     st = evs[-1]
     assert st.finish_reason == "length" and st.output_tokens == 40 and st.rounds == 10
     assert st.decode_tok_s == pytest.approx(100.0)
@@ -303,7 +306,8 @@ def test_decode_rate_leaves_the_first_rounds_tokens_out(monkeypatch):
 
 
 def test_decode_rate_of_a_reply_in_one_round():
-    from engine.generate import Round, decode_rate
+    from engine.generate import Round
+    from engine.reply_stats import decode_rate
     assert decode_rate(8, 0.0, Round([1] * 8, verify_ms=40.0)) == pytest.approx(200.0)
     assert decode_rate(5, 0.0, Round([1] * 8, verify_ms=40.0)) == pytest.approx(125.0)  # a stop inside it
     assert decode_rate(1, 0.0, Round([1], verify_ms=4.0)) == 0.0  # one token: no decode rate

@@ -19,9 +19,8 @@ import pytest
 
 from engine.api import Engine
 from engine.config import EngineArgs, GenerateRequest, SamplingParams, ThinkingParams
-from engine.generate import Round
 from engine.sampling import candidates
-from engine.spec import spec_round
+from engine.spec import SpecRound
 
 PROMPTS = ["Hello there, how are you today?", "def main(args):\n    for item in items:",
            "The capital of France is Paris. The capital of", "Once upon a time there was a little girl"]
@@ -182,12 +181,7 @@ def test_tiny_sampled_distribution_matches_target(tiny_models):
     greedy_reply = [int(ids1[0]), 0]  # drafts: the most likely first token, then a likely second one
     greedy_reply[1] = max((c for c in exact if len(c) == 2 and c[0] == ids1[0]), key=exact.get)[1]
 
-    drafter = ScriptDrafter(greedy_reply, len(prompt))
-
-    def round_fn(ctx):
-        r, _ = spec_round(ctx.model, ctx.cache, ctx.chooser, drafter, ctx.seq, 2, stop_ids=ctx.stop_ids,
-                          max_tokens=ctx.max_tokens, capacity=ctx.cache.capacity)
-        return Round(r.tokens, r.n_drafted, r.n_accepted, r.draft_ms, r.verify_ms)
+    round_fn = SpecRound(ScriptDrafter(greedy_reply, len(prompt)), 2, eng.capacity)
 
     n = 1200
     counts, n_acc = Counter(), Counter()
