@@ -175,9 +175,9 @@ def run_reply(target: Target, reply: Reply, opts: ReplyOptions,
     reply.round_fn.begin()
     done = yield from prefill(target, prompt, opts.prefill_chunk, reply.round_fn, cancelled)
     if done is None:
-        yield stats.final(Finish("cancelled", "cancelled during prefill"), [], "", False)
+        yield stats.final(Finish("cancelled", "cancelled during prefill"), [], reply.text)
         return
-    stats.prefilled, stats.prefill_s = done.tokens, done.seconds
+    stats.prefill = done
 
     seq = list(prompt)
     limit = min(reply.max_new, opts.max_context - P)
@@ -201,7 +201,7 @@ def run_reply(target: Target, reply: Reply, opts: ReplyOptions,
             events += stats.step(len(seq), rnd)
         yield from events
     yield from reply.text.flush()
-    yield stats.final(finish, seq[P:], reply.text.text, reply.text.answer_empty)
+    yield stats.final(finish, seq[P:], reply.text)
 
 
 def _play(round_fn: RoundFn, ctx: RoundContext, target: Target) -> Round:

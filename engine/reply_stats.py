@@ -6,14 +6,15 @@ import time
 from typing import TYPE_CHECKING
 
 from .events import FinalStats, StepStats
-from .reply_text import Finish
+from .prefill import Prefilled
+from .reply_text import Finish, TextStream
 from .thinking import ThinkingState
 
 if TYPE_CHECKING:
     from .generate import ReplyOptions, Round
 
 
-def decode_rate(n_out: int, decode_s: float, first: "Round | None") -> float:
+def decode_rate(n_out: int, decode_s: float, first: Round | None) -> float:
     """Decode tok/s of a reply: the tokens after the first round over the time since it ended (the first
     round's end is the first token's time: it holds the prompt's last forward). A first round of several
     tokens (a decode block, accepted drafts) counts with the first token, not in the rate, so its tokens are
@@ -29,24 +30,23 @@ def decode_rate(n_out: int, decode_s: float, first: "Round | None") -> float:
 class ReplyStats:
     """Starts the reply's clock when made; told the reused prefix, the prefill and every round."""
 
-    def __init__(self, prompt_tokens: int, thinking: ThinkingState, opts: "ReplyOptions"):
+    def __init__(self, prompt_tokens: int, thinking: ThinkingState, opts: ReplyOptions):
         self.t_start = time.perf_counter()
         self.prompt_tokens = prompt_tokens
         self.thinking = thinking
         self.opts = opts
         self.reused = 0  # prompt tokens the cache already held
-        self.prefilled = 0  # prompt tokens forwarded
-        self.prefill_s = 0.0  # their forward time
+        self.prefill = Prefilled(0, 0.0)  # the rest of the prompt but its last token, forwarded
         self.t_first = 0.0  # when the first round ended (0: not yet)
         self.t_step = 0.0  # when the last StepStats was made
         self.rounds: list[Round] = []
 
-    def round_done(self, rnd: "Round") -> None:
+    def round_done(self, rnd: Round) -> None:
         self.rounds.append(rnd)
         if not self.t_first:
             self.t_first = time.perf_counter()
 
-    def step(self, context_used: int, rnd: "Round") -> list[StepStats]:
+    def step(self, context_used: int, rnd: Round) -> list[StepStats]:
         """[StepStats] after a round that does not end the reply, at most one per stats interval; else []."""
         now = time.perf_counter()
         if now - self.t_step < self.opts.stats_interval_s:
@@ -59,12 +59,12 @@ class ReplyStats:
                           rnd.draft_ms, rnd.verify_ms, self.prompt_tokens, self.reused, self._ttft(),
                           self._prefill_rate())]
 
-    def final(self, finish: Finish, token_ids: list[int], text: str, answer_empty: bool) -> FinalStats:
+    def final(self, finish: Finish, token_ids: list[int], text: TextStream) -> FinalStats:
         """The last event. An empty answer says why in its detail (unless the user cancelled)."""
         now = time.perf_counter()
         th, rounds, n_out = self.thinking, self.rounds, len(token_ids)
         detail = finish.detail
-        if answer_empty and finish.reason != "cancelled" and n_out:
+        if text.answer_empty and finish.reason != "cancelled" and n_out:
             detail = th.why_no_answer(detail)
         k = max((r.drafted for r in rounds), default=0)
         # per draft position i: among rounds that drafted at least i+1 tokens, the share whose draft i+1 was
@@ -77,7 +77,7 @@ class ReplyStats:
             cached_prompt_tokens=self.reused, ttft_s=self._ttft(), prefill_tok_s=self._prefill_rate(),
             decode_tok_s=decode_rate(n_out, now - self.t_first if self.t_first else 0.0,
                                      rounds[0] if rounds else None),
-            wall_s=now - self.t_start, output_sha256=hashlib.sha256(text.encode()).hexdigest(),
+            wall_s=now - self.t_start, output_sha256=hashlib.sha256(text.text.encode()).hexdigest(),
             token_ids=tuple(token_ids), thinking_forced=th.forced, stop_reason_detail=detail,
             spec_mode=self.opts.spec_mode, rounds=len(rounds), drafted=sum(r.drafted for r in rounds),
             accepted=sum(r.accepted for r in rounds), draft_ms=sum(r.draft_ms for r in rounds),
@@ -88,4 +88,4 @@ class ReplyStats:
         return (self.t_first - self.t_start) if self.t_first else 0.0
 
     def _prefill_rate(self) -> float:
-        return self.prefilled / self.prefill_s if self.prefill_s > 0 else 0.0
+        return self.prefill.tokens / self.prefill.seconds if self.prefill.seconds > 0 else 0.0

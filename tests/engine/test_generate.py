@@ -228,6 +228,34 @@ def test_speculative_round_seam_matches_plain_decode():
     assert st_s.rounds < st_p.rounds
 
 
+def test_a_round_function_is_told_the_reply_and_its_prefill():
+    """The round seam's hooks (generate.RoundFn): begin once per reply, before the prefill; observe_prefill
+    for every pass, in order, with the tokens the pass forwarded (the prompt but its reused prefix and its
+    last token, which is the first round's input) and no features when it captures no layer."""
+    from engine import generate
+    calls = []
+
+    class Watching(generate.PlainRound):
+        def begin(self):
+            calls.append("begin")
+
+        def observe_prefill(self, tokens, features):
+            calls.append((list(tokens), features))
+
+        def __call__(self, ctx):
+            calls.append("round")
+            return super().__call__(ctx)
+
+    eng = fake_engine(script_policy("Paris."), args=EngineArgs(max_context=1024, prefill_chunk=4))
+    s = eng.session()
+    prompt = s.prompt_tokens(MSG)
+    st = list(s.generate(MSG, greedy(), round_fn=Watching()))[-1]
+    passes = calls[1:calls.index("round")]
+    assert calls[0] == "begin" and calls.count("begin") == 1 and calls.count("round") == st.rounds
+    assert [t for toks, _ in passes for t in toks] == prompt[:-1] and all(len(toks) <= 4 for toks, _ in passes)
+    assert all(f is None for _, f in passes)
+
+
 def test_empty_reply_says_why():
     eng = fake_engine(script_policy(""))  # ends the turn at once
     _, st, text = collect(eng.session())
