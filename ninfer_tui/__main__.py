@@ -121,9 +121,9 @@ def _run(ns) -> int:
     settings = ChatSettings.from_config(paths.merge(cfg, settings_layer(ns)))
     args = engine_args_from(cfg, ns)
     if ns.fake:
-        from .fake import FakeEngine, Script
+        from engine.fake import Script, ScriptedEngine
         script = Script(delay=ns.fake_delay)
-        loader = (lambda a, progress=None: FakeEngine.load(a, progress=progress, script=script))
+        loader = (lambda a, progress=None: ScriptedEngine.load(a, progress=progress, script=script))
         model_name = "fake-model"
     else:
         model = paths.resolve_model(ns.model, options.config_model(cfg))

@@ -167,27 +167,12 @@ def reply_threads(args, reserve_core: bool) -> int | None:
 
 
 def engine_facts(engine, args) -> dict:
-    """What the panel shows about a loaded engine, read defensively (the fake and the real engine differ).
-
-    `spec_modes` asks `engine.spec_modes()` when the engine has it, else the engine's documented mode registry
-    (`engine.spec.available_modes`, loaded lazily); {mode: None | reason}."""
+    """What the panel shows about a loaded engine (an engine.api.Engine, or engine.fake's ScriptedEngine):
+    spec_modes is {mode: None | the reason it cannot run}."""
     from engine.config import SPEC_MODES
-    modes = None
-    if callable(getattr(engine, "spec_modes", None)):
-        modes = engine.spec_modes()
-    else:
-        try:
-            from engine.spec import available_modes
-            modes = available_modes(getattr(engine, "model_path", None))
-        except Exception as e:  # an engine without the registry: let the reply report the real error
-            modes = {m: None for m in SPEC_MODES}
-            traceback.print_exception(e)
+    modes = engine.spec_modes()
     modes = {m: modes.get(m, "not reported by the engine") for m in SPEC_MODES}
     modes["off"] = None
-    native = getattr(engine, "native_thinking", None)
-    if native is None:
-        tok = getattr(engine, "tokenizer", None)
-        native = bool(getattr(tok, "think_ids", None)) if tok is not None else None
     threads = args.threads
     if not threads and args.backend != "cuda":
         try:
@@ -198,10 +183,9 @@ def engine_facts(engine, args) -> dict:
         except ImportError:
             threads = "auto"
     return {
-        "model": getattr(engine, "name", "") or getattr(engine, "model_name", ""),
-        "backend": args.backend, "threads": threads or "-", "kv_dtype": args.kv_dtype,
-        "context_capacity": getattr(engine, "capacity", None) or getattr(engine, "context_capacity", None),
-        "spec_modes": modes, "native_thinking": native,
+        "model": engine.name, "backend": args.backend, "threads": threads or "-", "kv_dtype": args.kv_dtype,
+        "context_capacity": engine.capacity, "spec_modes": modes,
+        "native_thinking": engine.thinking_kind == "native",
     }
 
 

@@ -34,7 +34,7 @@ def make_app(tmp_path):
     """make_app(script=None, config=None, store=True, **settings overrides) -> (app, fake engine holder)."""
     from engine import paths
     from ninfer_tui.app import ChatApp
-    from ninfer_tui.fake import FakeEngine, Script
+    from engine.fake import Script, ScriptedEngine
     from ninfer_tui.settings import ChatSettings
     from ninfer_tui.store import Store
 
@@ -47,7 +47,7 @@ def make_app(tmp_path):
             setattr(settings, k, v)
 
         def fake_loader(args, progress=None):
-            made["engine"] = FakeEngine.load(args, progress=progress, script=script)
+            made["engine"] = ScriptedEngine.load(args, progress=progress, script=script)
             return made["engine"]
         st = Store(tmp_path / "data" / "transcripts.db") if store else None
         app = ChatApp(settings, EngineArgs(), loader or fake_loader, store=st, model_name="fake-model",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from textual.widgets import Collapsible, Markdown
 
-from ninfer_tui.fake import Script
+from engine.fake import Script
 from ninfer_tui.store import Store
 from ninfer_tui.widgets.chat import PromptView, ReplyView, code_blocks
 
@@ -231,9 +231,9 @@ async def test_kv_cache_that_cannot_be_allocated_is_a_load_error(make_app):
     """An engine whose session (its KV cache) cannot be made: the status line and a notification say why, the
     panel's engine section stops saying "loading...", and the app keeps running without a session."""
     from engine.errors import ConfigError
-    from ninfer_tui.fake import FakeEngine
+    from engine.fake import ScriptedEngine
 
-    class NoRoom(FakeEngine):
+    class NoRoom(ScriptedEngine):
         def session(self):
             raise ConfigError("a KV cache of 100000000 positions cannot be allocated here; lower --kv-capacity")
     app = make_app(loader=lambda args, progress=None: NoRoom.load(args, progress=progress, script=Script()))

@@ -16,7 +16,7 @@ from engine import paths
 from engine.config import EngineArgs
 from engine.errors import ConfigError
 from ninfer_tui.__main__ import main
-from ninfer_tui.fake import FakeEngine, Script
+from engine.fake import Script, ScriptedEngine
 from ninfer_tui.plain import PlainChat
 from ninfer_tui.settings import ChatSettings, save_user_settings
 from ninfer_tui.store import Store
@@ -84,7 +84,7 @@ def test_themes_load_as_data_and_bad_files_warn(tmp_path):
 
 def _plain(script: Script, store=None) -> tuple[PlainChat, io.StringIO, io.StringIO]:
     out, err = io.StringIO(), io.StringIO()
-    eng = FakeEngine(EngineArgs(), script)
+    eng = ScriptedEngine(EngineArgs(), script)
     return PlainChat(eng, ChatSettings.from_config({}), "fake", store, out=out, err=err, spec_modes=eng.spec_modes()), out, err
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ninfer_tui.fake import Script
+from engine.fake import Script
 from ninfer_tui.widgets.chat import ReplyView
 
 from tui_helpers import ready, send, wait_for

@@ -8,7 +8,7 @@ import pytest
 from textual.widgets import DataTable, Digits, Input, Label
 
 from engine import paths
-from ninfer_tui.fake import Script
+from engine.fake import Script
 from ninfer_tui.screens import ConfirmScreen, HelpScreen, SettingsScreen, TranscriptsScreen
 from ninfer_tui.telemetry import GpuSample
 from ninfer_tui.widgets.stats import StatsPanel

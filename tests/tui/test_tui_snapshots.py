@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ninfer_tui.fake import Script
+from engine.fake import Script
 
 from tui_helpers import ready, send, wait_for
 
