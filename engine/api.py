@@ -51,43 +51,29 @@ class Engine:
     def load(cls, args: EngineArgs | None = None, progress: ProgressFn | None = None,
              config_model: str | None = None) -> "Engine":
         """Resolve (explicit -> config `model` -> embedded default), load and prepare a model."""
-        from . import paths
-        from .backend import get_backend
+        from . import backends, paths
         from .gguf import load_gguf
-        from .model import Model
         from .tokenizer import Tokenizer
 
         args = args or EngineArgs()
         report = progress or (lambda p: None)
         path = paths.resolve_model(args.model, config_model)
         report(Progress("load", 0, 3, f"opening {path.name}"))
-        # repacked weights an earlier start stored, read in the background while the tokenizer and numba load
-        store = _weight_store(path) if args.backend == "cpu" and args.tp <= 1 else None
+        backend = backends.select(args)(args, path)  # may start reading cached weights in the background
         mf = load_gguf(path)
         tok = Tokenizer.from_gguf(mf)
         max_ctx, cap = args.resolve_context(mf.args.context_length)
         if args.prefill_chunk > cap:  # no chunk is longer than the cache: buffers for more rows would idle
             args = dataclasses.replace(args, prefill_chunk=cap)
         if args.threads:
-            _set_threads(args.threads)
-        if args.backend == "cpu":
-            _prepare_numba()
-        report(Progress("load", 1, 3, f"preparing weights for the {args.backend} backend"))
-        max_batch = max(args.prefill_chunk, args.draft_tokens + 1)
-        if args.tp > 1:  # tensor parallelism: same Model interface over per-device shards (engine.tp)
-            from .tp import build_tp_model
-            model = build_tp_model(mf.args, mf.tensors, args, max_batch=max_batch)
-        else:
-            model = Model(mf.args, mf.tensors, get_backend(args.backend), max_batch=max_batch, store=store)
-            if store is not None:
-                store.save()  # a first start of this model (or layout): the next one reads these arrays
-            if args.backend == "cuda":  # single-token steps replay one captured CUDA graph
-                from .kernels.cuda_graph import GraphDecoder
-                model = GraphDecoder(model)
+            set_threads(args.threads)
+        report(Progress("load", 1, 3, f"preparing weights for the {backend.name} backend"))
+        model = backend.build(mf, max_batch=max(args.prefill_chunk, args.draft_tokens + 1))
         report(Progress("compile", 2, 3, "compiling kernels"))
-        _warm_up(model, args.kv_dtype, lambda msg: report(Progress("compile", 2, 3, msg)))
-        if args.tp > 1:  # which all-reduce transport was chosen, and why
-            report(Progress("load", 2, 3, model.describe()))
+        t0 = time.perf_counter()
+        backend.warm_up(model, lambda msg: report(Progress("compile", 2, 3, msg)))
+        model.warmup_s = time.perf_counter() - t0  # start-up figures (ninfer-bench)
+        report(Progress("load", 2, 3, backend.describe(model)))
         report(Progress("load", 3, 3, mf.describe()))
         return cls(model, tok, args, max_ctx, cap, name=path.name, model_path=str(path),
                    description=mf.describe())
@@ -222,7 +208,8 @@ def _pick_round(engine: Engine, mode: str, k: int) -> RoundFn:
     return SpecRound(make_drafter(mode, engine.model, engine.model_path), k, engine.capacity)
 
 
-def _set_threads(n: int) -> None:
+def set_threads(n: int) -> None:
+    """numba's thread count for this process (kernels and the sampling chain), at most what it started with."""
     try:
         import numba
         numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
@@ -230,67 +217,3 @@ def _set_threads(n: int) -> None:
         pass
     except ValueError as e:
         raise ConfigError(f"--threads {n}: {e}") from None
-
-
-def _weight_store(path):
-    """The repacked-weights store of this model file (engine/weight_store.py), its arrays being read; None
-    when NINFER_WEIGHT_STORE is 0 (A-B comparisons) or the file cannot be looked at."""
-    import os
-    if os.environ.get("NINFER_WEIGHT_STORE") == "0":
-        return None
-    from .weight_store import WeightStore
-    try:
-        return WeightStore(path).preload()
-    except OSError:
-        return None
-
-
-def _prepare_numba() -> None:
-    """Before the first CPU kernel: cached kernels load without numba's context refresh (~0.2 s of every
-    start a cached kernel does not need; engine.numba_env.lazy_cache_refresh), and numba's thread pool is
-    launched. Nothing launches it when a parallel kernel comes from the on-disk cache: a model served
-    kernel by kernel (not the fused step, whose builder launches it) segfaulted in its first step on a
-    warm start without --threads (seen with the tiny qwen3 model: the CLI test, every run)."""
-    import numba
-
-    from .numba_env import lazy_cache_refresh
-    lazy_cache_refresh()
-    numba.get_num_threads()
-
-
-def _warm_up(model, kv_dtype: str = "f16", say: Callable[[str], None] | None = None) -> None:
-    """Compile the kernels now (one decode step and a 2-token step on a scratch cache), not at first token.
-
-    The fast CPU step on a cold numba cache is compiled in tiers (engine/compile_bg.py): the model serves
-    with the step's kernels called one by one while a helper process compiles the one-call fused step;
-    NINFER_COMPILE_BG=0 compiles the fused step here instead (the old way, for A-B comparisons).
-    On a warm start the fused step is already loaded from numba's cache (compile_tier.start): nothing is
-    left to compile, so the two scratch steps are skipped (they cost ~20 ms quiet, ~100 ms with another
-    process on a core, of every start's time to first token; the first real step pays only the dispatch)."""
-    t0 = time.perf_counter()
-    import os
-
-    import numpy as np
-    fused = getattr(model, "fused", None)
-    if fused is not None and os.environ.get("NINFER_COMPILE_BG") != "0":
-        from .kernels.cpu_fast_step import FusedForward
-        if isinstance(fused, FusedForward):
-            from .compile_tier import start
-            model.fused = start(fused, kv_dtype, say)
-            if model.fused is fused and _fused_loaded(fused, kv_dtype):
-                model.warmup_s = time.perf_counter() - t0
-                return
-    cache = model.new_cache(4, kv_dtype)
-    model.forward(np.array([0, 0], np.int32), 0, cache)
-    model.forward(np.array([0], np.int32), 2, cache)
-    model.warmup_s = time.perf_counter() - t0
-
-
-def _fused_loaded(ff, kv_dtype: str) -> bool:
-    """True when the fused step is compiled for this model's argument types in this process (loaded from the
-    cache or compiled); never compiles. False for an int8 cache: start() leaves its fused step to the scratch
-    steps to compile."""
-    from .compile_tier import fused_signature
-    from .kernels.cpu_fast_step import fused_forward
-    sig = fused_signature(ff, ff.kv_tuple(ff.model.new_cache(4, kv_dtype)))
-    return tuple(sig) in fused_forward.overloads

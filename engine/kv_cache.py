@@ -1,6 +1,6 @@
 """Preallocated, position-indexed KV cache. Rolling back (rejected drafts, prefix reuse) = truncate(n).
 
-Layout per layer (what the kernels take, see engine/kernels/ref.py):
+Layout per layer (what the kernels take, see engine/backends/ref/kernels.py):
     f16:  k, v                  (capacity, n_kv_head, head_dim) float16
     int8: k_q, v_q              (capacity, n_kv_head, head_dim) int8
           k_s, v_s              (capacity, n_kv_head, head_dim // group) float32, one scale per group values

@@ -1,7 +1,8 @@
-"""Decoder-only transformer forward pass (llama / qwen2 / qwen3) over a backend's kernels.
+"""Decoder-only transformer (llama / qwen2 / qwen3): its weights on a backend's kernels, and the plain runner.
 
-The model knows shapes and the order of operations only: weight layouts belong to the backend
-(`prepare_weight`), memory to the backend (`empty`), the cache to `KVCache`. Per layer (pre-norm):
+`Model` holds the weights prepared by a kernel set and walks engine.forward's phases one kernel call at a
+time (its `LayerOps`). It knows shapes and the order of operations only: weight layouts belong to the
+backend (`prepare_weight`), memory to the backend (`empty`), the cache to `KVCache`. Per layer (pre-norm):
 
     h  = x + Wo . attn(rope(norm_q(Wq . n1(x) + bq)), rope(norm_k(Wk . n1(x) + bk)), Wv . n1(x) + bv)
     x' = h + Wdown . (silu(Wgate . n2(h)) * Wup . n2(h))
@@ -18,6 +19,7 @@ import numpy as np
 
 from .config import ModelArgs
 from .errors import InputError, ModelFileError
+from .forward import ATTENTION, DOWN, GATE_UP, O, QKV, Phase, walk
 from .kv_cache import KVCache
 from .quant import QTensor, dequantize
 
@@ -80,18 +82,19 @@ def check_forward_args(tokens, pos0: int, cache, vocab_size: int) -> np.ndarray:
 
 
 class Model:
-    """Weights prepared for a backend + preallocated run state. See `forward`.
+    """Weights prepared by a backend's kernels + preallocated run state: the plain runner, which walks the
+    forward (engine.forward.walk) calling one kernel at a time. See `forward`.
 
-    Read by engine/tp.py, kernels/cpu_fast_step.py and kernels/cuda_graph.py (keep stable): args, be, layers
-    (LayerWeights), tok_embd, output, output_norm, inv_freq, attn_scale, state (RunState), captured; tp.py
-    runs each rank's layers through attention_partial / ffn_partial.
-    """
+    Other runners build on it: the CPU fused step reads its prepared weights, the CUDA fused sequence and
+    graphs run its layers, TP ranks are Models of their shards (each rank walks the same phases)."""
 
     def __init__(self, args: ModelArgs, tensors: dict[str, QTensor], backend, max_batch: int = 64,
-                 store=None):
-        """max_batch: the largest T a forward call is expected to take (prefill chunk, verify block); a
-        larger T grows the run state once. store: an engine.weight_store.WeightStore for a backend whose
-        module prepares weights with one (cpu_fast: arrays an earlier start repacked); None: prepare all."""
+                 store=None, stacked: dict | None = None):
+        """backend: an engine.backends.kernels.Kernels (the kernel set and memory of one device kind).
+        max_batch: the largest T a forward call is expected to take (prefill chunk, verify block); a
+        larger T grows the run state once. stacked: {tensor name: prepared weight} a backend prepared in a
+        layout of its own (the CPU backend's role stacks); the others are prepared one by one here, with
+        `store` (a backend's cache of prepared arrays) when given."""
         self.args, self.be = args, backend
         a, be = args, backend
         missing = [n for n in _required_names(a) if n not in tensors]
@@ -101,13 +104,8 @@ class Model:
         def vec(name):  # 1-D float tensor (norm weight, bias) -> (n,) f32 on the device
             return be.to_device(dequantize(tensors[name]).reshape(-1).astype(np.float32))
 
-        # a backend may prepare every layer's matrices at once, in a layout of its own (cpu_fast.prepare_layers)
-        stacked: dict[str, object] = {}
+        stacked = stacked or {}
         kw = {} if store is None else {"store": store}
-        prepare_layers = getattr(getattr(be, "module", None), "prepare_layers", None)
-        if prepare_layers is not None:
-            stacked = prepare_layers({role: [tensors[f"blk.{i}.{role}.weight"] for i in range(a.n_layer)]
-                                      for role in _STACKED_ROLES}, **kw)
 
         def mat(name):
             return stacked[name] if name in stacked else be.prepare_weight(tensors[name], **kw)
@@ -125,30 +123,19 @@ class Model:
                 w_gate=mat(p + "ffn_gate.weight"), w_up=mat(p + "ffn_up.weight"), w_down=mat(p + "ffn_down.weight"),
                 bq=opt("attn_q.bias"), bk=opt("attn_k.bias"), bv=opt("attn_v.bias"),
                 q_norm=opt("attn_q_norm.weight"), k_norm=opt("attn_k_norm.weight")))
+        self.n_layer = a.n_layer
         # RoPE frequencies: pair i turns by pos * base^(-2i/hd)
         inv = 1.0 / (a.rope_base ** (np.arange(0, a.head_dim, 2, dtype=np.float64) / a.head_dim))
         self.inv_freq = be.to_device(inv.astype(np.float32))  # (hd/2,) f32
         self.attn_scale = 1.0 / math.sqrt(a.head_dim)
         self.state = RunState(be, a, max_batch)
-        # a backend may run the whole forward in one call (engine/kernels/cpu_fast_step.py); None otherwise
-        build_fused = getattr(getattr(be, "module", None), "build_fused", None)
-        self.fused = build_fused(self) if build_fused is not None else None
         self.captured: dict[int, np.ndarray] = {}  # layer -> (T, d) host copy of its output (see forward)
+        self._pass = (0, 0, None)  # (T, pos0, cache) of the pass being walked
 
     def decode_block(self, token: int, pos0: int, cache: KVCache, n: int, stop_ids: frozenset,
                      choice=None) -> list[int] | None:
-        """Up to n tokens after `token` (forwarded at pos0) in one call, when the backend's one-call forward
-        can choose them itself (kernels/cpu_fast_step.FusedForward.block): each chosen from the previous
-        one's logits by `choice` (TokenChooser.block; None: the argmax) and forwarded next, as n forward +
-        choose rounds would; stops after a token in stop_ids (returned last). The cache then holds pos0 +
-        len(result). None when this model cannot, or not yet (the tiered start's first steps): the caller
-        runs single forwards."""
-        block = getattr(self.fused, "block", None)
-        if block is None:
-            return None
-        check_forward_args([token], pos0, cache, self.args.vocab_size)
-        cache.check_room(pos0 + n)
-        return block(int(token), pos0, cache, n, stop_ids, choice)
+        """None: the plain runner chooses no tokens itself (the reply loop runs single forwards)."""
+        return None
 
     def new_cache(self, capacity: int, kv_dtype: str = "f16") -> KVCache:
         """An empty KV cache for this model holding up to `capacity` positions."""
@@ -164,81 +151,95 @@ class Model:
         whose output hidden state (the residual stream after that block, (T, d)) is copied into
         `self.captured[layer]` (for drafters).
         """
-        a, be = self.args, self.be
-        tokens = check_forward_args(tokens, pos0, cache, a.vocab_size)
+        tokens = check_forward_args(tokens, pos0, cache, self.args.vocab_size)
         t_n = tokens.shape[0]
-        if self.fused is not None and not capture:
-            self.captured = {}
-            return self.fused.run(tokens, pos0, cache, t_n if all_logits else 1).copy()
-        if t_n > self.state.max_t:
-            self.state = RunState(be, a, t_n)
-        s = self.state
-        tok = s.tokens[:t_n]
-        be.upload(tok, tokens)
-        x, xb = s.x[:t_n], s.xb[:t_n]
-        be.embed(x, self.tok_embd, tok)
         self.captured = {}
-        for i, lw in enumerate(self.layers):
-            self.attention_partial(lw, cache.layer(i), cache.kv_dtype, t_n, pos0)
-            be.residual_add(x, s.proj[:t_n])
-            self.ffn_partial(lw, t_n)
-            be.residual_add(x, s.proj[:t_n])
-            if i in capture:
-                self.captured[i] = be.to_host(x)
-        cache.length = pos0 + t_n
-        rows = t_n if all_logits else 1
-        if s.logits is None or s.logits.shape[0] < rows:
-            s.logits = be.zeros((rows, a.vocab_size), "float32")
-        logits = s.logits[:rows]
-        src = x if all_logits else x[t_n - 1:t_n]
-        be.rmsnorm(xb[:rows], src, self.output_norm, a.rms_eps)
-        be.matmul(logits, xb[:rows], self.output, s.scratch)
-        return be.to_host(logits)
+        return walk(self, tokens, pos0, cache, t_n if all_logits else 1, capture)
 
-    def attention_partial(self, lw: LayerWeights, kv: tuple, kv_dtype: str, t_n: int, pos0: int):
-        """A layer's attention block up to its output projection, into state.proj[:t_n] (T, d); the caller
-        adds it to the residual stream (forward; engine/tp.py after summing the ranks' partial sums)."""
+    # ---- engine.forward.LayerOps: one kernel call at a time
+    def begin(self, tokens, pos0: int, cache) -> None:
+        t_n = tokens.shape[0]
+        if t_n > self.state.max_t:
+            self.state = RunState(self.be, self.args, t_n)
+        self.be.upload(self.state.tokens[:t_n], tokens)
+        self._pass = (t_n, pos0, cache)
+
+    def embed(self) -> None:
+        be, s, t_n = self.be, self.state, self._pass[0]
+        be.embed(s.x[:t_n], self.tok_embd, s.tokens[:t_n])
+        be.rmsnorm(s.xb[:t_n], s.x[:t_n], self.layers[0].attn_norm, self.args.rms_eps)
+
+    def phase(self, ph: Phase, layer: int) -> None:
+        be, s = self.be, self.state
+        t_n, pos0, cache = self._pass
+        if ph.kind == ATTENTION:
+            a = self.args
+            q3 = s.q[:t_n].reshape(t_n, a.n_head, a.head_dim)  # (T, H, hd)
+            att3 = s.att[:t_n].reshape(t_n, a.n_head, a.head_dim)
+            kv = cache.layer(layer)
+            if cache.kv_dtype == "f16":
+                be.attention_f16(att3, q3, *kv, pos0, self.attn_scale)
+            else:
+                be.attention_int8(att3, q3, *kv, pos0, self.attn_scale)
+            return
+        lw = self.layers[layer]
+        src = getattr(s, ph.src)[:t_n]
+        for role, dst in zip(ph.roles, ph.dst):
+            be.matmul(getattr(s, dst)[:t_n], src, getattr(lw, role), s.scratch)
+
+    def tail(self, ph: Phase, layer: int) -> None:
         a, be, s = self.args, self.be, self.state
+        t_n, pos0, cache = self._pass
+        lw = self.layers[layer]
         x, xb = s.x[:t_n], s.xb[:t_n]
-        q, k, v = s.q[:t_n], s.k[:t_n], s.v[:t_n]
-        be.rmsnorm(xb, x, lw.attn_norm, a.rms_eps)
-        be.matmul(q, xb, lw.wq, s.scratch)
-        be.matmul(k, xb, lw.wk, s.scratch)
-        be.matmul(v, xb, lw.wv, s.scratch)
-        if lw.bq is not None:
-            be.bias_add(q, lw.bq)
-            be.bias_add(k, lw.bk)
-            be.bias_add(v, lw.bv)
-        if lw.q_norm is not None:  # qwen3: RMSNorm over each head, in place
-            qh, kh = q.reshape(t_n * a.n_head, a.head_dim), k.reshape(t_n * a.n_kv_head, a.head_dim)
-            be.rmsnorm(qh, qh, lw.q_norm, a.rms_eps)
-            be.rmsnorm(kh, kh, lw.k_norm, a.rms_eps)
-        q3 = q.reshape(t_n, a.n_head, a.head_dim)  # (T, H, hd)
-        k3 = k.reshape(t_n, a.n_kv_head, a.head_dim)  # (T, n_kv, hd)
-        v3 = v.reshape(t_n, a.n_kv_head, a.head_dim)
-        be.rope(q3, pos0, self.inv_freq, a.rope_neox)
-        be.rope(k3, pos0, self.inv_freq, a.rope_neox)
-        att3 = s.att[:t_n].reshape(t_n, a.n_head, a.head_dim)
-        if kv_dtype == "f16":
-            be.kv_store_f16(*kv, k3, v3, pos0)
-            be.attention_f16(att3, q3, *kv, pos0, self.attn_scale)
-        else:
-            be.kv_store_int8(*kv, k3, v3, pos0)
-            be.attention_int8(att3, q3, *kv, pos0, self.attn_scale)
-        be.matmul(s.proj[:t_n], s.att[:t_n], lw.wo, s.scratch)
+        if ph.kind == QKV:
+            q, k, v = s.q[:t_n], s.k[:t_n], s.v[:t_n]
+            if lw.bq is not None:
+                be.bias_add(q, lw.bq)
+                be.bias_add(k, lw.bk)
+                be.bias_add(v, lw.bv)
+            if lw.q_norm is not None:  # qwen3: RMSNorm over each head, in place
+                qh, kh = q.reshape(t_n * a.n_head, a.head_dim), k.reshape(t_n * a.n_kv_head, a.head_dim)
+                be.rmsnorm(qh, qh, lw.q_norm, a.rms_eps)
+                be.rmsnorm(kh, kh, lw.k_norm, a.rms_eps)
+            q3 = q.reshape(t_n, a.n_head, a.head_dim)  # (T, H, hd)
+            k3 = k.reshape(t_n, a.n_kv_head, a.head_dim)  # (T, n_kv, hd)
+            v3 = v.reshape(t_n, a.n_kv_head, a.head_dim)
+            be.rope(q3, pos0, self.inv_freq, a.rope_neox)
+            be.rope(k3, pos0, self.inv_freq, a.rope_neox)
+            store = be.kv_store_f16 if cache.kv_dtype == "f16" else be.kv_store_int8
+            store(*cache.layer(layer), k3, v3, pos0)
+        elif ph.kind == O:
+            be.residual_add(x, s.proj[:t_n])
+            be.rmsnorm(xb, x, lw.ffn_norm, a.rms_eps)
+        elif ph.kind == GATE_UP:
+            be.swiglu(s.hb[:t_n], s.gate[:t_n], s.up[:t_n])
+        elif ph.kind == DOWN:
+            be.residual_add(x, s.proj[:t_n])
+            if layer + 1 < a.n_layer:
+                be.rmsnorm(xb, x, self.layers[layer + 1].attn_norm, a.rms_eps)
 
-    def ffn_partial(self, lw: LayerWeights, t_n: int):
-        """A layer's feed-forward block, into state.proj[:t_n] (T, d); the caller adds it (as above)."""
+    def capture(self, layer: int) -> None:
+        self.captured[layer] = self.be.to_host(self.state.x[:self._pass[0]])
+
+    def head(self, rows_out: int) -> np.ndarray:
+        """Output norm + head of the last rows_out rows (host copy)."""
+        return self.be.to_host(self.head_device(rows_out))
+
+    def head_device(self, rows_out: int):
+        """The head's logits (rows_out, vocab) in the run state's device buffer (TP gathers them)."""
         a, be, s = self.args, self.be, self.state
-        xb = s.xb[:t_n]
-        be.rmsnorm(xb, s.x[:t_n], lw.ffn_norm, a.rms_eps)
-        be.matmul(s.gate[:t_n], xb, lw.w_gate, s.scratch)
-        be.matmul(s.up[:t_n], xb, lw.w_up, s.scratch)
-        be.swiglu(s.hb[:t_n], s.gate[:t_n], s.up[:t_n])
-        be.matmul(s.proj[:t_n], s.hb[:t_n], lw.w_down, s.scratch)
+        t_n = self._pass[0]
+        if s.logits is None or s.logits.shape[0] < rows_out:
+            s.logits = be.zeros((rows_out, a.vocab_size), "float32")
+        logits = s.logits[:rows_out]
+        be.rmsnorm(s.xb[:rows_out], s.x[t_n - rows_out:t_n], self.output_norm, a.rms_eps)
+        be.matmul(logits, s.xb[:rows_out], self.output, s.scratch)
+        return logits
 
 
-_STACKED_ROLES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+# GGUF tensor roles of a layer's matrices, in engine.forward.MATRIX_ROLES order
+STACKED_ROLES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
 def _required_names(a: ModelArgs) -> list[str]:

@@ -11,7 +11,7 @@ kernel module does so at its top. What it sets, and why (measured, see REFERENCE
   kernel sources - numba does not notice when a callee in another file changed).
 - The threading layer: OpenMP first (NUMBA_THREADING_LAYER_PRIORITY="omp tbb workqueue") with a short
   spin before sleeping (GOMP_SPINCOUNT=10000, ~10-30 us). A decode step had ~150 parallel regions (one since
-  cpu_sync; the measurements below are from then), so the wake-up of the second thread was paid 150 times. Measured (SmolLM2, 2-core VM, decode step):
+  sync; the measurements below are from then), so the wake-up of the second thread was paid 150 times. Measured (SmolLM2, 2-core VM, decode step):
     workqueue                          20.5 ms   (its launch alone cost ~340 us under load)
     omp, OMP_WAIT_POLICY=PASSIVE       16.7 ms   (a futex wake-up per region; 1 thread alone: 12.0 ms)
     omp, GOMP_SPINCOUNT=10000           6.5 ms   (the worker is still spinning when the next region starts)
@@ -102,18 +102,26 @@ def _versions() -> str:
     return ",".join(out)
 
 
+# modules of the cpu backend with no jitted code (start-up, runner, caches): editing them keeps the cache
+NOT_JITTED = ("__init__.py", "runner.py", "tier.py", "compile_bg.py", "weight_store.py")
+
+
 def _kernel_sources() -> str:
     """Hash of our kernel sources. numba invalidates a cached function when ITS file changes, not when a
-    callee in another module does; a jitted function that inlines kernels from cpu_fast.py would otherwise
+    callee in another module does; a jitted function that inlines kernels from backends/cpu/fast.py would otherwise
     keep running the old callee code (seen: an out-of-bounds write after a layout change). sampling_fast.py
-    counts as a kernel: the fused step's decode blocks call its sampling chain."""
+    counts as a kernel: the fused step's decode blocks call its sampling chain. The fused step compiles in
+    forward.py's phase list as constants: the list (not the file) counts too."""
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
-    for f in sorted((here / "kernels").glob("*.py")) + [here / "quant.py", here / "sampling_fast.py"]:
+    kernels = [f for f in sorted((here / "backends" / "cpu").glob("*.py")) if f.name not in NOT_JITTED]
+    for f in kernels + [here / n for n in ("quant.py", "sampling_fast.py")]:
         try:
             h.update(f.name.encode() + f.read_bytes())
         except OSError:
             pass
+    from .forward import LAYER_PHASES
+    h.update(repr(LAYER_PHASES).encode())
     return h.hexdigest()[:16]
 
 

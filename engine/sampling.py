@@ -103,7 +103,7 @@ class TokenChooser:
 
     def block(self, n: int) -> BlockChoice | None:
         """The choice of the next n tokens as a decode block takes it inside one call (Model.decode_block,
-        cpu_fast_step._choose), or None when a choice needs this class: the thinking state may force or ban
+        step._choose), or None when a choice needs this class: the thinking state may force or ban
         within n tokens (`block_room`). Greedy with penalties goes as top-1 sampling over the penalised
         logits: one candidate (top_scan's, the one `choose` takes), drawn with probability 1 from a zero
         uniform, so the generator is not touched (greedy draws none). Sampling takes `select`'s path

@@ -24,7 +24,7 @@ Paths (`select`):
   of the top) until they hold the needed mass / count, and sort only those. Exact: the collected set is always
   an upper set of the canonical order.
 Probabilities: z = v / float32(temperature) (float32), e = exp(z - max z) (float32; on the threshold path the
-vectorizable cpu_attn.exp_fast, within ~2 ulp of libm's, and 0 below -87), p = e / sum(e) summed in float64;
+vectorizable attn.exp_fast, within ~2 ulp of libm's, and 0 below -87), p = e / sum(e) summed in float64;
 top-p keeps the smallest prefix whose cumulative p reaches top_p (the crossing token kept); min-p keeps
 p >= min_p * p_max. Both keep a prefix of the order, so the result is one renormalised prefix.
 """
@@ -37,8 +37,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from .kernels.cpu import max_lanes8
-from .kernels.cpu_attn import exp_fast
+from .backends.cpu.kernels import max_lanes8
+from .backends.cpu.attn import exp_fast
 
 KMAX = 128  # above this the insertion buffer costs more than the threshold path
 CHUNK = 64  # values checked per vectorized compare before any scalar work
@@ -168,7 +168,7 @@ def _exp_row(x, pen, temperature, work):
 
 @njit(cache=True, inline="always")
 def _exp_fill(x, pen, use_pen, t, m, work):
-    """work[i] = exp(z_i - m) by the vectorizable exp (cpu_attn.exp_fast, ~2 ulp): libm's expf, one call per
+    """work[i] = exp(z_i - m) by the vectorizable exp (attn.exp_fast, ~2 ulp): libm's expf, one call per
     token, cost ~0.15 ms of the ~0.27 per token over 49152 (top-k off). 0 below -87 (where float32's exp
     is subnormal or 0), for banned (-inf) and NaN logits: never candidates."""
     lo = np.float32(-87.0)
@@ -316,7 +316,7 @@ def draw(p, n, u):
 
 @njit(cache=True)
 def block_choice(x, pen, counts, temperature, k, top_p, min_p, presence, frequency, u, work, ids, vals, p):
-    """One sampled choice inside a decode block (cpu_fast_step): `select`'s path over x - pen (k as select
+    """One sampled choice inside a decode block (step): `select`'s path over x - pen (k as select
     takes it: 0 for off, else below the vocabulary; work as there), the draw with u, then what
     TokenChooser.accept does to the penalty state: counts[token] += 1 and, with a penalty row (pen
     non-empty), pen[token] = presence + frequency * count. -1 when no token is allowed."""
@@ -334,7 +334,7 @@ def block_choice(x, pen, counts, temperature, k, top_p, min_p, presence, frequen
 
 
 class BlockChoice(NamedTuple):
-    """How a decode block chooses each of its tokens inside the fused step (cpu_fast_step._choose), from
+    """How a decode block chooses each of its tokens inside the fused step (step._choose), from
     TokenChooser.block. One shape for every setting, so one compiled fused_forward serves them all; arrays a
     setting does not use are empty."""
     mode: int  # 0: the argmax; 1: block_choice (sampling, or greedy with penalties as top-1 sampling)

@@ -12,7 +12,7 @@ from engine import numba_env  # noqa: E402,F401  (flags before numba)
 import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402
 
-from engine.kernels import ref  # noqa: E402
+from engine.backends.ref import kernels as ref  # noqa: E402
 from engine.backends.cpu.attn import SPLITS, attn_item_f16  # noqa: E402
 from engine.backends.cpu.attn_int8 import attn_item_int8  # noqa: E402
 

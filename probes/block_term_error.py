@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 
 from engine import paths  # noqa: E402
 from engine.gguf import load_gguf  # noqa: E402
-from engine.kernels import cpu_fast  # noqa: E402
+from engine.backends.cpu import fast as cpu_fast  # noqa: E402
 from engine.quant import dequantize  # noqa: E402
 
 

@@ -21,7 +21,7 @@ def load_fused(q8_head: bool = False):
     from engine.api import Engine
     from engine.config import EngineArgs
     eng = Engine.load(EngineArgs(threads=2, prefix_reuse=False))
-    model, ff = eng.model, eng.model.fused
+    model, ff = eng.model, eng.model.step
     ff = getattr(ff, "ff", ff)  # a first start's TieredForward: its FusedForward (the probes call it directly)
     if ff is None or numba.get_num_threads() < 2 or (q8_head and ff.head[0] != 1):
         print("needs the fused step, two threads" + (" and a Q8_0 head (SmolLM2)" if q8_head else ""),

@@ -3,7 +3,7 @@ measurement behind a design that was not adopted (bench/results-cpu-history.md, 
 
     PYTHONPATH=. .venv/bin/python probes/lanes_ab.py [--rounds 6] [--reps 40] [--ctx 60]
 
-The fused step (engine/kernels/cpu_fast_step.py) has five phases per layer, each ending at a barrier with a
+The fused step (engine/backends/cpu/step.py) has five phases per layer, each ending at a barrier with a
 serial tail. Here lane p (of two; the threads claim lanes, so one thread alone runs both) keeps its own copy
 of the residual row and does, per layer: (A) the norm, the q/k/v rows of its KV heads (the KV head both
 lanes need is computed by both), rope, the KV store, attention of those heads, and o over its half of o's
@@ -35,8 +35,8 @@ from engine import numba_env  # noqa: E402,F401
 import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
-from engine.kernels import cpu  # noqa: E402
-from engine.kernels import cpu_attn as A  # noqa: E402
+from engine.backends.cpu import kernels as cpu  # noqa: E402
+from engine.backends.cpu import attn as A  # noqa: E402
 from engine.backends.cpu.attn import SPLITS, store_f16  # noqa: E402
 from engine.backends.cpu.fast import _q4, _q8, quantize_rows  # noqa: E402
 from engine.backends.cpu.step import _embed, swiglu_fast  # noqa: E402

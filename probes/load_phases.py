@@ -41,6 +41,7 @@ def child(workload: str) -> None:
 
     sys.path.insert(0, ROOT)
     import engine.api as api
+    import engine.backends.cpu as cpu_backend
     import engine.gguf as gguf
     import engine.model as model
     from engine.config import EngineArgs, GenerateRequest, SamplingParams
@@ -48,9 +49,9 @@ def child(workload: str) -> None:
     from engine.tokenizer import Tokenizer
     stamp("python, numpy, engine imports")
     around(gguf, "load_gguf", "GGUF header")
-    around(api, "_set_threads", "numba import, thread count")
-    around(api, "_prepare_numba", "numba cache set-up")
-    around(api, "_warm_up", "fused step warm-up")
+    around(api, "set_threads", "numba import, thread count")
+    around(cpu_backend, "prepare_numba", "numba cache set-up")
+    around(cpu_backend.Backend, "warm_up", "fused step warm-up")
     build = Tokenizer.from_gguf.__func__
     Tokenizer.from_gguf = classmethod(lambda cls, m: (stamps.append(("before tokenizer", time.perf_counter())),
                                                        build(cls, m), stamp("tokenizer"))[1])

@@ -1,4 +1,4 @@
-"""Time the fast CPU matmuls (engine/kernels/cpu_fast.py) per row count T, old vs new in one process.
+"""Time the fast CPU matmuls (engine/backends/cpu/fast.py) per row count T, old vs new in one process.
 
 One "layer" is the fused step's four calls on SmolLM2-135M shapes: q/k/v (576 -> 576, 192, 192 in one
 region), o (576 -> 576), gate/up (576 -> 1536 x 2), down (1536 -> 576); the head is Q8_0 576 -> 49152.
@@ -33,7 +33,7 @@ from engine import numba_env  # noqa: E402,F401  (flags before numba)
 import numpy as np  # noqa: E402
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
-from engine.kernels import cpu_fast  # noqa: E402
+from engine.backends.cpu import fast as cpu_fast  # noqa: E402
 from engine.quant import QTensor  # noqa: E402
 
 N_LAYERS = 30
@@ -62,14 +62,14 @@ def random_weight(rng, qtype, rows, cols):
 
 
 def load_old(rev: str):
-    """cpu_fast.py at git revision rev, as module engine.kernels.cpu_fast_old (numba cache off)."""
-    src = subprocess.run(["git", "show", f"{rev}:engine/kernels/cpu_fast.py"], cwd=ROOT, check=True,
+    """cpu_fast.py at git revision rev, as module engine.backends.cpu.fast_old (numba cache off)."""
+    src = subprocess.run(["git", "show", f"{rev}:engine/backends/cpu/fast.py"], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp()) / "cpu_fast_old.py"
     path.write_text(src.replace("cache=True", "cache=False"))
-    spec = importlib.util.spec_from_file_location("engine.kernels.cpu_fast_old", path)
+    spec = importlib.util.spec_from_file_location("engine.backends.cpu.fast_old", path)
     mod = importlib.util.module_from_spec(spec)
-    mod.__package__ = "engine.kernels"
+    mod.__package__ = "engine.backends.cpu"
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod

@@ -61,7 +61,7 @@ def steps(idle: float, n: int, reps: int) -> None:
     from engine.api import Engine
     from engine.config import EngineArgs
     eng = Engine.load(EngineArgs(threads=2, prefix_reuse=False))
-    ff, cache = eng.model.fused, eng.session().cache
+    ff, cache = eng.model.step, eng.session().cache
     toks = np.arange(100, 160, dtype=np.int32)
     ff.run(toks[:40], 0, cache, 1)
 

@@ -12,7 +12,7 @@ round: NINFER_DECODE_BLOCK=1 unless set, since a decode block chooses its tokens
 Then the cost of calling into numba with the fused step's ~70 array arguments (a no-op function of the same
 arguments), hot and after streaming 100 MB (the cache state after a decode step), and with --busy the
 process's CPU seconds per wall second of one-token steps on 2 and 1 threads, quiet and with a spinner
-pinned to core 0 (what engine/kernels/cpu_guard.py reads).
+pinned to core 0 (what engine/backends/cpu/guard.py reads).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _rounds(eng, msgs, tokens: int, reps: int) -> None:
     from engine import sampling
     from engine.config import GenerateRequest, SamplingParams
     from engine.events import FinalStats
-    ff, model = eng.model.fused, eng.model
+    ff, model = eng.model.step, eng.model
     marks = {"run_start": [], "run_end": [], "fwd_end": [], "choose_end": []}
 
     def wrap(obj, name, before=None, after=None):
@@ -84,7 +84,7 @@ def _rounds(eng, msgs, tokens: int, reps: int) -> None:
 def _call_cost(eng) -> None:
     import numba
     from numba import njit
-    ff = eng.model.fused
+    ff = eng.model.step
     cache = eng.session().cache
     args = ff.call_args(np.array([5], np.int32), 1, 1, ff.kv_tuple(cache), ff._attn_scratch(cache.capacity),
                         numba.get_num_threads())
@@ -119,7 +119,7 @@ def _cpu_share(eng) -> None:
     import numba
 
     from engine.bench.runner import start_busy_process, stop_process
-    ff, model = eng.model.fused, eng.model
+    ff, model = eng.model.step, eng.model
     ff.guard.before = ff.guard.after = lambda: None
     cache = model.new_cache(256)
     model.forward(np.arange(1, 61, dtype=np.int32), 0, cache)
@@ -155,7 +155,7 @@ def main() -> int:
     from engine.bench.variants import read_messages_file, workload_file
     from engine.config import EngineArgs
     eng = Engine.load(EngineArgs(threads=2, prefix_reuse=False))
-    if eng.model.fused is None or not hasattr(eng.model.fused, "roles"):
+    if eng.model.step is None or not hasattr(eng.model.step, "roles"):
         print("needs the fused step (run once to fill the numba cache first)", file=sys.stderr)
         return 1
     _rounds(eng, read_messages_file(workload_file("count300_en")), a.tokens, a.reps)

@@ -7,7 +7,7 @@
 then us per pass); a pass of 32+ rows has a tail phase after each phase ("+tail").
 
 Each REV (a git revision, or "." for the working tree; default ".") gives the source of
-engine/kernels/cpu_fast_step.py, which is copied with cycle stamps (`llvm.readcyclecounter`) added after
+engine/backends/cpu/step.py, which is copied with cycle stamps (`llvm.readcyclecounter`) added after
 each thread's share of a phase and after each wait, and compiled uncached; with --with MODULE (e.g.
 cpu_fast: the matmuls and the quantizer; cpu_attn) also that kernel module's source at REV, where the step
 imports it. The copies use this tree's other kernels and the SmolLM2 model's weights, and run
@@ -45,10 +45,12 @@ from fused_engine import cycles as _cyc
 
 def absolute(src: str) -> str:
     """A kernels module's source made importable from outside the package, compiled uncached."""
-    src = re.sub(r"from \.\. import", "from engine import", src)
-    src = re.sub(r"from \.\.(\w+)", r"from engine.\1", src)
-    src = re.sub(r"from \. import", "from engine.kernels import", src)
-    src = re.sub(r"from \.(\w+)", r"from engine.kernels.\1", src)
+    src = re.sub(r"from \.\.\. import", "from engine import", src)
+    src = re.sub(r"from \.\.\.(\w+)", r"from engine.\1", src)
+    src = re.sub(r"from \.\. import", "from engine.backends import", src)
+    src = re.sub(r"from \.\.(\w+)", r"from engine.backends.\1", src)
+    src = re.sub(r"from \. import", "from engine.backends.cpu import", src)
+    src = re.sub(r"from \.(\w+)", r"from engine.backends.cpu.\1", src)
     return src.replace("cache=True", "cache=False")
 
 
@@ -64,11 +66,11 @@ def rewire(src: str, with_mods: list[str], j: int) -> str:
             else:
                 keep.append(name)
         if keep:
-            out.insert(0, "from engine.kernels import " + ", ".join(keep))
+            out.insert(0, "from engine.backends.cpu import " + ", ".join(keep))
         return "\n".join(out)
-    src = re.sub(r"^from engine\.kernels import ([\w ,]+)$", names, src, flags=re.M)
+    src = re.sub(r"^from engine\.backends\.cpu import ([\w ,]+)$", names, src, flags=re.M)
     for m in with_mods:
-        src = src.replace(f"from engine.kernels.{m} import", f"from {m}_v{j} import")
+        src = src.replace(f"from engine.backends.cpu.{m} import", f"from {m}_v{j} import")
     return src
 
 
@@ -115,7 +117,7 @@ def instrument(src: str) -> str:
     return "\n".join(out) + STAMPS
 
 
-def source(rev: str, path: str = "engine/kernels/cpu_fast_step.py") -> str:
+def source(rev: str, path: str = "engine/backends/cpu/step.py") -> str:
     if rev == ".":
         with open(os.path.join(ROOT, path), encoding="utf-8") as f:
             return f.read()
@@ -158,7 +160,7 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=1,
                     help="tokens per pass: 1 is a decode step; more is one prefill chunk (e.g. 256)")
     ap.add_argument("--with", dest="with_mods", action="append", default=[], metavar="MODULE",
-                    help="each version also uses its revision's engine/kernels/MODULE.py where the step imports it "
+                    help="each version also uses its revision's engine/backends/cpu/MODULE.py where the step imports it "
                          "(e.g. cpu_fast: the matmuls and the quantizer; cpu_attn); repeatable")
     ap.add_argument("--with-attn", action="store_true", help="the same as --with cpu_attn")
     ap.add_argument("--kv-dtype", default="f16", help="the KV cache's type (f16, int8)")
@@ -172,7 +174,7 @@ def main() -> int:
     if loaded is None:
         return 2
     eng, model, ff = loaded
-    while subprocess.run(["pgrep", "-f", "engine.compile_bg"], capture_output=True).stdout:
+    while subprocess.run(["pgrep", "-f", "engine.backends.cpu.compile_bg"], capture_output=True).stdout:
         time.sleep(1)  # a first start's helper still compiling: it would share the cores
     tmp = tempfile.mkdtemp(prefix="step_phases_")
     sys.path.insert(0, tmp)
@@ -181,7 +183,7 @@ def main() -> int:
         with_mods = list(dict.fromkeys(a.with_mods + (["cpu_attn"] if a.with_attn else [])))
         for m in with_mods:  # each copy imports the other copies of this version (cpu_fast -> cpu_avx2, ...)
             with open(os.path.join(tmp, f"{m}_v{j}.py"), "w", encoding="utf-8") as f:
-                f.write(rewire(absolute(source(rev, f"engine/kernels/{m}.py")), with_mods, j))
+                f.write(rewire(absolute(source(rev, f"engine/backends/cpu/{m}.py")), with_mods, j))
         step_src = rewire(instrument(source(rev)), with_mods, j)
         with open(os.path.join(tmp, f"step_v{j}.py"), "w", encoding="utf-8") as f:
             f.write(step_src)

@@ -14,7 +14,7 @@ sizes must come from DRAM. The two readers:
 - a sum with numpy (numpy releases the GIL in `np.add.reduce` on large float arrays only partly, so these
   readers run in separate processes);
 - a vectorized sum in numba that also asks for the line PREFETCH bytes ahead, as the decode kernels read
-  their weights (cpu_avx2.PREFETCH): readers in threads of one process (the loop releases the GIL), started
+  their weights (avx2.PREFETCH): readers in threads of one process (the loop releases the GIL), started
   together and timed until the last is done, in a process of its own.
 numpy's float64 sum adds about one value per cycle, so on a fast core the adder, not the memory, bounds it:
 on the 2-core Zen 5 dev host it read 31-33 GB/s where the vectorized reader read 44-75 GB/s (and the decode
@@ -71,7 +71,7 @@ def _numpy_rate(threads: int, nbytes: int, repeats: int) -> float:
 
 def prefetched_buffers(threads: int, nbytes: int) -> list:
     """One buffer per prefetching reader, nbytes in all, compiled for and touched once."""
-    from ..kernels.cpu_avx2 import PREFETCH  # here, not at the top: the numpy readers' processes need no numba
+    from ..backends.cpu.avx2 import PREFETCH  # here, not at the top: the numpy readers' processes need no numba
     from .stream_read import stream_sum
     bufs = [np.arange(nbytes // max(1, threads) // 8, dtype=np.float64) for _ in range(max(1, threads))]
     for b in bufs:
@@ -83,7 +83,7 @@ def prefetched_passes(bufs: list, repeats: int) -> list[float]:
     """Seconds of each of `repeats` passes of the prefetching readers, one thread per buffer, timed in lock
     step: each pass starts them together and ends when the last is done (the sum of each reader's best
     would count a reader that ran alone at the single-core rate)."""
-    from ..kernels.cpu_avx2 import PREFETCH
+    from ..backends.cpu.avx2 import PREFETCH
     from .stream_read import stream_sum
     barrier = threading.Barrier(len(bufs))
     times = []
@@ -160,10 +160,10 @@ def weight_bytes_per_token(model_path: str) -> dict:
 def kv_bytes_per_position(model_path: str, kv_dtype: str = "f16") -> int:
     """Bytes of KV cache a decode step reads per position of context: K and V of every layer and KV head in
     the cache's own layout (engine.kv_cache.KVCache of one position, f16 or int8 with its scales)."""
-    from ..backend import get_backend
+    from ..backends.kernels import get_kernels
     from ..kv_cache import KVCache
     n_layer, n_kv_head, head_dim = _kv_shape(model_path)
-    return KVCache(get_backend("ref"), n_layer, 1, n_kv_head, head_dim, kv_dtype).nbytes
+    return KVCache(get_kernels("ref"), n_layer, 1, n_kv_head, head_dim, kv_dtype).nbytes
 
 
 @functools.lru_cache(maxsize=4)

@@ -56,7 +56,7 @@ def worker_env(v: Variant, cold_dir: str | None) -> dict:
     """Environment of one worker: thread counts for numba/OpenMP/BLAS; a fresh cache dir for cold runs; its
     checkout first on the import path. A variant of another checkout (tree=) does not inherit this
     process's NUMBA_CACHE_DIR: that directory is keyed on this checkout's kernel sources (numba_env), and
-    numba checks a cached function against its own file only, so a tree whose cpu_fast_step.py had not
+    numba checks a cached function against its own file only, so a tree whose step.py had not
     changed since an earlier run in that directory loaded the fused step compiled with its old kernels
     (2026-12-03: a worktree moved from 93e7d13 to d527754 decoded 93e7d13's text). Its own numba_env keys
     its own directory under the same root."""

@@ -89,12 +89,13 @@ def random_verify_cost(a) -> int:
         numba.set_num_threads(a.threads)
     margs, tensors = smollm2_like()
     forward, label = None, a.backend
-    if a.backend == "cpu_fast":  # the interleaved int8 kernels + the fused one-call forward
-        from ..backends.kernels import Kernels
-        from ..backends.cpu import fast as cpu_fast
-        from ..backends.cpu import step as cpu_fast_step
-        model = Model(margs, tensors, Kernels("cpu", cpu_fast), max_batch=16)
-        forward = cpu_fast_step.build(model)
+    if a.backend == "cpu_fast":  # the cpu backend's weights and its fused one-call forward
+        from types import SimpleNamespace
+
+        from ..backends.cpu import build_model
+        from ..backends.cpu.step import build
+        model = build_model(SimpleNamespace(args=margs, tensors=tensors), max_batch=16)
+        forward = build(model)
         label += " (fused)" if forward is not None else " (per-kernel)"
     else:
         model = Model(margs, tensors, get_kernels(a.backend), max_batch=16)

@@ -6,7 +6,7 @@ from .. import numba_env  # noqa: F401  (flags before numba)
 import numpy as np
 from numba import njit
 
-from ..kernels.cpu_sync import prefetch
+from ..backends.cpu.sync import prefetch
 
 
 @njit(cache=True, nogil=True, fastmath=True)

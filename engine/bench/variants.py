@@ -15,7 +15,7 @@ Run-level keys a variant may also set: `busy=1` (run it while another process sp
 the run, e.g. `env.NINFER_THREADING_LAYER=workqueue` or `env.GOMP_SPINCOUNT=10000`), and `tree=PATH`: run
 our engine from another checkout of ninfer-chat (e.g. `git worktree add ../base HEAD~1`), so that two builds
 alternate in one run. Its worker takes this one's run (as JSON); its numba cache and its stored weights
-are its own (both keyed on the code: the kernels' sources, engine/weight_store.py's digest). A checkout from
+are its own (both keyed on the code: the kernels' sources, backends/cpu/weight_store.py's digest). A checkout from
 before that store keyed its file names on the code (802d084) deletes the other's stored weights whenever it
 writes its own, i.e. only on a start that found none.
 """

@@ -1,16 +1,22 @@
-"""Test helper: a model file loaded on the fast CPU backend (engine.kernels.cpu_fast), with its fused step."""
+"""Test helper: a model file loaded as the cpu backend loads it (engine.backends.cpu.build_model), with its
+fused step."""
 from __future__ import annotations
 
 
-def fast_model(path):
-    """(Model, its FusedForward) for a model file; the step built here when the Model left none (its weight
-    types), and then set as the model's."""
-    from engine.backend import Backend
+def fast_model(path, max_batch: int = 8):
+    """(Model, its FusedForward or None) for a model file: the weights in the cpu backend's layout; the
+    Model's own forward is the plain walk, one kernel call at a time."""
+    from engine.backends.cpu import build_model
+    from engine.backends.cpu.step import build
     from engine.gguf import load_gguf
-    from engine.kernels import cpu_fast, cpu_fast_step
-    from engine.model import Model
-    mf = load_gguf(path)
-    model = Model(mf.args, mf.tensors, Backend("cpu", cpu_fast), max_batch=8)
-    if getattr(model, "fused", None) is None:
-        model.fused = cpu_fast_step.build(model)
-    return model, model.fused
+    model = build_model(load_gguf(path), max_batch)
+    return model, build(model)
+
+
+def fast_runner(model_file, max_batch: int = 8):
+    """The cpu backend's runner (engine.backends.cpu.runner.CpuRunner) for a loaded model file."""
+    from engine.backends.cpu import build_model
+    from engine.backends.cpu.runner import CpuRunner
+    from engine.backends.cpu.step import build
+    model = build_model(model_file, max_batch)
+    return CpuRunner(model, build(model))

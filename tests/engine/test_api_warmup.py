@@ -1,5 +1,5 @@
 """Engine.load's warm start: the fused step is already loaded from numba's cache, so no scratch steps run
-(engine.api._warm_up), and numba's cache loads skip the context refresh (numba_env.lazy_cache_refresh);
+(engine.backends.cpu.warm_up), and numba's cache loads skip the context refresh (numba_env.lazy_cache_refresh);
 replies are token-for-token those of a load that ran the scratch steps / the full refresh."""
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ def q4_path(tmp_path_factory, make_tiny):
 
 
 def _load_counting(path, monkeypatch, **env):
-    """Engine.load with Model.forward counted; env: variables set for the load only."""
+    """Engine.load with the cpu runner's forward counted; env: variables set for the load only."""
     from engine.api import Engine
-    from engine.model import Model
+    from engine.backends.cpu.runner import CpuRunner
     calls = []
-    orig = Model.forward
+    orig = CpuRunner.forward
 
     def counted(self, *a, **k):
         calls.append(a[0].shape[0])
@@ -32,7 +32,7 @@ def _load_counting(path, monkeypatch, **env):
     with monkeypatch.context() as m:
         for k, v in env.items():
             m.setenv(k, v)
-        m.setattr(Model, "forward", counted)
+        m.setattr(CpuRunner, "forward", counted)
         eng = Engine.load(EngineArgs(model=str(path), max_context=256))
     return eng, calls
 
@@ -44,18 +44,18 @@ def _tokens(eng):
 
 
 def test_warm_start_runs_no_scratch_steps_and_replies_the_same(q4_path, monkeypatch):
-    from engine.kernels.cpu_fast_step import FusedForward
+    from engine.backends.cpu.step import FusedForward
     # the old way: the fused step compiled (or loaded) here, then the two scratch steps
     old, old_calls = _load_counting(q4_path, monkeypatch, NINFER_COMPILE_BG="0")
     assert old_calls == [2, 1]
     eng, calls = _load_counting(q4_path, monkeypatch)  # now loaded in this process: a warm start
-    assert calls == [] and type(eng.model.fused) is FusedForward
+    assert calls == [] and type(eng.model.step) is FusedForward
     assert _tokens(eng) == _tokens(old)
 
 
 def test_scratch_steps_run_while_the_fused_step_is_not_loaded(q4_path, monkeypatch):
-    import engine.api
-    monkeypatch.setattr(engine.api, "_fused_loaded", lambda ff, kv_dtype: False)
+    import engine.backends.cpu
+    monkeypatch.setattr(engine.backends.cpu, "fused_loaded", lambda ff, kv_dtype: False)
     _, calls = _load_counting(q4_path, monkeypatch)
     assert calls == [2, 1]
 

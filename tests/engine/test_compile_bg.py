@@ -44,27 +44,26 @@ def _greedy(fwd, model, n=8):
     return toks, logits
 
 
-def _helper(model, argv=None):
-    from engine.compile_bg import Helper
-    from engine.kernels.cpu_fast_step import fused_forward
-    from engine.compile_tier import CHILD_KERNELS, LeafForward, fused_signature
-    ff = model.fused
+def _helper(model, ff, argv=None):
+    from engine.backends.cpu.compile_bg import Helper
+    from engine.backends.cpu.step import fused_forward
+    from engine.backends.cpu.tier import CHILD_KERNELS, LeafForward, fused_signature
     kv = ff.kv_tuple(model.new_cache(4))
     plan = LeafForward(ff).plan(kv)
     return Helper([p for p in plan if p[0] in CHILD_KERNELS], [(fused_forward, fused_signature(ff, kv))], argv=argv)
 
 
 def test_kernel_by_kernel_step_is_bit_identical_to_fused(q4_path):
-    from engine.compile_tier import TieredForward
-    model = fast_model(q4_path)[0]
-    want_toks, want = _greedy(model.fused, model)
+    from engine.backends.cpu.tier import TieredForward
+    model, ff = fast_model(q4_path)
+    want_toks, want = _greedy(ff, model)
 
     class Never:  # a helper that has not finished yet: TieredForward stays on the kernel-by-kernel step
         failure = None
         fused_done = type("E", (), {"is_set": staticmethod(lambda: False)})()
 
-    kv = model.fused.kv_tuple(model.new_cache(4))
-    tiered = TieredForward(model.fused, kv, Never())
+    kv = ff.kv_tuple(model.new_cache(4))
+    tiered = TieredForward(ff, kv, Never())
     got_toks, got = _greedy(tiered, model)
     assert tiered.steps["fused"] == 0 and tiered.steps["kernels"] == len(got)
     assert got_toks == want_toks
@@ -77,11 +76,11 @@ def test_kernel_by_kernel_step_shares_a_prompt_not_a_decode_step(q4_path, monkey
     Python thread; a one-token step stays on this thread (the helper compiles on the other core)."""
     import numba
 
-    from engine import compile_tier
-    from engine.compile_tier import TieredForward
+    from engine.backends.cpu import tier as compile_tier
+    from engine.backends.cpu.tier import TieredForward
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("needs 2 numba threads")
-    model = fast_model(q4_path)[0]
+    model, ff = fast_model(q4_path)
     submitted = []
 
     class Pool:  # runs the half at once, here, and counts it
@@ -95,8 +94,8 @@ def test_kernel_by_kernel_step_shares_a_prompt_not_a_decode_step(q4_path, monkey
         failure = None
         fused_done = type("E", (), {"is_set": staticmethod(lambda: False)})()
 
-    kv = model.fused.kv_tuple(model.new_cache(4))
-    tiered = TieredForward(model.fused, kv, Never())
+    kv = ff.kv_tuple(model.new_cache(4))
+    tiered = TieredForward(ff, kv, Never())
     cache = model.new_cache(64)
     tiered(TOKS, 0, cache, all_logits=True)
     prompt = len(submitted)
@@ -106,13 +105,13 @@ def test_kernel_by_kernel_step_shares_a_prompt_not_a_decode_step(q4_path, monkey
 
 
 def test_tiered_serves_first_then_switches_to_fused(q4_path):
-    from engine.compile_tier import TieredForward
-    model = fast_model(q4_path)[0]
-    want_toks, want = _greedy(model.fused, model, n=12)
-    helper = _helper(model)
+    from engine.backends.cpu.tier import TieredForward
+    model, ff = fast_model(q4_path)
+    want_toks, want = _greedy(ff, model, n=12)
+    helper = _helper(model, ff)
     try:
-        kv = model.fused.kv_tuple(model.new_cache(4))
-        tiered = TieredForward(model.fused, kv, helper)
+        kv = ff.kv_tuple(model.new_cache(4))
+        tiered = TieredForward(ff, kv, helper)
         cache = model.new_cache(64)
         toks = [int(tiered(TOKS, 0, cache, all_logits=True)[-1].argmax())]
         for i in range(4):  # the helper waits for go(): these steps cannot be the fused ones
@@ -134,14 +133,14 @@ def test_tiered_serves_first_then_switches_to_fused(q4_path):
 
 
 def test_failing_helper_keeps_kernel_path_and_says_so_once(q4_path, caplog):
-    from engine.compile_tier import TieredForward
-    model = fast_model(q4_path)[0]
-    want_toks, _ = _greedy(model.fused, model)
-    helper = _helper(model, argv=[sys.executable, "-c", "import sys; sys.stdin.buffer.read(1); sys.exit(3)"])
+    from engine.backends.cpu.tier import TieredForward
+    model, ff = fast_model(q4_path)
+    want_toks, _ = _greedy(ff, model)
+    helper = _helper(model, ff, argv=[sys.executable, "-c", "import sys; sys.stdin.buffer.read(1); sys.exit(3)"])
     assert helper.ended.wait(60)
     assert "status 3" in helper.failure or "could not start" in helper.failure
-    kv = model.fused.kv_tuple(model.new_cache(4))
-    tiered = TieredForward(model.fused, kv, helper)
+    kv = ff.kv_tuple(model.new_cache(4))
+    tiered = TieredForward(ff, kv, helper)
     with caplog.at_level(logging.WARNING, logger="ninfer.compile"):
         got_toks, _ = _greedy(tiered, model)
     assert got_toks == want_toks
@@ -153,11 +152,11 @@ _COLD_SCRIPT = r"""
 import json, sys, time
 from engine.api import Engine
 from engine.config import EngineArgs
-from engine.compile_tier import TieredForward
+from engine.backends.cpu.tier import TieredForward
 msgs = []
 eng = Engine.load(EngineArgs(model=sys.argv[1], max_context=256), progress=lambda p: msgs.append(p.message))
 m = eng.model
-tiered = isinstance(m.fused, TieredForward)
+tiered = isinstance(m.step, TieredForward)
 import numpy as np
 def run():
     cache = m.new_cache(64)
@@ -168,11 +167,11 @@ def run():
 first = run()
 switched = None
 if tiered:
-    assert m.fused.helper.fused_done.wait(900), m.fused.helper.failure
+    assert m.step.helper.fused_done.wait(900), m.step.helper.failure
     second = run()
-    switched = m.fused.fused_ready
+    switched = m.step.fused_ready
     assert second == first, (first, second)
-note = m.fused.note if tiered else None
+note = m.step.note if tiered else None
 print(json.dumps({"tiered": tiered, "switched": switched, "tokens": first, "messages": msgs, "note": note}))
 """
 
@@ -200,7 +199,7 @@ def test_engine_exit_during_load_ends_the_helper():
     """An engine process that exits before its helper was told to go leaves no helper process behind."""
     code = (
         "import sys\n"
-        "from engine.compile_bg import Helper\n"
+        "from engine.backends.cpu.compile_bg import Helper\n"
         "h = Helper([], [], argv=[sys.executable, '-c', 'import sys, time; sys.stdin.buffer.read(1); time.sleep(120)'])\n"
         "print(h.proc.pid, flush=True)\n"
     )
@@ -215,8 +214,8 @@ def test_engine_exit_during_load_ends_the_helper():
 def test_helper_compiles_the_sampler_of_the_usual_settings():
     """The helper's list carries the sampling chain's jitted functions (importable by name in the helper) for
     top-k sampling (its select and draw) and greedy with penalties, so the first token does not wait for their compile."""
-    from engine.compile_bg import _ref, _resolve
-    from engine.compile_tier import sampler_plan
+    from engine.backends.cpu.compile_bg import _ref, _resolve
+    from engine.backends.cpu.tier import sampler_plan
     from engine.sampling_fast import compile_plan
     plan = sampler_plan(49152)
     assert plan == compile_plan(False, 40, 49152) + compile_plan(True, 0, 49152) and len(plan) == 3  # + draw
@@ -230,7 +229,7 @@ def test_a_second_helper_waits_for_the_first_ones_fused_compile(tmp_path, monkey
     cache), instead of compiling the same functions beside it."""
     import fcntl
 
-    from engine.compile_bg import Helper, phase_locks
+    from engine.backends.cpu.compile_bg import Helper, phase_locks
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
     locks = phase_locks(str(tmp_path))
     assert set(locks) == {"leaves", "fused"}
@@ -254,7 +253,7 @@ def test_helper_ends_when_its_cache_dir_is_removed(tmp_path, monkeypatch):
     (here while it waits for "go"), instead of compiling on into the next runs."""
     import shutil
 
-    from engine.compile_bg import Helper
+    from engine.backends.cpu.compile_bg import Helper
     root = tmp_path / "cold"
     root.mkdir()
     monkeypatch.setenv("NINFER_CACHE_DIR", str(root))

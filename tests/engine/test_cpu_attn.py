@@ -8,8 +8,10 @@ import numba
 import numpy as np
 import pytest
 
-from engine.kernels import cpu_attn, cpu_attn_int8, ref
-from engine.kernels.cpu_attn_softmax import softmax_row
+from engine.backends.cpu import attn as cpu_attn
+from engine.backends.cpu import attn_int8 as cpu_attn_int8
+from engine.backends.ref import kernels as ref
+from engine.backends.cpu.attn_softmax import softmax_row
 
 
 def _convert_all(h2f):
@@ -251,7 +253,7 @@ def test_generic_env_selects_the_numba_loops():
     """NINFER_CPU_GENERIC=1 (what a CPU without AVX2 runs) takes the numba loops (tested above), f16 and int8,
     and the numba softmax."""
     root = Path(__file__).resolve().parents[2]
-    code = ("from engine.kernels import cpu_attn as A, cpu_attn_int8 as B; "
+    code = ("from engine.backends.cpu import attn as A, attn_int8 as B; "
             "print(A.VECTOR_ATTN, A._item_heads is A._item_heads_loops, B._item_heads_q8 is B._item_heads_q8_loops, "
             "A._softmax_rows is A._softmax_rows_loops)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(root), timeout=300,
@@ -339,7 +341,7 @@ def test_vnni_scores_quantize_a_zero_query_group_to_zero():
 
 def test_vnni_item_serves_only_the_shapes_it_can():
     """usable(): 64-value blocks of 32-value groups, at most GMAX query heads per KV head, the stack buffers."""
-    from engine.kernels.cpu_attn_int8_vnni import GMAX, QBYTES, usable
+    from engine.backends.cpu.attn_int8_vnni import GMAX, QBYTES, usable
     assert usable(9, 3, 64, 2) and usable(32, 8, 128, 4) and usable(64, 8, 128, 4)  # SmolLM2, 8B, 64 heads
     assert not usable(9, 3, 96, 3)  # 96 is not whole 64-value blocks
     assert not usable(9, 3, 64, 1)  # one 64-value group

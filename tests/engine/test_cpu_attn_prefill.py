@@ -3,7 +3,9 @@ import numba
 import numpy as np
 import pytest
 
-from engine.kernels import cpu_attn, cpu_attn_prefill as AP, ref
+from engine.backends.cpu import attn as cpu_attn
+from engine.backends.cpu import attn_prefill as AP
+from engine.backends.ref import kernels as ref
 
 
 @numba.njit(parallel=True)

@@ -20,13 +20,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _weight(rng, qtype, rows, cols):
-    from engine.kernels import cpu_fast
+    from engine.backends.cpu import fast as cpu_fast
     from test_speed_guard import _qtensor  # random blocks with sane scales
     return cpu_fast.prepare_weight(_qtensor(rng, qtype, rows, cols))
 
 
 def _quantized(rng, t_n, cols, extreme):
-    from engine.kernels import cpu_fast
+    from engine.backends.cpu import fast as cpu_fast
     x = rng.standard_normal((t_n, cols)).astype(np.float32)
     if extreme:  # every activation +-127 after quantization: the int16 accumulator bounds
         x = np.sign(x).astype(np.float32)
@@ -40,7 +40,7 @@ def _quantized(rng, t_n, cols, extreme):
 @pytest.mark.parametrize("rows, cols", [(64, 96), (45, 128)])  # 45: a padded last row group
 @pytest.mark.parametrize("extreme", [False, True])
 def test_avx2_kernels_equal_generic_bitwise(qtype, rows, cols, extreme):
-    from engine.kernels import cpu_fast as F
+    from engine.backends.cpu import fast as F
     if not F.HAVE_AVX2:
         pytest.skip("host without AVX2 (or NINFER_CPU_GENERIC set)")
     rng = np.random.default_rng(rows + cols + extreme)
@@ -69,7 +69,7 @@ def _vnni_and_madd():
     """cpu_avx2's 4-bit decode kernel in both forms: vpdpbusd (the target's, where it has VNNI) and
     vpmaddubsw."""
     import numba
-    from engine.kernels import cpu_avx2 as A
+    from engine.backends.cpu import avx2 as A
 
     @numba.njit
     def run(o1, o2, blk, qa, sa, xs, nb):
@@ -83,8 +83,8 @@ def test_vnni_block_sums_equal_vpmaddubsw_bitwise(extreme):
     """Where the target has AVX-VNNI / AVX512-VNNI, the 4-bit decode kernel sums each block with vpdpbusd: the
     same exact integers as vpmaddubsw's pair sums, so the same output bits, also at the bounds (every nibble
     15, every activation -128 or 127)."""
-    from engine.kernels import cpu_avx2 as A
-    from engine.kernels import cpu_fast as F
+    from engine.backends.cpu import avx2 as A
+    from engine.backends.cpu import fast as F
     if not F.HAVE_AVX2:
         pytest.skip("host without AVX2 (or NINFER_CPU_GENERIC set)")
     if not A.VNNI:
@@ -110,7 +110,7 @@ def test_avx2_quantize_rows_equals_generic_bitwise():
     """The activations' quantization (cpu_avx2.absmax32 / quant32) gives the generic loop's int8 values, f16
     scales and block sums: a block of zeros, exact ties at .5 after scaling (round half to even), +-1
     everywhere, the f32 extremes of a row, and rows that are views of wider buffers (as the step passes)."""
-    from engine.kernels import cpu_fast as F
+    from engine.backends.cpu import fast as F
     if not F.HAVE_AVX2:
         pytest.skip("host without AVX2 (or NINFER_CPU_GENERIC set)")
     rng = np.random.default_rng(7)
@@ -143,7 +143,7 @@ GENERIC = """
 import json
 import numpy as np
 from gguf import GGMLQuantizationType as QT
-from engine.kernels import cpu_fast
+from engine.backends.cpu import fast as cpu_fast
 import test_cpu_avx2 as T
 res = {"avx2": cpu_fast.HAVE_AVX2, "out": [], "x": []}
 rng = np.random.default_rng(0)
@@ -168,7 +168,7 @@ def test_generic_fallback_path(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     generic = json.loads(p.stdout.strip().splitlines()[-1])
     assert generic["avx2"] is False
-    from engine.kernels import cpu_fast
+    from engine.backends.cpu import fast as cpu_fast
     rng = np.random.default_rng(0)
     i = 0
     for qtype in (QT.Q4_1, QT.Q8_0):

@@ -7,7 +7,7 @@ import pytest
 from numba import njit, prange
 
 from engine.config import SamplingParams
-from engine.kernels.cpu_sync import finish, grab, new_sync, open_phase, reset, wait_fetching, wait_open
+from engine.backends.cpu.sync import finish, grab, new_sync, open_phase, reset, wait_fetching, wait_open
 from fast_cpu import fast_model
 from test_speed_guard import ALL_Q4, q4_tiny  # noqa: F401  (the fixture: a tiny all-Q4 llama)
 
@@ -90,8 +90,8 @@ def test_threads_run_one_after_another_do_not_deadlock(order):
 def test_a_waiting_thread_fetches_where_its_next_items_start(q4_tiny, kv_dtype):
     """_ahead (what a thread waiting at a phase's end asks the caches for): the first bytes of the first
     items cpu_sync.grab hands the thread in the next phase, in the arrays those items read."""
-    from engine.kernels import cpu_attn
-    from engine.kernels.cpu_fast_step import AHEAD, SPLITS, _ahead
+    from engine.backends.cpu import attn as cpu_attn
+    from engine.backends.cpu.step import AHEAD, SPLITS, _ahead
     model, ff = fast_model(q4_tiny)
     r = ff.roles
     cache = model.new_cache(64, kv_dtype)
@@ -155,7 +155,7 @@ def test_grab_takes_own_part_first_then_steals():
 def test_fused_step_threads_in_sequence_match_the_region(q4_tiny, n_prompt):
     """The one-region fused step: its threads' functions run one after another in any order (as a runtime
     with fewer threads would run them) give the region's logits bit for bit, prefill and decode."""
-    from engine.kernels import cpu_fast_step
+    from engine.backends.cpu import step as cpu_fast_step
     model, ff = fast_model(q4_tiny)
     r = ff.roles
 
@@ -195,7 +195,7 @@ def _single_steps(model, tok, pos0, cache, n, stops):
 def test_greedy_block_chooses_what_single_steps_choose(q4_tiny):
     """FusedForward.greedy (one call, the argmax chosen inside) gives the tokens, the KV rows and the cache
     length of plain forward + np.argmax rounds; a token in the stop set ends the block and is returned."""
-    from engine.kernels.cpu_fast_step import BLOCK
+    from engine.backends.cpu.step import BLOCK
     model, ff = fast_model(q4_tiny)
     toks = np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32)
     c1, c2 = model.new_cache(64), model.new_cache(64)
@@ -225,7 +225,7 @@ def test_greedy_block_chooses_what_single_steps_choose(q4_tiny):
 def test_greedy_block_threads_in_sequence_match_the_region(q4_tiny):
     """The block's per-thread function run one thread after another (a runtime with fewer threads) chooses
     the same tokens as the region: the choice phase never waits for a particular thread."""
-    from engine.kernels import cpu_fast_step
+    from engine.backends.cpu import step as cpu_fast_step
     model, ff = fast_model(q4_tiny)
     toks = np.array([3, 17, 42, 5, 99, 7], np.int32)
     c1, c2 = model.new_cache(64), model.new_cache(64)
@@ -243,7 +243,7 @@ def test_greedy_block_threads_in_sequence_match_the_region(q4_tiny):
 
 @pytest.mark.parametrize("n", [1, 7, 8, 50, 49152])
 def test_argmax_row_is_numpys(n):
-    from engine.kernels.cpu import argmax_row
+    from engine.backends.cpu.kernels import argmax_row
     rng = np.random.default_rng(n)
     x = rng.standard_normal(n).astype(np.float32)
     assert argmax_row(x) == np.argmax(x)
@@ -261,7 +261,7 @@ def test_fused_step_matches_leaf_forward_bit_for_bit(request, n_prompt, tiny):
     step give the same bits, prefill and decode: same kernels on the same items, whichever thread runs
     them, and the fastmath helpers keep their own flags inside the (non-fastmath) step. 40 rows: a prompt's
     attention in row tiles (cpu_attn_prefill); q4_parts: weights in a part per thread."""
-    from engine.compile_tier import LeafForward
+    from engine.backends.cpu.tier import LeafForward
     model, ff = fast_model(request.getfixturevalue(tiny))
     assert ff.roles["wk"][0].shape[1] == (2 if tiny == "q4_parts" and numba.get_num_threads() == 2 else 1)
     leaf = LeafForward(ff)
@@ -293,7 +293,6 @@ def test_per_kernel_forward_over_parts_matches_the_fused_step(q4_parts):
     """Model.forward kernel by kernel (cpu_fast.matmul over each part of a layer matrix) gives the fused
     step's logits on weights in a part per thread: the same group kernels, so the same bits."""
     model, ff = fast_model(q4_parts)
-    model.fused = None
     toks = np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32)
     c1, c2 = model.new_cache(64), model.new_cache(64)
     np.testing.assert_array_equal(ff(toks, 0, c2, all_logits=True), model.forward(toks, 0, c1, all_logits=True))
@@ -360,7 +359,7 @@ def test_penalised_block_chooses_what_single_rounds_choose(q4_tiny, sp):
     sampling (seeded; top-k 20, or the full-vocabulary path: top-k off or above KMAX) or greedy (top-1 of
     the penalised logits): the same tokens as choose + accept rounds, the same penalty state after, and the
     generator where single rounds leave it (greedy: untouched)."""
-    from engine.kernels.cpu_fast_step import BLOCK
+    from engine.backends.cpu.step import BLOCK
     from engine.sampling import TokenChooser
     model, ff = fast_model(q4_tiny)
     toks = np.array([3, 17, 42, 5, 99, 7], np.int32)

@@ -35,8 +35,8 @@ def _checks():
     sys.path.insert(0, str(HERE))
     from gguf import GGMLQuantizationType as QT
 
-    from engine.kernels import cuda as ck
-    from engine.kernels import ref
+    from engine.backends.cuda import kernels as ck
+    from engine.backends.ref import kernels as ref
     from reference_forward import random_qtensor
 
     rng = np.random.default_rng(7)
@@ -214,7 +214,8 @@ def _ptx_cases():
     if not HAVE_NUMBA_CUDA:
         return []
     sys.path.insert(0, str(ROOT))
-    from engine.kernels import cuda_ops, cuda_quant
+    from engine.backends.cuda import ops as cuda_ops
+    from engine.backends.cuda import quant as cuda_quant
     return [(n, i) for table in (cuda_quant.KERNELS, cuda_ops.KERNELS) for n in table
             for i in range(len(table[n][1]))]
 
@@ -225,7 +226,8 @@ def test_compile_ptx_all_kernels(cc):
     """Every kernel, every explicit signature, typed and lowered for V100 (sm_70) and H100/H200 (sm_90)."""
     from numba import cuda
 
-    from engine.kernels import cuda_ops, cuda_quant
+    from engine.backends.cuda import ops as cuda_ops
+    from engine.backends.cuda import quant as cuda_quant
     failures = []
     n = 0
     for table in (cuda_quant.KERNELS, cuda_ops.KERNELS):
@@ -242,9 +244,9 @@ def test_compile_ptx_all_kernels(cc):
 
 
 def _fresh_cuda_backend(monkeypatch):
-    from engine import backend
+    from engine.backends import kernels as backend
     monkeypatch.setattr(backend, "_cache", {})
-    monkeypatch.delitem(sys.modules, "engine.kernels.cuda", raising=False)
+    monkeypatch.delitem(sys.modules, "engine.backends.cuda.kernels", raising=False)
     return backend
 
 
@@ -259,7 +261,7 @@ def test_backend_cuda_unavailable_without_gpu(monkeypatch):
     monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
     backend = _fresh_cuda_backend(monkeypatch)
     with pytest.raises(BackendUnavailable, match="no usable NVIDIA GPU.*--backend cpu") as e:
-        backend.get_backend("cuda")
+        backend.get_kernels("cuda")
     assert "\n" not in str(e.value)
 
 
@@ -271,7 +273,7 @@ def test_backend_cuda_unavailable_without_numba_cuda(monkeypatch):
     monkeypatch.setattr(iu, "find_spec", lambda name, *a: None if name == "numba_cuda" else real(name, *a))
     backend = _fresh_cuda_backend(monkeypatch)
     with pytest.raises(BackendUnavailable, match="needs numba-cuda.*cuda"):
-        backend.get_backend("cuda")
+        backend.get_kernels("cuda")
 
 
 if __name__ == "__main__":

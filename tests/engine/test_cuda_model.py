@@ -57,18 +57,18 @@ def greedy(model, prompt, n_new, kv_dtype, chunk=4):
 def _check(name):
     from gguf import GGMLQuantizationType as QT
 
-    from engine.backend import get_backend
-    from engine.kernels import cuda as ck
+    from engine.backends.kernels import get_kernels
+    from engine.backends.cuda import kernels as ck
     from engine.model import Model
     from reference_forward import tiny_model
 
     kw, kv_dtype, _ = CASES[name]
     kw = {k: (QT[v] if k.endswith("qtype") else v) for k, v in kw.items()}
     a, tensors = tiny_model(**kw, vocab=96)
-    want, want_logits = greedy(Model(a, tensors, get_backend("ref"), max_batch=4), PROMPT, N_NEW, kv_dtype)
-    model = Model(a, tensors, get_backend("cuda"), max_batch=4)
+    want, want_logits = greedy(Model(a, tensors, get_kernels("ref"), max_batch=4), PROMPT, N_NEW, kv_dtype)
+    model = Model(a, tensors, get_kernels("cuda"), max_batch=4)
     if name.startswith("graph_"):  # decode steps replay a captured graph (a recorded launch list in the sim)
-        from engine.kernels.cuda_graph import GraphDecoder
+        from engine.backends.cuda.graph import GraphDecoder
         model = GraphDecoder(model)
         if ck.SIMULATOR:  # and decode attention is split (4 splits of 8 over the 32-slot cache) as on a GPU
             ck.LAUNCH.split_min_cap, ck.LAUNCH.split_len = 16, 8
@@ -89,7 +89,7 @@ def worker(names):
     if os.environ.get("NINFER_CUDA_REAL") != "1":
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
     sys.path[:0] = [str(ROOT), str(HERE)]
-    from engine.kernels import cuda as ck
+    from engine.backends.cuda import kernels as ck
     if ck.SIMULATOR:  # one thread per weight row, 32 rows a block: same code, fewer simulated threads
         ck.LAUNCH.lanes, ck.LAUNCH.rows = 1, 32
     res = {}

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from engine.kernels import cpu, ref
+from engine.backends.cpu import kernels as cpu
+from engine.backends.ref import kernels as ref
 from engine.quant import SUPPORTED
 from reference_forward import random_qtensor
 
@@ -183,17 +184,17 @@ def test_kv_int8_attention_close_to_f16():
 
 
 def test_backend_seam():
-    from engine.backend import KERNELS, get_backend
+    from engine.backends.kernels import KERNELS, get_kernels
     from engine.errors import BackendUnavailable, ConfigError
     for name in ("cpu", "ref"):
-        be = get_backend(name)
+        be = get_kernels(name)
         assert all(callable(getattr(be, k)) for k in KERNELS)
         buf = be.zeros((2, 3), "float32")
         be.upload(buf, np.ones((2, 3), np.float32))
         assert be.to_host(buf).sum() == 6
     with pytest.raises(ConfigError, match="not one of"):
-        get_backend("tpu")
+        get_kernels("tpu")
     try:  # on a machine without a GPU this must be the one-line error, never another exception
-        get_backend("cuda")
+        get_kernels("cuda")
     except BackendUnavailable as e:
         assert "--backend cpu" in str(e)

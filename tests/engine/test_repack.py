@@ -1,11 +1,11 @@
-"""engine.kernels.cpu_repack: the jitted repack gives exactly the arrays the numpy version gave."""
+"""engine.backends.cpu.repack: the jitted repack gives exactly the arrays the numpy version gave."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from engine.kernels import cpu_fast
+from engine.backends.cpu import fast as cpu_fast
 from engine.quant import QTensor
 
 G = cpu_fast.G
@@ -101,7 +101,7 @@ def test_layer_repack_equals_one_by_one(qtype, threads):
     """cpu_fast.prepare_layers: each layer's parts hold what prepare_weight gives for that tensor alone, the
     fused step's role stacks are those very views (no copy of the weights at load), and with two parts
     each thread's parts lie one after another in memory, layer by layer and role by role."""
-    from engine.kernels.cpu_fast_step import _role_stacks
+    from engine.backends.cpu.step import _role_stacks
     rng = np.random.default_rng(int(qtype) + threads)
     roles = {"a": _layers(rng, "a", [qtype] * 3, [(64, 64)] * 3), "b": _layers(rng, "b", [qtype] * 3, [(128, 96)] * 3)}
     ws = cpu_fast.prepare_layers(roles, threads=threads)
@@ -129,7 +129,7 @@ def test_layer_repack_equals_one_by_one(qtype, threads):
 def test_role_stacks_of_weights_prepared_one_by_one():
     """Layer weights without prepare_layers' buffer (prepared one by one): the fused step stacks copies of
     one part each, and the weights then view them."""
-    from engine.kernels.cpu_fast_step import _ROLES, _role_stacks
+    from engine.backends.cpu.step import _ROLES, _role_stacks
     rng = np.random.default_rng(11)
     ts = _layers(rng, "a", [QT.Q4_1] * 2, [(64, 64)] * 2)
     ws = [cpu_fast.prepare_weight(t) for t in ts]

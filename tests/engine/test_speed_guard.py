@@ -40,7 +40,7 @@ def _qtensor(rng, qtype, rows, cols) -> QTensor:
 @pytest.mark.parametrize("rows, cols", [(96, 64), (45, 96)])  # 45: a padded last row group
 @pytest.mark.parametrize("t_n", [1, 3])
 def test_fast_matmul_matches_reference(qtype, rows, cols, t_n):
-    from engine.kernels import cpu_fast
+    from engine.backends.cpu import fast as cpu_fast
     rng = np.random.default_rng(rows * 7 + t_n)
     qt = _qtensor(rng, qtype, rows, cols)
     w = cpu_fast.prepare_weight(qt)
@@ -63,7 +63,7 @@ def test_f16_store_bits_match_numpy(kind):
     """store_f16 (the cache's writes) and both converters it may use: F16C's and the bit-by-bit fallback."""
     from numba import njit
 
-    from engine.kernels import cpu_attn
+    from engine.backends.cpu import attn as cpu_attn
     if kind == "hw" and not cpu_attn.HAS_F16C:
         pytest.skip("no F16C on this CPU")
     rng = np.random.default_rng(0)
@@ -87,7 +87,7 @@ def test_f16_store_bits_match_numpy(kind):
 def test_exp_fast_accuracy():
     from numba import njit
 
-    from engine.kernels.cpu_attn import exp_fast
+    from engine.backends.cpu.attn import exp_fast
 
     @njit
     def run(out, x):
@@ -100,8 +100,8 @@ def test_exp_fast_accuracy():
 
 
 def test_fast_attention_matches_reference():
-    from engine.kernels import ref
-    from engine.kernels.cpu_attn import SPLITS, attention_f16_split
+    from engine.backends.ref import kernels as ref
+    from engine.backends.cpu.attn import SPLITS, attention_f16_split
     import numba
     rng = np.random.default_rng(1)
     cap, n_kv, hd, n_head, t_n, pos0 = 40, 2, 16, 6, 3, 20
@@ -131,7 +131,6 @@ def q4_tiny(tmp_path_factory, make_tiny):
 def test_fused_forward_matches_model_forward(q4_tiny, kv_dtype, n_prompt):
     model, fused = fast_model(q4_tiny)
     assert fused is not None
-    model.fused = None  # Model.forward below: the kernel-by-kernel path over the same weights
     toks = np.resize(np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32), n_prompt)
     c1, c2 = model.new_cache(64, kv_dtype), model.new_cache(64, kv_dtype)
     want = model.forward(toks, 0, c1, all_logits=True)
@@ -153,7 +152,7 @@ def test_fused_step_compiles_each_thread_function_once_per_array_types(q4_tiny):
     it not inlined) gets one signature per set of array types: prange's index (uint64 in the gufunc, int64
     where numba types the loop) or a literal int argument would each add a whole compile of their own."""
     from numba import types
-    from engine.kernels import cpu_fast_step
+    from engine.backends.cpu import step as cpu_fast_step
     model, fused = fast_model(q4_tiny)
     fused(np.array([3, 17], np.int32), 0, model.new_cache(16), all_logits=True)
     funcs = (cpu_fast_step._passes, cpu_fast_step._step_thread)
@@ -170,7 +169,7 @@ def test_fused_verify_rows_equal_decode_steps(q4_tiny):
     must stay below that, and does: --draft-tokens <= 15, so at most 16 rows.)"""
     from engine.config import EngineArgs, GenerateRequest
     from engine.errors import ConfigError
-    from engine.kernels import cpu_attn_prefill
+    from engine.backends.cpu import attn_prefill as cpu_attn_prefill
     for make in (EngineArgs, GenerateRequest):  # the engine's setting and a reply's override
         with pytest.raises(ConfigError):
             make(draft_tokens=cpu_attn_prefill.MIN_ROWS - 1)
@@ -195,10 +194,9 @@ def _run_py(code: str, env_extra: dict, timeout: int = 600) -> dict:
 NO_ALLOC = """
 import json, sys, tracemalloc
 import numpy as np
-from engine.backend import Backend
+from engine.backends.cpu import build_model
+from engine.backends.cpu import step as cpu_fast_step
 from engine.gguf import load_gguf
-from engine.kernels import cpu_fast, cpu_fast_step
-from engine.model import Model
 from numba import njit, prange
 from numba.core.runtime import rtsys
 
@@ -218,8 +216,8 @@ per_region = rtsys.get_allocation_stats().alloc - b0.alloc  # numba's own bookke
 def unbox_only(*args):  # the same arguments, no work: what crossing into numba costs (array wrappers)
     return 0
 mf = load_gguf(sys.argv[1] if len(sys.argv) > 1 else {path!r})
-model = Model(mf.args, mf.tensors, Backend("cpu", cpu_fast), max_batch=8)
-fz = getattr(model, "fused", None) or cpu_fast_step.build(model)
+model = build_model(mf, 8)
+fz = cpu_fast_step.build(model)
 cache = model.new_cache(64)
 fz.run(np.arange(5, dtype=np.int32), 0, cache, 1)
 tok = np.array([7], np.int32)
@@ -287,7 +285,7 @@ def test_decode_step_allocates_nothing(q4_tiny):
 ASM = """
 import json, re
 import numpy as np
-from engine.kernels import cpu_fast as F
+from engine.backends.cpu import fast as F
 G, ng, nb, t = F.G, 2, 3, 2
 out = np.zeros((t, ng * G), np.float32); qa = np.zeros((t, nb * 32), np.int8); sa = np.zeros((t, nb), np.float32)
 blk = np.zeros((ng, nb, F.cpu_avx2.BLK4), np.uint8)  # 4-bit blocks: nibbles, scales, mins
@@ -295,9 +293,9 @@ F.q4_group(out, qa, sa, sa, blk, np.zeros(G, np.int16), 0)
 F.q4_group_batched(out, qa, sa, sa, blk, 0)
 F.q8_group(out, qa, sa, np.zeros((ng, nb, F.cpu_avx2.BLK8), np.int8), np.zeros(G, np.int32), 0)
 F.quantize_rows(qa, sa, sa.copy(), np.ones((t, nb * 32), np.float32))
-from engine.kernels.cpu_attn import store_f16
+from engine.backends.cpu.attn import store_f16
 store_f16(np.zeros((4, 3, 64), np.uint16), np.ones((1, 3, 64), np.float32), 2)
-from engine.kernels import cpu_avx2
+from engine.backends.cpu import avx2 as cpu_avx2
 res = {{"VNNI": cpu_avx2.VNNI}}
 for name, f in (("q4_group", F.q4_group), ("q4_group_batched", F.q4_group_batched), ("q8_group", F.q8_group),
                 ("quantize_rows", F.quantize_rows), ("store_f16", store_f16)):
@@ -372,8 +370,8 @@ def test_sampler_scans_are_vectorized(tmp_path):
 INT8_ATTN_ASM = """
 import json, re
 import numpy as np
-from engine.kernels import cpu_attn_int8 as A
-from engine.kernels.cpu_attn import SPLITS
+from engine.backends.cpu import attn_int8 as A
+from engine.backends.cpu.attn import SPLITS
 cap, n_kv, hd, H = 32, 3, 64, 9
 kq = np.zeros((cap, n_kv, hd), np.int8); ks = np.zeros((cap, n_kv, hd // 32), np.float32)
 part = np.zeros((1, n_kv, SPLITS, 3, hd + 2), np.float32)
@@ -404,7 +402,7 @@ def guard_clock(monkeypatch):
 
     import numba
 
-    from engine.kernels.cpu_guard import ContentionGuard
+    from engine.backends.cpu.guard import ContentionGuard
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("needs 2 numba threads")
     numba.set_num_threads(2)
@@ -509,8 +507,8 @@ def test_contention_guard_sees_contention_through_decode_blocks(guard_clock):
 def test_split_decode_attention_matches_reference(pos0):
     import numba
 
-    from engine.kernels import ref
-    from engine.kernels.cpu_attn import SPLITS, attention_f16_split
+    from engine.backends.ref import kernels as ref
+    from engine.backends.cpu.attn import SPLITS, attention_f16_split
     rng = np.random.default_rng(pos0)
     cap, n_kv, hd, n_head = 40, 2, 16, 6
     k = rng.standard_normal((cap, n_kv, hd)).astype(np.float16)

@@ -23,7 +23,7 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 from engine.config import EngineArgs, ModelArgs  # noqa: E402
 from engine.errors import ConfigError  # noqa: E402
 from engine.quant import dequantize  # noqa: E402
-from engine.tp_plan import plan_shards, shard_tensors  # noqa: E402
+from engine.backends.tp.plan import plan_shards, shard_tensors  # noqa: E402
 from reference_forward import tiny_model  # noqa: E402
 
 PROMPT = np.array([5, 17, 3, 90, 41, 41, 0, 12], np.int32)
@@ -89,10 +89,10 @@ def greedy(model, prompt, n_new, kv_dtype, chunk=3):
 
 
 def tp_pair(a, t, backend, transport="auto", devices=(0, 1), max_batch=4):
-    from engine.backend import get_backend
+    from engine.backends.kernels import get_kernels
     from engine.model import Model
-    from engine.tp import build_tp_model
-    one = Model(a, t, get_backend(backend if backend != "cuda" else "ref"), max_batch=max_batch)
+    from engine.backends.tp.model import build_tp_model
+    one = Model(a, t, get_kernels(backend if backend != "cuda" else "ref"), max_batch=max_batch)
     two = build_tp_model(a, t, EngineArgs(backend=backend, tp=2, devices=devices, transport=transport),
                          max_batch=max_batch)
     return one, two
@@ -144,7 +144,7 @@ SIM_CASES = {"p2p_f16": ("p2p", "f16"), "mapped_int8": ("mapped", "int8")}
 def worker(names):
     if os.environ.get("NINFER_CUDA_REAL") != "1":
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
-    from engine.kernels import cuda as ck
+    from engine.backends.cuda import kernels as ck
     if ck.SIMULATOR:
         ck.LAUNCH.lanes, ck.LAUNCH.rows = 1, 32
     res = {}

@@ -6,8 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from engine import weight_store
-from engine.weight_store import WeightStore
+from engine.backends.cpu import weight_store
+from engine.backends.cpu.weight_store import WeightStore
 
 
 @pytest.fixture
@@ -163,7 +163,7 @@ def test_engine_reads_the_store_instead_of_repacking(tiny_models, store_dir, mon
     the model computes the same logits; NINFER_WEIGHT_STORE=0 turns the store off."""
     from engine.api import Engine
     from engine.config import EngineArgs
-    from engine.kernels import cpu_repack
+    from engine.backends.cpu import repack as cpu_repack
     args = EngineArgs(model=str(tiny_models["qwen3"]), threads=1)
     toks = np.array([3, 17, 42, 5], np.int32)
 

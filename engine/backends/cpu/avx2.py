@@ -1,0 +1,416 @@
+"""AVX2 block kernels for the interleaved 4-bit layout of fast.py, written as LLVM IR (numba intrinsics).
+
+Why IR: the int8 x 4-bit dot wants vpmaddubsw (32 multiply-adds per instruction, u8 x s8 -> s16 pair
+sums); LLVM does not form it from numba's scalar code. Here the nibbles stay unsigned (0..15), as in the
+file, and a block's integer sum S = sum_j q_j a_j is exact, so every kernel here and fast's generic ones
+compute the same S and then the same float expression in the same order: results are bit-identical
+(tests compare). The float expression: _block_term.
+
+Layout of one 640-byte block of a 32-row group (fast.FastWeight 'q4', written by repack): its
+nibbles, 16 vectors of 32 bytes, then the 32 rows' f16 scales (bytes 512-575, D_OFF) and mins (576-639,
+M_OFF). Vector 2k + h (k < 8: values 4k..4k+3; h: rows 16h..16h+15): byte 4r + e of it holds value 4k + e
+of row 16h + r in its low nibble and of row 16h + 8 + r in its high nibble. So `x & 15` and `x >> 4 & 15`
+are each 8 rows x 4 values; vpmaddubsw against the broadcast activations a[4k..4k+3] gives two 16-bit
+lanes per row, and one vpmaddwd by 1 at the end of the block turns them into the row's int32 sum, rows
+already in order: no byte shuffles and no widening. A 16-bit lane takes the 8 quads of a block
+(|sum| <= 8 * 2 * 15 * 128 = 30720). Per block and row: 16 bytes of nibbles + f16 scale + f16 min = the
+file's 20 bytes. The scales sit after their nibbles so that a thread reads one stream of weights, not
+three (nibbles, scales and mins apart): the decode kernel streamed 6-7% faster on two threads (ad hoc,
+Zen 5, four alternations: 42.6 / 40.1 / 39.7 / 39.8 -> 45.3 / 42.8 / 42.7 / 42.4 GB/s).
+
+The decode form (grp_q4) runs all blocks of a group in one call with the 32 outputs in registers; the
+batched form unpacks each block once (unpack_q4: its nibbles and its rows' float scale terms, 1.25 KiB in
+L1) and every activation row reuses it (blk_q4u). Where the target has AVX-VNNI (VNNI), the decode form
+sums a block with vpdpbusd instead (_isum_vnni: 32 instructions where vpmaddubsw, its adds and vpmaddwd take
+68; the same integers, so the same bits; grp_q4_madd keeps vpmaddubsw for the tests' comparison). Zen 5, one
+thread, ad hoc: a matrix streamed from DRAM 32-35 -> 34-38 GB/s, hot in L2 7.9 -> 6.6 us; the batched form
+measured slower with it (4.9-7.9 -> 6.9-9.9 ns per (row, block)), so it keeps vpmaddubsw.
+Only used when the host has AVX2 (fast.HAVE_AVX2); fast's generic kernels serve the others.
+"""
+from __future__ import annotations
+
+from ... import numba_env  # noqa: F401  (flags before numba)
+
+import os
+
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from .target import target_has
+
+G = 32
+BLK4 = 640  # bytes of one block of a 32-row group in the 4-bit layout: 512 of nibbles, 32 f16 scales, 32 f16 mins
+D_OFF, M_OFF = 512, 576  # where a block's scales and mins start
+I8, I16, I32, I64, F = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+V32I8, V16I16, V8I32, V16I32 = ir.VectorType(I8, 32), ir.VectorType(I16, 16), ir.VectorType(I32, 8), ir.VectorType(I32, 16)
+V32I32, V32F = ir.VectorType(I32, 32), ir.VectorType(F, 32)
+V32I16, V32H = ir.VectorType(I16, 32), ir.VectorType(ir.HalfType(), 32)
+NIBBLES = 1024  # bytes of one block's unpacked nibbles: 16 vectors x (low, high nibbles) x 32 bytes
+UNBUF = NIBBLES + 256  # and its 32 rows' d and m + 8 d as f32 (unpack_q4)
+# Software prefetch distance of the decode kernels, in bytes of the weight stream (2 KiB: 4 Q4 / 2 Q8 blocks
+# ahead). A decode step has ~150 short parallel regions (a few hundred KB per thread each); the hardware
+# prefetcher ramps up anew in every one. Measured on a Zen 3 host at two threads (SmolLM2 shapes, random
+# weights, runs alternated): layers 18-19 -> 22-29 GB/s, one long matrix 22-27 -> 28-35 GB/s; 1 and 3 KiB
+# did less. On a Zen 5 host (AVX-512; a core streams twice the bytes) 2 KiB left a core's decode matvec at
+# ~24 GB/s streamed against 46 GB/s with the matrix in L2; 4 / 8 / 16 KiB: 29 / 27-40 / 34-40 GB/s (one
+# thread, ad hoc), and the chat workload decoded +7% with 4 KiB (ninfer-bench, 8 alternated pairs; 4, 8 and
+# 16 KiB the same). With the layer weights in a region per thread (fast.prepare_layers) a thread's
+# stream runs on from one matrix and phase to the next, and 8 KiB now gained where it had not with a stack
+# per role (the lines past a part were the other thread's): scripts/step_phases.py --with avx2 --with
+# fast, 4 against 8 KiB alternated, 60-99 positions 3.111 -> 2.872, 3.253 -> 3.198, 2.857 -> 2.690 ms
+# (16 KiB 2.687), 600-639 positions 3.214 -> 3.141 ms, the head -5 to -13% each time. So 8 KiB where the
+# target has AVX-512, else 2 KiB (the Zen 3 figures above).
+PREFETCH = 8192 if target_has("avx512f") else 2048
+# vpdpbusd for the 4-bit decode form's integer sums where the target has it (AVX-VNNI, or AVX512-VNNI with VL:
+# the 256-bit form); NINFER_NO_VNNI=1 keeps vpmaddubsw (with a fresh NUMBA_CACHE_DIR: numba's cache does not
+# see it)
+VNNI = ((target_has("avxvnni") or (target_has("avx512vnni") and target_has("avx512vl")))
+        and os.environ.get("NINFER_NO_VNNI", "") in ("", "0"))
+
+
+def _const(vt, vals):
+    return ir.Constant(vt, vals if isinstance(vals, list) else [vals] * vt.count)
+
+
+def _fn(builder, name, ret, args):
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, args), name)
+
+
+def _ptr(context, builder, arrty, arr, off):
+    """Pointer to element `off` (an intp value) of the array's data (flat, C order)."""
+    a = context.make_array(arrty)(context, builder, arr)
+    return builder.gep(a.data, [off])
+
+
+def _prefetch(builder, p, lines):
+    """Prefetch `lines` cache lines starting at byte pointer p (read, keep in all cache levels)."""
+    pf = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
+    for i in range(lines):
+        builder.call(pf, [builder.gep(p, [ir.Constant(I64, 64 * i)]), ir.Constant(I32, 0), ir.Constant(I32, 3),
+                          ir.Constant(I32, 1)])
+
+
+def _bytes_at(builder, p, nbytes):
+    """i8* nbytes past pointer p (any element type)."""
+    return builder.gep(builder.bitcast(p, I8.as_pointer()), [ir.Constant(I64, nbytes)])
+
+
+def _i16_at(builder, p, nbytes):
+    """i16* nbytes past pointer p."""
+    return builder.bitcast(_bytes_at(builder, p, nbytes), I16.as_pointer())
+
+
+def _vload(builder, p, vt):
+    return builder.load(builder.bitcast(p, vt.as_pointer()), align=1)
+
+
+def _splat(builder, x, vt):
+    v = builder.insert_element(ir.Constant(vt, None), x, ir.Constant(I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(vt, None), _const(ir.VectorType(I32, vt.count), 0))
+
+
+def _halves(builder, p):
+    """32 f16 bit patterns at p (i16*) -> <32 x float> (vcvtph2ps with F16C)."""
+    return builder.fpext(builder.bitcast(_vload(builder, p, V32I16), V32H), V32F)
+
+
+def _split(builder, x):
+    """32 bytes of a block vector -> (low nibbles, high nibbles), each 32 unsigned bytes."""
+    mask = _const(V32I8, 15)
+    return builder.and_(x, mask), builder.and_(builder.lshr(x, _const(V32I8, 4)), mask)
+
+
+def _isum(builder, nib_of, a, vnni=False):
+    """<32 x i32> S of the 32 rows in order: nib_of(v) -> (low, high) nibbles of block vector v (< 16);
+    a = the block's 32 int8 activations (i8*). vnni: vpdpbusd (_isum_vnni), the same integers."""
+    if vnni:
+        return _isum_vnni(builder, nib_of, a)
+    madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8])
+    pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
+    a32 = builder.bitcast(a, I32.as_pointer())
+    acc = [_const(V16I16, 0)] * 4  # rows 0-7, 8-15, 16-23, 24-31 (two lanes per row)
+    for k in range(8):
+        av = builder.bitcast(_splat(builder, builder.load(builder.gep(a32, [ir.Constant(I64, k)]), align=1), V8I32), V32I8)
+        for h in range(2):
+            lo, hi = nib_of(2 * k + h)
+            acc[2 * h] = builder.add(acc[2 * h], builder.call(madd, [lo, av]))
+            acc[2 * h + 1] = builder.add(acc[2 * h + 1], builder.call(madd, [hi, av]))
+    return _rows32(builder, [builder.call(pmaddwd, [x, _const(V16I16, 1)]) for x in acc])
+
+
+def _rows32(builder, parts):
+    """Four <8 x i32> (rows 0-7, 8-15, 16-23, 24-31) -> one <32 x i32> in row order."""
+    lo16 = builder.shuffle_vector(parts[0], parts[1], _const(ir.VectorType(I32, 16), list(range(16))))
+    hi16 = builder.shuffle_vector(parts[2], parts[3], _const(ir.VectorType(I32, 16), list(range(16))))
+    return builder.shuffle_vector(lo16, hi16, _const(ir.VectorType(I32, 32), list(range(32))))
+
+
+def _isum_vnni(builder, nib_of, a):
+    """_isum with vpdpbusd (AVX-VNNI or AVX512-VNNI): a row's four unsigned nibbles times the four broadcast
+    activations, summed straight into its int32 lane, so the block takes 32 instructions where vpmaddubsw,
+    its 16-bit adds and the closing vpmaddwd take 68. The same exact integer sums."""
+    dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.256", V8I32, [V8I32, V8I32, V8I32])
+    a32 = builder.bitcast(a, I32.as_pointer())
+    # rows 0-7, 8-15, 16-23, 24-31, each in two chains (even and odd k) so that fewer wait on vpdpbusd's latency
+    acc = [[_const(V8I32, 0)] * 2 for _ in range(4)]
+    for k in range(8):
+        av = _splat(builder, builder.load(builder.gep(a32, [ir.Constant(I64, k)]), align=1), V8I32)
+        for h in range(2):
+            for i, x in enumerate(nib_of(2 * k + h)):
+                acc[2 * h + i][k % 2] = builder.call(dp, [acc[2 * h + i][k % 2], builder.bitcast(x, V8I32), av])
+    return _rows32(builder, [builder.add(x, y) for x, y in acc])
+
+
+def _dm8(builder, d, m):
+    """d, m i16* to the 32 rows' f16 scales and mins -> (d, m + 8 d) as <32 x float> (8 d exact)."""
+    dv = _halves(builder, d)
+    return dv, builder.fadd(_halves(builder, m), builder.fmul(_const(V32F, 8.0), dv))
+
+
+def _block_term(builder, isum, a, dv, m8, sb, xsb):
+    """(d * sb) * (S - 8 A) + (m + 8 d) * xsb over the 32 rows (<32 x float>); a = the block's activations
+    (i8*, A = their sum), dv, m8 the rows' d and m + 8 d (_dm8); the generic kernels' expression and order
+    (fast._q4_term). Mathematically d sb S + m xs (llama.cpp's Q4_1 x Q8_1 formula), but xs is an f16
+    rounding of sb A: written with (m + 8 d), which is small for most blocks, the rounding error of xs
+    nearly cancels (6x smaller rms error than m * xs on SmolLM2's weights, measured against the exact dot
+    product with the quantized activations). d * sb is exact (f16 x f16)."""
+    madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8])
+    pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
+    radd = _fn(builder, "llvm.vector.reduce.add.v8i32", I32, [V8I32])
+    s8 = builder.call(madd, [_const(V32I8, 8), _vload(builder, a, V32I8)])  # pair sums of 8 a (|.| <= 2048)
+    asum8 = builder.call(radd, [builder.call(pmaddwd, [s8, _const(V16I16, 1)])])
+    signed = builder.sub(isum, _splat(builder, asum8, V32I32))
+    t = builder.fmul(builder.fmul(dv, _splat(builder, sb, V32F)), builder.sitofp(signed, V32F))
+    u = builder.fmul(m8, _splat(builder, xsb, V32F))
+    return builder.fadd(t, u)
+
+
+def _check_blocks(a):
+    return isinstance(a, types.Array) and a.dtype == types.uint8
+
+
+def _scales_at(builder, q):
+    """(d, m) i16* of the block at q (i8*): its rows' f16 scales and mins."""
+    return _i16_at(builder, q, D_OFF), _i16_at(builder, q, M_OFF)
+
+
+def _make_grp_q4(vnni):
+    @intrinsic
+    def grp_q4(typingctx, o, o_off, blk, blk_off, qa, qa_off, sa, xs, s_off, x_off, nb):
+        """o[o_off : o_off + 32] <- the 32 rows' dot products with one activation row over nb blocks:
+        blk[blk_off:] the group's blocks (BLK4 bytes each: nibbles, scales, mins), qa[qa_off:] the int8
+        activations (32 per block), sa[s_off:] / xs[x_off:] their block scales and scaled sums (f32, one per
+        block). The outputs stay in registers across blocks; summed in block order."""
+        if not _check_blocks(blk):
+            return None
+        sig = types.void(o, o_off, blk, blk_off, qa, qa_off, sa, xs, s_off, x_off, nb)
+
+        def codegen(context, builder, signature, args):
+            o_, oo, blk_, bo, qa_, ao, sa_, xs_, so, xo, nb_ = args
+            ty = signature.args
+            q0 = _ptr(context, builder, ty[2], blk_, bo)
+            a0 = _ptr(context, builder, ty[4], qa_, ao)
+            sp, xp = _ptr(context, builder, ty[6], sa_, so), _ptr(context, builder, ty[7], xs_, xo)
+            accp = cgutils.alloca_once_value(builder, _const(V32F, 0.0))
+            with cgutils.for_range(builder, nb_) as loop:
+                b = loop.index
+                q = builder.gep(q0, [builder.mul(b, ir.Constant(b.type, BLK4))])
+                _prefetch(builder, _bytes_at(builder, q, PREFETCH), BLK4 // 64)  # the block PREFETCH bytes ahead
+
+                def nib_of(v):
+                    return _split(builder, _vload(builder, builder.gep(q, [ir.Constant(I64, 32 * v)]), V32I8))
+                ab = builder.gep(a0, [builder.mul(b, ir.Constant(b.type, 32))])
+                isum = _isum(builder, nib_of, ab, vnni)
+                dv, m8 = _dm8(builder, *_scales_at(builder, q))
+                term = _block_term(builder, isum, ab, dv, m8, builder.load(builder.gep(sp, [b])),
+                                   builder.load(builder.gep(xp, [b])))
+                builder.store(builder.fadd(builder.load(accp), term), accp)
+            op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
+            builder.store(builder.load(accp), op, align=4)
+            return context.get_dummy_value()
+        return sig, codegen
+    return grp_q4
+
+
+grp_q4 = _make_grp_q4(VNNI)
+grp_q4_madd = _make_grp_q4(False)  # vpmaddubsw on any AVX2 CPU (tests compare the VNNI form with it)
+
+
+def _unpacked_scales(builder, b, i):
+    """<32 x float>* to an unpacked block's d (i = 0) or m + 8 d (i = 1), in the buffer at b (i8*)."""
+    return builder.bitcast(builder.gep(b, [ir.Constant(I64, NIBBLES + 128 * i)]), V32F.as_pointer())
+
+
+@intrinsic
+def unpack_q4(typingctx, buf, blk, blk_off):
+    """buf[0:UNBUF] (uint8) <- the block at blk[blk_off:] as blk_q4u reads it: its low and high nibbles
+    (1 KiB), then the rows' d and m + 8 d (32 f32 each, _dm8). For a multi-row matmul each block is unpacked
+    and its scales converted once, and every activation row uses them."""
+    if not _check_blocks(blk):
+        return None
+    sig = types.void(buf, blk, blk_off)
+
+    def codegen(context, builder, signature, args):
+        buf_, blk_, bo = args
+        ty = signature.args
+        q = _ptr(context, builder, ty[1], blk_, bo)
+        b = _ptr(context, builder, ty[0], buf_, ir.Constant(I64, 0))
+        for v in range(16):
+            for i, x in enumerate(_split(builder, _vload(builder, builder.gep(q, [ir.Constant(I64, 32 * v)]), V32I8))):
+                p = builder.bitcast(builder.gep(b, [ir.Constant(I64, 64 * v + 32 * i)]), V32I8.as_pointer())
+                builder.store(x, p, align=1)
+        for i, x in enumerate(_dm8(builder, *_scales_at(builder, q))):
+            builder.store(x, _unpacked_scales(builder, b, i), align=1)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def blk_q4u(typingctx, o, o_off, buf, qa, qa_off, sb, xsb):
+    """o[o_off : o_off + 32] += one block's term (_block_term) for 32 rows, from a block unpacked by unpack_q4
+    into buf; qa[qa_off:] the block's 32 int8 activations."""
+    sig = types.void(o, o_off, buf, qa, qa_off, sb, xsb)
+
+    def codegen(context, builder, signature, args):
+        o_, oo, buf_, qa_, ao, sb_, xsb_ = args
+        ty = signature.args
+        b = _ptr(context, builder, ty[2], buf_, ir.Constant(I64, 0))
+
+        def nib_of(v):
+            return [_vload(builder, builder.gep(b, [ir.Constant(I64, 64 * v + 32 * i)]), V32I8) for i in range(2)]
+        a = _ptr(context, builder, ty[3], qa_, ao)
+        dv, m8 = (builder.load(_unpacked_scales(builder, b, i), align=1) for i in range(2))
+        term = _block_term(builder, _isum(builder, nib_of, a), a, dv, m8, sb_, xsb_)
+        op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
+        builder.store(builder.fadd(builder.load(op, align=4), term), op, align=4)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+# ------------------------------------------------------------------------------------------------ Q8_0
+# Layout of one 1088-byte block of a 32-row group (fast.FastWeight 'q8'): byte 64 jp + 2r + i = value
+# 2 jp + i of row r, int8, then the 32 rows' f16 scales (D8_OFF; one stream per thread, as the 4-bit
+# layout: ad hoc, two threads, 42.1-43.5 -> 44.1-45.1 GB/s). Sign-extended to int16, vpmaddwd against the
+# broadcast pair (a[2 jp], a[2 jp + 1]) gives one int32 per row, rows in order.
+V64I8, V64I16 = ir.VectorType(I8, 64), ir.VectorType(I16, 64)
+BLK8, D8_OFF = 1088, 1024
+VALS8 = 2048  # bytes of one sign-extended Q8_0 block: 16 pairs x 64 int16
+UNBUF8 = VALS8 + 64  # and then its rows' f16 scales (unpack_q8)
+
+
+def _q8_tail(builder, w_of, a, o, d, sb):
+    """w_of(jp) -> <64 x i16> weights of pair jp; o += (d * sb) * isum over 32 rows (q8_group's order);
+    d i16* to the rows' f16 scale bits."""
+    pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
+    acc = [_const(V8I32, 0)] * 4  # rows 0-7, 8-15, 16-23, 24-31
+    a16 = ir.VectorType(I16, 2)
+    for jp in range(8 * 2):
+        pair = builder.sext(_vload(builder, builder.gep(a, [ir.Constant(I64, 2 * jp)]), ir.VectorType(I8, 2)), a16)
+        av = builder.bitcast(_splat(builder, builder.bitcast(pair, I32), V8I32), V16I16)
+        w = w_of(jp)
+        for i in range(4):
+            part = builder.shuffle_vector(w, w, _const(ir.VectorType(I32, 16), list(range(16 * i, 16 * i + 16))))
+            acc[i] = builder.add(acc[i], builder.call(pmaddwd, [part, av]))
+    isum = builder.shuffle_vector(builder.shuffle_vector(acc[0], acc[1], _const(ir.VectorType(I32, 16), list(range(16)))),
+                                  builder.shuffle_vector(acc[2], acc[3], _const(ir.VectorType(I32, 16), list(range(16)))),
+                                  _const(ir.VectorType(I32, 32), list(range(32))))
+    t = builder.fmul(builder.fmul(_halves(builder, d), _splat(builder, sb, V32F)), builder.sitofp(isum, V32F))
+    op = builder.bitcast(o, V32F.as_pointer())
+    builder.store(builder.fadd(builder.load(op, align=4), t), op, align=4)
+
+
+@intrinsic
+def blk_q8(typingctx, o, o_off, blk, blk_off, qa, qa_off, sb):
+    """o[o_off : o_off + 32] += (d * sb) * sum_j w_j a_j for one Q8_0 block of 32 rows (BLK8 bytes at
+    blk[blk_off:]: its values, then the rows' scales d)."""
+    sig = types.void(o, o_off, blk, blk_off, qa, qa_off, sb)
+
+    def codegen(context, builder, signature, args):
+        o_, oo, blk_, bo, qa_, ao, sb_ = args
+        ty = signature.args
+        q = _ptr(context, builder, ty[2], blk_, bo)
+        _prefetch(builder, _bytes_at(builder, q, PREFETCH), BLK8 // 64)  # the block PREFETCH bytes on
+
+        def w_of(jp):
+            return builder.sext(_vload(builder, builder.gep(q, [ir.Constant(I64, 64 * jp)]), V64I8), V64I16)
+        _q8_tail(builder, w_of, _ptr(context, builder, ty[4], qa_, ao), _ptr(context, builder, ty[0], o_, oo),
+                 _i16_at(builder, q, D8_OFF), sb_)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def unpack_q8(typingctx, buf, blk, blk_off):
+    """buf[0:UNBUF8] (uint8) <- the Q8_0 block at blk[blk_off:] sign-extended to int16, then its rows' 32 f16
+    scales (for blk_q8u)."""
+    sig = types.void(buf, blk, blk_off)
+
+    def codegen(context, builder, signature, args):
+        buf_, blk_, bo = args
+        q = _ptr(context, builder, signature.args[1], blk_, bo)
+        b0 = _ptr(context, builder, signature.args[0], buf_, ir.Constant(I64, 0))
+        b = builder.bitcast(b0, V64I16.as_pointer())
+        for jp in range(16):
+            w = builder.sext(_vload(builder, builder.gep(q, [ir.Constant(I64, 64 * jp)]), V64I8), V64I16)
+            builder.store(w, builder.gep(b, [ir.Constant(I64, jp)]), align=1)
+        dp = builder.bitcast(_bytes_at(builder, b0, VALS8), V32I16.as_pointer())
+        builder.store(_vload(builder, _bytes_at(builder, q, D8_OFF), V32I16), dp, align=1)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def blk_q8u(typingctx, o, o_off, buf, qa, qa_off, sb):
+    """blk_q8 from a block unpacked by unpack_q8 into buf."""
+    sig = types.void(o, o_off, buf, qa, qa_off, sb)
+
+    def codegen(context, builder, signature, args):
+        o_, oo, buf_, qa_, ao, sb_ = args
+        ty = signature.args
+        b0 = _ptr(context, builder, ty[2], buf_, ir.Constant(I64, 0))
+        b = builder.bitcast(b0, V64I16.as_pointer())
+
+        def w_of(jp):
+            return builder.load(builder.gep(b, [ir.Constant(I64, jp)]), align=1)
+        _q8_tail(builder, w_of, _ptr(context, builder, ty[3], qa_, ao), _ptr(context, builder, ty[0], o_, oo),
+                 _i16_at(builder, b0, VALS8), sb_)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+# ------------------------------------------------------------------------------------ activation quant
+# fast.quantize_rows_avx2 quantizes a 32-block in two calls: absmax32, then (the scale's inverse
+# computed between them in numba, as the generic loop does) quant32. The same operations per value as the
+# generic loop (|x|, a max, one f32 multiply, round half to even, the int8 value and the block's int32
+# sum), as <32 x ...> vectors: the generic loop stayed scalar (~2.7 cycles per value: numba's max() and
+# np.rint in it keep LLVM's vectorizer off), these take ~0.3.
+@intrinsic
+def absmax32(typingctx, x, x_off):
+    """max |x[x_off : x_off + 32]| (f32): the block's scale before / 127 (exact in any order)."""
+    sig = types.float32(x, x_off)
+
+    def codegen(context, builder, signature, args):
+        v = _vload(builder, _ptr(context, builder, signature.args[0], args[0], args[1]), V32F)
+        a = builder.call(_fn(builder, "llvm.fabs.v32f32", V32F, [V32F]), [v])
+        # nnan: a plain vmaxps tree (x holds no NaN: the generic loop's max() would not keep one either)
+        return builder.call(_fn(builder, "llvm.vector.reduce.fmax.v32f32", F, [V32F]), [a], fastmath=("nnan",))
+    return sig, codegen
+
+
+@intrinsic
+def quant32(typingctx, qa, qa_off, x, x_off, inv):
+    """qa[qa_off : qa_off + 32] (int8) <- round-half-even(x[x_off : x_off + 32] * inv); returns their sum
+    (int32). |x * inv| <= 127 by the caller's inv (127 / the block's absmax, or 0)."""
+    sig = types.int32(qa, qa_off, x, x_off, inv)
+
+    def codegen(context, builder, signature, args):
+        qa_, ao, x_, xo, inv_ = args
+        ty = signature.args
+        v = builder.fmul(_vload(builder, _ptr(context, builder, ty[2], x_, xo), V32F), _splat(builder, inv_, V32F))
+        r = builder.call(_fn(builder, "llvm.roundeven.v32f32", V32F, [V32F]), [v])
+        q = builder.fptosi(r, V32I32)
+        p = builder.bitcast(_ptr(context, builder, ty[0], qa_, ao), V32I8.as_pointer())
+        builder.store(builder.trunc(q, V32I8), p, align=1)
+        return builder.call(_fn(builder, "llvm.vector.reduce.add.v32i32", I32, [V32I32]), [q])
+    return sig, codegen

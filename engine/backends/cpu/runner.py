@@ -1,0 +1,44 @@
+"""The CPU backend's runner: the fused one-call step where it applies, the plain walk where it does not.
+
+`step` is a `step.FusedForward` (the whole pass in one numba call, decode blocks), during a cold start a
+`tier.TieredForward` (the same kernels called one by one until the fused step is compiled), or None (weight
+types the fused step does not take: the model's plain walk, one kernel call at a time). All three compute the
+same bits. A pass that captures hidden states for a drafter runs the plain walk (the fused step keeps no
+per-layer copies).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...forward import OverModel
+from ...model import Model, check_forward_args
+
+
+class CpuRunner(OverModel):
+    """engine.forward.Runner over a Model on the cpu kernels and its fused step (or None)."""
+
+    def __init__(self, model: Model, step=None):
+        super().__init__(model)
+        self.step = step
+
+    def forward(self, tokens, pos0: int, cache, *, all_logits: bool = False,
+                capture: tuple[int, ...] = ()) -> np.ndarray:
+        """engine.model.Model.forward's contract."""
+        if self.step is None or capture:
+            return self.model.forward(tokens, pos0, cache, all_logits=all_logits, capture=capture)
+        tokens = check_forward_args(tokens, pos0, cache, self.args.vocab_size)
+        self.model.captured = {}
+        return self.step.run(tokens, pos0, cache, tokens.shape[0] if all_logits else 1).copy()
+
+    def decode_block(self, token: int, pos0: int, cache, n: int, stop_ids: frozenset,
+                     choice=None) -> list[int] | None:
+        """Up to n tokens after `token` (forwarded at pos0) in one call (step.FusedForward.block): each
+        chosen from the previous one's logits by `choice` (TokenChooser.block; None: the argmax) and
+        forwarded next, as n forward + choose rounds would; stops after a token in stop_ids (returned last).
+        The cache then holds pos0 + len(result). None when the step cannot, or not yet (the tiered start's
+        first steps): the caller runs single forwards."""
+        if self.step is None:
+            return None
+        check_forward_args([token], pos0, cache, self.args.vocab_size)
+        cache.check_room(pos0 + n)
+        return self.step.block(int(token), pos0, cache, n, stop_ids, choice)

@@ -1,0 +1,129 @@
+"""Every runner is engine.forward's one layer walk, and equals the plain walk (engine.model.Model):
+
+- the phase list is what the fused CPU step compiles in (kinds, count, weight-stack order);
+- on tiny llama / qwen2 / qwen3 files in the fused step's weight types: the fused CPU step and the
+  start-up tier (its kernels called from Python) give the plain walk's logits bit for bit, for a prompt
+  chunk, a verify block and a decode step; the numpy reference walk agrees to rounding; TP2 over two CPU
+  devices agrees to rounding with the same greedy tokens.
+(CUDA's fused walk and graphs against the plain cuda walk: tests/engine/test_cuda_model.py, simulator.)
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from engine import forward
+from engine.config import EngineArgs
+
+ALL_Q4 = dict(attn_q=QT.Q4_1, attn_k=QT.Q4_1, attn_v=QT.Q4_0, attn_output=QT.Q4_1, ffn_gate=QT.Q4_0,
+              ffn_up=QT.Q4_1, ffn_down=[QT.Q4_1])
+PROMPT = np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32)
+VERIFY = np.array([12, 40, 7, 7, 201], np.int32)
+
+
+def test_phase_list_is_the_fused_steps_loop():
+    from engine.backends.cpu import step
+    from engine.model import STACKED_ROLES
+    assert [ph.kind for ph in forward.LAYER_PHASES] == list(range(forward.N_LAYER_PHASES))
+    assert forward.MATRIX_ROLES == ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+    assert step._ROLES == forward.MATRIX_ROLES and len(STACKED_ROLES) == len(forward.MATRIX_ROLES)
+    # the step's phases: embedding, each layer's phases (a prompt's pass: each tail a phase too), head
+    assert step.n_phases.py_func(3) == 3 * forward.N_LAYER_PHASES + 2
+    assert step.n_phases.py_func(3, True) == 3 * 2 * forward.N_LAYER_PHASES + 2
+
+
+class _Recorder:
+    """LayerOps that records the walk's calls."""
+
+    n_layer = 2
+
+    def __init__(self):
+        self.calls = []
+
+    def begin(self, tokens, pos0, cache):
+        self.calls.append(("begin", pos0))
+
+    def embed(self):
+        self.calls.append(("embed",))
+
+    def phase(self, ph, layer):
+        self.calls.append(("phase", ph.name, layer))
+
+    def tail(self, ph, layer):
+        self.calls.append(("tail", ph.name, layer))
+
+    def capture(self, layer):
+        self.calls.append(("capture", layer))
+
+    def head(self, rows_out):
+        self.calls.append(("head", rows_out))
+        return np.zeros((rows_out, 4), np.float32)
+
+
+def test_walk_order():
+    rec, cache = _Recorder(), type("C", (), {"length": 3})()
+    forward.walk(rec, np.zeros(2, np.int32), 3, cache, 2, capture=(0,))
+    names = [ph.name for ph in forward.LAYER_PHASES]
+    layer = lambda i: [c for n in names for c in (("phase", n, i), ("tail", n, i))]  # noqa: E731
+    assert rec.calls == [("begin", 3), ("embed",)] + layer(0) + [("capture", 0)] + layer(1) + [("head", 2)]
+    assert cache.length == 5
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+def q4_file(request, tmp_path_factory, make_tiny):
+    from engine.gguf import load_gguf
+    arch = request.param
+    qtypes = ALL_Q4 | ({"output": QT.Q8_0} if arch == "qwen2" else {})  # qwen2's untied head: one the step takes
+    path = make_tiny(tmp_path_factory.mktemp("runners") / f"tiny-{arch}.gguf", arch, seed=5, qtypes=qtypes)
+    return load_gguf(path)
+
+
+def _passes(fwd, cache):
+    """Logits of a prompt chunk, a verify block (all rows) and a decode step through fwd."""
+    out = [fwd(PROMPT, 0, cache, True)]
+    out.append(fwd(VERIFY, len(PROMPT), cache, True))
+    out.append(fwd(VERIFY[:1], len(PROMPT) + len(VERIFY), cache, False))
+    return out
+
+
+def test_cpu_runners_equal_the_plain_walk(q4_file):
+    from engine.backends.cpu.tier import TieredForward
+    model, ff = fast_model_from(q4_file)
+    assert ff is not None
+    want = _passes(lambda t, p, c, all_: model.forward(t, p, c, all_logits=all_), model.new_cache(64))
+    got = _passes(lambda t, p, c, all_: ff(t, p, c, all_logits=all_), model.new_cache(64))
+
+    class Never:  # a helper that never finishes: the tier stays on its kernel-by-kernel walk
+        failure = None
+        fused_done = type("E", (), {"is_set": staticmethod(lambda: False)})()
+    tiered = TieredForward(ff, ff.kv_tuple(model.new_cache(4)), Never())
+    leaf = _passes(lambda t, p, c, all_: tiered(t, p, c, all_logits=all_), model.new_cache(64))
+    assert tiered.steps["fused"] == 0
+    for w, g, lf in zip(want, got, leaf):
+        np.testing.assert_array_equal(g, w)
+        np.testing.assert_array_equal(lf, w)
+
+
+def fast_model_from(model_file):
+    """(Model on the cpu backend's weights, its fused step)."""
+    from engine.backends.cpu import build_model
+    from engine.backends.cpu.step import build
+    model = build_model(model_file, 16)
+    return model, build(model)
+
+
+def test_ref_and_tp2_agree_with_the_plain_walk(q4_file):
+    from engine.backends.kernels import get_kernels
+    from engine.backends.tp.model import build_tp_model
+    from engine.model import Model
+    model, _ = fast_model_from(q4_file)
+    want = _passes(lambda t, p, c, all_: model.forward(t, p, c, all_logits=all_), model.new_cache(64))
+    ref = Model(q4_file.args, q4_file.tensors, get_kernels("ref"), max_batch=16)
+    tp = build_tp_model(q4_file.args, q4_file.tensors, EngineArgs(tp=2, devices=(0, 1)), max_batch=16)
+    for other in (ref, tp):
+        got = _passes(lambda t, p, c, all_: other.forward(t, p, c, all_logits=all_), other.new_cache(64))
+        for w, g in zip(want, got):
+            scale = np.abs(w).max()
+            np.testing.assert_allclose(g, w, atol=2e-2 * scale, rtol=0)
+            assert np.mean(g.argmax(-1) == w.argmax(-1)) >= 0.8
