@@ -45,16 +45,9 @@ def variant_name(mode: str, k: int, fixed: bool) -> str:
 
 
 def fixed_round(engine: Engine, mode: str, k: int):
-    """A round function drafting always up to k tokens (no adaptive length), through the same spec_round."""
-    from ..generate import Round
-    from ..spec import make_drafter, spec_round
-    drafter = make_drafter(mode, engine.model, engine.model_path, adaptive=False)
-
-    def round_fn(ctx):
-        r, _ = spec_round(ctx.model, ctx.cache, ctx.chooser, drafter, ctx.seq, k, stop_ids=ctx.stop_ids,
-                          max_tokens=ctx.max_tokens, capacity=engine.capacity)
-        return Round(r.tokens, r.n_drafted, r.n_accepted, r.draft_ms, r.verify_ms)
-    return round_fn
+    """A round function drafting always up to k tokens (no adaptive length), through the same SpecRound."""
+    from ..spec import SpecRound, make_drafter
+    return SpecRound(make_drafter(mode, engine.model, engine.model_path, adaptive=False), k, engine.capacity)
 
 
 def verify_cost(model, kv_dtype: str = "f16", sizes=(1, 2, 4, 8), ctx_len: int = 200, repeats: int = 20,

@@ -1,16 +1,13 @@
-"""Test helper: a model file loaded as the cpu backend loads it (engine.backends.cpu.build_model), with its
-fused step."""
+"""Test helpers: a model file loaded as the cpu backend loads it (engine.backends.cpu.build_model)."""
 from __future__ import annotations
 
 
 def fast_model(path, max_batch: int = 8):
-    """(Model, its FusedForward or None) for a model file: the weights in the cpu backend's layout; the
-    Model's own forward is the plain walk, one kernel call at a time."""
-    from engine.backends.cpu import build_model
-    from engine.backends.cpu.step import build
+    """(CpuRunner, its FusedForward or None) for a model file: the runner the engine would use (fused step,
+    decode blocks); `runner.model.forward` is the plain walk over the same weights, one kernel at a time."""
     from engine.gguf import load_gguf
-    model = build_model(load_gguf(path), max_batch)
-    return model, build(model)
+    runner = fast_runner(load_gguf(path), max_batch)
+    return runner, runner.step
 
 
 def fast_runner(model_file, max_batch: int = 8):

@@ -295,9 +295,9 @@ def test_per_kernel_forward_over_parts_matches_the_fused_step(q4_parts):
     model, ff = fast_model(q4_parts)
     toks = np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32)
     c1, c2 = model.new_cache(64), model.new_cache(64)
-    np.testing.assert_array_equal(ff(toks, 0, c2, all_logits=True), model.forward(toks, 0, c1, all_logits=True))
+    np.testing.assert_array_equal(ff(toks, 0, c2, all_logits=True), model.model.forward(toks, 0, c1, all_logits=True))
     tok = np.array([5], np.int32)
-    np.testing.assert_array_equal(ff(tok, len(toks), c2), model.forward(tok, len(toks), c1))
+    np.testing.assert_array_equal(ff(tok, len(toks), c2), model.model.forward(tok, len(toks), c1))
 
 
 def test_plain_round_uses_a_greedy_block(q4_tiny):

@@ -133,14 +133,14 @@ def test_fused_forward_matches_model_forward(q4_tiny, kv_dtype, n_prompt):
     assert fused is not None
     toks = np.resize(np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32), n_prompt)
     c1, c2 = model.new_cache(64, kv_dtype), model.new_cache(64, kv_dtype)
-    want = model.forward(toks, 0, c1, all_logits=True)
+    want = model.model.forward(toks, 0, c1, all_logits=True)
     got = fused(toks, 0, c2, all_logits=True)
     assert c2.length == len(toks)
     scale = np.abs(want).max()
     np.testing.assert_allclose(got, want, atol=2e-3 * scale)
     a, b = int(want[-1].argmax()), int(got[-1].argmax())
     for i in range(6):  # greedy decode, T = 1 steps
-        la = model.forward(np.array([a], np.int32), len(toks) + i, c1)
+        la = model.model.forward(np.array([a], np.int32), len(toks) + i, c1)
         lb = fused(np.array([b], np.int32), len(toks) + i, c2)
         np.testing.assert_allclose(lb, la, atol=2e-3 * scale)
         assert a == b
@@ -288,10 +288,10 @@ import numpy as np
 from engine.backends.cpu import fast as F
 G, ng, nb, t = F.G, 2, 3, 2
 out = np.zeros((t, ng * G), np.float32); qa = np.zeros((t, nb * 32), np.int8); sa = np.zeros((t, nb), np.float32)
-blk = np.zeros((ng, nb, F.cpu_avx2.BLK4), np.uint8)  # 4-bit blocks: nibbles, scales, mins
+blk = np.zeros((ng, nb, F.avx2.BLK4), np.uint8)  # 4-bit blocks: nibbles, scales, mins
 F.q4_group(out, qa, sa, sa, blk, np.zeros(G, np.int16), 0)
 F.q4_group_batched(out, qa, sa, sa, blk, 0)
-F.q8_group(out, qa, sa, np.zeros((ng, nb, F.cpu_avx2.BLK8), np.int8), np.zeros(G, np.int32), 0)
+F.q8_group(out, qa, sa, np.zeros((ng, nb, F.avx2.BLK8), np.int8), np.zeros(G, np.int32), 0)
 F.quantize_rows(qa, sa, sa.copy(), np.ones((t, nb * 32), np.float32))
 from engine.backends.cpu.attn import store_f16
 store_f16(np.zeros((4, 3, 64), np.uint16), np.ones((1, 3, 64), np.float32), 2)

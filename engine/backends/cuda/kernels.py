@@ -27,7 +27,7 @@ if importlib.util.find_spec("numba_cuda") is None:
 
 from numba import cuda  # noqa: E402
 
-from ...kernels import cuda_ops, cuda_quant  # noqa: E402
+from . import ops as cuda_ops, quant as cuda_quant  # noqa: E402
 from .quant import Q4, Q8, TT, CudaWeight  # noqa: E402
 from ..ref.kernels import kv_group  # noqa: E402,F401  (same int8 KV grouping as the reference)
 
