@@ -127,3 +127,22 @@ def test_ref_and_tp2_agree_with_the_plain_walk(q4_file):
             scale = np.abs(w).max()
             np.testing.assert_allclose(g, w, atol=2e-2 * scale, rtol=0)
             assert np.mean(g.argmax(-1) == w.argmax(-1)) >= 0.8
+
+
+def test_cpu_runner_captures_the_last_layer_from_the_fused_step(q4_file):
+    """capture=(last layer,) is served by the fused step (its residual-stream buffer after the pass): the
+    plain walk's captured states, bit for bit, and the same logits."""
+    from engine.backends.cpu.runner import CpuRunner
+    model, ff = fast_model_from(q4_file)
+    runner, last = CpuRunner(model, ff), q4_file.args.n_layer - 1
+    runs = ff.run
+    calls = []
+    ff.run = lambda *a: (calls.append(1), runs(*a))[1]
+    c1, c2 = model.new_cache(64), model.new_cache(64)
+    for toks, pos in ((PROMPT, 0), (VERIFY, len(PROMPT))):
+        want = model.forward(toks, pos, c1, all_logits=True, capture=(last,))
+        want_h = model.captured[last].copy()  # the runner's captured dict is the model's: copy first
+        got = runner.forward(toks, pos, c2, all_logits=True, capture=(last,))
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(runner.captured[last], want_h)
+    assert len(calls) == 2

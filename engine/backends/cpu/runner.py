@@ -3,8 +3,9 @@
 `step` is a `step.FusedForward` (the whole pass in one numba call, decode blocks), during a cold start a
 `tier.TieredForward` (the same kernels called one by one until the fused step is compiled), or None (weight
 types the fused step does not take: the model's plain walk, one kernel call at a time). All three compute the
-same bits. A pass that captures hidden states for a drafter runs the plain walk (the fused step keeps no
-per-layer copies).
+same bits. A pass that captures the last layer's hidden states (the MTP drafter's features) reads them from
+the step's residual-stream buffer, which holds them after the pass; other layers' states run the plain walk
+(the fused step keeps no per-layer copies).
 """
 from __future__ import annotations
 
@@ -24,11 +25,15 @@ class CpuRunner(OverModel):
     def forward(self, tokens, pos0: int, cache, *, all_logits: bool = False,
                 capture: tuple[int, ...] = ()) -> np.ndarray:
         """engine.model.Model.forward's contract."""
-        if self.step is None or capture:
+        last = self.args.n_layer - 1
+        if self.step is None or any(layer != last for layer in capture):
             return self.model.forward(tokens, pos0, cache, all_logits=all_logits, capture=capture)
         tokens = check_forward_args(tokens, pos0, cache, self.args.vocab_size)
-        self.model.captured = {}
-        return self.step.run(tokens, pos0, cache, tokens.shape[0] if all_logits else 1).copy()
+        t_n = tokens.shape[0]
+        logits = self.step.run(tokens, pos0, cache, t_n if all_logits else 1).copy()
+        fused = getattr(self.step, "ff", self.step)  # a TieredForward runs over its FusedForward's buffers
+        self.model.captured = {last: fused.bufs[0][:t_n].copy()} if capture else {}  # x (T, d) after the pass
+        return logits
 
     def decode_block(self, token: int, pos0: int, cache, n: int, stop_ids: frozenset,
                      choice=None) -> list[int] | None:
