@@ -205,7 +205,9 @@ def _pick_round(engine: Engine, mode: str, k: int) -> RoundFn:
     if mode == "off":
         return PlainRound()
     from .spec import SpecRound, make_drafter
-    return SpecRound(make_drafter(mode, engine.model, engine.model_path), k, engine.capacity)
+    drafter = make_drafter(mode, engine.model, engine.model_path, capacity=engine.capacity,
+                           lm_head_draft=engine.args.lm_head_draft)
+    return SpecRound(drafter, k, engine.capacity)
 
 
 def set_threads(n: int) -> None:

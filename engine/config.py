@@ -63,6 +63,7 @@ class EngineArgs:
     prefix_reuse: bool = True
     spec: str = "off"
     draft_tokens: int = 3
+    lm_head_draft: bool = False  # a trained drafter (mtp) drafts over its hot vocabulary's head rows only
     tp: int = 1
     devices: tuple[int, ...] = (0,)
     transport: str = "auto"  # auto | p2p | mapped (TP only)

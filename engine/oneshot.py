@@ -65,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--spec", choices=SPEC_MODES)
     g.add_argument("--draft-tokens", type=int, help="tokens a drafter proposes per round (needs a --spec mode)")
     g.add_argument("--lm-head-draft", action="store_true",
-                   help="NInfer's switch for an MTP/DFlash drafter's own proposal head; needs --spec mtp or "
-                        "dflash, whose drafters are not in this build (it is checked, then refused with them)")
+                   help="draft through the trained drafter's hot-vocabulary head (cheaper drafts; the target "
+                        "still verifies over the full vocabulary); needs --spec mtp or dflash")
     s = p.add_argument_group("sampling")
     s.add_argument("--max-new", type=int, help="new tokens, reasoning and answer together")
     s.add_argument("--greedy", action="store_true", help="argmax (temperature 0)")
@@ -146,7 +146,8 @@ def build_options(a: argparse.Namespace, cfg: dict) -> tuple[EngineArgs, Generat
     eargs = options.engine_args(
         cfg, model=a.model, backend=a.backend, threads=a.threads, max_context=a.max_context,
         kv_capacity=a.kv_capacity, kv_dtype=a.kv_dtype, prefill_chunk=a.prefill_chunk,
-        prefix_reuse=False if a.no_prefix_reuse else None, spec=a.spec, draft_tokens=a.draft_tokens, tp=a.tp,
+        prefix_reuse=False if a.no_prefix_reuse else None, spec=a.spec, draft_tokens=a.draft_tokens,
+        lm_head_draft=True if a.lm_head_draft else None, tp=a.tp,
         devices=devices, transport=a.transport)
     if a.lm_head_draft and eargs.spec not in ("mtp", "dflash"):
         raise ConfigError("--lm-head-draft selects an MTP or DFlash drafter's head; it needs --spec mtp or --spec dflash")

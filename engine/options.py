@@ -37,8 +37,8 @@ def config_model(cfg: dict) -> str | None:
 def engine_args(cfg: dict | None, *, model: str | None = None, backend: str | None = None,
                 threads: int | None = None, max_context: int | None = None, kv_capacity: int | None = None,
                 kv_dtype: str | None = None, prefill_chunk: int | None = None, prefix_reuse: bool | None = None,
-                spec: str | None = None, draft_tokens: int | None = None, tp: int | None = None,
-                devices: tuple[int, ...] | None = None, transport: str | None = None) -> EngineArgs:
+                spec: str | None = None, draft_tokens: int | None = None, lm_head_draft: bool | None = None,
+                tp: int | None = None, devices: tuple[int, ...] | None = None, transport: str | None = None) -> EngineArgs:
     """EngineArgs from [engine] (with [spec] mode / draft_tokens, which [engine] spec / draft_tokens override)
     and the flags. `model` is the explicit path only: config_model(cfg) is resolved after it (engine.paths)."""
     cfg = with_defaults(cfg)
@@ -55,6 +55,7 @@ def engine_args(cfg: dict | None, *, model: str | None = None, backend: str | No
         "prefix_reuse": _pick(prefix_reuse, e["prefix_reuse"]),
         "spec": _pick(spec, e.get("spec", sx["mode"])),
         "draft_tokens": _pick(draft_tokens, e.get("draft_tokens", sx["draft_tokens"])),
+        "lm_head_draft": _pick(lm_head_draft, sx["lm_head_draft"]),
         "tp": _pick(tp, e.get("tp")), "transport": _pick(transport, e.get("transport")),
         "devices": tuple(_pick(devices, e.get("devices")) or ()) or None,
     }

@@ -1,0 +1,169 @@
+"""MTP drafter runtime (engine/spec/mtp.py) on a tiny llama with a random drafter file:
+
+- the block's step equals a numpy implementation of the math (the contract with train/mtp_train.py), for a
+  batch of first-step pairs and a recursive chain over the cache;
+- speculation with it is lossless (greedy and seeded sampling), full head and hot head;
+- drafter files of another version, another base model, or damaged ones give one-line reasons.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from engine.config import EngineArgs, GenerateRequest, SamplingParams
+from engine.spec import drafter_file as dfile
+
+N_HOT = 64
+
+
+def write_drafter(path, model_path, args, seed=0, version=1, base_sha=None):
+    """A random drafter file for the model at model_path (the format train/mtp_train.py exports)."""
+    rng = np.random.default_rng(seed)
+    d, q, kv, ff = args.d_model, args.q_dim, args.kv_dim, args.d_ff
+
+    def mat(rows, cols):
+        return rng.normal(0, 0.3 / np.sqrt(cols), (rows, cols)).astype(np.float16)
+
+    def vec():
+        return (1 + rng.normal(0, 0.1, d)).astype(np.float16)
+    arrays = dict(enorm=vec(), hnorm=vec(), w_eh=mat(d, 2 * d), attn_norm=vec(), wq=mat(q, d), wk=mat(kv, d),
+                  wv=mat(kv, d), wo=mat(d, q), ffn_norm=vec(), w_gate=mat(ff, d), w_up=mat(ff, d), w_down=mat(d, ff),
+                  hot_ids=rng.permutation(args.vocab_size)[:N_HOT].astype(np.int32))
+    meta = dict(format="ninfer-mtp", version=version, base_sha256=base_sha or dfile.base_sha256(model_path),
+                base_name="tiny-llama", d_model=d, n_head=args.n_head, n_kv_head=args.n_kv_head,
+                head_dim=args.head_dim, d_ff=ff, hot_vocab_size=N_HOT, steps_trained=3)
+    np.savez(path, meta=np.array(json.dumps(meta)), **arrays)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_models, tmp_path_factory, monkeypatch_module):
+    from engine.gguf import load_gguf
+    path = tiny_models["llama"]
+    mf = load_gguf(path)
+    d = tmp_path_factory.mktemp("drafters")
+    write_drafter(d / "tiny.mtp.npz", path, mf.args)
+    monkeypatch_module.setenv("NINFER_DRAFTER_DIRS", str(d))
+    return path, mf
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+# ------------------------------------------------------------------------------ the math, in numpy
+def _norm(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * w
+
+
+def _rope(x, pos, base):  # x (H, hd) at one position, adjacent pairs (llama)
+    hd = x.shape[-1]
+    ang = pos / base ** (np.arange(0, hd, 2) / hd)
+    a, b = x[:, 0::2].copy(), x[:, 1::2].copy()
+    out = x.copy()
+    out[:, 0::2], out[:, 1::2] = a * np.cos(ang) - b * np.sin(ang), a * np.sin(ang) + b * np.cos(ang)
+    return out
+
+
+class NumpyMTP:
+    """The MTP step as the module docstring writes it, over the weights the runtime uses (dequantized Q8_0)."""
+
+    def __init__(self, arrays, mf):
+        from engine.quant import dequantize
+        from engine.spec.mtp import _q8
+        self.a, w = mf.args, {}
+        for k in ("w_eh", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+            w[k] = dequantize(_q8(k, arrays[k]))
+        for k in ("enorm", "hnorm", "attn_norm", "ffn_norm"):
+            w[k] = arrays[k].astype(np.float32)
+        self.w = w
+        self.emb = dequantize(mf.tensors["token_embd.weight"])
+        self.out_norm = dequantize(mf.tensors["output_norm.weight"]).reshape(-1)
+        self.keys, self.vals = [], []
+
+    def step(self, y, g, pos):
+        a, w, eps = self.a, self.w, self.a.rms_eps
+        z = w["w_eh"] @ np.concatenate([_norm(self.emb[y], w["enorm"], eps), _norm(g, w["hnorm"], eps)])
+        xb = _norm(z, w["attn_norm"], eps)
+        q = _rope((w["wq"] @ xb).reshape(a.n_head, a.head_dim), pos, a.rope_base)
+        k = _rope((w["wk"] @ xb).reshape(a.n_kv_head, a.head_dim), pos, a.rope_base)
+        v = (w["wv"] @ xb).reshape(a.n_kv_head, a.head_dim)
+        self.keys, self.vals = self.keys[:pos] + [k], self.vals[:pos] + [v]
+        K, V = np.stack(self.keys), np.stack(self.vals)  # (P, n_kv, hd)
+        att = np.zeros((a.n_head, a.head_dim))
+        for h in range(a.n_head):
+            kvh = h // (a.n_head // a.n_kv_head)
+            s = K[:, kvh] @ q[h] / np.sqrt(a.head_dim)
+            p = np.exp(s - s.max())
+            att[h] = (p / p.sum()) @ V[:, kvh]
+        u = z + w["wo"] @ att.reshape(-1)
+        n2 = _norm(u, w["ffn_norm"], eps)
+        gate = w["w_gate"] @ n2
+        o = u + w["w_down"] @ (gate / (1 + np.exp(-gate)) * (w["w_up"] @ n2))
+        return self.emb @ _norm(o, self.out_norm, eps), o
+
+
+def test_block_step_is_the_math(tiny):
+    from engine.spec import mtp
+    path, mf = tiny
+    found, why = dfile.find(mtp.FORMAT, mtp.VERSION, str(path))
+    assert found is not None, why
+    df = dfile.load(found, mtp.FORMAT, mtp.VERSION, str(path), mtp.WEIGHTS)
+    block = mtp.MTPBlock(df, mf, capacity=64, hot=False)
+    ref = NumpyMTP(df.arrays, mf)
+    rng = np.random.default_rng(1)
+    ys, gs = rng.integers(0, mf.args.vocab_size, 6), rng.normal(0, 1, (6, mf.args.d_model)).astype(np.float32)
+    logits, hidden = block.run(ys, gs, 0)  # six first-step pairs in one pass
+    want = [ref.step(int(y), g, i) for i, (y, g) in enumerate(zip(ys, gs))]
+    y, g, want_o = int(np.argmax(logits[-1])), hidden[-1:], want[-1][1]
+    for i in range(2):  # a recursive chain after them, one step at a time
+        lg, g = block.run([y], g, 6 + i)
+        want_lg, want_o = ref.step(y, want_o, 6 + i)
+        np.testing.assert_allclose(lg[0], want_lg, atol=5e-2 * np.abs(want_lg).max())
+        y = int(np.argmax(want_lg))
+    for (wl, wo), gl, go in zip(want, logits, hidden):
+        np.testing.assert_allclose(go, wo, atol=5e-2 * np.abs(wo).max())
+        np.testing.assert_allclose(gl, wl, atol=5e-2 * np.abs(wl).max())
+    hot = mtp.MTPBlock(df, mf, capacity=64, hot=True)
+    hl, _ = hot.run(ys, gs, 0)
+    np.testing.assert_array_equal(hl, logits[:, df.arrays["hot_ids"]])  # the hot head: the same rows
+
+
+def _final(eng, spec, **sp):
+    req = GenerateRequest(SamplingParams(**{"greedy": True, "max_new": 40, **sp}), spec=spec, draft_tokens=3)
+    msgs = [{"role": "user", "content": "Count from one to twenty: one, two, three"}]
+    return list(eng.session().generate(msgs, req))[-1]
+
+
+@pytest.mark.parametrize("hot", [False, True])
+def test_mtp_speculation_is_lossless(tiny, hot):
+    from engine.api import Engine
+    path, _ = tiny
+    eng = Engine.load(EngineArgs(model=str(path), max_context=256, prefix_reuse=False, lm_head_draft=hot))
+    assert eng.spec_modes()["mtp"] is None
+    for sp in ({}, dict(greedy=False, temperature=0.9, top_k=40, seed=3, presence_penalty=0.5)):
+        want, got = _final(eng, "off", **sp), _final(eng, "mtp", **sp)
+        assert got.token_ids == want.token_ids and got.spec_mode == "mtp"
+        assert got.drafted > 0 and got.rounds < got.output_tokens + 1
+
+
+def test_wrong_version_base_or_damage_is_one_line(tiny, tmp_path, monkeypatch):
+    from engine.spec import available_modes, mtp
+    path, mf = tiny
+    monkeypatch.setenv("NINFER_DRAFTER_DIRS", str(tmp_path))
+    (tmp_path / "broken.npz").write_bytes(b"not a zip")
+    write_drafter(tmp_path / "other.npz", path, mf.args, base_sha="0" * 64)
+    why = available_modes(str(path))["mtp"]
+    assert why and "no ninfer-mtp drafter" in why and "tiny-llama" in why and "\n" not in why
+    write_drafter(tmp_path / "v2.npz", path, mf.args, version=2)
+    why = available_modes(str(path))["mtp"]
+    assert "version 2" in why and "re-export" in why
+    with pytest.raises(dfile.DrafterFileError, match="damaged"):
+        dfile.load(tmp_path / "broken.npz", mtp.FORMAT, mtp.VERSION, str(path), mtp.WEIGHTS)
+    with pytest.raises(dfile.DrafterFileError, match="trained for tiny-llama"):
+        dfile.load(tmp_path / "other.npz", mtp.FORMAT, mtp.VERSION, str(path), mtp.WEIGHTS)
