@@ -23,7 +23,9 @@ from typing import Callable, Iterator
 from .config import EngineArgs, GenerateRequest
 from .errors import ConfigError, InputError
 from .events import Progress
-from .generate import PlainRound, Reply, ReplyOptions, RoundFn, run_reply
+from .generate import Reply, run_reply
+from .reply_stats import ReplyOptions
+from .rounds import PlainRound, RoundFn
 from .prefill import Target
 from .reply_text import TextStream
 from .sampling import TokenChooser

@@ -1,7 +1,7 @@
 """Typed events `Session.generate` yields. The UI and CLI consume these and nothing else."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)

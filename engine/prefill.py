@@ -15,7 +15,7 @@ import numpy as np
 from .events import Progress
 
 if TYPE_CHECKING:
-    from .generate import RoundFn
+    from .rounds import RoundFn
 
 
 @dataclass

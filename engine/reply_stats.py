@@ -1,8 +1,9 @@
-"""One reply's clock and counters, and the StepStats / FinalStats events built from them."""
+"""One reply's settings, clock and counters, and the StepStats / FinalStats events built from them."""
 from __future__ import annotations
 
 import hashlib
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .events import FinalStats, StepStats
@@ -11,7 +12,22 @@ from .reply_text import Finish, TextStream
 from .thinking import ThinkingState
 
 if TYPE_CHECKING:
-    from .generate import ReplyOptions, Round
+    from .rounds import Round
+
+
+@dataclass
+class ReplyOptions:
+    """The engine's settings a reply runs under, resolved by the session: the prefill's (the loop reads
+    them) and the labels FinalStats reports."""
+
+    max_context: int
+    prefill_chunk: int = 256
+    prefix_reuse: bool = True
+    stats_interval_s: float = 0.1
+    spec_mode: str = "off"  # the rest only label FinalStats
+    backend: str = "cpu"
+    kv_dtype: str = "f16"
+    capacity: int = 0
 
 
 def decode_rate(n_out: int, decode_s: float, first: Round | None) -> float:

@@ -88,7 +88,7 @@ def _cache_dir() -> Path:
 def find(fmt: str, version: int, model_path: str | None) -> tuple[Path | None, str | None]:
     """(the drafter file of format `fmt` for this model, None) or (None, why there is none)."""
     if model_path is None:
-        return None, "no model file to match a drafter to"
+        return None, "no drafter for this model"
     candidates = [p for d in search_dirs() if d.is_dir() for p in sorted(d.glob("*.npz"))]
     if not candidates:
         return None, "no drafter for this model"

@@ -1,5 +1,5 @@
 """The speculative round the generation loop calls instead of a plain one-token step (`SpecRound`, a
-`engine.generate.RoundFn`; `spec_round` is its body).
+`engine.rounds.RoundFn`; `spec_round` is its body).
 
 Round = draft k tokens, run the target once over [last, d1..dk] (one batched pass: each weight block read once
 for all k+1 rows), verify with the reply's chooser (`spec.verify`), roll the KV cache back to what was kept.
@@ -15,7 +15,7 @@ from typing import Any, Collection, Sequence
 
 import numpy as np
 
-from ..generate import Round, RoundContext
+from ..rounds import Round, RoundContext
 from .base import Drafter, Features
 from .verify import Chooser, verify
 

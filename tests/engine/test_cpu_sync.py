@@ -304,7 +304,7 @@ def test_plain_round_uses_a_greedy_block(q4_tiny):
     """The decode loop's round: a greedy chooser, with penalties or without, gets up to block_size() tokens
     per round (the tokens single rounds give, each accepted by the chooser)."""
     from engine.config import SamplingParams
-    from engine.generate import RoundContext, block_size, plain_round
+    from engine.rounds import RoundContext, block_size, plain_round
     from engine.sampling import TokenChooser
     model, ff = fast_model(q4_tiny)
     toks = [3, 17, 42, 5, 99, 7]
@@ -334,17 +334,17 @@ def test_plain_round_uses_a_greedy_block(q4_tiny):
 
 def test_greedy_block_of_one_is_a_plain_round(q4_tiny, monkeypatch):
     """NINFER_DECODE_BLOCK=1 turns blocks off: the round forwards and chooses in Python (Model.forward)."""
-    from engine import generate
+    from engine import rounds
     from engine.config import SamplingParams
     from engine.sampling import TokenChooser
     model, ff = fast_model(q4_tiny)
-    monkeypatch.setattr(generate, "block_size", lambda: 1)
+    monkeypatch.setattr(rounds, "block_size", lambda: 1)
     monkeypatch.setattr(model, "decode_block", lambda *a: pytest.fail("a block of one token"))
     toks = [3, 17, 42, 5, 99, 7]
     cache = model.new_cache(64)
     first = int(np.argmax(model.forward(np.array(toks, np.int32), 0, cache)[0]))
     chooser = TokenChooser(SamplingParams(greedy=True), model.args.vocab_size)
-    rnd = generate.plain_round(generate.RoundContext(model, cache, toks + [first], chooser, 12, frozenset()))
+    rnd = rounds.plain_round(rounds.RoundContext(model, cache, toks + [first], chooser, 12, frozenset()))
     assert len(rnd.tokens) == 1 and cache.length == len(toks) + 1
 
 

@@ -229,13 +229,13 @@ def test_speculative_round_seam_matches_plain_decode():
 
 
 def test_a_round_function_is_told_the_reply_and_its_prefill():
-    """The round seam's hooks (generate.RoundFn): begin once per reply, before the prefill; observe_prefill
+    """The round seam's hooks (rounds.RoundFn): begin once per reply, before the prefill; observe_prefill
     for every pass, in order, with the tokens the pass forwarded (the prompt but its reused prefix and its
     last token, which is the first round's input) and no features when it captures no layer."""
-    from engine import generate
+    from engine import rounds
     calls = []
 
-    class Watching(generate.PlainRound):
+    class Watching(rounds.PlainRound):
         def begin(self):
             calls.append("begin")
 
@@ -289,17 +289,17 @@ def test_real_model_chunked_prefill_and_prefix_reuse_give_the_same_tokens(tiny_e
 
 
 def test_bad_decode_block_setting_is_a_one_line_config_error(monkeypatch):
-    from engine import generate
+    from engine import rounds
     from engine.errors import ConfigError
     monkeypatch.setenv("NINFER_DECODE_BLOCK", "eight")
-    generate.block_size.cache_clear()
+    rounds.block_size.cache_clear()
     try:
         with pytest.raises(ConfigError, match="NINFER_DECODE_BLOCK must be a whole number >= 1, got 'eight'"):
-            generate.block_size()
+            rounds.block_size()
     finally:
         monkeypatch.delenv("NINFER_DECODE_BLOCK")
-        generate.block_size.cache_clear()
-    assert generate.block_size() == 8
+        rounds.block_size.cache_clear()
+    assert rounds.block_size() == 8
 
 
 def test_decode_rate_leaves_the_first_rounds_tokens_out(monkeypatch):
@@ -308,20 +308,20 @@ def test_decode_rate_leaves_the_first_rounds_tokens_out(monkeypatch):
     so every figure must read 100 tok/s (counting the first round's tokens in it read 108)."""
     import dataclasses
 
-    from engine import generate, reply_stats
+    from engine import reply_stats, rounds
 
     clock = [0.0]
     fake_time = type("Clock", (), {"perf_counter": staticmethod(lambda: clock[0])})
-    monkeypatch.setattr(generate, "time", fake_time)
+    monkeypatch.setattr(rounds, "time", fake_time)
     monkeypatch.setattr(reply_stats, "time", fake_time)
 
-    class Four(generate.PlainRound):
+    class Four(rounds.PlainRound):
         def __call__(self, ctx):
             toks = []
             for _ in range(min(4, ctx.max_tokens)):
-                toks += generate.plain_round(dataclasses.replace(ctx, seq=ctx.seq + toks)).tokens
+                toks += rounds.plain_round(dataclasses.replace(ctx, seq=ctx.seq + toks)).tokens
                 clock[0] += 0.01
-            return generate.Round(toks, verify_ms=10.0 * len(toks))
+            return rounds.Round(toks, verify_ms=10.0 * len(toks))
 
     s = fake_engine(script_policy("x" * 80)).session()
     s.stats_interval_s = 0.0
@@ -334,7 +334,7 @@ def test_decode_rate_leaves_the_first_rounds_tokens_out(monkeypatch):
 
 
 def test_decode_rate_of_a_reply_in_one_round():
-    from engine.generate import Round
+    from engine.rounds import Round
     from engine.reply_stats import decode_rate
     assert decode_rate(8, 0.0, Round([1] * 8, verify_ms=40.0)) == pytest.approx(200.0)
     assert decode_rate(5, 0.0, Round([1] * 8, verify_ms=40.0)) == pytest.approx(125.0)  # a stop inside it

@@ -1,5 +1,5 @@
 """Decode rounds of a reply with a thinking plan (ThinkingState.block_room / forced_run, TokenChooser.accepted,
-generate.plain_round): blocks inside the reasoning, and the budget's forced insert after its first token in one
+rounds.plain_round): blocks inside the reasoning, and the budget's forced insert after its first token in one
 batched forward, give what single steps give (tokens, thinking state, penalty state, the generator, the
 cache), through the insert, an end of turn turned into the close marker, and an end of turn given back after
 a close inside a block."""
@@ -21,10 +21,10 @@ CHOOSERS = [SamplingParams(greedy=True, presence_penalty=100.0, frequency_penalt
 
 
 def _reply(model, sp, plan, stops, rounds_of_the_loop):
-    """A reply: the first token alone, then the decode loop's rounds (generate.plain_round: blocks, forced
+    """A reply: the first token alone, then the decode loop's rounds (engine.rounds.plain_round: blocks, forced
     runs), or single forward + choose + accept steps -> (reply tokens, tokens per round, thinking state,
     chooser, cache)."""
-    from engine import generate
+    from engine.rounds import RoundContext, plain_round
     from engine.sampling import TokenChooser
     from engine.thinking import ThinkingState
     th = ThinkingState(plan, stop_ids=stops)
@@ -35,8 +35,8 @@ def _reply(model, sp, plan, stops, rounds_of_the_loop):
     rounds = []
     while len(seq) - len(PROMPT) < N_NEW and seq[-1] not in stops:
         if rounds_of_the_loop:
-            ctx = generate.RoundContext(model, cache, seq, ch, N_NEW - (len(seq) - len(PROMPT)), stops)
-            toks = generate.plain_round(ctx).tokens
+            ctx = RoundContext(model, cache, seq, ch, N_NEW - (len(seq) - len(PROMPT)), stops)
+            toks = plain_round(ctx).tokens
         else:
             toks = [ch.choose(model.forward(np.array(seq[-1:], np.int32), len(seq) - 1, cache)[0])]
             ch.accept(toks[0])
