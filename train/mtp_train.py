@@ -5,9 +5,10 @@
     python -m train.mtp_train --export                  # write engine/spec/drafters/<model>.mtp.npz
 
 Loss: cross-entropy of every unrolled step (step s of chain p predicts x_{p+s+1}, teacher forcing: the true
-tokens as y), weighted `--weights`, over the chains the runtime drafts (from y = the prompt's last token on:
-the first round drafts the first reply token) and targets in the hot vocabulary. The hot vocabulary (the `--n-hot` most frequent reply
-tokens of the training shards) is fixed at the first run and kept in the checkpoint. Shards that distill.py
+tokens as y), weighted `--weights`, over the chains the runtime drafts (from y = the prompt's last token
+on: the first round drafts the first reply token) and targets in the hot vocabulary. The hot vocabulary
+(the `--n-hot` most frequent reply tokens of the training shards) is fixed at the first run and kept in
+the checkpoint. Shards that distill.py
 writes meanwhile are picked up at every epoch. Every `--eval-min` minutes the held-out shards are scored:
 top-1 per step (targets outside the hot vocabulary count as misses) and the tokens per round that greedy
 speculation with k = `steps` drafts would get on those replies (rounds walked as the runtime does: a
@@ -224,7 +225,8 @@ def build(resume: bool, n_hot: int, train: Shards, seed: int, steps: int):
     if ck is not None:
         hot_ids = np.asarray(ck["hot_ids"], np.int32)
         init = {k: v.numpy() for k, v in ck["model"].items()}
-        state = {k: ck[k] for k in ("hot_ids", "steps", "step", "tokens_seen", "train_s", "epoch", "last_eval", "base_sha256")}
+        state = {k: ck[k] for k in ("hot_ids", "steps", "step", "tokens_seen", "train_s", "epoch", "last_eval",
+                                    "base_sha256")}
     else:
         hot_ids = hot_vocab(train, n_hot)
         h_rms = float(np.sqrt(np.mean([np.mean(s[1][:256].astype(np.float32) ** 2) for s in train.seqs[:200]])))
@@ -284,7 +286,7 @@ def train(a) -> None:
             opt.step()
             st["step"], local = st["step"] + 1, local + 1
             st["tokens_seen"] += int(bt["drafted"].sum())
-            cur = np.array([float(l) for l in losses])
+            cur = np.array([float(l.detach()) for l in losses])
             run_loss = cur if run_loss is None else 0.95 * run_loss + 0.05 * cur
             now = time.time()
             if local % a.log_every == 0:
