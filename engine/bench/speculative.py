@@ -2,8 +2,10 @@
 
     ninfer-bench speculative                      # default model, greedy, 128 tokens
     ninfer-bench speculative --variants off ngram:3 ngram:3:fixed ngram:7 --repeats 2 --max-new 128 --json out.json
+    ninfer-bench speculative --variants off ngram:3 mtp:3 mtp:3:hot mtp:3:hot:hybrid --heldout train/heldout.json
     python -m engine.bench.speculative ...        # the same from a checkout without an install
-    (ngram:K = adaptive draft length up to K, what users get; ngram:K:fixed = always up to K drafts)
+    (MODE:K = adaptive draft length up to K, what users get; :fixed = always up to K drafts; :hot = the MTP
+    drafter's hot-vocabulary head (--lm-head-draft); :hybrid = n-gram drafts where the last 3 tokens matched)
 
 Part 1, verify cost: one forward over T = 1, 4, 8 tokens at a realistic context position (the cost a round
 pays for k = 0, 3, 7 drafts), interleaved and repeated; median ms and the ratio to T=1 (goal: T=8 <= 1.5x).
@@ -34,20 +36,32 @@ CHAT_PROMPTS = ("Write a short story about a robot who learns to paint.",
                 "Explain how a bicycle works, step by step.")
 
 
-def parse_variant(text: str) -> tuple[str, int, bool]:
-    """'off' | 'ngram:3' (adaptive length, the default) | 'ngram:3:fixed' -> (mode, draft tokens, fixed)."""
-    mode, k, fixed = (text.split(":") + ["", ""])[:3]
-    return mode, int(k or 3), fixed == "fixed"
+VARIANT_FLAGS = ("fixed", "hot", "hybrid")
 
 
-def variant_name(mode: str, k: int, fixed: bool) -> str:
-    return mode if mode == "off" else f"{mode}:{k}" + (":fixed" if fixed else "")
+def parse_variant(text: str) -> tuple[str, int, frozenset]:
+    """'off' | 'ngram:3' (adaptive length, the default) | 'mtp:3:fixed:hot' -> (mode, draft tokens, flags)."""
+    mode, k, *flags = text.split(":") + [""]
+    flags = frozenset(f for f in flags if f)
+    bad = flags - set(VARIANT_FLAGS)
+    if bad:
+        raise SystemExit(f"ninfer-bench speculative: variant {text!r}: unknown option {sorted(bad)[0]!r} "
+                         f"(options: {', '.join(VARIANT_FLAGS)})")
+    return mode, int(k or 3), flags
 
 
-def fixed_round(engine: Engine, mode: str, k: int):
-    """A round function drafting always up to k tokens (no adaptive length), through the same SpecRound."""
+def variant_name(mode: str, k: int, flags: frozenset) -> str:
+    return mode if mode == "off" else ":".join([mode, str(k), *[f for f in VARIANT_FLAGS if f in flags]])
+
+
+def variant_round(engine: Engine, mode: str, k: int, flags: frozenset):
+    """The round function of a variant: the SpecRound users get, with the variant's drafter options (fixed:
+    always up to k drafts, no adaptive length; hot: the MTP hot-vocabulary head; hybrid: n-gram first)."""
     from ..spec import SpecRound, make_drafter
-    return SpecRound(make_drafter(mode, engine.model, engine.model_path, adaptive=False), k, engine.capacity)
+    drafter = make_drafter(mode, engine.model, engine.model_path, adaptive="fixed" not in flags,
+                           lm_head_draft="hot" in flags, hybrid=3 if "hybrid" in flags else 0,
+                           capacity=engine.capacity)
+    return SpecRound(drafter, k, engine.capacity)
 
 
 def verify_cost(model, kv_dtype: str = "f16", sizes=(1, 2, 4, 8), ctx_len: int = 200, repeats: int = 20,
@@ -117,9 +131,9 @@ def lossless_tiny(a) -> int:
             same, acc = 0, 0
             for p in prompts:
                 msgs = [{"role": "user", "content": p}]
-                want = run_one(eng, msgs, "off", 1, False, 48)
+                want = run_one(eng, msgs, "off", 1, frozenset(), 48)
                 for k in (1, 3, 5):
-                    got = run_one(eng, msgs, "ngram", k, True, 48)
+                    got = run_one(eng, msgs, "ngram", k, frozenset({"fixed"}), 48)
                     same += got.token_ids == want.token_ids
                     acc += got.accepted
             bad += same != 3 * len(prompts)
@@ -143,19 +157,30 @@ def row_step_diff(model, n_ctx: int = 40, sizes=(2, 4, 8)) -> dict[int, float]:
     return out
 
 
-def load_workloads(names, chats) -> list[tuple[str, list[dict]]]:
+def load_workloads(names, chats, heldout: str | None = None, n_heldout: int = 0) -> list[tuple[str, list[dict]]]:
     out = []
     for name in names:
         p = Path(name) if Path(name).exists() else WORKLOAD_DIR / name
         out.append((p.stem, json.loads(p.read_text())))
     for i, c in enumerate(chats):
         out.append((f"chat{i + 1}", [{"role": "user", "content": c}]))
+    if heldout:  # prompts no drafter was trained on (train/heldout.json: a list of message lists)
+        items = json.loads(Path(heldout).read_text())
+        items = items.get("prompts", items) if isinstance(items, dict) else items
+        for i, msgs in enumerate(items[:n_heldout or None]):
+            msgs = msgs.get("messages", msgs) if isinstance(msgs, dict) else msgs
+            out.append((f"heldout{i:02d}", msgs))
     return out
 
 
-def run_one(engine: Engine, msgs, mode: str, k: int, fixed: bool, max_new: int):
-    req = GenerateRequest(SamplingParams(greedy=True, max_new=max_new), spec=mode, draft_tokens=k)
-    round_fn = fixed_round(engine, mode, k) if fixed and mode != "off" else None
+# the users' sampled preset (as ninfer-bench --sampled): acceptance under sampling, not only greedy
+SAMPLED = dict(temperature=0.7, top_p=0.8, top_k=20, presence_penalty=1.5, seed=42)
+
+
+def run_one(engine: Engine, msgs, mode: str, k: int, flags: frozenset, max_new: int, sampled: bool = False):
+    sp = SamplingParams(max_new=max_new, **SAMPLED) if sampled else SamplingParams(greedy=True, max_new=max_new)
+    req = GenerateRequest(sp, spec=mode, draft_tokens=k)
+    round_fn = variant_round(engine, mode, k, flags) if mode != "off" else None
     return list(engine.session().generate(msgs, req, round_fn=round_fn))[-1]
 
 
@@ -193,6 +218,11 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", nargs="+", default=["off", "ngram:3", "ngram:3:fixed", "ngram:7"])
     ap.add_argument("--workloads", nargs="*", default=list(DEFAULT_WORKLOADS))
     ap.add_argument("--chats", type=int, default=len(CHAT_PROMPTS), help="how many built-in chat prompts")
+    ap.add_argument("--heldout", default=None, metavar="FILE",
+                    help="also every prompt of a held-out set (train/heldout.json), with a summary row per variant")
+    ap.add_argument("--heldout-n", type=int, default=0, help="only the first N held-out prompts")
+    ap.add_argument("--sampled", action="store_true",
+                    help="the users' sampled preset (T=0.7 top-p 0.8 top-k 20 presence 1.5 seed 42) instead of greedy")
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2, help="A-B-A-B: rounds over all variants")
     ap.add_argument("--backend", default="cpu")
@@ -217,7 +247,7 @@ def main(argv=None) -> int:
         return lossless_tiny(a)
     variants = [parse_variant(v) for v in a.variants]
     if variants[0][0] != "off":
-        variants.insert(0, ("off", 0, False))
+        variants.insert(0, ("off", 0, frozenset()))
     k_max = max(v[1] for v in variants)
     t0 = time.perf_counter()
     engine = Engine.load(EngineArgs(model=a.model, prefix_reuse=False, max_context=2048, backend=a.backend,
@@ -238,25 +268,25 @@ def main(argv=None) -> int:
             Path(a.json).write_text(json.dumps(result, indent=1))
         return 0
 
-    work = load_workloads(a.workloads, CHAT_PROMPTS[:a.chats])
+    work = load_workloads(a.workloads, CHAT_PROMPTS[:a.chats], a.heldout, a.heldout_n)
     runs: dict[tuple[str, str], list] = {}
     for rep in range(a.repeats):  # A-B-A-B: every variant once per repeat, per workload
         for wname, msgs in work:
-            for mode, k, fixed in variants:
-                name = variant_name(mode, k, fixed)
-                st = run_one(engine, msgs, mode, max(k, 1), fixed, a.max_new)
+            for mode, k, flags in variants:
+                name = variant_name(mode, k, flags)
+                st = run_one(engine, msgs, mode, max(k, 1), flags, a.max_new, a.sampled)
                 runs.setdefault((wname, name), []).append(st)
                 print(f"  [{rep + 1}/{a.repeats}] {wname:18s} {name:13s} {st.output_tokens:4d} tok "
                       f"{st.decode_tok_s:7.1f} tok/s", file=sys.stderr, flush=True)
 
-    print("\n## rounds (greedy, A-B-A-B; tok/s mean [min-max])")
+    print(f"\n## rounds ({'sampled' if a.sampled else 'greedy'}, A-B-A-B; tok/s mean [min-max])")
     print(f"{'workload':18s} {'variant':13s} {'out':>4s} {'tok/s':>22s} {'tok/rnd':>7s} {'accept':>6s} "
           f"{'ms/rnd':>6s} {'draft':>5s} {'verify':>6s} {'speedup':>7s} {'same':>4s}  per-position")
     table = []
     for wname, _ in work:
         plain = summarise(runs[(wname, "off")])
-        for mode, k, fixed in variants:
-            name = variant_name(mode, k, fixed)
+        for mode, k, flags in variants:
+            name = variant_name(mode, k, flags)
             s = summarise(runs[(wname, name)])
             s.update(workload=wname, variant=name, speedup=s["tok_s"] / plain["tok_s"] if plain["tok_s"] else 0.0,
                      identical_to_plain=s["sha"] == plain["sha"])
@@ -266,18 +296,34 @@ def main(argv=None) -> int:
                   f"{s['draft_ms'] + s['verify_ms']:6.2f} {s['draft_ms']:5.2f} {s['verify_ms']:6.2f} "
                   f"{s['speedup']:6.2f}x {'yes' if s['identical_to_plain'] else 'NO':>4s}  {s['per_position']}")
     result["rounds"] = table
+    held = [t for t in table if t["workload"].startswith("heldout")]
+    if held:  # one row per variant over the held-out prompts: tokens over rounds, time over time
+        print(f"\n## held-out prompts ({len({t['workload'] for t in held})}): pooled over prompts")
+        result["heldout"] = {}
+        for mode, k, flags in variants:
+            name = variant_name(mode, k, flags)
+            rs = [st for (w, v), sts in runs.items() if w.startswith("heldout") and v == name for st in sts]
+            plain = [st for (w, v), sts in runs.items() if w.startswith("heldout") and v == "off" for st in sts]
+            tpr = sum(r.output_tokens for r in rs) / max(sum(r.rounds for r in rs), 1)
+            acc = sum(r.accepted for r in rs) / max(sum(r.drafted for r in rs), 1)
+            speed = (sum(r.output_tokens for r in rs) / sum(r.output_tokens / max(r.decode_tok_s, 1e-9) for r in rs)) / \
+                (sum(r.output_tokens for r in plain) / sum(r.output_tokens / max(r.decode_tok_s, 1e-9) for r in plain))
+            same = all(t["identical_to_plain"] for t in held if t["variant"] == name)
+            result["heldout"][name] = dict(tokens_per_round=tpr, acceptance=acc, speedup=speed, identical=same)
+            print(f"  {name:18s} tok/rnd {tpr:5.2f}  accept {acc:5.2f}  speedup {speed:5.2f}x  "
+                  f"same {'yes' if same else 'NO'}")
     for cj in a.cost_json:
         cost = {int(t): ms for t, ms in json.loads(Path(cj).read_text())["verify_cost_ms"].items()}
         print(f"\n## modelled speedup with the verify costs of {cj} "
               f"(T: x T=1 = {', '.join(f'{t}: {ms / cost[1]:.2f}' for t, ms in sorted(cost.items()))})")
         for wname, _ in work:
-            for mode, k, fixed in variants:
-                if not fixed or mode == "off":
+            for mode, k, flags in variants:
+                if "fixed" not in flags or mode == "off":
                     continue  # adaptive lengths depend on the costs of the machine they ran on
-                st = runs[(wname, variant_name(mode, k, fixed))][-1]
+                st = runs[(wname, variant_name(mode, k, flags))][-1]
                 m = modelled_speedup(st, k, cost)
                 if m is not None:
-                    print(f"  {wname:18s} {variant_name(mode, k, fixed):13s} {m:5.2f}x")
+                    print(f"  {wname:18s} {variant_name(mode, k, flags):13s} {m:5.2f}x")
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1))
     bad = [t for t in table if not t["identical_to_plain"]]

@@ -36,6 +36,7 @@ _GGUF_NAMES = {"attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "at
                "wv": "attn_v.weight", "wo": "attn_output.weight", "ffn_norm": "ffn_norm.weight",
                "w_gate": "ffn_gate.weight", "w_up": "ffn_up.weight", "w_down": "ffn_down.weight"}
 MAX_ROWS = 64  # rows of one block pass (an observe of more positions runs in chunks)
+_BLOCKS: dict = {}  # (drafter file, model, head, capacity) -> (MTPBlock, last layer): one reply at a time
 
 
 def _q8(name: str, w: np.ndarray):
@@ -122,13 +123,19 @@ class MTPDrafter:
 
     name = "mtp"
 
-    def __init__(self, block: MTPBlock, last_layer: int):
+    def __init__(self, block: MTPBlock, last_layer: int, hybrid: int = 0):
+        """hybrid n > 0: where the context's last n tokens occurred before (an n-gram match), draft what
+        followed them (engine.spec.ngram) instead: MTP wins the first position, n-gram long continuations."""
+        from .ngram import NgramDrafter
         self.block = block
         self.last = last_layer
         self.features_needed = (last_layer,)
+        self.ngram = NgramDrafter(n_min=hybrid, n_max=hybrid) if hybrid > 0 else None
         self.reset()
 
     def reset(self) -> None:
+        if self.ngram is not None:
+            self.ngram.reset()
         self.block.cache.truncate(0)
         self.n = 0  # block cache positions holding true first-step pairs
         self.pending: np.ndarray | None = None  # (d,) target hidden of the last fed position (its pair needs
@@ -157,6 +164,10 @@ class MTPDrafter:
         self.pending = h[-1]
 
     def propose(self, context_tokens: Sequence[int], k: int, features: Features | None) -> list[int]:
+        if self.ngram is not None and k > 0:
+            drafts = self.ngram.propose(context_tokens, k)
+            if drafts:
+                return drafts
         if self.pending is None or k <= 0 or not context_tokens:
             return []
         k = min(k, self.block.cache.capacity - self.n)
@@ -175,18 +186,24 @@ def unavailable_reason(model_path: str | None) -> str | None:
 
 
 def make_drafter(model=None, model_path: str | None = None, *, lm_head_draft: bool = False,
-                 adaptive: bool = True, capacity: int | None = None, **_options):
+                 adaptive: bool = True, capacity: int | None = None, hybrid: int = 0, **_options):
     """Registry entry (engine.spec.base). lm_head_draft: draft over the hot vocabulary's head rows;
-    adaptive: draft only as many tokens as pay for their verify cost (engine.spec.adaptive)."""
+    adaptive: draft only as many tokens as pay for their verify cost (engine.spec.adaptive); hybrid: see
+    MTPDrafter."""
     from ..gguf import load_gguf
     path, why = find(FORMAT, VERSION, model_path)
     if path is None:
         from ..errors import ConfigError
         raise ConfigError(f"--spec mtp: {why}")
-    target = load_gguf(model_path)
-    df = load(path, FORMAT, VERSION, model_path, WEIGHTS)
-    cap = capacity or target.args.context_length
-    drafter = MTPDrafter(MTPBlock(df, target, cap, hot=lm_head_draft), target.args.n_layer - 1)
+    key = (str(path), path.stat().st_mtime_ns, str(model_path), lm_head_draft, capacity)
+    if key not in _BLOCKS:  # a reply makes its drafter; the block (weights quantized, a KV cache) is kept
+        target = load_gguf(model_path)
+        df = load(path, FORMAT, VERSION, model_path, WEIGHTS)
+        _BLOCKS.clear()  # one model's drafter at a time
+        _BLOCKS[key] = (MTPBlock(df, target, capacity or target.args.context_length, hot=lm_head_draft),
+                        target.args.n_layer - 1)
+    block, last = _BLOCKS[key]
+    drafter = MTPDrafter(block, last, hybrid)  # reset(): the block's cache starts empty
     if not adaptive:
         return drafter
     from .adaptive import AdaptiveLength, shared_cost_table

@@ -495,3 +495,21 @@ def test_other_benchmarks_are_subcommands(name, capsys):
     with pytest.raises(SystemExit) as e:
         bench_main([name, "--help"])
     assert e.value.code == 0 and f"usage: ninfer-bench {name}" in capsys.readouterr().out
+
+
+def test_speculative_variants_and_heldout_workloads(tmp_path):
+    """ninfer-bench speculative: MODE:K[:fixed][:hot][:hybrid] variants, and a held-out prompt file as
+    workloads (one per prompt, named heldoutNN)."""
+    import json
+
+    from engine.bench import speculative as sb
+    assert sb.parse_variant("off") == ("off", 3, frozenset())
+    mode, k, flags = sb.parse_variant("mtp:5:hot:fixed")
+    assert (mode, k, flags) == ("mtp", 5, frozenset({"hot", "fixed"}))
+    assert sb.variant_name(mode, k, flags) == "mtp:5:fixed:hot"
+    with pytest.raises(SystemExit, match="unknown option 'fast'"):
+        sb.parse_variant("mtp:3:fast")
+    held = tmp_path / "heldout.json"
+    held.write_text(json.dumps([[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]]))
+    work = sb.load_workloads([], [], str(held), 1)
+    assert work == [("heldout00", [{"role": "user", "content": "a"}])]

@@ -1,7 +1,8 @@
 """The cpu backend: numba kernels on the host (see engine.backends for the interface).
 
     kernels.py     the contract kernels (engine/backends/ref/kernels.py's names), generic layout
-    fast.py        the kernel set this backend runs: row-interleaved weights, int8-dot matmuls (avx2.py)
+    layout.py      the row-interleaved weight layout (repack.py writes it, the matmuls read it)
+    fast.py        the kernel set this backend runs: int8-dot matmuls over that layout (avx2.py)
     attn*.py       attention: split decode items, prompt row tiles, int8 cache variants, softmax
     step.py        the fused step: the whole forward in ONE parallel region, generated from engine.forward's
                    phase list; sync.py its phase counters, guard.py its decode thread guard

@@ -54,14 +54,12 @@ from ...quant import QK, QTensor, validate
 from . import kernels as cpu
 from . import avx2
 from .attn import GENERIC_FORCED, h2f
+from .layout import D8_OFF, D_OFF, G, M_OFF, nib_at, parts, val8_at  # noqa: F401  (re-exported)
 from .target import target_has
 from .kernels import (  # noqa: F401  (the rest of the kernel set is cpu.py's)
     KV_GROUP, argmax, bias_add, kv_group, kv_store_f16, kv_store_int8,
     residual_add, rmsnorm, rope, swiglu)
 
-G = 32  # rows per interleaved group (compile-time constant of the kernels below)
-D_OFF, M_OFF = avx2.D_OFF, avx2.M_OFF  # a 4-bit block's scales and mins, after its nibbles
-D8_OFF = avx2.D8_OFF  # a Q8_0 block's scales, after its values
 # avx2's vpmaddubsw kernels, else the generic ones below (NINFER_CPU_GENERIC=1 forces those: attn)
 HAVE_AVX2 = target_has("avx2") and not GENERIC_FORCED
 BATCHED_MIN_T = 2  # from this many rows on, matmuls unpack each weight block once (q4_group_batched)
@@ -95,16 +93,6 @@ class FastWeight:
         """The weight's blocks (e.g. a view of a role's stack: step); qs, d, m: views of their parts."""
         self.blocks = blocks
         self.qs, self.d, self.m = parts(blocks, self.kind)
-
-
-def parts(blocks: np.ndarray, kind: str) -> tuple:
-    """(qs, d, m): views of a layout's values (..., 16, G) uint8 ('q4') or (..., 16, 2G) int8 ('q8'), its f16
-    scale bits and min bits (..., ng, nb, G) uint16 (m None for 'q8'), in place."""
-    if kind == "q8":
-        return (blocks[..., :D8_OFF].reshape(blocks.shape[:-1] + (16, 2 * G)),
-                blocks[..., D8_OFF:avx2.BLK8].view(np.uint16), None)
-    return (blocks[..., :D_OFF].reshape(blocks.shape[:-1] + (16, G)), blocks[..., D_OFF:M_OFF].view(np.uint16),
-            blocks[..., M_OFF:avx2.BLK4].view(np.uint16))
 
 
 class FastScratch:
@@ -390,19 +378,6 @@ def _bits(blk, g, b, i):
     # or int8)
     lo, hi = np.uint16(np.uint8(blk[g, b, i])), np.uint16(np.uint8(blk[g, b, i + 1]))
     return np.uint16(lo | np.uint16(hi << np.uint16(8)))
-
-
-@njit(cache=True, nogil=True, inline="always")
-def nib_at(v, i):
-    """A block's byte offset of byte i of its nibble vector v (< 16) in the 4-bit layout (avx2's
-    docstring): where repack writes it and the generic kernels read it."""
-    return 32 * v + i
-
-
-@njit(cache=True, nogil=True, inline="always")
-def val8_at(jp, i):
-    """A block's byte offset of byte i (2r + value parity) of its pair vector jp (< 16) in the Q8_0 layout."""
-    return 64 * jp + i
 
 
 @njit(cache=True, nogil=True, inline="always")

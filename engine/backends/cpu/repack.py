@@ -21,7 +21,7 @@ from numba import njit
 
 from ...quant import QK
 from .avx2 import BLK4, BLK8, D8_OFF, D_OFF, M_OFF
-from .fast import G, nib_at, parts, val8_at  # rows per interleaved group; a layout's offsets, views
+from .layout import G, nib_at, parts, val8_at  # rows per interleaved group; a layout's offsets, views
 
 
 @njit(cache=True, nogil=True)

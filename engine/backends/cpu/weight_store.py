@@ -45,7 +45,7 @@ def cache_dir() -> Path:
 def _code_digest() -> str:
     here = Path(__file__).parent
     h = hashlib.sha256()
-    for p in (here / "fast.py", here / "repack.py", here / "avx2.py", Path(__file__)):
+    for p in (here / "fast.py", here / "layout.py", here / "repack.py", here / "avx2.py", Path(__file__)):
         h.update(p.read_bytes())
     return h.hexdigest()[:16]
 
