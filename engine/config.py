@@ -105,6 +105,11 @@ class SamplingParams:
 
     Penalties follow OpenAI semantics over the tokens generated so far in this reply:
     logit -= presence_penalty * (count > 0) + frequency_penalty * count.
+
+    The product's defaults are config.toml's (top-k 40, top-p 0.95, min-p 0.05 ...), applied by
+    engine.options for ninfer, ninfer-chat and the settings screen. The filters here default to off, so a
+    caller of the API gets exactly the chain it names (the benchmark presets, the tests, llama.cpp
+    comparisons); tests/engine/test_options.py holds every other default equal to config.toml's.
     """
 
     temperature: float = 0.7
