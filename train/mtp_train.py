@@ -218,8 +218,10 @@ def save_ckpt(model, opt, state: dict) -> None:
     os.replace(tmp, CKPT)
 
 
-def build(resume: bool, n_hot: int, train: Shards, seed: int, steps: int):
-    """(model, optimizer state or None, run state, hot_ids): from the checkpoint or the target's last layer."""
+def build(resume: bool, n_hot: int, train: Shards, seed: int, steps: int, rehot: bool):
+    """(model, optimizer state or None, run state): from the checkpoint or the target's last layer. The hot
+    vocabulary comes from the checkpoint unless rehot; it selects frozen head rows, so changing it keeps
+    every trained weight valid."""
     cfg, parts = load_target(model_path())
     ck = torch.load(CKPT, weights_only=False) if resume else None
     if ck is not None:
@@ -227,6 +229,9 @@ def build(resume: bool, n_hot: int, train: Shards, seed: int, steps: int):
         init = {k: v.numpy() for k, v in ck["model"].items()}
         state = {k: ck[k] for k in ("hot_ids", "steps", "step", "tokens_seen", "train_s", "epoch", "last_eval",
                                     "base_sha256")}
+        if rehot:
+            state["hot_ids"] = hot_ids = hot_vocab(train, n_hot)
+            log(f"hot vocab recomputed: {len(hot_ids)} from {len(train.seqs)} sequences")
     else:
         hot_ids = hot_vocab(train, n_hot)
         h_rms = float(np.sqrt(np.mean([np.mean(s[1][:256].astype(np.float32) ** 2) for s in train.seqs[:200]])))
@@ -244,7 +249,7 @@ def train(a) -> None:
     train_set.refresh(), held.refresh()
     if not train_set.seqs or not held.seqs:
         raise SystemExit(f"no shards under {DATA}/train or {DATA}/heldout: run `python -m train.distill` first")
-    model, opt_state, st = build(a.resume, a.n_hot, train_set, a.seed, a.steps)
+    model, opt_state, st = build(a.resume, a.n_hot, train_set, a.seed, a.steps, a.rehot)
     hot_ids = st["hot_ids"]
     hot_index = np.full(model.embed.shape[0], -1, np.int64)
     hot_index[hot_ids] = np.arange(len(hot_ids))
@@ -360,11 +365,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--minutes", type=float, default=30.0, help="training time of this run")
     ap.add_argument("--resume", action="store_true", help=f"continue from {CKPT.relative_to(HERE.parent)}")
+    ap.add_argument("--rehot", action="store_true", help="with --resume: recompute the hot vocabulary from "
+                    "all training shards (more data than the first run saw)")
     ap.add_argument("--export", action="store_true", help="only export the checkpoint")
     ap.add_argument("--steps", type=int, default=3, help="unrolled MTP steps")
     ap.add_argument("--weights", default="1,0.7,0.5", help="loss weight of each step")
-    ap.add_argument("--lr", type=float, default=5e-4)
-    ap.add_argument("--wd", type=float, default=0.01)
+    ap.add_argument("--lr", type=float, default=7e-4)
+    ap.add_argument("--wd", type=float, default=0.05)
     ap.add_argument("--warmup", type=int, default=50, help="optimizer steps of linear warm-up per run")
     ap.add_argument("--batch-tokens", type=int, default=4096, help="rows (sequences x longest) per batch")
     ap.add_argument("--n-hot", type=int, default=8192)
