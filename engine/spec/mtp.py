@@ -39,6 +39,42 @@ MAX_ROWS = 64  # rows of one block pass (an observe of more positions runs in ch
 _BLOCKS: dict = {}  # (drafter file, model, head, capacity) -> (MTPBlock, last layer): one reply at a time
 
 
+def _serial_kernels():
+    """The cpu kernel set with its matmuls and attention on the calling thread: a draft step is too small to
+    share out, and a parallel region per kernel waits for the second core each time (measured under load:
+    ~1 ms per matmul of the block, 10 ms a draft, against ~0.5 ms on one thread)."""
+    from ..backends.cpu import fast
+    from ..backends.kernels import Kernels
+    k = Kernels("cpu", fast)
+    k.matmul, k.attention_f16 = _matmul_serial, _attention_serial
+    return k
+
+
+def _matmul_serial(out, x, w, scratch):
+    """backends/cpu/fast.matmul on one thread for Q8_0 weights (the block's; anything else: fast.matmul)."""
+    from ..backends.cpu.fast import FastWeight, matmul, mm_q8_part, quantize_rows
+    from ..quant import QK
+    if not isinstance(w, FastWeight) or w.kind != "q8":
+        matmul(out, x, w, scratch)
+        return
+    t_n, n = x.shape
+    qa, sa, xs = scratch.qa[:t_n, :n], scratch.sa[:t_n, :n // QK], scratch.xs[:t_n, :n // QK]
+    quantize_rows(qa, sa, xs, x)
+    mm_q8_part(0, w.blocks.shape[0], out, qa, sa, w.blocks, w.acc32)
+
+
+def _attention_serial(out, q, k_cache, v_cache, pos0, scale):
+    """backends/cpu/fast.attention_f16 (its split work items, then the merge) on one thread."""
+    from ..backends.cpu.attn import SPLITS, attention_f16_part, chunk_cap, merge_parts
+    t_n, n_head, hd = q.shape
+    cap, n_kv = k_cache.shape[:2]
+    sc = np.zeros((n_head, chunk_cap(cap)), np.float32)
+    part = np.zeros((t_n, n_kv, SPLITS, n_head // n_kv, hd + 2), np.float32)
+    attention_f16_part(0, t_n * SPLITS, part, sc, q, k_cache.view(np.uint16), v_cache.view(np.uint16), pos0,
+                       np.float32(scale))
+    merge_parts(out, part)
+
+
 def _q8(name: str, w: np.ndarray):
     """A float matrix (rows, cols) as a Q8_0 QTensor (the block's weights on the fast kernels)."""
     from gguf import GGMLQuantizationType as QT
@@ -64,7 +100,6 @@ class MTPBlock:
     hot: the head over the drafter's hot vocabulary (logit j is token hot_ids[j]) instead of all rows."""
 
     def __init__(self, df: DrafterFile, target, capacity: int, hot: bool):
-        from ..backends.kernels import get_kernels
         from ..model import Model
         from ..quant import QTensor
         a, w, t = target.args, df.arrays, target.tensors
@@ -80,7 +115,7 @@ class MTPBlock:
         for k, gguf_name in _GGUF_NAMES.items():
             arr = w[k]
             tensors[f"blk.0.{gguf_name}"] = _f32(k, arr) if arr.ndim == 1 else _q8(k, arr)
-        self.model = Model(margs, tensors, get_kernels("cpu"), max_batch=MAX_ROWS)  # head = the rows (tied)
+        self.model = Model(margs, tensors, _serial_kernels(), max_batch=MAX_ROWS)  # head = the rows (tied)
         self.w_eh = self.model.be.prepare_weight(_q8("w_eh", w["w_eh"]))  # (d, 2d)
         self.enorm = np.asarray(w["enorm"], np.float32)
         self.hnorm = np.asarray(w["hnorm"], np.float32)
@@ -90,9 +125,11 @@ class MTPBlock:
     def _norm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
 
-    def run(self, tokens: Sequence[int], g: np.ndarray, pos0: int) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, tokens: Sequence[int], g: np.ndarray, pos0: int,
+            head: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
         """T <= MAX_ROWS pairs (tokens[i], g[i]) at cache positions pos0..pos0+T-1 (the cache must hold pos0):
-        logits (T, head rows) and output hidden states (T, d), host copies."""
+        logits (T, head rows) (None without `head`: the cache's pairs need no prediction) and output
+        hidden states (T, d), host copies."""
         from ..quant import dequantize_rows
         m = self.model
         toks = np.asarray(tokens, np.int32)
@@ -110,7 +147,7 @@ class MTPBlock:
             m.tail(ph, 0)
         self.cache.length = pos0 + t_n
         hidden = m.be.to_host(s.x[:t_n])
-        return m.head(t_n), hidden
+        return (m.head(t_n) if head else None), hidden
 
     def token(self, j: int) -> int:
         """The token of head row j."""
@@ -159,7 +196,7 @@ class MTPDrafter:
             return
         self.block.cache.truncate(self.n)  # drop the last proposal's speculative steps
         for i in range(0, len(ys), MAX_ROWS):
-            self.block.run(ys[i:i + MAX_ROWS], gs[i:i + MAX_ROWS], self.n)
+            self.block.run(ys[i:i + MAX_ROWS], gs[i:i + MAX_ROWS], self.n, head=False)
             self.n += len(ys[i:i + MAX_ROWS])
         self.pending = h[-1]
 
