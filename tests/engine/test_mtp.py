@@ -167,3 +167,31 @@ def test_wrong_version_base_or_damage_is_one_line(tiny, tmp_path, monkeypatch):
         dfile.load(tmp_path / "broken.npz", mtp.FORMAT, mtp.VERSION, str(path), mtp.WEIGHTS)
     with pytest.raises(dfile.DrafterFileError, match="trained for tiny-llama"):
         dfile.load(tmp_path / "other.npz", mtp.FORMAT, mtp.VERSION, str(path), mtp.WEIGHTS)
+
+
+def test_cli_spec_mtp_with_the_hot_head(tiny, tmp_path):
+    """`ninfer --spec mtp --lm-head-draft` on the tiny model with its drafter: the stats say mtp, drafts
+    were made, and the answer is plain decode's; without a drafter for the model, one line that says so."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    path, _ = tiny
+    root = Path(__file__).resolve().parents[2]
+
+    def run(*args, dirs=None):
+        env = dict(os.environ, PYTHONPATH=str(root), NUMBA_NUM_THREADS="2", NINFER_CONFIG_DIR=str(tmp_path))
+        if dirs is not None:
+            env["NINFER_DRAFTER_DIRS"] = dirs
+        r = subprocess.run([sys.executable, "-m", "engine.oneshot", str(path), "--prompt", "Count: one, two",
+                            "--greedy", "--max-new", "24", "--stats-json", str(tmp_path / "s.json"), *args],
+                           cwd=root, env=env, capture_output=True, text=True, timeout=300)
+        return r.returncode, r.stdout, r.stderr
+    code, plain, err = run()
+    assert code == 0, err
+    code, out, err = run("--spec", "mtp", "--draft-tokens", "3", "--lm-head-draft")
+    assert code == 0, err
+    stats = json.loads((tmp_path / "s.json").read_text())
+    assert out == plain and stats["spec_mode"] == "mtp" and stats["drafted"] > 0
+    code, out, err = run("--spec", "mtp", dirs=str(tmp_path / "none"))
+    assert code == 1 and "--spec mtp: no" in err and "drafter for this model" in err and "Traceback" not in err
