@@ -92,6 +92,7 @@ class ChatApp(App):
     .reply .who { color: $secondary; }
     .reasoning { background: $surface; color: $text-muted; margin: 0; padding: 0; }
     .reply-footer { color: $text-muted; }
+    .hint { color: $warning; margin: 1 0 0 0; padding: 0 1; }
     .answer { margin: 0; padding: 0; }
     .dialog { width: 70; height: auto; padding: 1 2; border: thick $accent; background: $surface; }
     ConfirmScreen, TextPromptScreen, HelpScreen, TranscriptsScreen, SettingsScreen { align: center middle; }
@@ -235,11 +236,17 @@ class ChatApp(App):
             self.notify("a reply is being generated; Esc stops it", severity="warning")
             return
         self.query_one("#prompt", PromptInput).load_text("")
+        upto = self.edit_index
+        if upto is None and self._unanswered():
+            if event.text == self.chat.path[-1].content:  # the same prompt again: answer the one there
+                await self._start_reply()
+                return
+            upto = len(self.chat.path) - 1  # never two prompts in a row: the new one is its next version
         try:
-            if self.edit_index is not None:
-                msg = self.chat.add_user(event.text, upto=self.edit_index)
+            if upto is not None:
+                msg = self.chat.add_user(event.text, upto=upto)
                 self.edit_index = None
-                await self._rebuild_log()
+                await self._rebuild_log(hint=False)
             else:
                 msg = self.chat.add_user(event.text)
                 await self._mount(PromptView(msg, version=self.chat.versions(msg)))
@@ -260,7 +267,19 @@ class ChatApp(App):
         await log.mount(view)
         log.anchor()
 
+    def _unanswered(self) -> bool:
+        """The branch ends in a prompt with no reply (the app stopped before answering it: a crash, a kill)."""
+        return bool(self.chat.path) and self.chat.path[-1].role == "user"
+
+    def _unanswered_hint(self) -> str:
+        regen = self.settings.keymap.get("regenerate", "ctrl+r").split(",")[0].strip()
+        edit = self.settings.keymap.get("edit_prompt", "e").split(",")[0].strip()
+        return (f"This prompt has no reply (the chat stopped before answering it): {regen} answers it, "
+                f"{edit} on it edits it; a new prompt takes its place (it stays as a version).")
+
     async def _start_reply(self) -> None:
+        for hint in self.query("#unanswered"):
+            await hint.remove()
         request = self.settings.request()
         self.reply_settings = self.settings.as_record()
         prompted = self.prompted_thinking and bool(request.thinking.enabled)
@@ -391,7 +410,7 @@ class ChatApp(App):
             self.notify("nothing to regenerate", severity="warning")
             return
         self._saving_notice()
-        await self._rebuild_log()
+        await self._rebuild_log(hint=False)
         await self._start_reply()
 
     def _after_change(self, text: str) -> None:
@@ -452,18 +471,22 @@ class ChatApp(App):
             return
 
         async def opened(conv_id: int | None) -> None:
-            async def go() -> None:
-                try:
-                    self.chat.open(conv_id)
-                except NinferError as e:
-                    self.notify(str(e), severity="error")
-                    return
-                self.edit_index = None
-                await self._rebuild_log()
-                self._ready_status()
             if conv_id is not None:
-                await self._when_idle(go)
+                await self._when_idle(partial(self.open_chat, conv_id))
         self.push_screen(TranscriptsScreen(self.store), opened)
+
+    async def open_chat(self, conv_id: int) -> None:
+        """Show a saved conversation; one that ends in an unanswered prompt says how to answer it."""
+        try:
+            self.chat.open(conv_id)
+        except NinferError as e:
+            self.notify(str(e), severity="error")
+            return
+        self.edit_index = None
+        await self._rebuild_log()
+        self._ready_status()
+        if self._unanswered():
+            self.notify(self._unanswered_hint(), timeout=15)
 
     def action_export(self) -> None:
         if not self.chat.path:
@@ -518,7 +541,9 @@ class ChatApp(App):
         self.query_one("#stats", StatsPanel).on_settings(self.settings, self.spec_available,
                                                          self.prompted_thinking)
 
-    async def _rebuild_log(self) -> None:
+    async def _rebuild_log(self, hint: bool = True) -> None:
+        """The log from the branch; `hint`: say so where it ends in an unanswered prompt (not when a reply to
+        it starts next)."""
         log = self.query_one("#log", VerticalScroll)
         await log.remove_children()
         self.reply_view = None
@@ -529,6 +554,8 @@ class ChatApp(App):
                          ReplyView(m, prompted_thinking=self.prompted_thinking and bool(m.reasoning), version=ver))
         if views:
             await log.mount_all(views)
+        if hint and self._unanswered() and not self.generating:
+            await log.mount(Static(self._unanswered_hint(), id="unanswered", classes="hint", markup=False))
         log.anchor()
 
     @on(MessageView.EditRequested)
