@@ -121,7 +121,8 @@ class ChatApp(App):
         self.session = None
         self.load_error: str | None = None  # why the model is not there, once loading failed
         self.spec_available: dict[str, str | None] = {m: None for m in SPEC_MODES}
-        self.prompted_thinking = False
+        self.prompted_thinking = False  # the model has no native thinking markers (reasoning is prompted)
+        self.native_thinking: bool | None = None  # None until the model is loaded
         self.bridge: br.ReplyBridge | None = None
         self.reply_view: ReplyView | None = None
         self.reply_settings: dict = {}
@@ -208,7 +209,8 @@ class ChatApp(App):
         self.engine, self.session = message.engine, session
         facts = br.engine_facts(self.engine, self.engine_args)
         self.spec_available = facts.pop("spec_modes")
-        self.prompted_thinking = facts.pop("native_thinking") is False
+        self.native_thinking = bool(facts.pop("native_thinking"))
+        self.prompted_thinking = not self.native_thinking
         facts["model"] = facts["model"] or self.model_name
         self.query_one("#stats", StatsPanel).on_engine(facts)
         if self.settings.spec != "off" and self.spec_available.get(self.settings.spec):
@@ -427,13 +429,15 @@ class ChatApp(App):
         self._after_change(f"penalties {self.settings.penalties_label()}")
 
     def action_thinking(self) -> None:
-        mode = self.settings.toggle_thinking()
-        note = " (prompted: this model has no native thinking)" if self.prompted_thinking and mode == "on" else ""
-        self._after_change(f"thinking {mode}{note}")
+        self.settings.toggle_thinking(self.native_thinking)
+        label = self.settings.thinking_label(self.native_thinking)
+        note = ": this model has no native thinking" if label.endswith("(prompted)") else ""
+        self._after_change(f"thinking {label}{note}")
 
     def action_budget(self, direction: int) -> None:
         self.settings.change_budget(direction)
-        self._after_change(f"thinking budget {self.settings.budget_label()} (thinking {self.settings.thinking})")
+        label = self.settings.thinking_label(self.native_thinking)
+        self._after_change(f"thinking budget {self.settings.budget_label()} (thinking {label})")
 
     def action_copy_reply(self) -> None:
         reply = self.chat.last_reply()
@@ -539,7 +543,7 @@ class ChatApp(App):
     # -- helpers -----------------------------------------------------------------------------------
     def _refresh_panel_settings(self) -> None:
         self.query_one("#stats", StatsPanel).on_settings(self.settings, self.spec_available,
-                                                         self.prompted_thinking)
+                                                         self.native_thinking)
 
     async def _rebuild_log(self, hint: bool = True) -> None:
         """The log from the branch; `hint`: say so where it ends in an unanswered prompt (not when a reply to

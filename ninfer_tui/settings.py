@@ -121,10 +121,27 @@ class ChatSettings:
         self.penalties_on = not self.penalties_on
         return self.penalties_on
 
-    def toggle_thinking(self) -> str:
-        """auto/on -> off -> on."""
-        self.thinking = "on" if self.thinking == "off" else "off"
+    def thinks(self, native: bool | None) -> bool | None:
+        """Whether the next reply reasons, on a model with (native True) or without (False) its own thinking
+        markers; None where that is not known yet and the setting is "auto" (the model's default). "auto"
+        thinks on a native model, and on another only when a budget asks for it (prompted thinking)."""
+        enabled = self.thinking_params().enabled
+        return enabled if enabled is not None else native
+
+    def toggle_thinking(self, native: bool | None = None) -> str:
+        """Turn thinking to the opposite of what the next reply would do, so every press changes the reply:
+        "auto" goes to "off" on a model that thinks by default and to "on" on one that does not (native False
+        or not known)."""
+        self.thinking = "off" if self.thinks(native) else "on"
         return self.thinking
+
+    def thinking_label(self, native: bool | None) -> str:
+        """What the next reply does: "on", "on (prompted)" (no native thinking: reasoning is asked for by an
+        instruction), "off", or "auto" while the model (its default) is not known."""
+        thinks = self.thinks(native)
+        if thinks is None:
+            return "auto"
+        return ("on" + (" (prompted)" if native is False else "")) if thinks else "off"
 
     def change_budget(self, direction: int) -> int:
         self.budget = max(0, self.budget + direction * self.budget_step)

@@ -43,7 +43,7 @@ class StatsPanel(VerticalScroll):
         self.spec_modes: dict[str, str | None] = {}
         self.engine_info: dict = {}
         self.engine_failed = False  # the model did not load: the engine section says so instead of "loading..."
-        self.prompted_thinking = False
+        self.native_thinking: bool | None = None  # the model's thinking: native, prompted (False), not known
         self.live = False
 
     def compose(self):
@@ -102,8 +102,8 @@ class StatsPanel(VerticalScroll):
             self.engine_info.update(backend=final.backend, kv_dtype=final.kv_dtype)
         self._render_all()
 
-    def on_settings(self, settings: ChatSettings, spec_modes: dict, prompted_thinking: bool) -> None:
-        self.settings, self.spec_modes, self.prompted_thinking = settings, spec_modes, prompted_thinking
+    def on_settings(self, settings: ChatSettings, spec_modes: dict, native_thinking: bool | None) -> None:
+        self.settings, self.spec_modes, self.native_thinking = settings, spec_modes, native_thinking
         self._render_spec()
         self._render_thinking()
         self._render_sampling()
@@ -209,9 +209,9 @@ class StatsPanel(VerticalScroll):
         if st is None:
             self._set("thinking", "THINKING")
             return
-        enabled = st.thinking_params().enabled  # a budget turns "auto" thinking on
-        mode = {True: "on", False: "off", None: "auto"}[enabled]
-        mode += " (prompted)" if self.prompted_thinking and enabled else ""
+        mode = st.thinking_label(self.native_thinking)  # what the next reply does, not only the setting
+        if st.thinking == "auto" and mode in ("on", "off"):  # the model's default (a budget sets "prompted")
+            mode += " (auto)"
         used = self.step.reasoning_tokens if self.live and self.step else (
             self.final.reasoning_tokens if self.final else 0)
         lines = [f"THINKING      {mode}", f"reasoning     {used}/{st.budget_label()} tok"]

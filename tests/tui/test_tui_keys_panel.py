@@ -54,8 +54,10 @@ async def test_penalties_thinking_budget_keys(make_app):
         await send(pilot, "b")
         s = app.made["engine"].requests[-1].sampling
         assert (s.presence_penalty, s.frequency_penalty) == (0.0, 0.0)
+        await pilot.press("f4")  # auto on a model without native thinking did not think: now it does
+        assert app.settings.thinking == "on" and "THINKING      on (prompted)" in panel_text(app, "thinking")
         await pilot.press("f4")
-        assert app.settings.thinking == "off"
+        assert app.settings.thinking == "off" and "THINKING      off" in panel_text(app, "thinking")
         await pilot.press("f6", "f6")
         assert app.settings.budget == 2 * app.settings.budget_step and app.settings.thinking == "on"
         assert f"0/{app.settings.budget}" in panel_text(app, "thinking")
@@ -63,6 +65,26 @@ async def test_penalties_thinking_budget_keys(make_app):
         await send(pilot, "c")
         t = app.made["engine"].requests[-1].thinking
         assert t.enabled is True and t.budget == app.settings.budget_step
+
+
+@pytest.mark.parametrize("native", [False, True])
+async def test_first_thinking_press_changes_what_the_model_does(make_app, native):
+    """F4 went auto -> off first, which changed nothing on a model without native thinking (auto does not
+    think there): the first press now turns to the opposite of what auto does, and the panel shows what the
+    next reply will do, not only the setting."""
+    app = make_app(Script(answer="ok", reasoning="hmm ", native_thinking=native))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        before = "on (auto)" if native else "off (auto)"
+        assert f"THINKING      {before}" in panel_text(app, "thinking")
+        await pilot.press("f4")
+        await send(pilot, "a")
+        thinks = app.made["engine"].requests[-1].thinking.enabled
+        assert thinks is (not native)
+        assert bool(app.chat.path[-1].reasoning) is (not native)  # the reply did change
+        after = "off" if native else "on (prompted)"
+        assert panel_text(app, "thinking").splitlines()[0] == f"THINKING      {after}"
+        assert any(n.message.startswith(f"thinking {after}") for n in app._notifications)
 
 
 def _keymap_app(make_app, keymap_toml: str):
