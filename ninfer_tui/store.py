@@ -6,6 +6,11 @@ both versions stay. The schema is versioned with `PRAGMA user_version` and upgra
 that is not a database, one that fails SQLite's quick_check (a damaged page), or one written by a newer
 ninfer-chat raises StoreError and is left untouched; so does a file whose disk or folder is read-only, unless
 it is opened read-only (`--list`, `--export`), which then works.
+
+Two ninfer-chat instances may share one file: every write is a BEGIN IMMEDIATE transaction, which takes the
+write lock before anything is read and waits up to BUSY_TIMEOUT_S for the other writer. A deferred BEGIN
+would not wait: its INSERT first reads (the FTS5 table loads its config), and SQLite refuses to upgrade a read
+transaction to a write one at once (SQLITE_BUSY), without calling the busy handler, so a message was lost.
 """
 from __future__ import annotations
 
@@ -58,6 +63,21 @@ _V2 = ("""
 MIGRATIONS = [_V1, _V2]  # SQL scripts; MIGRATIONS[i] upgrades version i -> i+1
 SCHEMA_VERSION = len(MIGRATIONS)
 
+# How long a write waits for another connection's write (another ninfer-chat on the same file) to finish.
+BUSY_TIMEOUT_S = 10.0
+
+
+def _statements(script: str) -> list[str]:
+    """A migration script as its statements (a trigger's body stays whole: sqlite3.complete_statement)."""
+    out, cur = [], ""
+    for line in script.splitlines(keepends=True):
+        cur += line
+        if sqlite3.complete_statement(cur):
+            out.append(cur.strip())
+            cur = ""
+    assert not cur.strip(), f"incomplete statement at the end of a migration: {cur!r}"
+    return out
+
 
 @dataclass
 class Message:
@@ -103,10 +123,13 @@ class Store:
     """One SQLite file. Opening validates it before anything is written.
 
     readonly=True (listing and exporting) opens an existing file without writing to it, also where its disk
-    or folder is read-only; a file that does not exist yet is created as usual."""
+    or folder is read-only; a file that does not exist yet is created as usual. A write waits up to
+    busy_timeout_s for another connection's write to end."""
 
-    def __init__(self, path: str | Path | None = None, readonly: bool = False):
+    def __init__(self, path: str | Path | None = None, readonly: bool = False,
+                 busy_timeout_s: float = BUSY_TIMEOUT_S):
         self.path = Path(path) if path is not None else default_path()
+        self.busy_timeout_s = busy_timeout_s
         memory = str(self.path) == ":memory:"
         self.readonly = readonly and not memory and self.path.exists()
         if not memory and not self.readonly:
@@ -122,9 +145,10 @@ class Store:
             if self.readonly:  # immutable where the folder is read-only: SQLite cannot make its -shm file there
                 flags = "mode=ro" + ("" if os.access(self.path.parent, os.W_OK) else "&immutable=1")
                 self.db = sqlite3.connect(f"file:{urllib.parse.quote(str(self.path))}?{flags}", uri=True,
-                                          isolation_level=None, check_same_thread=False)
+                                          isolation_level=None, check_same_thread=False, timeout=busy_timeout_s)
             else:
-                self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+                self.db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False,
+                                          timeout=busy_timeout_s)
         except sqlite3.Error as e:
             raise StoreError(f"cannot open transcript database {self.path} ({e}); check the path and permissions")
         self.db.row_factory = sqlite3.Row
@@ -163,23 +187,38 @@ class Store:
         if self.readonly:
             return
         self.db.execute("PRAGMA foreign_keys = ON")
-        for v in range(version, SCHEMA_VERSION):
-            # one transaction per step: the script and its version bump commit together or not at all
-            try:
-                self.db.executescript(f"BEGIN;\n{MIGRATIONS[v]}\nPRAGMA user_version = {v + 1};\nCOMMIT;")
-            except sqlite3.Error as e:
-                if self.db.in_transaction:
-                    self.db.execute("ROLLBACK")
-                raise StoreError(f"cannot upgrade transcript database {self.path} to version {v + 1} ({e})") from None
+        if version < SCHEMA_VERSION:
+            self._migrate()
         if str(self.path) != ":memory:":
             self.db.execute("PRAGMA journal_mode = WAL")
 
+    def _migrate(self) -> None:
+        """Upgrade to SCHEMA_VERSION, one transaction per step: a step's script and its version bump commit
+        together or not at all. The version is read again under the write lock: another instance opening
+        the same file at the same moment may have upgraded it meanwhile."""
+        while True:
+            v = None
+            try:
+                with self._tx():
+                    v = self.db.execute("PRAGMA user_version").fetchone()[0]
+                    if v >= SCHEMA_VERSION:
+                        return
+                    for stmt in _statements(MIGRATIONS[v]):
+                        self.db.execute(stmt)
+                    self.db.execute(f"PRAGMA user_version = {v + 1}")
+            except sqlite3.Error as e:
+                self.db.close()
+                what = f"to version {v + 1}" if v is not None else "(it is locked)"
+                raise StoreError(f"cannot upgrade transcript database {self.path} {what} ({e})") from None
+
     def _tx(self):
+        """A write transaction: BEGIN IMMEDIATE takes the write lock first, waiting for another writer (the
+        busy timeout); a deferred BEGIN would fail at once where its first statement reads before it writes."""
         db = self.db
 
         class _Tx:
             def __enter__(self):
-                db.execute("BEGIN")
+                db.execute("BEGIN IMMEDIATE")
 
             def __exit__(self, exc_type, *_):
                 if exc_type is None:
@@ -209,6 +248,10 @@ class Store:
         if type(e) is sqlite3.DatabaseError or "malformed" in str(e):
             return StoreError(f"cannot save to the transcript database {self.path}: it is damaged ({e}); move "
                               "it aside to start a new one")
+        if getattr(e, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+            return StoreError(f"cannot save to the transcript database {self.path}: another program (another "
+                              f"ninfer-chat?) kept it locked for over {self.busy_timeout_s:g} s ({e}); close the "
+                              "other program or retry")
         return StoreError(f"cannot save to the transcript database {self.path} ({e}); free some disk space or "
                           "check its permissions")
 
@@ -228,7 +271,8 @@ class Store:
     def _write(self, sql: str, args: tuple) -> sqlite3.Cursor:
         """One statement that writes (committed at once); a refused write is _write_failed's one line."""
         try:
-            return self.db.execute(sql, args)
+            with self._tx():
+                return self.db.execute(sql, args)
         except sqlite3.Error as e:
             raise self._write_failed(e) from None
 

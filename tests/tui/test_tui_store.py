@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -254,3 +258,94 @@ def test_import_of_a_newer_format_says_to_upgrade(tmp_path):
     with pytest.raises(InputError, match=r"version 99 is newer than this ninfer-chat reads \(1\); upgrade"):
         import_json(st, '{"format": "ninfer-chat-transcript", "version": 99, "messages": []}')
     assert st.list_conversations() == []
+
+
+# -- two instances on one file ----------------------------------------------------------------------------
+_WRITER = r"""
+import sys, time
+from pathlib import Path
+from ninfer_tui.store import Store
+path, tag, n, go, open_first = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4]), sys.argv[5] == "1"
+st = Store(path) if open_first else None
+Path(f"{go}.{tag}").touch()  # ready
+while not go.exists():  # all start at once
+    time.sleep(0.002)
+st = st or Store(path)
+conv = st.new_conversation(tag)
+for i in range(n):
+    st.add_message(conv, "user", f"{tag} {i}")
+"""
+
+
+def _writers(tmp_path, n, tags=("a", "b"), open_first=True):
+    """Processes that each add n messages to one new chat of tmp_path/t.db, started at the same moment (after
+    opening the file, or opening it then) -> their exit codes and stderr."""
+    go = tmp_path / "go"
+    root = Path(__file__).resolve().parents[2]
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path / "t.db"), t, str(n), str(go),
+                               "1" if open_first else "0"], cwd=root, stderr=subprocess.PIPE, text=True)
+             for t in tags]
+    deadline = time.time() + 60
+    while not all((tmp_path / f"go.{t}").exists() for t in tags) and time.time() < deadline:
+        time.sleep(0.01)
+    go.touch()
+    errs = [p.communicate(timeout=120)[1] for p in procs]
+    return [p.returncode for p in procs], errs
+
+
+def test_two_instances_writing_at_once_lose_nothing(tmp_path):
+    """Two processes add 300 messages each to one file at the same moment: every message is saved. (A
+    deferred BEGIN lost one: the first INSERT of a connection reads the FTS5 config, and SQLite refuses to
+    upgrade that read to a write at once, without waiting for the busy timeout.)"""
+    codes, errs = _writers(tmp_path, 300)
+    assert codes == [0, 0], errs
+    st = Store(tmp_path / "t.db")
+    for c in st.list_conversations():
+        assert [m.content for m in st.all_messages(c.id)] == [f"{c.title} {i}" for i in range(300)]
+    assert sorted(c.title for c in st.list_conversations()) == ["a", "b"]
+
+
+def test_instances_creating_the_file_at_once_all_start(tmp_path):
+    """Four instances open a new file at the same moment: one sets the schema up, the others wait and see it
+    done (each used to run the migrations too, and stop with "table conversations already exists")."""
+    codes, errs = _writers(tmp_path, 1, tags="abcd", open_first=False)
+    assert codes == [0] * 4, errs
+    st = Store(tmp_path / "t.db")
+    assert st.version == SCHEMA_VERSION and sorted(c.title for c in st.list_conversations()) == list("abcd")
+
+
+def test_a_write_waits_for_another_instances_write(tmp_path):
+    """Another connection holds the write lock for 0.3 s: a new Store's first message waits for it and is
+    saved (it used to fail at once with "database is locked" and was dropped)."""
+    import threading
+    p = tmp_path / "t.db"
+    first = Store(p)
+    c = first.new_conversation("mine")
+    first.close()
+    st = Store(p)
+    other = sqlite3.connect(p, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT INTO conversations(title, model, created, updated) VALUES ('other', '', 0, 0)")
+    threading.Timer(0.3, lambda: other.execute("COMMIT")).start()
+    st.add_message(c, "user", "kept")  # this connection's first message: the FTS5 table is read first
+    assert [m.content for m in st.all_messages(c)] == ["kept"]
+    assert sorted(x.title for x in st.list_conversations()) == ["mine", "other"]
+
+
+def test_a_lock_held_past_the_timeout_is_named(tmp_path):
+    """A write that still finds the file locked after the busy timeout says so (it used to say to free some
+    disk space), and leaves no transaction open."""
+    p = tmp_path / "t.db"
+    Store(p).close()
+    st = Store(p, busy_timeout_s=0.2)
+    c = st.new_conversation("mine")
+    other = sqlite3.connect(p, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    for write in (lambda: st.add_message(c, "user", "y"), lambda: st.rename(c, "x")):
+        with pytest.raises(StoreError, match=r"another program \(another ninfer-chat\?\) kept it locked for "
+                                             r"over 0.2 s \(database is locked\)") as e:
+            write()
+        assert "disk space" not in str(e.value) and not st.db.in_transaction
+    other.execute("ROLLBACK")
+    st.add_message(c, "user", "now")
+    assert [m.content for m in st.all_messages(c)] == ["now"]
