@@ -1,5 +1,10 @@
 """A reply's text as it streams: tokens -> text (never half a UTF-8 character) -> stop strings held back ->
-the reasoning and answer channels, as events; and where a stop token or a stop string ends the reply."""
+the reasoning and answer channels, as events; and where a stop token or a stop string ends the reply.
+
+Never half a character also where the model's text is cut: max_new, a full context, a cancel or a stop token
+after a token that began a multi-byte character, or a thinking budget's forced insert after one. The bytes of
+that character are dropped there (made once here, the CLI, the TUI and the store all get text without a
+U+FFFD from a cut), where the decoder's flush would make them U+FFFD."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -77,17 +82,28 @@ class TextStream:
         return len(tokens), None, events
 
     def flush(self) -> list:
-        """The reply ended: the text held back (the decoder's, a partial stop string's, the splitter's)."""
+        """The reply ended: the text held back (a partial stop string's, the splitter's); a character the cut left
+        incomplete is dropped."""
         tail = ""
+        self._drop_cut_character()
         if not self._stop_string:
-            tail = self.stopper.push(self.decoder.flush())[0] + self.stopper.flush()
+            tail = self.stopper.flush()
             self.text += tail
         return _route(self.splitter.feed(tail, final=True))
+
+    def _drop_cut_character(self) -> None:
+        """The model's text ends here: drop the bytes of a character its last token left incomplete. The
+        decoder returns each character as soon as its bytes are complete and makes bytes that can never be
+        one U+FFFD as they come, so all its flush holds is that cut character, as U+FFFD: never text the
+        model wrote (a U+FFFD the model wrote whole came out with its token)."""
+        held = self.decoder.flush()
+        assert not held.replace("\ufffd", ""), f"the decoder held back complete text until the end: {held!r}"
 
     def _feed(self, i: int, tok: int, events: list) -> str | None:
         """Reply token i -> its events appended; the stop string it completed, or None."""
         th = self.thinking
         if th.insert_starts(i):
+            self._drop_cut_character()  # the model's reasoning ends here: the insert's bytes are not its
             self.splitter.force_at(len(self.text) + len(self.stopper.held))
         if th.in_insert(i):  # a stop string must not match inside the insert
             emit, hit = self.stopper.flush() + self.decoder.feed(tok), None

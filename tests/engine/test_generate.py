@@ -356,3 +356,67 @@ def test_generate_ids_takes_the_ids_as_they_are_and_runs_past_end_of_text():
     for bad in ([], [eng.vocab_size], [-1]):
         with pytest.raises(InputError, match="token prompt"):
             eng.session().generate_ids(bad, greedy())
+
+
+# -- a reply cut inside a character ------------------------------------------------------------------------
+# The fake tokenizer spells characters it has no word for as byte tokens: "🙂" is 4 tokens (f0 9f 99 82).
+SMILE = "ab🙂🙂🙂🙂"
+
+
+@pytest.mark.parametrize("max_new", [3, 4, 5])
+def test_max_new_inside_a_character_drops_it(max_new):
+    """max_new ends the reply 1-3 bytes into a character: the text ends before it (it ended in U+FFFD)."""
+    eng = fake_engine(script_policy(SMILE))
+    evs, st, text = collect(eng.session(), request=greedy(max_new=max_new))
+    assert st.finish_reason == "length" and st.output_tokens == max_new
+    assert text == "ab" and st.output_sha256 == hashlib.sha256(b"ab").hexdigest()
+    assert all("\ufffd" not in e.text for e in evs if isinstance(e, TextDelta))
+    _, st, text = collect(eng.session(), request=greedy(max_new=2 + 4 + 2))
+    assert text == "ab🙂"
+
+
+def test_full_context_inside_a_character_drops_it():
+    s = fake_engine(script_policy(SMILE), args=EngineArgs(max_context=64)).session()
+    p = len(s.prompt_tokens(MSG))
+    s = fake_engine(script_policy(SMILE), args=EngineArgs(max_context=p + 2 + 4 + 3)).session()
+    _, st, text = collect(s)
+    assert "context full" in st.stop_reason_detail and text == "ab🙂"
+
+
+def test_cancel_inside_a_character_drops_it():
+    """Cancelled just after the first byte of a character was chosen (the policy sets the event while it
+    picks that byte: the loop sees it before the next round)."""
+    cancel = threading.Event()
+    script = script_policy(SMILE)
+
+    def policy(so_far):
+        if so_far == "ab":
+            cancel.set()
+        return script(so_far)
+    _, st, text = collect(fake_engine(policy).session(), request=greedy(max_new=100), cancel=cancel)
+    assert st.finish_reason == "cancelled" and st.output_tokens == 3 and text == "ab"
+
+
+def test_a_replacement_character_the_model_wrote_is_kept():
+    """Only an incomplete character at the cut is dropped: a whole U+FFFD (bytes ef bf bd) is text."""
+    eng = fake_engine(script_policy("ab\ufffd"))
+    _, st, text = collect(eng.session())
+    assert text == "ab\ufffd" and st.finish_reason == "stop"
+    _, st, text = collect(eng.session(), request=greedy(max_new=5))
+    assert text == "ab\ufffd" and st.finish_reason == "length"
+
+
+def test_a_thinking_budget_inside_a_character_drops_it():
+    """The budget's forced insert follows 2 bytes of a 4-byte character: the reply's text (output_sha256:
+    reasoning, insert and answer as generated) has no U+FFFD for it (the insert's first byte made one)."""
+    from engine.config import ThinkingParams
+    from engine.events import ReasoningDelta, ThinkingForced
+    from engine.fake import thinking_policy
+    eng = fake_engine(thinking_policy(word="🙂", close_after=None), native_thinking=True)
+    req = GenerateRequest(SamplingParams(greedy=True, max_new=400), ThinkingParams(budget=2))
+    evs, st, _ = collect(eng.session(), request=req)
+    assert st.reasoning_tokens == 2 and any(isinstance(e, ThinkingForced) for e in evs)
+    assert "".join(e.text for e in evs if isinstance(e, ReasoningDelta)) == ""
+    generated = eng.tokenizer.decode(st.token_ids[:-1])  # the end-of-turn token is not text
+    assert generated.count("\ufffd") == 1  # the cut character, as a decode of the tokens shows it
+    assert st.output_sha256 == hashlib.sha256(generated.replace("\ufffd", "").encode()).hexdigest()
