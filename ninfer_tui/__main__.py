@@ -1,6 +1,6 @@
 """`ninfer-chat`: the Textual chat app, its plain line mode, and transcript commands that need no UI.
 
-    ninfer-chat [MODEL] [--config FILE] [--theme NAME] [--plain]
+    ninfer-chat [MODEL] [--config FILE] [--theme NAME] [--plain] [--save | --no-save]
     ninfer-chat --list | --export ID [--format md|json] [-o FILE] | --import FILE
 """
 from __future__ import annotations
@@ -19,7 +19,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", help="GGUF file (default: config `model`, else the embedded SmolLM2)")
     p.add_argument("--config", help="an extra TOML config merged over the defaults and your user config")
     p.add_argument("--theme", help="theme name (ninfer-dark, ninfer-light, ninfer-high-contrast, or a user theme)")
-    p.add_argument("--plain", action="store_true", help="line-based prompt-toolkit interface (no full screen)")
+    p.add_argument("--plain", action="store_true", help="line-based prompt-toolkit interface (no full screen); "
+                   "with stdin not a terminal, answers the one prompt piped in and exits")
+    p.add_argument("--save", action=argparse.BooleanOptionalAction, default=None,
+                   help="keep this chat in the transcripts (default: yes, except a prompt piped to --plain, "
+                        "which is saved only with --save)")
     p.add_argument("--backend", help="cpu | ref | cuda (default: config [engine] backend)")
     p.add_argument("--threads", type=int, help="CPU threads (default: all)")
     p.add_argument("--kv-dtype", choices=("f16", "int8"), help="KV cache type (default: config [engine] kv_dtype)")
@@ -131,14 +135,15 @@ def _run(ns) -> int:
         loader, model_name = real_loader, model.name
     if ns.plain:
         from .plain import run_plain
-        return run_plain(settings, args, loader, model_name)
+        return run_plain(settings, args, loader, model_name, save=ns.save)
     from .app import ChatApp
     from .store import Store, StoreError
     store, store_error = None, None
-    try:
-        store = Store()
-    except StoreError as e:
-        store_error = str(e)
+    if ns.save is not False:
+        try:
+            store = Store()
+        except StoreError as e:
+            store_error = str(e)
     app = ChatApp(settings, args, loader, store=store, store_error=store_error, model_name=model_name)
     app.run()
     if store is not None:

@@ -2,8 +2,9 @@
 
 Same settings and transcripts as the TUI; the TUI's keys are slash-commands here (/help lists them).
 Enter sends, Esc then Enter (alt+enter) inserts a newline, Up/Down walk the history (kept in the data dir).
-Ctrl+C stops a reply and keeps its text. With stdin not a terminal, one prompt is read from it, answered on
-stdout (reasoning on stderr) and the program exits.
+Ctrl+C stops a reply and keeps its text. With stdin not a terminal, one prompt is read from it (and checked
+before the model loads), answered on stdout (reasoning on stderr) and the program exits; such one-shot runs
+stay out of the transcripts unless --save asks for them.
 """
 from __future__ import annotations
 
@@ -211,27 +212,36 @@ class PlainChat:
                 f"budget {s.budget_label()} | /help")
 
 
-def run_plain(settings: ChatSettings, args, loader: Callable, model_name: str, stdin=None) -> int:
-    """Entry point of --plain. Returns the exit status."""
+def run_plain(settings: ChatSettings, args, loader: Callable, model_name: str, stdin=None,
+              save: bool | None = None) -> int:
+    """Entry point of --plain. Returns the exit status. `save` (--save / --no-save) keeps the chat in the
+    transcripts; None: yes in a terminal, no for a piped prompt (one-shot runs would fill the list)."""
     from .bridge import engine_facts
     from .store import Store, StoreError
     stdin = stdin or sys.stdin
-    engine = loader(args, progress=lambda p: print(f"{p.stage} {p.done}/{p.total} {p.message}",
-                                                   file=sys.stderr, flush=True))
-    store = None
-    try:
-        store = Store()
-    except StoreError as e:
-        print(f"ninfer-chat: {e} - transcripts will not be saved", file=sys.stderr)
-    facts = engine_facts(engine, args)
-    chat = PlainChat(engine, settings, model_name, store, spec_modes=facts["spec_modes"])
-    if not stdin.isatty():
+    piped = not stdin.isatty()
+    text = None
+    if piped:  # read and checked first: loading the model takes seconds (minutes on a cold cache)
         text = _read_piped(stdin)
         if text is None:
             return 2
         if not text:
-            print("ninfer-chat: no prompt on stdin", file=sys.stderr)
+            print("ninfer-chat: no prompt on stdin; pipe one in (echo 'a question' | ninfer-chat --plain) or "
+                  "run it in a terminal", file=sys.stderr)
             return 2
+    if save is None:
+        save = not piped
+    engine = loader(args, progress=lambda p: print(f"{p.stage} {p.done}/{p.total} {p.message}",
+                                                   file=sys.stderr, flush=True))
+    store = None
+    if save:
+        try:
+            store = Store()
+        except StoreError as e:
+            print(f"ninfer-chat: {e} - transcripts will not be saved", file=sys.stderr)
+    facts = engine_facts(engine, args)
+    chat = PlainChat(engine, settings, model_name, store, spec_modes=facts["spec_modes"])
+    if text is not None:
         final = chat.ask(text)
         return 0 if final is not None and final.finish_reason != "error" else 1
     return _interactive(chat)

@@ -260,3 +260,66 @@ def test_plain_failed_prompt_leaves_the_branch_and_an_unsaved_chat_exports(tmp_p
     assert "not in the transcripts" in err.getvalue()
     files = list((paths.user_data_dir() / "exports").glob("chat-unsaved-*.md"))
     assert len(files) == 1 and "seen: short" in files[0].read_text()
+
+
+def _piped(monkeypatch, data: bytes):
+    """sys.stdin as a pipe holding `data` (isatty False)."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+
+
+@pytest.mark.parametrize("data", [b"", b"  \n\n"])
+def test_plain_piped_empty_stdin_says_so_before_loading_the_model(tmp_path, monkeypatch, capsys, data):
+    """`ninfer-chat --plain < /dev/null`: one line and status 2, and no model is loaded for it (it used to
+    load the model first: seconds, minutes on a cold cache)."""
+    import ninfer_tui.__main__ as cli
+    loads = []
+    monkeypatch.setattr(cli, "real_loader", lambda args, progress=None: loads.append(args) or 1 / 0)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    _piped(monkeypatch, data)
+    assert main([str(model), "--plain"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("ninfer-chat: no prompt on stdin"), err
+    assert loads == []
+    _piped(monkeypatch, b"hi \xff")  # not UTF-8: also said before the load
+    assert main([str(model), "--plain"]) == 2 and loads == []
+    assert "not valid UTF-8" in capsys.readouterr().err
+
+
+def test_plain_piped_prompts_are_saved_only_when_asked(monkeypatch, capsys):
+    """A piped one-shot run stays out of the transcripts list (each used to add a chat to it); --save keeps
+    it."""
+    def run(*extra, prompt=b"What is up?\n"):
+        _piped(monkeypatch, prompt)
+        assert main(["--plain", "--fake", "--fake-delay", "0", *extra]) == 0
+        assert "Here is a short answer" in capsys.readouterr().out
+
+    def saved():
+        db = paths.user_data_dir() / "transcripts.db"
+        return [c.title for c in Store(db).list_conversations()] if db.exists() else []
+    run()
+    run("--no-save", prompt=b"not this one\n")
+    assert saved() == []
+    run("--save", prompt=b"keep this one\n")
+    assert saved() == ["keep this one"]
+
+
+def test_help_documents_saving():
+    from ninfer_tui.__main__ import build_parser
+    text = " ".join(build_parser().format_help().split())
+    assert "--save, --no-save keep this chat in the transcripts" in text and "saved only with --save" in text
+
+
+def test_no_save_runs_the_tui_without_transcripts(monkeypatch):
+    import ninfer_tui.app as app_mod
+    seen = []
+
+    class App:
+        def __init__(self, settings, args, loader, store=None, store_error=None, model_name=""):
+            seen.append((store, store_error))
+
+        def run(self):
+            pass
+    monkeypatch.setattr(app_mod, "ChatApp", App)
+    assert main(["--fake", "--no-save"]) == 0 and seen.pop() == (None, None)
+    assert main(["--fake"]) == 0 and isinstance(seen.pop()[0], Store)
