@@ -67,6 +67,11 @@ SCHEMA_VERSION = len(MIGRATIONS)
 BUSY_TIMEOUT_S = 10.0
 
 
+def _locked_out(e: sqlite3.Error) -> bool:
+    """The write lock stayed with another connection past the busy timeout."""
+    return getattr(e, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
 def _statements(script: str) -> list[str]:
     """A migration script as its statements (a trigger's body stays whole: sqlite3.complete_statement)."""
     out, cur = [], ""
@@ -208,8 +213,10 @@ class Store:
                     self.db.execute(f"PRAGMA user_version = {v + 1}")
             except sqlite3.Error as e:
                 self.db.close()
-                what = f"to version {v + 1}" if v is not None else "(it is locked)"
-                raise StoreError(f"cannot upgrade transcript database {self.path} {what} ({e})") from None
+                if _locked_out(e):  # another instance kept the write lock
+                    raise StoreError(f"cannot upgrade transcript database {self.path}: {self._locked(e)}") from None
+                step = f" to version {v + 1}" if v is not None else ""
+                raise StoreError(f"cannot upgrade transcript database {self.path}{step} ({e})") from None
 
     def _tx(self):
         """A write transaction: BEGIN IMMEDIATE takes the write lock first, waiting for another writer (the
@@ -240,6 +247,10 @@ class Store:
         return self.db.execute("PRAGMA user_version").fetchone()[0]
 
     # -- conversations -----------------------------------------------------------------------------
+    def _locked(self, e: sqlite3.Error) -> str:
+        return (f"another program (another ninfer-chat?) kept it locked for over {self.busy_timeout_s:g} s ({e}); "
+                "close the other program or retry")
+
     def _write_failed(self, e: sqlite3.Error) -> StoreError:
         """A write the database refused (a full disk, a read-only file, a damaged page) as one line saying
         what to do."""
@@ -248,10 +259,8 @@ class Store:
         if type(e) is sqlite3.DatabaseError or "malformed" in str(e):
             return StoreError(f"cannot save to the transcript database {self.path}: it is damaged ({e}); move "
                               "it aside to start a new one")
-        if getattr(e, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-            return StoreError(f"cannot save to the transcript database {self.path}: another program (another "
-                              f"ninfer-chat?) kept it locked for over {self.busy_timeout_s:g} s ({e}); close the "
-                              "other program or retry")
+        if _locked_out(e):
+            return StoreError(f"cannot save to the transcript database {self.path}: {self._locked(e)}")
         return StoreError(f"cannot save to the transcript database {self.path} ({e}); free some disk space or "
                           "check its permissions")
 

@@ -349,3 +349,19 @@ def test_a_lock_held_past_the_timeout_is_named(tmp_path):
     other.execute("ROLLBACK")
     st.add_message(c, "user", "now")
     assert [m.content for m in st.all_messages(c)] == ["now"]
+
+
+def test_an_upgrade_that_finds_the_file_locked_says_so(tmp_path):
+    """A version-1 file another connection keeps write-locked past the timeout: the upgrade names the lock,
+    and the file stays at version 1."""
+    p = tmp_path / "old.db"
+    db = sqlite3.connect(p)
+    db.executescript(MIGRATIONS[0] + "\nPRAGMA user_version = 1;")
+    db.close()
+    other = sqlite3.connect(p, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    with pytest.raises(StoreError, match=r"cannot upgrade transcript database .*: another program \(another "
+                                         r"ninfer-chat\?\) kept it locked for over 0.2 s \(database is locked\)"):
+        Store(p, busy_timeout_s=0.2)
+    other.execute("ROLLBACK")
+    assert Store(p).version == SCHEMA_VERSION
