@@ -69,6 +69,7 @@ def create_app(engine, settings: ServeSettings) -> Starlette:
             yield
         finally:
             await asyncio.to_thread(worker.close)
+            log.info("stopped: replies cancelled, the engine thread joined")
 
     # -- helpers --------------------------------------------------------------------------------------------
     def check_auth(request: Request) -> None:
