@@ -58,6 +58,7 @@ ACTIONS = [
 # Shown/used only on the chat screen (priority so that the focused TextArea cannot swallow them).
 MAIN_ONLY = {a for _, a, *_ in ACTIONS} - {"quit", "help"}
 PROMPT_KEYS = {"send": "enter", "newline": "ctrl+j,shift+enter"}  # the prompt's own keys (PromptInput)
+PANEL_MIN_COLUMNS = 100  # a narrower terminal folds the stats panel away (F8 shows it): the chat keeps the width
 QUIT_WAIT_S = 3.0  # quitting mid-reply: how long the engine gets to stop before the text so far is saved
 
 
@@ -137,6 +138,7 @@ class ChatApp(App):
         self._frame_timer = None
         self.pacer = FramePacer(settings.stream_fps, settings.ui_cpu_budget)
         self._switch_default = sys.getswitchinterval()
+        self._panel_choice: bool | None = None  # F8 this session: the user's choice over the terminal's width
 
     # -- layout ------------------------------------------------------------------------------------
     def compose(self):
@@ -161,7 +163,7 @@ class ChatApp(App):
             for problem in keymap_problems(self.settings.keymap):
                 self.notify(problem, severity="warning", timeout=15)
         self.query_one("#log", VerticalScroll).anchor()
-        self.query_one("#stats", StatsPanel).display = self.settings.show_stats
+        self._fit_panel()
         self._refresh_panel_settings()
         if self.store_error:
             self.notify(self.store_error + " - transcripts will not be saved this session", severity="error",
@@ -299,7 +301,7 @@ class ChatApp(App):
         self._switch_default = sys.getswitchinterval()
         if self.settings.gil_switch_ms > 0:
             sys.setswitchinterval(self.settings.gil_switch_ms / 1000.0)
-        self.query_one("#stats", StatsPanel).start_reply()
+        self.query_one("#stats", StatsPanel).start_reply(request.thinking.budget)
         self.run_worker(self.bridge.run, thread=True, exclusive=True, group="reply", exit_on_error=False)
 
     async def _apply_segments(self, segments) -> None:
@@ -449,7 +451,19 @@ class ChatApp(App):
 
     def action_toggle_stats(self) -> None:
         panel = self.query_one("#stats", StatsPanel)
-        panel.display = not panel.display
+        self._panel_choice = not panel.display
+        self._fit_panel()
+
+    def _fit_panel(self, width: int | None = None) -> None:
+        """Show the stats panel where the settings want it and the terminal (`width` columns, default the
+        app's) has room for it, or as F8 last chose."""
+        if (panel := self._panel()) is None:
+            return
+        wide = (width or self.size.width) >= PANEL_MIN_COLUMNS
+        panel.display = self._panel_choice if self._panel_choice is not None else self.settings.show_stats and wide
+
+    def on_resize(self, event) -> None:
+        self._fit_panel(event.size.width)  # runs before App's own handler records the new size
 
     async def _when_idle(self, fn) -> None:
         """Run `fn` now, or stop the reply and run it once the reply is saved (never mixes two chats)."""
@@ -510,7 +524,8 @@ class ChatApp(App):
                 return
             self.settings.__dict__.update(new.__dict__)
             self._apply_theme(new.theme)
-            self.query_one("#stats", StatsPanel).display = new.show_stats
+            self._panel_choice = None  # the saved choice applies again (where the width allows)
+            self._fit_panel()
             try:
                 where = save_user_settings(self.settings)
             except (NinferError, OSError) as e:

@@ -58,17 +58,27 @@ def _yaml_scalar(v) -> str:
 
 
 def export_markdown(store: Store, conv_id: int) -> str:
-    """The current branch as Markdown, with YAML front-matter (model, settings of the last reply)."""
+    """The current branch as Markdown, with YAML front-matter (model; the settings every reply ran with, or
+    the last reply's, each other reply then noting where its own differed)."""
     return _markdown(store.conversation(conv_id), store.branch(conv_id))
 
 
+def _differences(settings: dict, base: dict) -> str:
+    """The settings that differ from `base`, as "name value, ..." ("" when none)."""
+    keys = list(settings) + [k for k in base if k not in settings]
+    return ", ".join(f"{k} {_yaml_scalar(settings.get(k))}" for k in keys if settings.get(k) != base.get(k))
+
+
 def _markdown(conv: Conversation, path: list[Message]) -> str:
-    last_settings = next((m.settings for m in reversed(path) if m.role == "assistant" and m.settings), {})
+    replies = [m.settings for m in path if m.role == "assistant" and m.settings]
+    last_settings = replies[-1] if replies else {}
+    # "settings" only where they were the chat's: the settings change between replies (F-keys, the screen)
+    same = all(r == last_settings for r in replies)
     lines = ["---", f"title: {_yaml_scalar(conv.title)}", f"model: {_yaml_scalar(conv.model)}",
              f"conversation_id: {conv.id}",
              f"created: {_yaml_scalar(time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(conv.created)))}"]
     if last_settings:
-        lines.append("settings:")
+        lines.append("settings:" if same else "last_reply_settings:")
         lines += [f"  {k}: {_yaml_scalar(v)}" for k, v in last_settings.items()]
     lines += ["---", "", f"# {conv.title}", ""]
     for m in path:
@@ -84,6 +94,8 @@ def _markdown(conv: Conversation, path: list[Message]) -> str:
         if st:
             lines += [f"*{st.get('output_tokens', 0)} tokens, {st.get('decode_tok_s', 0):.1f} tok/s, "
                       f"finish: {st.get('finish_reason', '?')}, spec: {st.get('spec_mode', 'off')}*", ""]
+        if m.settings and (diff := _differences(m.settings, last_settings)):
+            lines += [f"*this reply's settings, where they differ from the last reply's: {diff}*", ""]
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
 """Modal screens: help, confirmation, a one-line prompt, the transcripts browser, settings."""
 from __future__ import annotations
 
+import re
 import time
 
 from rich.text import Text
@@ -175,9 +176,35 @@ class TranscriptsScreen(ModalScreen[int | None]):
                              done)
 
 
+# The engine's checks name command-line flags; the settings screen names its own fields instead.
+FIELD_OF_FLAG = {"--temperature": "temperature", "--top-k": "top_k", "--top-p": "top_p", "--min-p": "min_p",
+                 "--max-new": "max_new", "--presence-penalty": "presence", "--frequency-penalty": "frequency",
+                 "--thinking-budget": "budget", "--draft-tokens": "draft_tokens", "--seed": "seed"}
+FLAG_RE = re.compile(r"--[a-z][a-z-]*")
+
+
+def field_label(name: str) -> str:
+    return name.replace("_", " ")
+
+
+def in_field_words(message: str) -> tuple[str, str | None]:
+    """An engine error with its flags named as the settings screen's fields, and the first such field."""
+    first = None
+
+    def sub(m: re.Match) -> str:
+        nonlocal first
+        name = FIELD_OF_FLAG.get(m.group(0))
+        if name is None:
+            return m.group(0)
+        first = first or name
+        return f'"{field_label(name)}"'
+    return FLAG_RE.sub(sub, message), first
+
+
 class SettingsScreen(ModalScreen[ChatSettings | None]):
     """Edit sampling, penalties, thinking, spec and theme; Save applies and writes the user config."""
 
+    AUTO_FOCUS = "#set-temperature"  # the first field: typing edits it at once
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="settings_cancel"),
                 Binding("ctrl+s", "save", "Save", id="settings_save", priority=True)]
 
@@ -189,6 +216,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         super().__init__()
         self.settings = settings
         self.themes = themes
+        self._bad_field: str | None = None  # the field the last error is about (focused for the fix)
 
     def compose(self):
         s = self.settings
@@ -196,7 +224,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             yield Label("Settings (ctrl+s save to your config · esc cancel)", classes="title")
             with Grid(id="settings-grid"):
                 for name, _ in self.NUMBERS:
-                    yield Label(name.replace("_", " "))
+                    yield Label(field_label(name))
                     yield Input(str(getattr(s, name)), id=f"set-{name}")
                 yield Label("seed (empty: random)")
                 yield Input("" if s.seed is None else str(s.seed), id="set-seed")
@@ -225,21 +253,31 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             try:
                 setattr(new, name, kind(raw))
             except ValueError:
-                raise NinferError(f"{name.replace('_', ' ')}: {raw!r} is not a valid {kind.__name__}") from None
+                self._bad_field = name
+                raise NinferError(f"{field_label(name)}: {raw!r} is not a valid {kind.__name__}") from None
         seed = self.query_one("#set-seed", Input).value.strip()
         try:
             new.seed = int(seed) if seed else None
         except ValueError:
+            self._bad_field = "seed"
             raise NinferError(f"seed: {seed!r} is not an integer") from None
+        if new.budget_step < 1:
+            self._bad_field = "budget_step"
+            raise NinferError(f"budget step must be >= 1 (the F5/F6 step), got {new.budget_step}")
         new.penalties_on = self.query_one("#set-penalties_on", Switch).value
         new.show_stats = self.query_one("#set-show_stats", Switch).value
         new.thinking = self.query_one("#set-thinking", Select).value
         new.spec = self.query_one("#set-spec", Select).value
         new.theme = self.query_one("#set-theme", Select).value
-        new.validate()
+        try:
+            new.validate()
+        except NinferError as e:  # the engine's checks speak of flags: say the field instead
+            text, self._bad_field = in_field_words(str(e))
+            raise NinferError(text) from None
         return new
 
     def action_save(self) -> None:
+        self._bad_field = None
         try:
             new = self._collect()
         except NinferError as e:
@@ -247,6 +285,8 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             err.update(f"[b red]{escape(str(e))}[/]")  # the text as typed
             err.scroll_visible()  # below the buttons: out of sight on a short terminal, so a toast says it too
             self.notify(f"not saved: {e}", severity="error", markup=False)
+            if self._bad_field is not None:
+                self.query_one(f"#set-{self._bad_field}", Input).focus()
             return
         self.dismiss(new)
 

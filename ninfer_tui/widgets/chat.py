@@ -1,13 +1,15 @@
 """Chat widgets: the prompt input, a prompt bubble, a reply (reasoning collapsible + streamed Markdown answer).
 
-Messages are focusable (tab / shift+tab): `c` copies the message, `b` copies its code blocks one after the
-other, `e` (on a prompt) loads it into the input to edit and resend.
+Messages are focusable (tab / shift+tab, a click): `c` copies the message, `b` copies its code blocks one
+after the other, `e` (on a prompt) loads it into the input to edit and resend. Typing on a focused message
+is typing a prompt: the characters go to the input, and those letters are not message keys then (a click on
+a message and a prompt typed on used to copy over the clipboard at each c or b).
 """
 from __future__ import annotations
 
 import re
 
-from textual import on
+from textual import events, on
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
@@ -16,6 +18,7 @@ from textual.widgets import Collapsible, Markdown, Static, TextArea
 
 from ..store import Message as StoredMessage
 
+TYPING_WINDOW_S = 0.3  # a message key followed this soon by a letter that is not one was typing, not a key
 FENCE_RE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1\s*$", re.S | re.M)
 
 
@@ -108,6 +111,50 @@ class MessageView(Vertical, can_focus=True):
         self.stored = stored
         self.text = stored.content if stored else text
         self._code_index = 0
+        self._held: tuple[str, str, object] | None = None  # a message key held back: (character, action, timer)
+
+    # -- typing on a focused message goes to the prompt ------------------------------------------------
+    def _prompt(self) -> PromptInput | None:
+        found = self.screen.query(PromptInput)
+        return found.first() if found else None
+
+    def _type_into_prompt(self, text: str) -> None:
+        prompt = self._prompt()
+        if prompt is None:
+            return
+        prompt.insert(text)
+        prompt.focus()
+
+    def _run_held(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held[2].stop()
+            self.call_later(self.run_action, held[1])
+
+    def on_key(self, event: events.Key) -> None:
+        """Printable keys: typing goes to the prompt. A message key (c, b, e, as remapped) acts only when it
+        is not part of typing: never while the prompt holds a draft, and otherwise after TYPING_WINDOW_S
+        without another letter (one arriving first makes both text of the prompt)."""
+        active = self.screen.active_bindings.get(event.key)
+        message_key = active is not None and isinstance(active.node, MessageView) and active.enabled
+        if self._held is not None:
+            if event.is_printable and not message_key:
+                held, self._held = self._held, None
+                held[2].stop()
+                event.stop()
+                event.prevent_default()
+                self._type_into_prompt(held[0] + (event.character or ""))
+                return
+            self._run_held()  # another message key or a navigation key: the held one was meant as a key
+        if not event.is_printable or event.character is None:
+            return
+        event.stop()
+        event.prevent_default()
+        prompt = self._prompt()
+        if message_key and not (prompt is not None and prompt.text.strip()):
+            self._held = (event.character, active.binding.action, self.set_timer(TYPING_WINDOW_S, self._run_held))
+            return
+        self._type_into_prompt(event.character)
 
     def action_copy(self) -> None:
         self.app.copy_to_clipboard(self.text)

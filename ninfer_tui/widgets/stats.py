@@ -6,6 +6,7 @@ read "off" when the reply ran without speculation, never made-up numbers.
 """
 from __future__ import annotations
 
+import textwrap
 from typing import TypeVar
 
 from textual.containers import VerticalScroll
@@ -20,17 +21,48 @@ from ..telemetry import GpuSample
 
 MAX_SPARK = 120  # points kept for the sparkline
 W = TypeVar("W", bound=Widget)
+PANEL_WIDTH = 32  # columns with the border, padding and scrollbar: every line below fits the 29 left (a 14-column
+# label); a terminal too narrow for it folds the panel away (app.PANEL_MIN_COLUMNS)
+
+
+def row(label: str, value: str) -> str:
+    """One panel line: the label in 14 columns, the value after it (right-aligned numbers come formatted)."""
+    return f"{label:<14s}{value}"
+
+
+def prompt_rows(prompt: int, cached: int, prefill_tok_s: float) -> list[str]:
+    """The prompt's figures. A prompt served from the cache (prefix reuse) but its last token has no prefill
+    rate to show (it read 0.0 tok/s): it says "cached" instead."""
+    rate = f"{prefill_tok_s:8.1f} tok/s" if prefill_tok_s > 0 else ("  cached" if cached else "       -")
+    lines = [row("prefill", rate), row("tokens in", f"{prompt:8d}")]
+    if cached:
+        lines.append(row("  cached", f"{cached:8d}"))  # its own line: "76 (49 cached)" wrapped the panel
+    return lines
+
+
+def gpu_lines(s: GpuSample) -> list[str]:
+    """One GPU in the panel's width (GpuSample.lines() is the wider form for logs)."""
+    def f(v, fmt="{}"):
+        return "n/a" if v is None else fmt.format(v)
+    return [f"GPU{s.index} {s.name}",
+            f"  SM clock {f(s.sm_clock_mhz)}/{f(s.sm_clock_max_mhz)} MHz",
+            f"  util {f(s.util_pct)}%  temp {f(s.temp_c)} C",
+            f"  power {f(s.power_w, '{:.0f}')}/{f(s.power_limit_w, '{:.0f}')} W",
+            f"  memory {f(s.mem_used_gib, '{:.1f}')}/{f(s.mem_total_gib, '{:.1f}')} GiB",
+            *textwrap.wrap(", ".join(s.throttle) or "none", PANEL_WIDTH - 3, initial_indent="  throttle: ",
+                           subsequent_indent="    ")]
 
 
 class StatsPanel(VerticalScroll):
     """Right-hand panel. The app calls the `on_*` methods; each re-renders only its own section."""
 
-    DEFAULT_CSS = """
-    StatsPanel { width: 38; border-left: vkey $panel-lighten-2; padding: 0 1; }
-    StatsPanel Digits { width: auto; color: $accent; }
-    StatsPanel Sparkline { height: 2; margin-bottom: 1; }
-    StatsPanel .section { margin-bottom: 1; }
-    StatsPanel .title { color: $text-muted; text-style: bold; }
+    DEFAULT_CSS = f"""
+    StatsPanel {{ width: {PANEL_WIDTH}; border-left: vkey $panel-lighten-2; padding: 0 0 0 1;
+                 scrollbar-size-vertical: 1; }}
+    StatsPanel Digits {{ width: auto; color: $accent; }}
+    StatsPanel Sparkline {{ height: 2; margin-bottom: 1; }}
+    StatsPanel .section {{ margin-bottom: 1; }}
+    StatsPanel .title {{ color: $text-muted; text-style: bold; }}
     """
 
     def __init__(self, **kw):
@@ -45,6 +77,7 @@ class StatsPanel(VerticalScroll):
         self.engine_failed = False  # the model did not load: the engine section says so instead of "loading..."
         self.native_thinking: bool | None = None  # the model's thinking: native, prompted (False), not known
         self.live = False
+        self.reply_budget: int | None = None  # the reasoning budget the shown reply ran with
 
     def compose(self):
         yield Static("decode tok/s", classes="title")
@@ -61,8 +94,10 @@ class StatsPanel(VerticalScroll):
         self._render_all()
 
     # -- inputs ------------------------------------------------------------------------------------
-    def start_reply(self) -> None:
+    def start_reply(self, budget: int | None = None) -> None:
+        """A reply starts; `budget`: the reasoning budget it runs with (None: unlimited or no thinking)."""
         self.samples, self.step, self.final, self.prefill, self.live = [], None, None, None, True
+        self.reply_budget = budget
         self._render_reply()
         self._render_spec()
         self._render_thinking()
@@ -121,7 +156,7 @@ class StatsPanel(VerticalScroll):
         if not samples:
             text = f"GPU: no GPU\n  {reason}" if reason else "GPU: no GPU"
         else:
-            text = "\n".join(line for s in samples for line in s.lines())
+            text = "\n".join(line for s in samples for line in gpu_lines(s))
         self._set("gpu", text)
 
     # -- rendering ---------------------------------------------------------------------------------
@@ -154,26 +189,22 @@ class StatsPanel(VerticalScroll):
         f, s, cap = self.final, self.step, self.engine_info.get("context_capacity") or 0
         lines = ["REPLY" + (" (live)" if self.live else "")]
         if f is not None:
-            lines += [f"TTFT          {f.ttft_s * 1000:8.0f} ms",
-                      f"prefill       {f.prefill_tok_s:8.1f} tok/s",
-                      f"tokens in     {f.prompt_tokens:8d}" + (f"  ({f.cached_prompt_tokens} cached)"
-                                                                if f.cached_prompt_tokens else ""),
-                      f"tokens out    {f.output_tokens:8d}",
-                      f"context       {f.prompt_tokens + f.output_tokens:>8d}/{cap or '?'}",
-                      f"finish        {f.finish_reason:>8s}"]
+            lines += [row("TTFT", f"{f.ttft_s * 1000:8.0f} ms"),
+                      *prompt_rows(f.prompt_tokens, f.cached_prompt_tokens, f.prefill_tok_s),
+                      row("tokens out", f"{f.output_tokens:8d}"),
+                      row("context", f"{f.prompt_tokens + f.output_tokens:>8d}/{cap or '?'}"),
+                      row("finish", f"{f.finish_reason:>8s}")]
         elif s is not None and s.ttft_s > 0:  # live: the prompt's figures are known from the first token
-            lines += [f"TTFT          {s.ttft_s * 1000:8.0f} ms",
-                      f"prefill       {s.prefill_tok_s:8.1f} tok/s",
-                      f"tokens in     {s.prompt_tokens:8d}" + (f"  ({s.cached_prompt_tokens} cached)"
-                                                               if s.cached_prompt_tokens else ""),
-                      f"tokens out    {s.output_tokens:8d}",
-                      f"context       {s.context_used:>8d}/{cap or '?'}"]
+            lines += [row("TTFT", f"{s.ttft_s * 1000:8.0f} ms"),
+                      *prompt_rows(s.prompt_tokens, s.cached_prompt_tokens, s.prefill_tok_s),
+                      row("tokens out", f"{s.output_tokens:8d}"),
+                      row("context", f"{s.context_used:>8d}/{cap or '?'}")]
         elif s is not None:
-            lines += ["TTFT               ...", f"tokens out    {s.output_tokens:8d}",
-                      f"context       {s.context_used:>8d}/{cap or '?'}"]
+            lines += [row("TTFT", "     ..."), row("tokens out", f"{s.output_tokens:8d}"),
+                      row("context", f"{s.context_used:>8d}/{cap or '?'}")]
         elif self.prefill is not None:
             p = self.prefill
-            lines += [f"{p.stage:<13s} {p.done}/{p.total}"]
+            lines += [row(p.stage, f"{p.done}/{p.total}")]
         else:
             lines += ["no reply yet"]
         self._set("reply", "\n".join(lines))
@@ -181,10 +212,9 @@ class StatsPanel(VerticalScroll):
     def _render_spec(self) -> None:
         mode = self.settings.spec if self.settings else "off"
         f = self.final
-        lines = [f"SPECULATIVE   next: {mode}"]
-        for m, reason in self.spec_modes.items():
-            if reason:
-                lines.append(f"  {m}: unavailable ({reason})")
+        lines = [row("SPECULATIVE", f"next: {mode}")]
+        if unavailable := [m for m, reason in self.spec_modes.items() if reason]:
+            lines.append(row("unavailable", ", ".join(unavailable)))  # F2 says why
         ran = f.spec_mode if f is not None else (mode if self.live else "off")
         if f is not None and f.spec_mode != "off" and f.rounds:
             lines += [f"last reply    {f.spec_mode}",
@@ -193,8 +223,9 @@ class StatsPanel(VerticalScroll):
                       f"ms/round      {f.ms_per_round:8.2f}",
                       f"  draft       {f.draft_ms / f.rounds:8.2f}",
                       f"  verify      {f.verify_ms / f.rounds:8.2f}"]
-            if f.per_position_accept:
-                lines.append("per position  " + " ".join(f"{a:.0%}" for a in f.per_position_accept))
+            if acc := [f"{a:.0%}" for a in f.per_position_accept]:
+                lines.append("per position")
+                lines += ["  " + " ".join(acc[i:i + 5]) for i in range(0, len(acc), 5)]
         elif self.live and self.step is not None and ran != "off" and (self.step.draft_ms or self.step.verify_ms):
             s = self.step
             lines += [f"this round    {s.round_tokens} tok",
@@ -212,9 +243,17 @@ class StatsPanel(VerticalScroll):
         mode = st.thinking_label(self.native_thinking)  # what the next reply does, not only the setting
         if st.thinking == "auto" and mode in ("on", "off"):  # the model's default (a budget sets "prompted")
             mode += " (auto)"
-        used = self.step.reasoning_tokens if self.live and self.step else (
-            self.final.reasoning_tokens if self.final else 0)
-        lines = [f"THINKING      {mode}", f"reasoning     {used}/{st.budget_label()} tok"]
+        lines = [row("THINKING", mode)]
+        if self.live or self.final is not None:
+            # against the budget that reply ran with: F5/F6 since then change the next reply's only
+            used = self.step.reasoning_tokens if self.live and self.step else (
+                self.final.reasoning_tokens if self.final else 0)
+            ran = self.reply_budget
+            lines.append(row("reasoning", f"{used}/{ran or 'unlimited'} tok"))
+            if (st.budget or None) != ran:
+                lines.append(row("next budget", st.budget_label()))
+        else:
+            lines.append(row("budget", st.budget_label()))
         if self.final is not None and self.final.thinking_forced:
             lines.append("close forced by the budget")
         self._set("thinking", "\n".join(lines))
@@ -225,20 +264,18 @@ class StatsPanel(VerticalScroll):
             return
         self._set("sampling", "\n".join([
             "SAMPLING",
-            f"temp {st.temperature:g}  top-k {st.top_k}  top-p {st.top_p:g}  min-p {st.min_p:g}",
-            f"penalties     {'on' if st.penalties_on else 'off'}",
-            f"  presence {st.presence:g}  frequency {st.frequency:g}",
-            f"max new       {st.max_new}"]))
+            f"temp {st.temperature:g}  top-k {st.top_k}", f"top-p {st.top_p:g}  min-p {st.min_p:g}",
+            row("penalties", "on" if st.penalties_on else "off"),
+            f"  presence {st.presence:g}  freq {st.frequency:g}",
+            row("max new", str(st.max_new))]))
 
     def _render_engine(self) -> None:
         e = self.engine_info
         if not e:
-            self._set("engine", "ENGINE        " + ("failed to load (see the status line)" if self.engine_failed
-                                                  else "loading..."))
+            self._set("engine", row("ENGINE", "failed to load" if self.engine_failed else "loading..."))
             return
         self._set("engine", "\n".join([
-            "ENGINE",
-            f"model         {e.get('model', '?')}",
-            f"backend       {e.get('backend', '?')}  threads {e.get('threads', '?')}",
-            f"KV dtype      {e.get('kv_dtype', '?')}",
-            f"context cap   {e.get('context_capacity') or '?'}"]))
+            "ENGINE", str(e.get("model", "?")),  # a model name has a line of its own: names are long
+            row("backend", f"{e.get('backend', '?')}  threads {e.get('threads', '?')}"),
+            row("KV dtype", str(e.get("kv_dtype", "?"))),
+            row("context cap", str(e.get("context_capacity") or "?"))]))

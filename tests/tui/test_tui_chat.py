@@ -129,9 +129,10 @@ async def test_edit_and_resend_branches(make_app):
         await send(pilot, "second question")
         old_first = app.chat.path[0]
         app.query(PromptView).first().focus()
-        await pilot.press("e")
+        await pilot.press("e")  # a message key acts once no other letter follows (it is not typing)
         prompt = app.query_one("#prompt")
-        assert prompt.text == "first question" and app.edit_index == 0
+        await wait_for(pilot, lambda: prompt.text == "first question")
+        assert app.edit_index == 0
         await pilot.press("backspace", "backspace", "backspace", "backspace", "backspace", "backspace", "backspace",
                           "backspace", *"edited question")  # the cursor starts at the end of the text
         assert prompt.text == "first edited question"
@@ -186,9 +187,9 @@ async def test_copy_message_and_code_blocks(make_app):
         await send(pilot, "code please")
         view = app.query(ReplyView).last()
         view.focus()
-        await pilot.press("c")
-        await pilot.press("b")
-        await pilot.press("b")
+        for n, key in enumerate("cbb", 1):  # a message key acts once no other letter follows (not typing)
+            await pilot.press(key)
+            await wait_for(pilot, lambda: len(copied) == n)
         await pilot.press("f7")  # copy the last reply from anywhere
     assert copied == [view.text, "A", "B", view.text]
 
