@@ -87,8 +87,8 @@ def api_key(a: argparse.Namespace) -> str | None:
 
 def load_engine(a: argparse.Namespace, cfg: dict):
     if a.fake:
-        from ..fake import echo_policy, fake_engine
         from ..config import EngineArgs
+        from ..fake import echo_policy, fake_engine
         return fake_engine(echo_policy, delay_s=a.fake_delay, args=EngineArgs(max_context=a.max_context or 1024))
     devices = None
     if a.devices:

@@ -21,7 +21,15 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 from ..config import SPEC_MODES
 from ..events import FinalStats
@@ -127,10 +135,10 @@ class SamplingFields(_Strict):
 
     def sampling_flags(self) -> dict:
         """The keyword arguments of engine.options.sampling_params (None: the server's config value)."""
-        return dict(temperature=self.temperature, top_p=self.top_p, min_p=self.min_p, seed=self.seed,
-                    top_k=0 if self.top_k == -1 else self.top_k, max_new=self.max_new(),
-                    presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                    stop=self.stops())
+        return {"temperature": self.temperature, "top_p": self.top_p, "min_p": self.min_p, "seed": self.seed,
+                "top_k": 0 if self.top_k == -1 else self.top_k, "max_new": self.max_new(),
+                "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
+                "stop": self.stops()}
 
     @property
     def include_usage(self) -> bool:
@@ -182,7 +190,7 @@ class ChatRequest(SamplingFields):
         if budget is not None and effort not in (None, "none"):
             raise ApiError(400, "give a thinking budget or reasoning_effort, not both", param="reasoning_effort")
         mode = "off" if off else "on" if enable or budget is not None or effort else None
-        return dict(mode=mode, budget=budget, effort=None if effort == "none" else effort)
+        return {"mode": mode, "budget": budget, "effort": None if effort == "none" else effort}
 
 
 class CompletionRequest(SamplingFields):

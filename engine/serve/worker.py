@@ -136,7 +136,7 @@ class EngineWorker:
                     self.on_final(ev)
                 if isinstance(ev, FORWARDED):
                     job.post("event", ev)
-        except Exception as e:  # noqa: BLE001 - the thread must survive any request; the app maps the error
+        except Exception as e:
             if not _is_client_error(e):
                 log.exception("a request failed in the engine")
             job.post("error", e)

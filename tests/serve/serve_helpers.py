@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("starlette")
 openai = pytest.importorskip("openai")
 
-from engine.serve.app import ServeSettings, create_app  # noqa: E402
-from engine.serve.main import background  # noqa: E402
+from engine.serve.app import ServeSettings, create_app
+from engine.serve.main import background
 
 
 @contextlib.contextmanager

@@ -3,9 +3,16 @@ models, chat completions streamed and not, reasoning_content, completions, reque
 usage and our stats, /metrics."""
 from __future__ import annotations
 
-from engine.config import EngineArgs
-from engine.fake import Script, ScriptedEngine, fake_engine, script_policy, thinking_policy
 from serve_helpers import USER, client, raw, serve
+
+from engine.config import EngineArgs
+from engine.fake import (
+    Script,
+    ScriptedEngine,
+    fake_engine,
+    script_policy,
+    thinking_policy,
+)
 
 ANSWER = "Paris is the capital of France."
 
@@ -103,7 +110,7 @@ def test_request_fields_reach_the_engine_request():
 
 def test_spec_mode_per_request_reports_acceptance():
     text = " the capital of France is Paris." * 3
-    with serve(fake_engine(script_policy(text))) as (url, app):
+    with serve(fake_engine(script_policy(text))) as (url, _):
         c = client(url)
         r = c.chat.completions.create(model="fake", messages=USER, temperature=0, extra_body={"spec_mode": "ngram"})
         assert r.choices[0].message.content == text

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+from serve_helpers import USER, client, health, openai, raw, serve, wait_for
 
 from engine.config import EngineArgs
 from engine.fake import Script, ScriptedEngine, fake_engine, script_policy
-from serve_helpers import USER, client, health, openai, raw, serve, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,7 +72,7 @@ def test_non_streaming_disconnect_cancels_the_reply():
 
 def test_queue_full_answers_429_and_the_queued_requests_finish():
     eng = held_engine(hold_after=1)
-    with serve(eng, max_queue=1) as (url, app):
+    with serve(eng, max_queue=1) as (url, _):
         running = client(url).chat.completions.create(model="fake", messages=USER, stream=True)
         it = iter(running)
         next(it), next(it)  # generating, and holding
@@ -128,8 +128,8 @@ BAD_BODIES = [  # (body, status, code, param)
     (b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}', 400, None, "tools"),
     (b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', 400, "unsupported_content",
      "messages.0.content"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"enable_thinking": false}, '
-     b'"thinking_token_budget": 5}', 400, None, "reasoning_effort"),
+    ((b'{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"enable_thinking": false}, '
+      b'"thinking_token_budget": 5}'), 400, None, "reasoning_effort"),
     (b'{"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]}', 404, "model_not_found", "model"),
     (b'{"messages": [{"role": "wizard", "content": "hi"}]}', 400, "invalid_input", "messages"),
 ]
@@ -220,3 +220,23 @@ def test_sigterm_mid_reply_stops_the_process():
             proc.kill()
             proc.wait(10)
         proc.stderr.close()
+
+
+def test_a_queued_client_that_leaves_frees_its_place():
+    eng = held_engine(hold_after=1)
+    with serve(eng, max_queue=1, disconnect_poll_s=0.05) as (url, _):
+        stream = client(url).chat.completions.create(model="fake", messages=USER, stream=True)
+        it = iter(stream)
+        next(it), next(it)  # generating, and holding
+        with pytest.raises(openai.APITimeoutError):  # waits in the queue, then gives up
+            client(url, timeout=0.5).chat.completions.create(model="fake", messages=USER)
+        wait_for(lambda: health(url)["waiting"] == 0, what="the queue to forget the client that left")
+        later: dict = {}
+        t = threading.Thread(target=lambda: later.setdefault(
+            "r", client(url).chat.completions.create(model="fake", messages=USER)))
+        t.start()  # admitted (not 429): the place is free again
+        wait_for(lambda: health(url)["waiting"] == 1, what="the new request to wait")
+        eng.script.release.set()
+        assert "".join(ch.choices[0].delta.content or "" for ch in it if ch.choices) == "two three four five"
+        t.join(10)
+        assert later["r"].choices[0].message.content == "one two three four five"

@@ -3,10 +3,10 @@ request, and the final chunk carries the real engine's stats."""
 from __future__ import annotations
 
 import pytest
+from serve_helpers import USER, client, serve
 
 from engine import options
 from engine.events import FinalStats, TextDelta
-from serve_helpers import USER, client, serve
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ def test_default_model_stream_equals_the_engine(smollm2_path):
             model="smollm2", messages=USER, temperature=0, max_tokens=24, stream=True))
     got = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert got == want
-    last = [ch for ch in chunks if ch.choices and ch.choices[0].finish_reason][0]
+    last = next(ch for ch in chunks if ch.choices and ch.choices[0].finish_reason)
     assert last.usage.completion_tokens == final.output_tokens
     t = last.model_extra["timings"]
     assert t["decode_tok_s"] > 0 and t["ttft_ms"] > 0 and t["backend"] == "cpu"
