@@ -90,6 +90,28 @@ class Engine:
     def session(self) -> "Session":
         return Session(self)
 
+    def with_context(self, max_context: int, session: "Session") -> "Session":
+        """Set the context limit of the replies to come without reloading the model (the chat's settings).
+        Returns the session to go on with: `session` itself where the KV capacity holds `max_context`
+        positions already, else a new session whose cache does (the capacity grows to it; the next reply
+        prefills its whole prompt again). A cache that cannot be allocated raises ConfigError and changes
+        nothing."""
+        from .config import MAX_POSITIONS
+        if not 1 <= max_context <= MAX_POSITIONS:
+            raise ConfigError(f"--max-context must be in 1..{MAX_POSITIONS}, got {max_context}")
+        if max_context <= self.capacity:
+            self.max_context = max_context
+            return session
+        old = self.capacity
+        self.capacity = max_context
+        try:
+            grown = self.session()
+        except BaseException:
+            self.capacity = old
+            raise
+        self.max_context = max_context
+        return grown
+
     @property
     def thinking_kind(self) -> str:
         """"native" (the model has its own reasoning markers) or "prompted" (reasoning is asked for by an

@@ -27,9 +27,9 @@ from engine.config import SPEC_MODES, EngineArgs
 from engine.errors import NinferError
 
 from . import bridge as br
-from .chat import ChatState
+from .chat import ChatState, turns
 from .pacer import FramePacer
-from .screens import HelpScreen, SettingsScreen, TranscriptsScreen
+from .screens import ConfirmScreen, HelpScreen, SettingsScreen, TranscriptsScreen
 from .settings import ChatSettings, save_user_settings
 from .store import Store
 from .telemetry import GpuTelemetry
@@ -139,6 +139,7 @@ class ChatApp(App):
         self.pacer = FramePacer(settings.stream_fps, settings.ui_cpu_budget)
         self._switch_default = sys.getswitchinterval()
         self._panel_choice: bool | None = None  # F8 this session: the user's choice over the terminal's width
+        self._pending_context: int | None = None  # a context size to apply once the reply ends
 
     # -- layout ------------------------------------------------------------------------------------
     def compose(self):
@@ -239,23 +240,27 @@ class ChatApp(App):
         if self.generating:
             self.notify("a reply is being generated; Esc stops it", severity="warning")
             return
+        await self._send(event.text)
+
+    async def _send(self, text: str) -> None:
+        """Add the prompt to the chat and start its reply."""
         self.query_one("#prompt", PromptInput).load_text("")
         upto = self.edit_index
         if upto is None and self._unanswered():
-            if event.text == self.chat.path[-1].content:  # the same prompt again: answer the one there
+            if text == self.chat.path[-1].content:  # the same prompt again: answer the one there
                 await self._start_reply()
                 return
             upto = len(self.chat.path) - 1  # never two prompts in a row: the new one is its next version
         try:
             if upto is not None:
-                msg = self.chat.add_user(event.text, upto=upto)
+                msg = self.chat.add_user(text, upto=upto)
                 self.edit_index = None
                 await self._rebuild_log(hint=False)
             else:
-                msg = self.chat.add_user(event.text)
+                msg = self.chat.add_user(text)
                 await self._mount(PromptView(msg, version=self.chat.versions(msg)))
         except NinferError as e:
-            self.query_one("#prompt", PromptInput).load_text(event.text)  # the prompt is not lost
+            self.query_one("#prompt", PromptInput).load_text(text)  # the prompt is not lost
             self.notify(str(e), severity="error")
             return
         self._saving_notice()
@@ -357,9 +362,14 @@ class ChatApp(App):
         if (panel := self._panel()) is not None:  # None while shutting down; the reply is still saved below
             panel.on_final(final)
         if message.error:
-            self.notify(message.error, severity="error", timeout=10)
+            overflow = None
             if final is None and not view.text and not view.reasoning:
+                overflow = self._overflow(message.bridge)
                 await self._return_failed_prompt()
+            if overflow is None:
+                self.notify(message.error, severity="error", timeout=10)
+            else:
+                self._offer_new_chat(*overflow)
         elif final is not None and final.finish_reason == "cancelled":
             self.notify("stopped; the text so far is kept", timeout=3)
         if view.text or view.reasoning or final is not None:
@@ -373,12 +383,104 @@ class ChatApp(App):
             detail = final.stop_reason_detail or final.finish_reason
             self.notify(f"the reply has no answer text ({detail})", severity="warning")
         self.bridge, self.generating = None, False
+        if self._pending_context is not None:
+            self._apply_context(self._pending_context)
         self.query_one("#prompt", PromptInput).cursor_blink = True
         sys.setswitchinterval(self._switch_default)
         self._ready_status()
         after, self._after_reply = self._after_reply, None
         if after is not None:
             await after()
+
+    # -- a chat that outgrew the context ---------------------------------------------------------
+    def _overflow(self, bridge: br.ReplyBridge) -> tuple[int, int] | None:
+        """(prompt tokens, context size) where the failed reply's prompt did not fit the context, else None."""
+        count = getattr(self.session, "prompt_tokens", None)
+        if count is None or self.engine is None:
+            return None
+        try:
+            n = len(count(bridge.messages, bridge.request))
+        except NinferError:
+            return None
+        return (n, self.engine.max_context) if n >= self.engine.max_context else None
+
+    def _fits(self, msgs: list[dict], text: str) -> bool:
+        """Whether these messages and the prompt `text` fit the context with room for a reply."""
+        request, context = self.settings.request(), self.engine.max_context
+        room = min(request.sampling.max_new, context // 4)
+        prompt = self.session.prompt_tokens([*msgs, {"role": "user", "content": text}], request)
+        return len(prompt) + room <= context
+
+    def _offer_new_chat(self, tokens: int, context: int) -> None:
+        """The prompt in the input did not fit with the chat: offer a new chat with the last turns that fit
+        (or, where the prompt alone is too long, say what can be done)."""
+        settings_key = self.settings.keymap.get("settings", "f9").split(",")[0].strip()
+        text = self.query_one("#prompt", PromptInput).text.strip()
+        if not self._fits([], text):
+            self.notify(f"the prompt alone does not fit the context of {context} tokens with room for a reply: "
+                        f"shorten it, or raise the context size ({settings_key} settings)", severity="error",
+                        timeout=15)
+            return
+        question = (f"This chat with the new prompt is {tokens} tokens, more than the context of {context}. "
+                    "Continue in a new chat that carries the last turns that fit? (n: the prompt stays in the "
+                    f"input; {settings_key} settings can raise the context size)")
+
+        async def answered(yes: bool | None) -> None:
+            prompt = self.query_one("#prompt", PromptInput)
+            if yes and prompt.text.strip():
+                await self._continue_in_new_chat(prompt.text.strip())
+        self.push_screen(ConfirmScreen(question), answered)
+
+    async def _continue_in_new_chat(self, text: str) -> None:
+        """Start a new chat with the last whole turns of this one that fit the context with `text` and room
+        for a reply, say so, and send `text` there."""
+        if self.session is None or self.engine is None:
+            return
+        all_turns = turns(self.chat.path)
+        keep = 0
+        while keep < len(all_turns) and self._fits([{"role": m.role, "content": m.content}
+                                                    for t in all_turns[-(keep + 1):] for m in t], text):
+            keep += 1
+        context = self.engine.max_context
+        old_id, title = self.chat.conv_id, self.chat.title()
+        carried = [m for t in all_turns[len(all_turns) - keep:] for m in t] if keep else []
+        try:
+            self.chat.carry_over(carried, f"{title} (continued)")
+        except NinferError as e:
+            self.notify(str(e), severity="error")
+            return
+        self.edit_index = None
+        await self._rebuild_log()
+        was = f"chat #{old_id}" if old_id else "the chat"
+        note = (f"Continued from {was}: the last {keep} of {len(all_turns)} turns came along; the earlier ones "
+                f"no longer fit the context of {context} tokens.")
+        log = self.query_one("#log", VerticalScroll)
+        hint = Static(note, id="carried", classes="hint", markup=False)
+        await (log.mount(hint, before=0) if log.children else log.mount(hint))
+        self.notify(note, timeout=15)
+        self._ready_status()
+        self._saving_notice()
+        await self._send(text)
+
+    def _apply_context(self, size: int) -> None:
+        """Give the running engine this context size (a new session where the KV cache must grow)."""
+        self._pending_context = None
+        if self.engine is None or self.session is None or size == self.engine.max_context:
+            return
+        if self.generating:
+            self._pending_context = size
+            self.notify(f"context size {size}: from when this reply ends", timeout=4)
+            return
+        try:
+            session = self.engine.with_context(size, self.session)
+        except NinferError as e:
+            self.notify(f"context size not changed: {e}", severity="error", timeout=15)
+            return
+        grown = session is not self.session
+        self.session = session
+        self.query_one("#stats", StatsPanel).on_engine({"context_capacity": self.engine.capacity})
+        note = " (a new KV cache: the next reply reads the whole chat again)" if grown else ""
+        self.notify(f"context size {size} tokens{note}", timeout=6)
 
     async def _return_failed_prompt(self) -> None:
         """A reply that failed before its first token (a prompt over the context, an engine error): the prompt
@@ -526,13 +628,16 @@ class ChatApp(App):
             self._apply_theme(new.theme)
             self._panel_choice = None  # the saved choice applies again (where the width allows)
             self._fit_panel()
+            if new.max_context is not None:
+                self._apply_context(new.max_context)
             try:
                 where = save_user_settings(self.settings)
             except (NinferError, OSError) as e:
                 self.notify(f"settings applied but not saved: {e}", severity="error")
                 return
             self._after_change(f"settings saved to {where}")
-        self.push_screen(SettingsScreen(self.settings, sorted(self.theme_names)), done)
+        context = self.engine.max_context if self.session is not None else None
+        self.push_screen(SettingsScreen(self.settings, sorted(self.theme_names), context), done)
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):

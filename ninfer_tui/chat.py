@@ -36,6 +36,17 @@ def title_from(text: str) -> str:
     return (line[:60] + "...") if len(line) > 60 else (line or "New chat")
 
 
+def turns(path: list[Message]) -> list[list[Message]]:
+    """A branch cut into turns: each prompt with the reply after it."""
+    out: list[list[Message]] = []
+    for m in path:
+        if m.role == "user" or not out:
+            out.append([m])
+        else:
+            out[-1].append(m)
+    return out
+
+
 class ChatState:
     """The open conversation: `path` is the branch shown (root -> leaf)."""
 
@@ -70,11 +81,11 @@ class ChatState:
         """The branch as the engine's chat messages (reasoning is not sent back to the model)."""
         return [{"role": m.role, "content": m.content} for m in self.path]
 
-    def _add(self, role: str, content: str, parent_id: int | None, **kw) -> Message:
+    def _add(self, role: str, content: str, parent_id: int | None, title: str | None = None, **kw) -> Message:
         if self.store is not None and not self.unsaved:
             try:
                 if self.conv_id is None:
-                    self.conv_id = self.store.new_conversation(title_from(content), self.model_name)
+                    self.conv_id = self.store.new_conversation(title or title_from(content), self.model_name)
                 mid = self.store.add_message(self.conv_id, role, content, parent_id, **kw)
                 return self.store.message(mid)
             except StoreError as e:
@@ -102,6 +113,24 @@ class ChatState:
                         settings=settings, stats=stats)
         self.path.append(msg)
         return msg
+
+    def title(self) -> str:
+        """The open conversation's title (its first prompt's where the store has none)."""
+        if self.store is not None and self.conv_id is not None and not self.unsaved:
+            try:
+                return self.store.conversation(self.conv_id).title
+            except StoreError:
+                pass
+        return title_from(next((m.content for m in self.path if m.role == "user"), ""))
+
+    def carry_over(self, messages: list[Message], title: str) -> None:
+        """Start a new conversation titled `title` holding copies of `messages` (the last turns of a chat that
+        outgrew the context), each with its reasoning, settings and stats."""
+        self.new()
+        for m in messages:
+            parent = self.path[-1].id if self.path else None
+            self.path.append(self._add(m.role, m.content, parent, title=title, reasoning=m.reasoning,
+                                       reasoning_forced=m.reasoning_forced, settings=m.settings, stats=m.stats))
 
     def prepare_regenerate(self) -> bool:
         """Drop the last reply from the branch (it stays in the store as a sibling). False if nothing to redo."""

@@ -179,12 +179,13 @@ class TranscriptsScreen(ModalScreen[int | None]):
 # The engine's checks name command-line flags; the settings screen names its own fields instead.
 FIELD_OF_FLAG = {"--temperature": "temperature", "--top-k": "top_k", "--top-p": "top_p", "--min-p": "min_p",
                  "--max-new": "max_new", "--presence-penalty": "presence", "--frequency-penalty": "frequency",
-                 "--thinking-budget": "budget", "--draft-tokens": "draft_tokens", "--seed": "seed"}
+                 "--thinking-budget": "budget", "--draft-tokens": "draft_tokens", "--seed": "seed",
+                 "--max-context": "max_context"}
 FLAG_RE = re.compile(r"--[a-z][a-z-]*")
 
 
 def field_label(name: str) -> str:
-    return name.replace("_", " ")
+    return "context size" if name == "max_context" else name.replace("_", " ")
 
 
 def in_field_words(message: str) -> tuple[str, str | None]:
@@ -212,10 +213,11 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                ("presence", float), ("frequency", float), ("budget", int), ("budget_step", int),
                ("draft_tokens", int)]
 
-    def __init__(self, settings: ChatSettings, themes: list[str]):
+    def __init__(self, settings: ChatSettings, themes: list[str], context: int | None = None):
         super().__init__()
         self.settings = settings
         self.themes = themes
+        self.context = context  # the engine's context size now (None: no model yet)
         self._bad_field: str | None = None  # the field the last error is about (focused for the fix)
 
     def compose(self):
@@ -226,6 +228,9 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                 for name, _ in self.NUMBERS:
                     yield Label(field_label(name))
                     yield Input(str(getattr(s, name)), id=f"set-{name}")
+                yield Label("context size (tokens)")
+                yield Input("" if self.context is None else str(self.context), id="set-max_context",
+                            placeholder="as loaded", disabled=self.context is None)
                 yield Label("seed (empty: random)")
                 yield Input("" if s.seed is None else str(s.seed), id="set-seed")
                 yield Label("penalties on")
@@ -261,6 +266,17 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         except ValueError:
             self._bad_field = "seed"
             raise NinferError(f"seed: {seed!r} is not an integer") from None
+        context = self.query_one("#set-max_context", Input).value.strip()
+        if self.context is not None and context:  # written to the config only once changed here
+            try:
+                size = int(context)
+                new.max_context = size if size != self.context else new.max_context
+            except ValueError:
+                self._bad_field = "max_context"
+                raise NinferError(f"context size: {context!r} is not an integer") from None
+        if new.max_context is not None and new.max_context < 1:
+            self._bad_field = "max_context"
+            raise NinferError(f"context size must be >= 1, got {new.max_context}")
         if new.budget_step < 1:
             self._bad_field = "budget_step"
             raise NinferError(f"budget step must be >= 1 (the F5/F6 step), got {new.budget_step}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine import options, paths
-from engine.config import SPEC_MODES, GenerateRequest
+from engine.config import MAX_POSITIONS, SPEC_MODES, GenerateRequest
 from engine.errors import ConfigError
 from engine.options import THINKING_MODES  # noqa: F401 (the settings screen's choices)
 
@@ -44,6 +44,9 @@ class ChatSettings:
     gil_switch_ms: float  # Python's GIL switch interval while streaming (default 5 ms)
     reserve_ui_core: bool  # CPU backend, > 2 cores, no --threads: decode on all cores but one
     keymap: dict[str, str] = field(default_factory=dict)
+    # the context size asked for on the settings screen (None: as the engine was loaded); the app applies it
+    # to the running engine and it is saved as [engine] max_context
+    max_context: int | None = None
 
     @classmethod
     def from_config(cls, cfg: dict) -> "ChatSettings":
@@ -73,6 +76,8 @@ class ChatSettings:
             raise ConfigError(f"spec mode {self.spec!r} is not one of {', '.join(SPEC_MODES)}")
         if self.budget < 0:
             raise ConfigError(f"thinking budget must be >= 0 (0 = unlimited), got {self.budget}")
+        if self.max_context is not None and not 1 <= self.max_context <= MAX_POSITIONS:
+            raise ConfigError(f"context size must be in 1..{MAX_POSITIONS}, got {self.max_context}")
         if self.export_format not in ("md", "json"):
             raise ConfigError(f"export_format {self.export_format!r} is not md or json")
         self.request()
@@ -162,13 +167,16 @@ class ChatSettings:
                     "min_p": self.min_p, "max_new": self.max_new}
         if self.seed is not None:
             sampling["seed"] = self.seed
-        return {
+        out = {
             "sampling": sampling,
             "penalties": {"enabled": self.penalties_on, "presence": self.presence, "frequency": self.frequency},
             "thinking": {"mode": self.thinking, "budget": self.budget, "budget_step": self.budget_step},
             "spec": {"mode": self.spec, "draft_tokens": self.draft_tokens},
             "ui": {"theme": self.theme, "show_stats": self.show_stats, "export_format": self.export_format},
         }
+        if self.max_context is not None:
+            out["engine"] = {"max_context": self.max_context}
+        return out
 
 
 def save_user_settings(settings: ChatSettings) -> str:
@@ -186,6 +194,9 @@ def save_user_settings(settings: ChatSettings) -> str:
         current.setdefault(section, {}).update(values)
     if "seed" in current.get("sampling", {}) and settings.seed is None:
         del current["sampling"]["seed"]
+    engine = current.get("engine", {})
+    if settings.max_context is not None and engine.get("kv_capacity", settings.max_context) < settings.max_context:
+        engine["kv_capacity"] = settings.max_context  # a smaller capacity would stop the next start
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".toml.tmp")
     tmp.write_text(tomli_w.dumps(current), encoding="utf-8")
