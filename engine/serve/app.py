@@ -58,7 +58,7 @@ class ClientGone(Exception):
 def create_app(engine, settings: ServeSettings) -> Starlette:
     worker = EngineWorker(engine, settings.max_queue)
     metrics = Metrics(worker.counts)
-    worker.on_final = metrics.observe
+    worker.on_final, worker.on_wait = metrics.observe, metrics.queue_wait.observe
     cfg = options.with_defaults(settings.config)
     names = {settings.model_id, engine.name, Path(engine.name).stem}
 
@@ -237,15 +237,19 @@ def create_app(engine, settings: ServeSettings) -> Starlette:
             job.cancel.set()
 
     async def events(job: Job):
-        """The job's engine events until its end; an engine failure mid-reply raises ApiError."""
+        """The job's engine events until its end; an engine failure mid-reply raises ApiError. Deltas already
+        waiting are merged (a reader that fell behind the engine catches up in one chunk, not one per token)."""
         while True:
-            kind, value = await job.items.get()
-            if kind == "event":
-                yield value
-            elif kind == "error":
-                raise engine_error(value)
-            elif kind == "end":
-                return
+            items = [await job.items.get()]
+            while not job.items.empty():
+                items.append(job.items.get_nowait())
+            for ev in coalesce(v for k, v in items if k == "event"):
+                yield ev
+            for kind, value in items:
+                if kind == "error":
+                    raise engine_error(value)
+                if kind == "end":
+                    return
 
     async def collect(job: Job, request: Request):
         answer, reasoning, final = [], [], None
@@ -329,6 +333,17 @@ def api_names(msg: str) -> str:
         flag = m.group(0)
         return FIELD_OF_FLAG.get(flag, flag if flag == "--max-context" else flag[2:].replace("-", "_"))
     return re.sub(r"--[a-z][a-z-]*[a-z]", field, msg)
+
+
+def coalesce(evs) -> list:
+    """Consecutive TextDeltas (or ReasoningDeltas) joined into one; other events kept in place."""
+    out: list = []
+    for ev in evs:
+        if out and isinstance(ev, (TextDelta, ReasoningDelta)) and type(out[-1]) is type(ev):
+            out[-1] = type(ev)(out[-1].text + ev.text)
+        else:
+            out.append(ev)
+    return out
 
 
 def engine_error(e: Exception) -> P.ApiError:

@@ -9,7 +9,8 @@ reads vLLM's speculative counters reads ours by swapping the prefix:
   ninfer_spec_decode_num_draft_tokens_total, ninfer_spec_decode_num_accepted_tokens_total,
   ninfer_spec_decode_num_rounds_total              acceptance = accepted / draft over any window
   ninfer_decode_seconds_total                      decode tok/s over a window = generation tokens / this
-  ninfer_time_to_first_token_seconds               histogram
+  ninfer_time_to_first_token_seconds               histogram (from the engine's start on the reply)
+  ninfer_queue_wait_seconds                        histogram: arrival to the engine's start on the reply
   ninfer_e2e_request_latency_seconds               histogram (engine wall time of a reply)
   ninfer_decode_tokens_per_second                  gauge: the last reply's decode rate
 """
@@ -49,6 +50,8 @@ class Metrics:
                                       registry=r)
         self.ttft = Histogram("ninfer_time_to_first_token_seconds", "Time to first token", registry=r,
                               buckets=LATENCY_BUCKETS)
+        self.queue_wait = Histogram("ninfer_queue_wait_seconds", "Time a request waited for the engine",
+                                    registry=r, buckets=LATENCY_BUCKETS)
         self.e2e = Histogram("ninfer_e2e_request_latency_seconds", "Engine wall time of a reply", registry=r,
                              buckets=LATENCY_BUCKETS)
         self.decode_rate = Gauge("ninfer_decode_tokens_per_second", "Decode tok/s of the last reply", registry=r)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -45,6 +46,7 @@ class Job:
     kind: str = "chat"
     cancel: threading.Event = field(default_factory=threading.Event)
     items: asyncio.Queue = field(default_factory=asyncio.Queue)
+    submitted: float = field(default_factory=time.perf_counter)
 
     def post(self, kind: str, value=None) -> None:
         """From the engine thread: hand an item to the event loop (dropped once the loop is closed)."""
@@ -57,11 +59,12 @@ class Job:
 class EngineWorker:
     """Owns the engine's session and the thread that drives it (started by `start`, joined by `close`)."""
 
-    def __init__(self, engine, max_queue: int = 8, on_final=None):
+    def __init__(self, engine, max_queue: int = 8, on_final=None, on_wait=None):
         self.engine = engine
         self.session = engine.session()
         self.max_queue = max_queue
         self.on_final = on_final or (lambda st: None)  # called in the engine thread with each FinalStats
+        self.on_wait = on_wait or (lambda s: None)  # ... with the seconds each job waited for the engine
         self._cond = threading.Condition()
         self._waiting: deque[Job] = deque()
         self._running: Job | None = None
@@ -122,6 +125,7 @@ class EngineWorker:
     def _run(self, job: Job) -> None:
         if job.cancel.is_set():  # the client left while waiting, or the server is closing
             return
+        self.on_wait(time.perf_counter() - job.submitted)
         try:
             if job.kind == "chat":
                 events = self.session.generate(job.prompt, job.request, cancel=job.cancel)
