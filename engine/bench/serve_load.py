@@ -138,12 +138,13 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--prompt", default="What is the capital of France? Answer in one sentence.")
     p.add_argument("--api-key", default=os.environ.get("NINFER_API_KEY", "none"))
+    p.add_argument("--max-queue", type=int, help="the started server's queue (default: clients - 1, no 429s)")
     p.add_argument("--json", metavar="FILE", help="also write the summary as JSON")
     a = p.parse_args(argv)
     proc = None
     url = a.url
     if url is None:
-        proc, url = start_server(server_args + (["--fake"] if a.fake else []), queue=max(a.clients - 1, 0))
+        proc, url = start_server(server_args + (["--fake"] if a.fake else []), queue=max(a.clients - 1, 0) if a.max_queue is None else a.max_queue)
     try:
         summary = asyncio.run(run_clients(url, a.clients, a.requests, a.prompt, a.max_tokens, a.api_key))
     finally:
@@ -154,7 +155,7 @@ def main(argv=None) -> int:
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=1)
-    lost = summary["requests"] - summary["identical"]
+    lost = summary["requests"] - summary["identical"] - summary["rejected_429"]
     return 0 if lost == 0 else 1
 
 
