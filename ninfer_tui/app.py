@@ -95,7 +95,9 @@ class ChatApp(App):
     .reply-footer { color: $text-muted; }
     .hint { color: $warning; margin: 1 0 0 0; padding: 0 1; }
     .answer { margin: 0; padding: 0; }
-    .dialog { width: 70; height: auto; padding: 1 2; border: thick $accent; background: $surface; }
+    .dialog { width: 70; max-width: 100%; height: auto; padding: 1 2; border: thick $accent; background: $surface; }
+    .dialog Label { width: 1fr; margin-bottom: 1; }
+    .dialog Horizontal { height: auto; }
     ConfirmScreen, TextPromptScreen, HelpScreen, TranscriptsScreen, SettingsScreen { align: center middle; }
     #help-box { width: 90; height: 80%; border: thick $accent; background: $surface; }
     #transcripts-box { width: 100; height: 80%; border: thick $accent; background: $surface; padding: 0 1; }
