@@ -131,6 +131,12 @@ class MessageView(Vertical, can_focus=True):
             held[2].stop()
             self.call_later(self.run_action, held[1])
 
+    def on_paste(self, event: events.Paste) -> None:
+        """A paste on a focused message is a paste into the prompt (it was dropped)."""
+        event.stop()
+        self._run_held()
+        self._type_into_prompt(event.text)
+
     def on_key(self, event: events.Key) -> None:
         """Printable keys: typing goes to the prompt. A message key (c, b, e, as remapped) acts only when it
         is not part of typing: never while the prompt holds a draft, and otherwise after TYPING_WINDOW_S

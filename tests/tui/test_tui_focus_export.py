@@ -40,6 +40,17 @@ async def test_typing_on_a_focused_message_types_the_prompt(make_app):
         assert copied == [] and app.focused is prompt
 
 
+async def test_a_paste_on_a_focused_message_goes_to_the_prompt(make_app):
+    from textual import events
+    app = make_app(Script(answer="ok"))
+    copied = []
+    async with app.run_test(size=SIZE) as pilot:
+        view = await _focused_reply(pilot, copied)
+        view.post_message(events.Paste("pasted text"))
+        prompt = app.query_one("#prompt", PromptInput)
+        await wait_for(pilot, lambda: prompt.text == "pasted text" and app.focused is prompt)
+
+
 async def test_message_keys_never_act_while_the_prompt_holds_a_draft(make_app):
     app = make_app(Script(answer="See:\n```\nA\n```\n"))
     copied = []
