@@ -29,7 +29,7 @@ from engine.errors import NinferError
 from . import bridge as br
 from .chat import ChatState, turns
 from .pacer import FramePacer
-from .screens import ConfirmScreen, HelpScreen, SettingsScreen, TranscriptsScreen
+from .screens import ConfirmScreen, HelpScreen, SettingsScreen, TranscriptsScreen, in_field_words
 from .settings import ChatSettings, save_user_settings
 from .store import Store
 from .telemetry import GpuTelemetry
@@ -368,8 +368,8 @@ class ChatApp(App):
             if final is None and not view.text and not view.reasoning:
                 overflow = self._overflow(message.bridge)
                 await self._return_failed_prompt()
-            if overflow is None:
-                self.notify(message.error, severity="error", timeout=10)
+            if overflow is None:  # the engine names its flags; the chat's settings screen has these fields
+                self.notify(in_field_words(message.error)[0], severity="error", timeout=10)
             else:
                 self._offer_new_chat(*overflow)
         elif final is not None and final.finish_reason == "cancelled":

@@ -189,7 +189,7 @@ async def test_copy_message_and_code_blocks(make_app):
         view.focus()
         for n, key in enumerate("cbb", 1):  # a message key acts once no other letter follows (not typing)
             await pilot.press(key)
-            await wait_for(pilot, lambda: len(copied) == n)
+            await wait_for(pilot, lambda n=n: len(copied) == n)
         await pilot.press("f7")  # copy the last reply from anywhere
     assert copied == [view.text, "A", "B", view.text]
 

@@ -45,7 +45,8 @@ async def test_tui_thinking_budget_with_engine(make_app):
         assert app.prompted_thinking  # no native <think> token: the UI says "prompted"
         await send(pilot, "capital?")
         # max_new 64 cannot hold budget + the forced close insert: the engine's one-line error is shown
-        assert app.last_final is None and any("leaves no room" in n.message for n in app._notifications)
+        error = next(n.message for n in app._notifications if "leaves no room" in n.message)
+        assert app.last_final is None and '"max new" >= ' in error and "--" not in error  # the settings' names
         await wait_for(pilot, lambda: app.query_one("#prompt").text == "capital?")  # back in the input box
         assert app.chat.path == []
         app.settings.max_new = 256

@@ -16,9 +16,9 @@ pytestmark = pytest.mark.anyio
 
 
 def final(**kw) -> FinalStats:
-    base = dict(finish_reason="stop", prompt_tokens=76, output_tokens=20, reasoning_tokens=0, answer_tokens=20,
-                cached_prompt_tokens=49, ttft_s=0.05, prefill_tok_s=540.0, decode_tok_s=30.0, wall_s=1.0,
-                output_sha256="", context_capacity=4096)
+    base = {"finish_reason": "stop", "prompt_tokens": 76, "output_tokens": 20, "reasoning_tokens": 0,
+            "answer_tokens": 20, "cached_prompt_tokens": 49, "ttft_s": 0.05, "prefill_tok_s": 540.0,
+            "decode_tok_s": 30.0, "wall_s": 1.0, "output_sha256": "", "context_capacity": 4096}
     return FinalStats(**(base | kw))
 
 
