@@ -418,7 +418,12 @@ class ChatApp(App):
         (or, where the prompt alone is too long, say what can be done)."""
         settings_key = self.settings.keymap.get("settings", "f9").split(",")[0].strip()
         text = self.query_one("#prompt", PromptInput).text.strip()
-        if not self._fits([], text):
+        try:
+            alone = self._fits([], text)
+        except NinferError as e:  # the settings changed since (a budget max_new cannot hold)
+            self.notify(in_field_words(str(e))[0], severity="error", timeout=10)
+            return
+        if not alone:
             self.notify(f"the prompt alone does not fit the context of {context} tokens with room for a reply: "
                         f"shorten it, or raise the context size ({settings_key} settings)", severity="error",
                         timeout=15)
@@ -440,9 +445,13 @@ class ChatApp(App):
             return
         all_turns = turns(self.chat.path)
         keep = 0
-        while keep < len(all_turns) and self._fits([{"role": m.role, "content": m.content}
-                                                    for t in all_turns[-(keep + 1):] for m in t], text):
-            keep += 1
+        try:
+            while keep < len(all_turns) and self._fits([{"role": m.role, "content": m.content}
+                                                        for t in all_turns[-(keep + 1):] for m in t], text):
+                keep += 1
+        except NinferError as e:
+            self.notify(in_field_words(str(e))[0], severity="error", timeout=10)
+            return
         context = self.engine.max_context
         old_id, title = self.chat.conv_id, self.chat.title()
         carried = [m for t in all_turns[len(all_turns) - keep:] for m in t] if keep else []
@@ -476,7 +485,7 @@ class ChatApp(App):
         try:
             session = self.engine.with_context(size, self.session)
         except NinferError as e:
-            self.notify(f"context size not changed: {e}", severity="error", timeout=15)
+            self.notify(f"context size not changed: {in_field_words(str(e))[0]}", severity="error", timeout=15)
             return
         grown = session is not self.session
         self.session = session

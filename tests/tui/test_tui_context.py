@@ -131,3 +131,26 @@ async def test_settings_saved_without_touching_the_context_size_do_not_write_it(
         await wait_for(pilot, lambda: not isinstance(app.screen, SettingsScreen))
         assert "engine" not in tomllib.loads(paths.user_config_path().read_text())
         assert made["engine"].max_context == 256
+
+
+async def test_a_context_size_whose_cache_cannot_be_allocated_changes_nothing(make_app):
+    from engine.errors import ConfigError
+    made = {}
+    app = make_app(loader=loader(made, max_context=256))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        session, engine = app.session, made["engine"]
+
+        def no_room():
+            raise ConfigError("a KV cache of 100000 positions cannot be allocated here; lower --kv-capacity or "
+                              "--max-context")
+        engine.session = no_room
+        await pilot.press("f9")
+        app.screen.query_one("#set-max_context", Input).value = "100000"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: any("context size not changed" in n.message for n in app._notifications))
+        assert (engine.max_context, engine.capacity) == (256, 256) and app.session is session
+        error = next(n.message for n in app._notifications if "context size not changed" in n.message)
+        assert '"context size"' in error and "--max-context" not in error
+        await send(pilot, "still works")
+        assert app.chat.path[-1].role == "assistant"
