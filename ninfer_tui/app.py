@@ -188,11 +188,17 @@ class ChatApp(App):
     def _status(self, text: str) -> None:
         self.query_one("#status", Static).update(text)
 
+    def _key(self, binding_id: str, default: str) -> str:
+        """The first key of a binding as the user has it (F-keys in capitals, as the status line shows them)."""
+        key = self.settings.keymap.get(binding_id, default).split(",")[0].strip()
+        return key.upper() if re.fullmatch(r"f\d+", key) else key
+
     def _ready_status(self) -> None:
         conv = f"chat #{self.chat.conv_id}" if self.chat.conv_id else "new chat"
-        key = self.settings.keymap.get("help", "f1").split(",")[0].strip()
-        key = key.upper() if re.fullmatch(r"f\d+", key) else key
-        self._status(f"{self.model_name} · {conv} · {key} help · ctrl+p commands")
+        folded = self._panel_choice is None and self.settings.show_stats and (panel := self._panel()) is not None \
+            and not panel.display  # folded away for the width: say how to see it
+        stats = f" · {self._key('toggle_stats', 'f8')} stats" if folded else ""
+        self._status(f"{self.model_name} · {conv} · {self._key('help', 'f1')} help{stats} · ctrl+p commands")
 
     # -- engine loading ----------------------------------------------------------------------------
     @work(thread=True, group="load", exclusive=True)
@@ -574,6 +580,8 @@ class ChatApp(App):
             return
         wide = (width or self.size.width) >= PANEL_MIN_COLUMNS
         panel.display = self._panel_choice if self._panel_choice is not None else self.settings.show_stats and wide
+        if self.session is not None and not self.generating:
+            self._ready_status()
 
     def on_resize(self, event) -> None:
         self._fit_panel(event.size.width)  # runs before App's own handler records the new size

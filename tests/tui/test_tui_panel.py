@@ -34,6 +34,7 @@ async def test_panel_folds_away_on_a_narrow_terminal(make_app):
         await ready(pilot)
         panel = app.query_one(StatsPanel)
         assert not panel.display and app.query_one("#chat-col").size.width == 80
+        assert "F8 stats" in str(app.query_one("#status").render())  # how to see it
         await pilot.press("f8")
         await pilot.pause()
         assert panel.display and panel.outer_size.width == PANEL_WIDTH <= 32
@@ -48,6 +49,7 @@ async def test_panel_folds_away_on_a_narrow_terminal(make_app):
         await pilot.resize_terminal(130, 40)
         await wait_for(pilot, lambda: panel.display)
         await pilot.pause()
+        assert "F8 stats" not in str(app.query_one("#status").render())
         assert panel.outer_size.width == PANEL_WIDTH and app.query_one("#chat-col").size.width == 130 - PANEL_WIDTH
         await pilot.resize_terminal(90, 30)
         await wait_for(pilot, lambda: not panel.display)
