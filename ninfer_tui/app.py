@@ -390,6 +390,8 @@ class ChatApp(App):
         if final is not None and not view.text and final.finish_reason != "cancelled":
             detail = final.stop_reason_detail or final.finish_reason
             self.notify(f"the reply has no answer text ({detail})", severity="warning")
+        if final is not None:
+            self._context_warning(final.prompt_tokens + final.output_tokens)
         self.bridge, self.generating = None, False
         if self._pending_context is not None:
             self._apply_context(self._pending_context)
@@ -412,17 +414,27 @@ class ChatApp(App):
             return None
         return (n, self.engine.max_context) if n >= self.engine.max_context else None
 
+    def _reply_room(self) -> int:
+        """Context positions kept free for a reply when choosing what fits (a quarter at most)."""
+        return min(self.settings.max_new, self.engine.max_context // 4)
+
+    def _context_warning(self, used: int) -> None:
+        """Warn before the dead end: the chat leaves less than a reply's room of the context."""
+        if self.engine is None or used + self._reply_room() <= self.engine.max_context:
+            return
+        self.notify(f"the context is nearly full ({used} of {self.engine.max_context} tokens): a prompt that "
+                    f"does not fit offers a new chat with the last turns; {self._key('settings', 'f9')} settings "
+                    "can raise the context size", severity="warning", timeout=10)
+
     def _fits(self, msgs: list[dict], text: str) -> bool:
         """Whether these messages and the prompt `text` fit the context with room for a reply."""
-        request, context = self.settings.request(), self.engine.max_context
-        room = min(request.sampling.max_new, context // 4)
-        prompt = self.session.prompt_tokens([*msgs, {"role": "user", "content": text}], request)
-        return len(prompt) + room <= context
+        prompt = self.session.prompt_tokens([*msgs, {"role": "user", "content": text}], self.settings.request())
+        return len(prompt) + self._reply_room() <= self.engine.max_context
 
     def _offer_new_chat(self, tokens: int, context: int) -> None:
         """The prompt in the input did not fit with the chat: offer a new chat with the last turns that fit
         (or, where the prompt alone is too long, say what can be done)."""
-        settings_key = self.settings.keymap.get("settings", "f9").split(",")[0].strip()
+        settings_key = self._key("settings", "f9")
         text = self.query_one("#prompt", PromptInput).text.strip()
         try:
             alone = self._fits([], text)

@@ -154,3 +154,16 @@ async def test_a_context_size_whose_cache_cannot_be_allocated_changes_nothing(ma
         assert '"context size"' in error and "--max-context" not in error
         await send(pilot, "still works")
         assert app.chat.path[-1].role == "assistant"
+
+
+@pytest.mark.parametrize("context,warned", [(256, True), (1024, False)])
+async def test_a_nearly_full_context_is_said_before_the_dead_end(make_app, context, warned):
+    made = {}
+    app = make_app(loader=loader(made, max_context=context))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, PROMPTS[0])
+        assert not any("nearly full" in n.message for n in app._notifications)
+        await send(pilot, PROMPTS[1])  # ~200 tokens used: less than a reply's room (64) is left of 256
+        assert any(f"nearly full ({app.last_final.prompt_tokens + app.last_final.output_tokens} of {context}"
+                   in n.message for n in app._notifications) is warned
