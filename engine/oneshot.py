@@ -137,18 +137,7 @@ def read_messages(path: str) -> list[dict]:
 
 def build_options(a: argparse.Namespace, cfg: dict) -> tuple[EngineArgs, GenerateRequest, str | None]:
     """(EngineArgs, GenerateRequest, config model) from the flags over the config (engine.options)."""
-    devices = None
-    if a.devices:
-        try:
-            devices = tuple(int(d) for d in a.devices.split(",") if d.strip())
-        except ValueError:
-            raise ConfigError(f"--devices {a.devices!r} must be comma-separated integers, e.g. 0,1") from None
-    eargs = options.engine_args(
-        cfg, model=a.model, backend=a.backend, threads=a.threads, max_context=a.max_context,
-        kv_capacity=a.kv_capacity, kv_dtype=a.kv_dtype, prefill_chunk=a.prefill_chunk,
-        prefix_reuse=False if a.no_prefix_reuse else None, spec=a.spec, draft_tokens=a.draft_tokens,
-        lm_head_draft=True if a.lm_head_draft else None, tp=a.tp,
-        devices=devices, transport=a.transport)
+    eargs = options.engine_args_from_flags(cfg, a)
     if a.lm_head_draft and eargs.spec not in ("mtp", "dflash"):
         raise ConfigError("--lm-head-draft selects an MTP or DFlash drafter's head; it needs --spec mtp or --spec dflash")
     if a.draft_tokens is not None and eargs.spec == "off":

@@ -62,6 +62,22 @@ def engine_args(cfg: dict | None, *, model: str | None = None, backend: str | No
     return EngineArgs(**{k: v for k, v in given.items() if v is not None})
 
 
+def engine_args_from_flags(cfg: dict | None, a) -> EngineArgs:
+    """EngineArgs from the engine flags `ninfer` and `ninfer-serve` share (same names: --model, --backend,
+    --devices "0,1", ...) over the config."""
+    devices = None
+    if a.devices:
+        try:
+            devices = tuple(int(d) for d in a.devices.split(",") if d.strip())
+        except ValueError:
+            raise ConfigError(f"--devices {a.devices!r} must be comma-separated integers, e.g. 0,1") from None
+    return engine_args(
+        cfg, model=a.model, backend=a.backend, threads=a.threads, max_context=a.max_context,
+        kv_capacity=a.kv_capacity, kv_dtype=a.kv_dtype, prefill_chunk=a.prefill_chunk,
+        prefix_reuse=False if a.no_prefix_reuse else None, spec=a.spec, draft_tokens=a.draft_tokens,
+        lm_head_draft=True if a.lm_head_draft else None, tp=a.tp, devices=devices, transport=a.transport)
+
+
 def sampling_params(cfg: dict | None, *, greedy: bool = False, temperature: float | None = None,
                     top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
                     max_new: int | None = None, seed: int | None = None, presence_penalty: float | None = None,

@@ -90,17 +90,7 @@ def load_engine(a: argparse.Namespace, cfg: dict):
         from ..config import EngineArgs
         from ..fake import echo_policy, fake_engine
         return fake_engine(echo_policy, delay_s=a.fake_delay, args=EngineArgs(max_context=a.max_context or 1024))
-    devices = None
-    if a.devices:
-        try:
-            devices = tuple(int(d) for d in a.devices.split(",") if d.strip())
-        except ValueError:
-            raise ConfigError(f"--devices {a.devices!r} must be comma-separated integers, e.g. 0,1") from None
-    eargs = options.engine_args(
-        cfg, model=a.model, backend=a.backend, threads=a.threads, max_context=a.max_context,
-        kv_capacity=a.kv_capacity, kv_dtype=a.kv_dtype, prefill_chunk=a.prefill_chunk,
-        prefix_reuse=False if a.no_prefix_reuse else None, spec=a.spec, draft_tokens=a.draft_tokens,
-        lm_head_draft=True if a.lm_head_draft else None, tp=a.tp, devices=devices, transport=a.transport)
+    eargs = options.engine_args_from_flags(cfg, a)
     from ..api import Engine
     return Engine.load(eargs, progress=lambda p: print(f"[ninfer-serve] {p.stage}: {p.message}", file=sys.stderr,
                                                        flush=True) if p.message else None,
