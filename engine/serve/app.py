@@ -155,17 +155,21 @@ def create_app(engine, settings: ServeSettings) -> Starlette:
         if kind == "end":  # cancelled before it ran: the server is stopping
             raise P.ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
 
-    # -- endpoints ------------------------------------------------------------------------------------------
-    async def chat(request: Request) -> Response:
-        check_auth(request)
-        req = parse(P.ChatRequest, await read_json(request))
-        job = Job(req.engine_messages(), generate_request(req, req.thinking_flags()), asyncio.get_running_loop())
+    async def run(job: Job, request: Request) -> None:
+        """Queue the job and wait until the engine runs it; a failure or a client gone cancels it."""
         submit(job)
         try:
             await started(job, request)
         except BaseException:
             job.cancel.set()
             raise
+
+    # -- endpoints ------------------------------------------------------------------------------------------
+    async def chat(request: Request) -> Response:
+        check_auth(request)
+        req = parse(P.ChatRequest, await read_json(request))
+        job = Job(req.engine_messages(), generate_request(req, req.thinking_flags()), asyncio.get_running_loop())
+        await run(job, request)
         rid, created = P.new_id("chatcmpl"), P.now()
         if req.stream:
             return EventSourceResponse(chat_stream(job, rid, created, req.include_usage), ping=15)
@@ -204,12 +208,7 @@ def create_app(engine, settings: ServeSettings) -> Starlette:
             kind, prompt = "text", req.prompt if isinstance(req.prompt, str) else req.prompt[0]
         greq = generate_request(req, {"mode": "off"}, stop_ids=getattr(tok, "stop_ids", ()))
         job = Job(prompt, greq, asyncio.get_running_loop(), kind=kind)
-        submit(job)
-        try:
-            await started(job, request)
-        except BaseException:
-            job.cancel.set()
-            raise
+        await run(job, request)
         rid, created = P.new_id("cmpl"), P.now()
         if req.stream:
             return EventSourceResponse(completion_stream(job, rid, created, req.include_usage), ping=15)
