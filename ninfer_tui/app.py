@@ -248,11 +248,11 @@ class ChatApp(App):
         if self.generating:
             self.notify("a reply is being generated; Esc stops it", severity="warning")
             return
-        await self._send(event.text)
+        await self._send(event.text, event.raw)
 
-    async def _send(self, text: str) -> None:
-        """Add the prompt to the chat and start its reply."""
-        self.query_one("#prompt", PromptInput).load_text("")
+    async def _send(self, text: str, raw: str | None = None) -> None:
+        """Add the prompt to the chat and start its reply (`raw`: the input's text when it was sent)."""
+        self.query_one("#prompt", PromptInput).clear_sent(raw if raw is not None else text)
         upto = self.edit_index
         if upto is None and self._unanswered():
             if text == self.chat.path[-1].content:  # the same prompt again: answer the one there

@@ -39,9 +39,10 @@ class PromptInput(TextArea):
     ]
 
     class Submitted(Message):
-        def __init__(self, text: str):
+        def __init__(self, text: str, raw: str | None = None):
             super().__init__()
-            self.text = text
+            self.text = text  # stripped
+            self.raw = text if raw is None else raw  # as it stood in the input
 
     def __init__(self, **kw):
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kw)
@@ -55,13 +56,46 @@ class PromptInput(TextArea):
         self.call_later(self._submit_now)
 
     def _submit_now(self) -> None:
-        text = self.text.strip()
+        raw = self.text
+        text = raw.strip()
         if not text:
             return
         if not self.prompt_history or self.prompt_history[-1] != text:
             self.prompt_history.append(text)
         self._hist_pos = None
-        self.post_message(self.Submitted(text))
+        self.post_message(self.Submitted(text, raw))
+
+    def clear_sent(self, raw: str | None) -> None:
+        """Take the text that was sent out of the input, keeping what was typed after it: the keys after
+        Enter in a burst reach this widget before the app takes the prompt (they were wiped)."""
+        rest = self.text[len(raw):] if raw and self.text.startswith(raw) else ""
+        self.load_text(rest)
+        self.move_cursor(self.document.end)
+
+    async def _on_key(self, event: events.Key) -> None:
+        """A key bound on this widget (Backspace, Delete, the arrows, ctrl+w ...) acts here, in the order the
+        keys were typed. Textual runs a widget's non-priority bindings only once the key has bubbled up to
+        the App (App._on_key), one message queue per ancestor later, while the keys after it are inserted
+        by this widget meanwhile: in a burst (a fast typist, a paste without bracketed paste, a busy UI)
+        "hello", 2 x Backspace, "p" gave "hell". Bare Input and TextArea do the same; the upstream report
+        is docs/upstream-textual-backspace.md. Priority bindings (Enter) still run at the App, queued here
+        by call_later (action_submit)."""
+        if not event.is_printable and await self._own_binding(event.key):
+            event.stop()
+            event.prevent_default()  # not Widget._on_key's key_ methods either, as a handled binding
+            return
+        await super()._on_key(event)
+
+    async def _own_binding(self, key: str) -> bool:
+        """Run this widget's non-priority binding for `key` (the app's keymap applied), as App._check_bindings
+        would; False when none ran (the key goes on as before: typed text, or up the DOM)."""
+        chain = self.screen._binding_chain  # [(node, its bindings after the keymap)], the focused node first
+        if not chain or chain[0][0] is not self:
+            return False
+        for binding in chain[0][1].key_to_bindings.get(key, ()):
+            if not binding.priority and await self.app.run_action(binding.action, self):
+                return True
+        return False
 
     def action_newline(self) -> None:
         # priority too, then queued like submit: it lands between the keys typed before and after it
