@@ -22,11 +22,11 @@ from .errors import ModelFileError, NinferError
 from .gguf_reader import GGUFFile, TensorInfo
 from .gguf_types import GGMLQuantizationType as QT
 from .gguf_types import GGUFValueType
-from .quant import QTensor
+from .quant import SUPPORTED, QTensor
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
-SUPPORTED_QTYPES = (QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q6_K)
+SUPPORTED_QTYPES = tuple(SUPPORTED)  # the types engine.quant can dequantize (the reference of every kernel)
 _FIX = "re-download or re-convert the model"
 
 # Per-layer tensors every supported architecture has (GGUF names, without the "blk.{i}." prefix).

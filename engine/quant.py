@@ -25,15 +25,19 @@ class QTensor:
 
 # --------------------------------------------------------------------------------------- block layouts
 QK = 32  # values per block of the "legacy" types (Q4_0, Q4_1, Q8_0)
-QK_K = 256  # values per super-block of the K-quants (Q4_K, Q6_K)
+QK_K = 256  # values per super-block of the K-quants (Q4_K, Q5_K, Q6_K)
 
 # qtype -> (values per block, bytes per block). Layouts (little-endian, f16 = IEEE half):
 #   Q8_0 (34 B):  d f16 | qs int8[32]                       x = d * q
 #   Q4_0 (18 B):  d f16 | qs u8[16]  (lo nibbles: values 0..15, hi nibbles: 16..31)   x = d * (q - 8)
 #   Q4_1 (20 B):  d f16 | m f16 | qs u8[16] (same nibble order)                        x = d * q + m
+#   Q5_0 (22 B):  d f16 | qh u32 | qs u8[16]  value j: its nibble (as Q4_0) | bit j of qh << 4   x = d * (q - 16)
+#   Q5_1 (24 B):  d f16 | m f16 | qh u32 | qs u8[16]  (q as Q5_0)                      x = d * q + m
 #   Q4_K (144 B): d f16 | dmin f16 | scales u8[12] (8 x 6-bit scale + 8 x 6-bit min) | qs u8[128]
 #                 sub-block j (32 values): x = d*sc[j] * q - dmin*mn[j]; 64-value chunk c holds sub-blocks
 #                 2c (lo nibbles of qs[32c:32c+32]) and 2c+1 (hi nibbles)
+#   Q5_K (176 B): d f16 | dmin f16 | scales u8[12] (as Q4_K) | qh u8[32] | qs u8[128] (as Q4_K's)
+#                 sub-block j: x = d*sc[j] * q - dmin*mn[j], q = its nibble | (bit j of qh[l]) << 4, l < 32
 #   Q6_K (210 B): ql u8[128] | qh u8[64] | scales int8[16] | d f16;  x = d * scales[j] * (q6 - 32), j per 16
 SUPPORTED = {
     QT.F32: (1, 4),
@@ -42,7 +46,10 @@ SUPPORTED = {
     QT.Q8_0: (QK, 34),
     QT.Q4_0: (QK, 18),
     QT.Q4_1: (QK, 20),
+    QT.Q5_0: (QK, 22),
+    QT.Q5_1: (QK, 24),
     QT.Q4_K: (QK_K, 144),
+    QT.Q5_K: (QK_K, 176),
     QT.Q6_K: (QK_K, 210),
 }
 
@@ -93,6 +100,13 @@ def _nibbles(qs: np.ndarray) -> np.ndarray:
     return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
 
 
+def _q5_values(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
+    """(nb, 4) uint8 high bits (a little-endian u32: bit j for value j) and (nb, 16) nibble bytes -> (nb, 32)
+    values 0..31 of Q5_0 / Q5_1 blocks."""
+    bits = np.unpackbits(np.ascontiguousarray(qh), axis=-1, bitorder="little")  # (nb, 32): bit j = value j's
+    return _nibbles(qs) | (bits << 4)
+
+
 def _q4k_scales(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(nb, 12) uint8 -> 6-bit scales and mins, each (nb, 8) f32."""
     s = sc.astype(np.uint8)
@@ -121,6 +135,20 @@ def dequantize_blocks(qtype: QT, blocks: np.ndarray) -> np.ndarray:
     if qtype == QT.Q4_1:
         d, m = _f16(blocks[:, 0:2])[:, None], _f16(blocks[:, 2:4])[:, None]
         return d * _nibbles(blocks[:, 4:]).astype(np.float32) + m
+    if qtype == QT.Q5_0:
+        return _f16(blocks[:, 0:2])[:, None] * (_q5_values(blocks[:, 2:6], blocks[:, 6:]).astype(np.float32) - 16.0)
+    if qtype == QT.Q5_1:
+        d, m = _f16(blocks[:, 0:2])[:, None], _f16(blocks[:, 2:4])[:, None]
+        return d * _q5_values(blocks[:, 4:8], blocks[:, 8:]).astype(np.float32) + m
+    if qtype == QT.Q5_K:
+        d, dmin = _f16(blocks[:, 0:2])[:, None], _f16(blocks[:, 2:4])[:, None]
+        sc, mn = _q4k_scales(blocks[:, 4:16])  # (nb, 8)
+        qh = blocks[:, 16:48]  # (nb, 32): bit j of byte l = the high bit of value l of sub-block j
+        qs = blocks[:, 48:].reshape(nb, 4, 32)
+        lo = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(nb, 8, 32)
+        hi = np.stack([(qh >> j) & 1 for j in range(8)], axis=1)  # (nb, 8, 32)
+        q = (lo | (hi << 4)).astype(np.float32)
+        return ((d * sc)[:, :, None] * q - (dmin * mn)[:, :, None]).reshape(nb, QK_K)
     if qtype == QT.Q4_K:
         d, dmin = _f16(blocks[:, 0:2])[:, None], _f16(blocks[:, 2:4])[:, None]
         sc, mn = _q4k_scales(blocks[:, 4:16])  # (nb, 8)

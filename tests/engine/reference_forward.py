@@ -83,11 +83,11 @@ def reference_logits(a: ModelArgs, tensors: dict[str, QTensor], tokens, pos0: in
 def random_qtensor(qtype, rows, cols, rng=None, name="w", dscale=0.02):
     """A random weight of `qtype`: quantized with gguf.quants where it can, else random valid K-quant blocks."""
     rng = rng if rng is not None else np.random.default_rng(0)
-    if qtype in (QT.Q4_K, QT.Q6_K):
+    if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K):
         bs, bb = SUPPORTED[qtype]
         raw = rng.integers(0, 256, size=(rows * cols // bs, bb), dtype=np.uint8)
         scales = rng.uniform(-dscale, dscale, size=(raw.shape[0], 2)).astype(np.float16).view(np.uint8)
-        if qtype == QT.Q4_K:
+        if qtype in (QT.Q4_K, QT.Q5_K):
             raw[:, 0:4] = np.abs(scales.view(np.float16)).view(np.uint8)  # d, dmin >= 0 as real files have
         else:
             raw[:, 208:210] = scales[:, 0:2]
@@ -106,7 +106,7 @@ def _qtensor(name, qtype, rows, cols, rng, scale):
         return QTensor(name, qtype, (rows, cols), x)
     if qtype == QT.F16:
         return QTensor(name, qtype, (rows, cols), x.astype(np.float16))
-    if qtype in (QT.Q4_K, QT.Q6_K):  # gguf cannot quantize these: random valid blocks, scaled small
+    if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K):  # gguf cannot quantize these: random valid blocks, scaled small
         return random_qtensor(qtype, rows, cols, rng, name, dscale=0.01 * scale)
     return QTensor(name, qtype, (rows, cols), quants.quantize(x, qtype))
 

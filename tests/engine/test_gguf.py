@@ -97,9 +97,9 @@ def test_unsupported_architecture(make_tiny, tmp_path):
 
 
 def test_unsupported_quant_type(make_tiny, tmp_path):
-    p = make_tiny(tmp_path / "q5.gguf", "llama", qtypes={"attn_q": QT.Q5_0})
+    p = make_tiny(tmp_path / "mxfp4.gguf", "llama", qtypes={"attn_q": QT.MXFP4})
     msg = _one_line_error(p)
-    assert "Q5_0" in msg and "supported" in msg
+    assert "MXFP4" in msg and "supported" in msg
 
 
 def test_all_missing_and_unknown_tensors_in_one_error(make_tiny, tmp_path):

@@ -8,7 +8,7 @@ kernels only know four decoders instead of seven:
        Q4_0: min = -8*d; Q4_K: scale = d*sc[j], min = -dmin*mn[j] per 32-value sub-block j.
   q8   (Q8_0, Q6_K): int8 values packed 4 per int32 word, one f32 scale per group of G values (G = 32 for
        Q8_0, 16 for Q6_K where q = q6 - 32 and scale = d*scales[j]); x = scale*q.
-  f16, f32 (F16, F32, BF16 -> f32): dense.
+  f16, f32 (F16, F32, BF16 -> f32; Q5_0, Q5_1, Q5_K -> f32 for now: no decoder of their own): dense.
 
 The matmul kernels read the weight once per tile of up to TT activation rows (one accumulator per row; the
 tile loops have the constant trip count TT, guarded by `t < tn`, so LLVM unrolls them and keeps the
@@ -24,7 +24,7 @@ from ...gguf_types import GGMLQuantizationType as QT
 from numba import cuda, float32, int32, int64, uint32
 from numba.types import float16
 
-from ...quant import QTensor, _raw_rows, _f16, _q4k_scales, block_info, validate
+from ...quant import QTensor, _raw_rows, _f16, _q4k_scales, block_info, dequantize, validate
 
 TT = 8  # activation rows per matmul tile (weights are decoded once per tile)
 MAX_BLOCK = 128  # threads per block the shared-memory reductions are sized for
@@ -104,6 +104,8 @@ def repack(qt: QTensor):
         q = ((lo | (hi << 4)).astype(np.int16) - 32).astype(np.int8).reshape(rows, cols)
         scale = (d[:, :, None] * sc).reshape(rows, nb * 16)
         return Q8, 16, (q.view(np.int32).reshape(rows, cols // 4), np.ascontiguousarray(scale, np.float32))
+    if qt.qtype in (QT.Q5_0, QT.Q5_1, QT.Q5_K):  # no device decoder yet: the reference's f32 values (exact)
+        return F32, 1, (np.ascontiguousarray(dequantize(qt).reshape(rows, cols), np.float32),)
     raise AssertionError(qt.qtype)
 
 
