@@ -1,6 +1,7 @@
 """`ninfer-chat`: the Textual chat app, its plain line mode, and transcript commands that need no UI.
 
     ninfer-chat [MODEL] [--config FILE] [--theme NAME] [--plain] [--save | --no-save]
+    ninfer-chat --endpoint URL [--api-key KEY] [--model NAME] ...   (any OpenAI-compatible server; docs/remote.md)
     ninfer-chat --list | --export ID [--format md|json] [-o FILE] | --import FILE
 """
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from engine import options, paths
 from engine.config import SPEC_MODES, EngineArgs
-from engine.errors import NinferError
+from engine.errors import ConfigError, NinferError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="sampling seed")
     p.add_argument("--no-thinking", action="store_true", help="never think")
     p.add_argument("--thinking-budget", type=int, help="reasoning tokens before the close is forced (0: unlimited)")
+    r = p.add_argument_group("remote engine (instead of loading a model here; default: config [remote])")
+    r.add_argument("--endpoint", metavar="URL", help="an OpenAI-compatible server's base URL, e.g. "
+                   "http://127.0.0.1:8080/v1 (ninfer-serve, vLLM, SGLang, llama.cpp's server, Ollama)")
+    r.add_argument("--api-key", metavar="KEY", help="the server's API key (default: [remote] api_key, else "
+                   "$NINFER_API_KEY)")
+    r.add_argument("--model", "--model-name", dest="remote_model", metavar="NAME",
+                   help="the served model to chat with (default: the first the server lists)")
     p.add_argument("--fake", action="store_true", help="a scripted fake engine (demo/tests; loads no model)")
     p.add_argument("--fake-delay", type=float, default=0.02, help="seconds per token of --fake")
     g = p.add_argument_group("transcripts (no UI)")
@@ -119,12 +127,41 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def remote_from(cfg: dict, ns: argparse.Namespace):
+    """RemoteOptions where --endpoint or [remote] endpoint names a server (a GGUF argument or --fake runs here);
+    ConfigError for remote flags that have nothing to go with."""
+    from engine.remote import remote_options
+    if ns.endpoint is not None and (ns.model or ns.fake):
+        raise ConfigError(f"--endpoint runs the model on a server; drop {'the GGUF path' if ns.model else '--fake'}"
+                          " or --endpoint")
+    if ns.model or ns.fake:
+        if ns.remote_model is not None or ns.api_key is not None:
+            raise ConfigError("--model and --api-key go with a remote --endpoint; a local GGUF file is the "
+                              "positional argument")
+        return None
+    opts = remote_options(cfg, endpoint=ns.endpoint, api_key=ns.api_key, model=ns.remote_model)
+    if opts is None and (ns.remote_model is not None or ns.api_key is not None):
+        raise ConfigError("--model and --api-key go with a remote --endpoint URL (or [remote] endpoint in the "
+                          "config); a local GGUF file is the positional argument")
+    return opts
+
+
 def _run(ns) -> int:
     from .settings import ChatSettings
     cfg = paths.load_config(ns.config)
     settings = ChatSettings.from_config(paths.merge(cfg, settings_layer(ns)))
     args = engine_args_from(cfg, ns)
-    if ns.fake:
+    remote = remote_from(cfg, ns)
+    telemetry = None
+    if remote is not None:
+        from .remote_ui import RemoteTelemetry, remote_loader
+        loader, model_name = remote_loader(remote)
+        telemetry = RemoteTelemetry(remote.endpoint)
+        if ns.plain:  # plain mode connects before its first line: the chat is named after the served model
+            engine = loader(args, progress=lambda p: print(f"{p.stage} {p.done}/{p.total} {p.message}",
+                                                           file=sys.stderr, flush=True))
+            loader, model_name = (lambda a, progress=None: engine), engine.chat_name
+    elif ns.fake:
         from engine.fake import Script, ScriptedEngine
         script = Script(delay=ns.fake_delay)
         loader = (lambda a, progress=None: ScriptedEngine.load(a, progress=progress, script=script))
@@ -144,7 +181,8 @@ def _run(ns) -> int:
             store = Store()
         except StoreError as e:
             store_error = str(e)
-    app = ChatApp(settings, args, loader, store=store, store_error=store_error, model_name=model_name)
+    app = ChatApp(settings, args, loader, store=store, store_error=store_error, model_name=model_name,
+                  telemetry=telemetry)
     app.run()
     if store is not None:
         store.close()

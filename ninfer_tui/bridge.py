@@ -168,8 +168,11 @@ def reply_threads(args, reserve_core: bool) -> int | None:
 
 def engine_facts(engine, args) -> dict:
     """What the panel shows about a loaded engine (an engine.api.Engine, or engine.fake's ScriptedEngine):
-    spec_modes is {mode: None | the reason it cannot run}."""
+    spec_modes is {mode: None | the reason it cannot run}. An engine that knows its own facts (a remote one:
+    engine.remote) gives them itself."""
     from engine.config import SPEC_MODES
+    if callable(own := getattr(engine, "facts", None)):
+        return own()
     modes = engine.spec_modes()
     modes = {m: modes.get(m, "not reported by the engine") for m in SPEC_MODES}
     modes["off"] = None

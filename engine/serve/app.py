@@ -282,7 +282,7 @@ def create_app(engine, settings: ServeSettings) -> Starlette:
                 "max_model_len": engine.max_context,
                 "meta": {"file": engine.name, "context": engine.max_context, "kv_capacity": engine.capacity,
                          "backend": engine.args.backend, "kv_dtype": engine.args.kv_dtype,
-                         "spec_mode": engine.args.spec, "thinking": engine.thinking_kind,
+                         "spec_mode": engine.args.spec, "spec_modes": spec_modes, "thinking": engine.thinking_kind,
                          "description": engine.description}}
 
     async def health(request: Request) -> Response:
@@ -294,6 +294,7 @@ def create_app(engine, settings: ServeSettings) -> Starlette:
         return Response(body, media_type=ctype)
 
     created_at = P.now()
+    spec_modes = engine.spec_modes()  # mode -> None (a request may ask for it) or why not; clients show it
 
     def counted(name: str, fn):
         async def endpoint(request: Request) -> Response:
