@@ -181,8 +181,8 @@ def _run(ns) -> int:
             store = Store()
         except StoreError as e:
             store_error = str(e)
-    app = ChatApp(settings, args, loader, store=store, store_error=store_error, model_name=model_name,
-                  telemetry=telemetry)
+    remote_kw = {"telemetry": telemetry} if telemetry is not None else {}  # the GPU section says why it is empty
+    app = ChatApp(settings, args, loader, store=store, store_error=store_error, model_name=model_name, **remote_kw)
     app.run()
     if store is not None:
         store.close()
