@@ -294,9 +294,9 @@ async def test_quit_mid_reply_saves_the_text_so_far(make_app, tmp_path):
 async def test_quit_saves_the_reply_even_when_the_engine_does_not_stop(make_app, tmp_path, monkeypatch):
     """An engine that ignores the cancel does not keep the app open nor lose the text: after QUIT_WAIT_S the
     text so far is saved and the app exits."""
-    import ninfer_tui.app as app_mod
+    import ninfer_tui.flows.reply as reply_mod
     from ninfer_tui.store import Store
-    monkeypatch.setattr(app_mod, "QUIT_WAIT_S", 0.2)
+    monkeypatch.setattr(reply_mod, "QUIT_WAIT_S", 0.2)
     script = Script(answer="one two three four five six", hold_after=3)
     app = make_app(script)
     async with app.run_test(size=SIZE) as pilot:

@@ -1,0 +1,50 @@
+"""Loading the model in a worker thread: progress in the status line, the engine's facts in the panel."""
+from __future__ import annotations
+
+from textual import work
+
+from engine.errors import NinferError
+
+from .. import bridge as br
+from ..widgets.stats import StatsPanel
+
+
+class LoadFlow:
+    """ChatApp's part that loads the engine (mixed into the app)."""
+
+    @work(thread=True, group="load", exclusive=True)
+    def _load_engine(self) -> None:
+        br.load_engine(self, self.engine_args, self.loader)
+
+    def on_load_progress(self, message: br.LoadProgress) -> None:
+        p = message.progress
+        frac = p.done / p.total if p.total else 0.0
+        bar = "#" * int(20 * frac) + "-" * (20 - int(20 * frac))
+        self._status(f"loading {self.model_name}: {p.stage} [{bar}] {p.done}/{p.total} {p.message}")
+
+    def on_engine_ready(self, message: br.EngineReady) -> None:
+        try:  # the session allocates the KV cache: a capacity this machine cannot hold fails here
+            session = message.engine.session()
+        except NinferError as e:
+            self.on_engine_failed(br.EngineFailed(br.error_line(e)))
+            return
+        self.engine, self.session = message.engine, session
+        facts = br.engine_facts(self.engine, self.engine_args)
+        self.spec_available = facts.pop("spec_modes")
+        self.native_thinking = bool(facts.pop("native_thinking"))
+        self.prompted_thinking = not self.native_thinking
+        facts["model"] = facts["model"] or self.model_name
+        self.query_one("#stats", StatsPanel).on_engine(facts)
+        if self.settings.spec != "off" and self.spec_available.get(self.settings.spec):
+            self.notify(f"spec {self.settings.spec}: {self.spec_available[self.settings.spec]}; using off",
+                        severity="warning")
+            self.settings.spec = "off"
+        self._refresh_panel_settings()
+        self._ready_status()
+        self.notify(f"model ready in {message.seconds:.1f} s", timeout=3)
+
+    def on_engine_failed(self, message: br.EngineFailed) -> None:
+        self.load_error = message.error
+        self._status(f"model failed to load: {message.error}")
+        self.query_one("#stats", StatsPanel).on_engine_failed()
+        self.notify(message.error, severity="error", timeout=30)
