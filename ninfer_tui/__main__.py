@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "with stdin not a terminal, answers the one prompt piped in and exits")
     p.add_argument("--save", action=argparse.BooleanOptionalAction, default=None,
                    help="keep this chat in the transcripts (default: yes, except a prompt piped to --plain, "
-                        "which is saved only with --save)")
+                        "which is saved only with --save or config [ui] save_piped = true)")
     p.add_argument("--backend", help="cpu | ref | cuda (default: config [engine] backend)")
     p.add_argument("--threads", type=int, help="CPU threads (default: all)")
     p.add_argument("--kv-dtype", choices=("f16", "int8"), help="KV cache type (default: config [engine] kv_dtype)")

@@ -215,7 +215,8 @@ class PlainChat:
 def run_plain(settings: ChatSettings, args, loader: Callable, model_name: str, stdin=None,
               save: bool | None = None) -> int:
     """Entry point of --plain. Returns the exit status. `save` (--save / --no-save) keeps the chat in the
-    transcripts; None: yes in a terminal, no for a piped prompt (one-shot runs would fill the list)."""
+    transcripts; None: yes in a terminal, and for a piped prompt as [ui] save_piped says (off by default:
+    one-shot runs would fill the list)."""
     from .bridge import engine_facts
     from .store import Store, StoreError
     stdin = stdin or sys.stdin
@@ -230,7 +231,7 @@ def run_plain(settings: ChatSettings, args, loader: Callable, model_name: str, s
                   "run it in a terminal", file=sys.stderr)
             return 2
     if save is None:
-        save = not piped
+        save = settings.save_piped if piped else True
     engine = loader(args, progress=lambda p: print(f"{p.stage} {p.done}/{p.total} {p.message}",
                                                    file=sys.stderr, flush=True))
     store = None

@@ -43,6 +43,7 @@ class ChatSettings:
     ui_cpu_budget: float  # share of one core the UI thread may use while streaming (frames widen)
     gil_switch_ms: float  # Python's GIL switch interval while streaming (default 5 ms)
     reserve_ui_core: bool  # CPU backend, > 2 cores, no --threads: decode on all cores but one
+    save_piped: bool  # a prompt piped to --plain is kept in the transcripts (one-shot runs: off)
     keymap: dict[str, str] = field(default_factory=dict)
     # the context size asked for on the settings screen (None: as the engine was loaded); the app applies it
     # to the running engine and it is saved as [engine] max_context
@@ -63,7 +64,7 @@ class ChatSettings:
             theme=ui["theme"], show_stats=ui["show_stats"], export_format=ui["export_format"],
             telemetry_interval=float(ui["telemetry_interval"]), stream_fps=float(ui["stream_fps"]),
             ui_cpu_budget=float(ui["ui_cpu_budget"]), gil_switch_ms=float(ui["gil_switch_ms"]),
-            reserve_ui_core=ui["reserve_ui_core"], keymap={str(k): str(v) for k, v in cfg["keymap"].items()},
+            reserve_ui_core=ui["reserve_ui_core"], save_piped=ui["save_piped"], keymap={str(k): str(v) for k, v in cfg["keymap"].items()},
         )
         out.validate()
         return out

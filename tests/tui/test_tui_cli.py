@@ -304,6 +304,18 @@ def test_plain_piped_prompts_are_saved_only_when_asked(monkeypatch, capsys):
     assert saved() == ["keep this one"]
 
 
+def test_plain_piped_prompts_are_saved_when_the_config_says_so(monkeypatch, capsys, tmp_path):
+    """[ui] save_piped = true keeps piped one-shot runs (config.toml: false); --no-save still wins."""
+    config = tmp_path / "extra.toml"
+    config.write_text("[ui]\nsave_piped = true\n")
+    for extra, prompt in (([], b"kept by the config\n"), (["--no-save"], b"not this one\n")):
+        _piped(monkeypatch, prompt)
+        assert main(["--plain", "--fake", "--fake-delay", "0", "--config", str(config), *extra]) == 0
+        assert "Here is a short answer" in capsys.readouterr().out
+    db = paths.user_data_dir() / "transcripts.db"
+    assert [c.title for c in Store(db).list_conversations()] == ["kept by the config"]
+
+
 def test_help_documents_saving():
     from ninfer_tui.__main__ import build_parser
     text = " ".join(build_parser().format_help().split())
