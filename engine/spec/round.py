@@ -47,6 +47,9 @@ def spec_round(model: Any, cache: Any, chooser: Chooser, drafter: Drafter, conte
     if capacity is not None:
         k = min(k, capacity - pos - 1)
     t0 = time.perf_counter()
+    bind = getattr(drafter, "bind_target", None)  # a drafter that reads the target's cache (dflash: KV taps)
+    if bind is not None:
+        bind(model, cache)
     drafts = [int(t) for t in drafter.propose(context, k, features)][:max(k, 0)] if k > 0 else []
     vocab = getattr(getattr(model, "args", None), "vocab_size", None)
     if vocab is not None:  # a drafter bug must not end the reply: keep drafts up to the first invalid id
