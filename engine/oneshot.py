@@ -1,6 +1,7 @@
 """`ninfer`: one-shot generation from the command line (option names follow the NInfer product).
 
     ninfer [MODEL] (--prompt TEXT | --messages FILE) [options]
+    ninfer --endpoint URL [--api-key KEY] [--model-name NAME] (--prompt TEXT | --messages FILE) [options]
 
 The answer streams to stdout; reasoning, progress and the stats report go to stderr. Every NinferError ends
 as one line `ninfer: error: ...` on stderr with exit status 1 (argparse errors: status 2; Ctrl-C: 130 after
@@ -10,6 +11,10 @@ user's config; flags override them (engine.options builds the options, as for ni
 
 --reasoning-effort maps to a thinking budget as a share of --max-new, so it always leaves room for the
 answer: low = 1/4, medium = 1/2, high = 3/4 of --max-new reasoning tokens.
+
+--endpoint (or [remote] endpoint in the config, unless a MODEL path is given) sends the request to an
+OpenAI-compatible server instead (engine.remote): the same output and report, the figures measured from the
+stream; the engine flags that configure a local model are refused there (docs/remote.md).
 """
 from __future__ import annotations
 
@@ -86,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     tb.add_argument("--thinking-budget", type=int, metavar="N", help="force the close after N reasoning tokens")
     tb.add_argument("--reasoning-effort", choices=tuple(EFFORT_SHARE))
     t.add_argument("--thinking-message", help="text inserted before the forced close")
+    r = p.add_argument_group("remote engine (default: config [remote]; a MODEL path runs here)")
+    r.add_argument("--endpoint", metavar="URL", help="an OpenAI-compatible server's base URL, e.g. "
+                   "http://127.0.0.1:8080/v1, instead of a local model")
+    r.add_argument("--api-key", metavar="KEY", help="the server's API key (default: [remote] api_key, else "
+                   "$NINFER_API_KEY)")
+    r.add_argument("--model-name", "--model", dest="remote_model", metavar="NAME",
+                   help="the served model to ask (default: the first the server lists)")
     o = p.add_argument_group("output")
     o.add_argument("--print-token-ids", action="store_true", help="print the generated token ids (stderr)")
     o.add_argument("--stats-json", metavar="FILE", help="write the final stats (with token ids) as JSON")
@@ -163,7 +175,9 @@ def format_report(st: FinalStats) -> str:
         think = f" (reasoning {st.reasoning_tokens}, answer {st.answer_tokens}" + \
                 (", close forced" if st.thinking_forced else "") + ")"
     spec = ""
-    if st.spec_mode != "off":
+    if st.spec_mode != "off" and not st.rounds:  # a remote server that reports drafts but not rounds
+        spec = f"\n[ninfer] spec {st.spec_mode}: {st.drafted} drafted, acceptance {st.acceptance:.1%}"
+    elif st.spec_mode != "off":
         spec = (f"\n[ninfer] spec {st.spec_mode}: {st.rounds} rounds, {st.tokens_per_round:.2f} tok/round, "
                 f"acceptance {st.acceptance:.1%}, {st.ms_per_round:.1f} ms/round")
     detail = f" ({st.stop_reason_detail})" if st.stop_reason_detail else ""
@@ -179,6 +193,32 @@ def stats_dict(st: FinalStats, answer: str, reasoning: str, model: str) -> dict:
              acceptance=st.acceptance, tokens_per_round=st.tokens_per_round, ms_per_round=st.ms_per_round,
              answer=answer, reasoning=reasoning, model=model)
     return d
+
+
+# Flags that configure the model in this process: a remote endpoint's server has its own.
+LOCAL_ONLY = ("backend", "threads", "max_context", "kv_capacity", "kv_dtype", "prefill_chunk", "no_prefix_reuse",
+              "tp", "devices", "transport", "lm_head_draft", "print_token_ids")
+
+
+def remote_from(a: argparse.Namespace, cfg: dict):
+    """RemoteOptions for --endpoint (or [remote] endpoint when no MODEL path is given), else None; ConfigError
+    for flags that cannot go with where the model runs."""
+    from .remote import remote_options
+    if a.endpoint is not None and a.model:
+        raise ConfigError("--endpoint runs the model on a server; drop the MODEL path or --endpoint")
+    opts = None if a.model else remote_options(cfg, endpoint=a.endpoint, api_key=a.api_key, model=a.remote_model)
+    if opts is None:
+        if a.remote_model is not None or a.api_key is not None:
+            raise ConfigError("--model-name and --api-key go with a remote --endpoint URL (or [remote] endpoint in "
+                              "the config); a local GGUF file is the MODEL argument")
+        return None
+    for name in LOCAL_ONLY:
+        if getattr(a, name) not in (None, False):
+            flag = "--" + name.replace("_", "-")
+            why = "a remote server streams text, not token ids" if name == "print_token_ids" else \
+                "it configures a model run here; the server at the endpoint has its own settings"
+            raise ConfigError(f"{flag} does not go with --endpoint: {why}")
+    return opts
 
 
 def _load_engine(eargs: EngineArgs, model_cfg, progress):
@@ -216,6 +256,12 @@ def run(argv=None, engine_factory=None) -> int:
             print(f"[ninfer] {p.stage}: {p.message}" if p.message else f"[ninfer] {p.stage} {p.done}/{p.total}",
                   file=err, flush=True)
 
+    remote = remote_from(a, cfg)
+    if remote is not None and engine_factory is None:
+        from .remote import RemoteEngine
+
+        def engine_factory(_eargs, _model_cfg, progress):
+            return RemoteEngine.connect(remote, progress=progress)
     engine = (engine_factory or _load_engine)(eargs, model_cfg, progress)
     session = engine.session()
     if a.log_stats_interval_ms is not None:
@@ -275,7 +321,8 @@ def run(argv=None, engine_factory=None) -> int:
         if a.stats_json:
             try:
                 with open(Path(a.stats_json).expanduser(), "w", encoding="utf-8") as f:
-                    json.dump(stats_dict(final, "".join(answer), "".join(reasoning), engine.name), f,
+                    json.dump(stats_dict(final, "".join(answer), "".join(reasoning),
+                                         getattr(engine, "chat_name", engine.name)), f,
                               ensure_ascii=False, indent=1)
             except OSError as e:
                 raise InputError(f"--stats-json {a.stats_json}: cannot write it ({e.strerror or e})") from None

@@ -137,7 +137,13 @@ class ReplyMeter:
             reasoning = self.reasoning_deltas if output == self.deltas else \
                 round(output * self.reasoning_deltas / max(self.deltas, 1))
         ttft = (self.t_first - self.t0) if self.t_first is not None else now - self.t0
-        prefill = float(t.get("prompt_per_second") or 0.0) or (prompt - cached) / ttft if ttft > 0 else 0.0
+        if "prompt_per_second" in t:  # the server's own (0 where the whole prompt came from its cache)
+            prefill = float(t["prompt_per_second"] or 0.0)
+        else:  # the client's view: the prompt's new tokens over the time to the first text
+            prefill = (prompt - cached) / ttft if ttft > 0 and prompt > cached else 0.0
+        decode = self._rate(output)
+        if not decode and t.get("predicted_per_second"):  # the reply came in one chunk: the stream cannot tell
+            decode = float(t["predicted_per_second"])
         finish = "cancelled" if cancelled else FINISH.get(self.finish or "stop", "stop")
         if not detail and self.finish and self.finish not in ("stop", "length"):
             detail = f"the server's finish_reason {self.finish!r}"
@@ -159,7 +165,7 @@ class ReplyMeter:
         return FinalStats(
             finish_reason=finish, prompt_tokens=prompt, output_tokens=output, reasoning_tokens=reasoning,
             answer_tokens=answer, cached_prompt_tokens=cached, ttft_s=ttft, prefill_tok_s=prefill,
-            decode_tok_s=self._rate(output), wall_s=now - self.t0,
+            decode_tok_s=decode, wall_s=now - self.t0,
             output_sha256=hashlib.sha256("".join(self.text).encode()).hexdigest(),
             thinking_forced=bool(t.get("thinking_forced", False)), stop_reason_detail=detail,
             spec_mode=spec_mode, rounds=rounds, drafted=drafted, accepted=accepted, draft_ms=draft_ms,
