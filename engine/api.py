@@ -15,6 +15,7 @@ threading.Event) is checked between prefill chunks and decode rounds. One sessio
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 import time
 import unicodedata
@@ -119,6 +120,13 @@ class Engine:
         from .thinking import native_markers
         return "native" if native_markers(self.tokenizer) else "prompted"
 
+    def warming(self) -> str | None:
+        """Why replies run slower now than they will once the backend has warmed up (the CPU backend's first
+        start serves kernel by kernel while its fused step compiles in the background), or None. A reply that
+        starts meanwhile says so first: Progress("compile", 0, 1, this note)."""
+        note = getattr(self.model, "warming", None)
+        return note() if callable(note) else None
+
     def spec_modes(self) -> dict[str, str | None]:
         """Every speculative mode -> None (usable with this model) or the reason it is not."""
         from .spec import available_modes
@@ -188,7 +196,11 @@ class Session:
                             prefix_reuse=eng.args.prefix_reuse, stats_interval_s=self.stats_interval_s,
                             spec_mode=spec, backend=eng.args.backend, kv_dtype=eng.args.kv_dtype,
                             capacity=eng.capacity)
-        return self._locked(run_reply(Target(eng.model, self.cache, self.cached), reply, opts, cancel))
+        events = run_reply(Target(eng.model, self.cache, self.cached), reply, opts, cancel)
+        note = eng.warming()
+        if note:  # the first reply(s) of a cold start: the UI can say why this one is slower
+            events = itertools.chain([Progress("compile", 0, 1, note)], events)
+        return self._locked(events)
 
     def _locked(self, it: Iterator) -> Iterator:
         if not self._busy.acquire(blocking=False):

@@ -25,7 +25,8 @@ class ThinkingForced:
 
 @dataclass(frozen=True)
 class Progress:
-    """Long operations before the first token (model load, JIT compile, prefill chunks)."""
+    """Long operations before the first token (model load, JIT compile, prefill chunks). At the start of a
+    reply, "compile" says the backend is still warming up (Engine.warming): this reply runs slower."""
     stage: str  # "load" | "compile" | "prefill"
     done: int
     total: int

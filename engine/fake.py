@@ -293,6 +293,7 @@ class Script:
         "off": None, "ngram": None, "mtp": "no MTP head in this model", "dflash": "no DFlash drafter for this model"})
     fail_with: Exception | None = None
     virtual_tok_s: float | None = None  # report timings as if decoding ran at this speed (snapshots)
+    warming: str | None = None  # Engine.warming's note: each reply starts with Progress("compile", 0, 1, it)
 
 
 def _tokens(text: str) -> list[str]:
@@ -332,6 +333,9 @@ class ScriptedEngine(Engine):
     def spec_modes(self) -> dict[str, str | None]:
         return dict(self.script.spec_modes)
 
+    def warming(self) -> str | None:
+        return self.script.warming
+
     def session(self) -> "ScriptedSession":
         return ScriptedSession(self)
 
@@ -353,6 +357,8 @@ class ScriptedSession:
         prompt = messages[-1]["content"] if messages else ""
         fill = (lambda v: v(messages) if callable(v) else v.format(prompt=prompt[:40]))
         prompt_tokens = sum(len(_tokens(m["content"])) + 4 for m in messages)
+        if sc.warming:
+            yield Progress("compile", 0, 1, sc.warming)
         yield Progress("prefill", prompt_tokens, prompt_tokens)
         t0 = time.perf_counter()
         think = req.thinking.enabled if req.thinking.enabled is not None else sc.native_thinking

@@ -22,6 +22,11 @@ class CpuRunner(OverModel):
         super().__init__(model)
         self.step = step
 
+    def warming(self) -> str | None:
+        """Engine.warming's note: the cold start's tier still serving (tier.TieredForward.warming), else None."""
+        note = getattr(self.step, "warming", None)
+        return note() if callable(note) else None
+
     def forward(self, tokens, pos0: int, cache, *, all_logits: bool = False,
                 capture: tuple[int, ...] = ()) -> np.ndarray:
         """engine.model.Model.forward's contract."""

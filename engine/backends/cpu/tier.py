@@ -312,6 +312,16 @@ class TieredForward:
         log.warning("background compile of the fused decode step failed (%s); this run keeps the "
                     "kernel-by-kernel step (same results, ~10%% slower decode)", self.note)
 
+    def warming(self) -> str | None:
+        """While the helper still compiles the fused step: why this step is slower than it will be (None once
+        the fused step is cached, or when the helper failed: then this step stays, ~10% slower, and _switch
+        says so once)."""
+        h = self.helper
+        if self.fused_ready or self.note is not None or h.fused_done.is_set() or h.failure is not None:
+            return None
+        return ("the fast decode step is still compiling in the background (first start only): replies run on "
+                "the kernel-by-kernel step until it is ready")
+
     def _fused(self) -> bool:
         """Whether this step is the fused one (switching to it once the helper has it cached)."""
         if not self.fused_ready and self.note is None:
