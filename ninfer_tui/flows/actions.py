@@ -9,6 +9,7 @@ from textual.app import SystemCommand
 from engine.errors import NinferError
 
 from ..keys import ACTIONS, help_rows
+from ..remote_ui import refuse, unavailable
 from ..screens import HelpScreen, SettingsScreen
 from ..settings import ChatSettings, save_user_settings
 
@@ -21,6 +22,8 @@ class SettingsActions:
         self.notify(text + (" (from the next reply)" if self.generating else ""), timeout=3)
 
     def action_spec_cycle(self) -> None:
+        if refuse(self, "spec"):  # a remote server that sets its speculation itself
+            return
         mode, skipped = self.settings.next_spec(self.spec_available)
         extra = f"; unavailable: {'; '.join(skipped)}" if skipped else ""
         self._after_change(f"speculative decoding: {mode}{extra}")
@@ -30,12 +33,16 @@ class SettingsActions:
         self._after_change(f"penalties {self.settings.penalties_label()}")
 
     def action_thinking(self) -> None:
+        if refuse(self, "thinking"):
+            return
         self.settings.toggle_thinking(self.native_thinking)
         label = self.settings.thinking_label(self.native_thinking)
         note = ": this model has no native thinking" if label.endswith("(prompted)") else ""
         self._after_change(f"thinking {label}{note}")
 
     def action_budget(self, direction: int) -> None:
+        if refuse(self, "budget"):
+            return
         self.settings.change_budget(direction)
         label = self.settings.thinking_label(self.native_thinking)
         self._after_change(f"thinking budget {self.settings.budget_label()} (thinking {label})")
@@ -64,7 +71,8 @@ class SettingsActions:
                 self.notify(f"settings applied but not saved: {e}", severity="error")
                 return
             self._after_change(f"settings saved to {where}")
-        context = self.engine.max_context if self.session is not None else None
+        context = self.engine.max_context if self.session is not None and not unavailable(self.engine, "context") \
+            else None  # a remote server's context is set where it runs: the field is disabled
         self.push_screen(SettingsScreen(self.settings, sorted(self.theme_names), context), done)
 
     def action_help(self) -> None:

@@ -6,6 +6,7 @@ from textual import work
 from engine.errors import NinferError
 
 from .. import bridge as br
+from ..remote_ui import on_connected
 from ..widgets.stats import StatsPanel
 
 
@@ -29,6 +30,7 @@ class LoadFlow:
             self.on_engine_failed(br.EngineFailed(br.error_line(e)))
             return
         self.engine, self.session = message.engine, session
+        on_connected(self, self.engine)  # a remote engine: the chat's name, settings it cannot take, what it lacks
         facts = br.engine_facts(self.engine, self.engine_args)
         self.spec_available = facts.pop("spec_modes")
         self.native_thinking = bool(facts.pop("native_thinking"))
