@@ -201,7 +201,7 @@ def step_bytes(wbytes: int, kv: dict[str, int], variants: list, wl: Workload) ->
 
 
 # The other benchmarks, each a module of this package with its own options: `ninfer-bench NAME ...`.
-SUBCOMMANDS = ("speculative", "gpu")
+SUBCOMMANDS = ("speculative", "gpu", "accuracy", "scale")
 
 
 def main(argv: list[str] | None = None) -> int:
