@@ -141,7 +141,7 @@ class ChatApp(LoadFlow, ReplyFlow, ContextFlow, VersionsFlow, ChatsFlow, PanelFl
         self._poll_gpu()
         self.set_interval(max(0.2, self.settings.telemetry_interval), self._poll_gpu)
         self.query_one("#prompt", PromptInput).focus()
-        self._load_engine()
+        self._start_loading()
 
     def _apply_theme(self, name: str) -> None:
         if name in self.available_themes:

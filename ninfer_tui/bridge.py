@@ -59,6 +59,15 @@ class ReplyStats(Message):
         return isinstance(message, ReplyStats) and type(message.stats) is type(self.stats)
 
 
+class WarmingNote(Message):
+    """The engine is still warming up (Progress("compile") at a reply's start, Engine.warming): this reply runs
+    slower than later ones will; `text` says why."""
+
+    def __init__(self, text: str, bridge: "ReplyBridge"):
+        super().__init__()
+        self.text, self.bridge = text, bridge
+
+
 class ReplyDone(Message):
     def __init__(self, bridge: "ReplyBridge", final: FinalStats | None, error: str | None):
         super().__init__()
@@ -126,6 +135,8 @@ class ReplyBridge:
                     self._push("reasoning", ev.text)
                 elif isinstance(ev, ThinkingForced):
                     self._push("forced", ev)
+                elif isinstance(ev, Progress) and ev.stage == "compile":  # not replaced by a prefill Progress
+                    self.target.post_message(WarmingNote(ev.message, self))
                 elif isinstance(ev, (StepStats, Progress)):
                     self.target.post_message(ReplyStats(ev, self))
                 elif isinstance(ev, FinalStats):

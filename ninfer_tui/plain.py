@@ -16,7 +16,7 @@ from typing import Callable
 from engine import paths
 from engine.config import SPEC_MODES
 from engine.errors import NinferError
-from engine.events import FinalStats, ReasoningDelta, TextDelta, ThinkingForced
+from engine.events import FinalStats, Progress, ReasoningDelta, TextDelta, ThinkingForced
 
 from .chat import ChatState, stats_record
 from .settings import ChatSettings
@@ -190,6 +190,8 @@ class PlainChat:
             elif isinstance(ev, ThinkingForced):
                 forced = True
                 self.err.write(f"\n[budget of {ev.reasoning_tokens} reasoning tokens reached: close forced]\n")
+            elif isinstance(ev, Progress) and ev.stage == "compile":  # Engine.warming: why this one is slower
+                self.say(f"[first start: {ev.message}]")
             elif isinstance(ev, FinalStats):
                 final = ev
         self.out.write("\n")

@@ -51,6 +51,18 @@ class ReplyFlow:
             else:
                 await view.mark_forced(value.reasoning_tokens, value.inserted_text)
 
+    _warming_said = False  # the first-start note was shown as a notice once this session
+
+    def on_warming_note(self, message: br.WarmingNote) -> None:
+        """A reply on the engine's start-up tier (the first start): the status line says why it is slower
+        until the reply ends; the first time also as a notice."""
+        if message.bridge is not self.bridge:
+            return
+        self._status(f"first start: {message.text}")
+        if not self._warming_said:
+            self._warming_said = True
+            self.notify(f"This reply is slower: {message.text}.", timeout=10)
+
     def on_stream_ready(self, message: br.StreamReady) -> None:
         if message.bridge is self.bridge:
             self._kick_frame()
