@@ -42,6 +42,11 @@ def search_dirs() -> list[Path]:
     return [PACKAGED, *extra]
 
 
+def _exporter(fmt: str) -> str:
+    """The script that writes drafter files of this format."""
+    return {"ninfer-dflash": "train/dflash_train.py"}.get(fmt, "train/mtp_train.py")
+
+
 def read_meta(path: Path) -> dict:
     """The `meta` of a drafter file; DrafterFileError when it is not one."""
     try:
@@ -106,7 +111,7 @@ def find(fmt: str, version: int, model_path: str | None) -> tuple[Path | None, s
             continue
         if meta.get("version") != version:
             return None, (f"drafter {p.name} is version {meta.get('version')}, this engine reads version "
-                          f"{version}; re-export it with train/mtp_train.py --export")
+                          f"{version}; re-export it with {_exporter(fmt)} --export")
         return p, None
     trained = f" (drafters here are for: {', '.join(sorted(set(others)))})" if others else ""
     return None, f"no {fmt} drafter for this model file{trained}"

@@ -1,0 +1,271 @@
+"""DFlash drafter runtime (engine/spec/dflash.py, dflash_taps.py) on a tiny llama with a random drafter file:
+
+- the network's block forward equals a numpy implementation of the math (the contract with
+  train/dflash_model.py): context rows from features, then one bidirectional block;
+- the drafter places the target's features right: its drafts equal the numpy walk over features built from
+  the target's own forward (h captured, K/V read from its cache and unroped), also across rounds;
+- unrope inverts the engine's RoPE; KV taps read the same from an f16 and an int8 cache (to int8 precision);
+- speculation with it is lossless (greedy and seeded sampling, full and hot head, a reused prefix);
+- drafter files whose taps or block size do not fit the model, or of another version, give one-line reasons.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from engine.config import EngineArgs, GenerateRequest, SamplingParams
+from engine.spec import drafter_file as dfile
+
+N_HOT = 64
+BLOCK = 5
+
+
+def write_dflash(path, model_path, args, seed=0, version=1, block=BLOCK, n_layers=2, taps=None, **meta_over):
+    """A random DFlash drafter file for the model at model_path (the format train/dflash_train.py exports)."""
+    from engine.spec.dflash_taps import default_taps
+    taps = taps or default_taps(args)
+    rng = np.random.default_rng(seed)
+    d, q, kv, ff = args.d_model, args.q_dim, args.kv_dim, args.d_ff
+
+    def mat(rows, cols):
+        return rng.normal(0, 0.5 / np.sqrt(cols), (rows, cols)).astype(np.float16)
+
+    def vec():
+        return (1 + rng.normal(0, 0.1, d)).astype(np.float16)
+    arrays = {"fc": mat(d, taps.width), "hidden_norm": vec(), "mask_emb": rng.normal(0, 1, d).astype(np.float16),
+                  "norm": vec(), "hot_ids": rng.permutation(args.vocab_size)[:N_HOT].astype(np.int32)}
+    for i in range(n_layers):
+        arrays.update({f"l{i}.attn_norm": vec(), f"l{i}.wq": mat(q, d), f"l{i}.wk": mat(kv, d), f"l{i}.wv": mat(kv, d),
+                       f"l{i}.wo": mat(d, q), f"l{i}.ffn_norm": vec(), f"l{i}.w_gate": mat(ff, d),
+                       f"l{i}.w_up": mat(ff, d), f"l{i}.w_down": mat(d, ff)})
+    meta = {"format": "ninfer-dflash", "version": version, "base_sha256": dfile.base_sha256(model_path),
+                "base_name": "tiny-llama", "d_model": d, "n_head": args.n_head, "n_kv_head": args.n_kv_head,
+                "head_dim": args.head_dim, "d_ff": ff, "n_layers": n_layers, "block_size": block, "feat_width": taps.width,
+                "tap_kv_layers": list(taps.kv_layers), "tap_hidden_layer": taps.hidden_layer, "kv_dim": taps.kv_dim,
+                "hot_vocab_size": N_HOT}
+    meta.update(meta_over)
+    np.savez(path, meta=np.array(json.dumps(meta)), **arrays)
+    return path
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_models, tmp_path_factory, monkeypatch_module):
+    from engine.gguf import load_gguf
+    path = tiny_models["llama"]
+    mf = load_gguf(path)
+    d = tmp_path_factory.mktemp("drafters")
+    write_dflash(d / "tiny.dflash.npz", path, mf.args)
+    monkeypatch_module.setenv("NINFER_DRAFTER_DIRS", str(d))
+    return path, mf
+
+
+def _load(path):
+    from engine.spec import dflash
+    found, why = dfile.find(dflash.FORMAT, dflash.VERSION, str(path))
+    assert found is not None, why
+    return dfile.load(found, dflash.FORMAT, dflash.VERSION, str(path), ())
+
+
+# ------------------------------------------------------------------------------ the math, in numpy
+def _norm(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * w
+
+
+def _rope(x, pos, base):  # x (H, hd) at one position, adjacent pairs (llama)
+    hd = x.shape[-1]
+    ang = pos / base ** (np.arange(0, hd, 2) / hd)
+    a, b = x[:, 0::2].copy(), x[:, 1::2].copy()
+    out = x.copy()
+    out[:, 0::2], out[:, 1::2] = a * np.cos(ang) - b * np.sin(ang), a * np.sin(ang) + b * np.cos(ang)
+    return out
+
+
+class NumpyDFlash:
+    """The drafter as engine/spec/dflash.py's docstring writes it, over the weights the runtime uses
+    (matrices dequantized from Q8_0)."""
+
+    def __init__(self, arrays, mf, n_layers=2, block=BLOCK):
+        from engine.quant import dequantize
+        from engine.spec.mtp import _q8
+        self.a, self.block, self.n_layers = mf.args, block, n_layers
+        self.w = {k: (dequantize(_q8(k, v)) if v.ndim == 2 else v.astype(np.float32)) for k, v in arrays.items()
+                  if k != "hot_ids"}
+        self.emb = dequantize(mf.tensors["token_embd.weight"])  # tied head
+        self.keys = [{} for _ in range(n_layers)]  # layer -> position -> (k, v)
+
+    def context(self, feats, pos0):
+        a, w = self.a, self.w
+        for t, f in enumerate(feats):
+            c = _norm(w["fc"] @ f, w["hidden_norm"], a.rms_eps)
+            for i in range(self.n_layers):
+                k = _rope((w[f"l{i}.wk"] @ c).reshape(a.n_kv_head, a.head_dim), pos0 + t, a.rope_base)
+                self.keys[i][pos0 + t] = (k, (w[f"l{i}.wv"] @ c).reshape(a.n_kv_head, a.head_dim))
+
+    def draft(self, token, pos):
+        a, w, eps, b = self.a, self.w, self.a.rms_eps, self.block
+        x = np.stack([self.emb[token]] + [w["mask_emb"]] * (b - 1)).astype(np.float64)
+        g = a.n_head // a.n_kv_head
+        for i in range(self.n_layers):
+            L = lambda k: w[f"l{i}.{k}"]  # noqa: B023
+            n1 = _norm(x, L("attn_norm"), eps)
+            q = [_rope((L("wq") @ r).reshape(a.n_head, a.head_dim), pos + t, a.rope_base) for t, r in enumerate(n1)]
+            kb = [_rope((L("wk") @ r).reshape(a.n_kv_head, a.head_dim), pos + t, a.rope_base) for t, r in enumerate(n1)]
+            vb = [(L("wv") @ r).reshape(a.n_kv_head, a.head_dim) for r in n1]
+            K = np.stack([self.keys[i][p][0] for p in range(pos)] + kb)  # (pos + B, n_kv, hd)
+            V = np.stack([self.keys[i][p][1] for p in range(pos)] + vb)
+            att = np.zeros((b, a.n_head, a.head_dim))
+            for t in range(b):
+                for h in range(a.n_head):
+                    s = K[:, h // g] @ q[t][h] / np.sqrt(a.head_dim)
+                    p = np.exp(s - s.max())
+                    att[t, h] = (p / p.sum()) @ V[:, h // g]
+            x = x + att.reshape(b, -1) @ L("wo").T
+            n2 = _norm(x, L("ffn_norm"), eps)
+            gate = n2 @ L("w_gate").T
+            x = x + (gate / (1 + np.exp(-gate)) * (n2 @ L("w_up").T)) @ L("w_down").T
+        return _norm(x[1:], w["norm"], eps) @ self.emb.T  # (B-1, vocab)
+
+
+def test_block_forward_is_the_math(tiny):
+    from engine.spec import dflash
+    path, mf = tiny
+    df = _load(path)
+    net = dflash.DFlashNet(df, mf, capacity=64, hot=False)
+    ref = NumpyDFlash(df.arrays, mf)
+    rng = np.random.default_rng(1)
+    feats = rng.normal(0, 1, (9, net.taps.width)).astype(np.float32)
+    net.add_context(feats[:6], 0)  # two passes, as rounds add them
+    net.add_context(feats[6:], 6)
+    ref.context(feats, 0)
+    logits = net.draft(7, 9)
+    want = ref.draft(7, 9)
+    assert logits.shape == (BLOCK - 1, mf.args.vocab_size)
+    np.testing.assert_allclose(logits, want, atol=5e-2 * np.abs(want).max())
+    assert (np.argmax(logits, -1) == np.argmax(want, -1)).mean() >= 0.75
+    hot = dflash.DFlashNet(df, mf, capacity=64, hot=True)
+    hot.add_context(feats, 0)
+    np.testing.assert_array_equal(hot.draft(7, 9), logits[:, df.arrays["hot_ids"]])  # the hot head: the same rows
+
+
+def test_unrope_inverts_rope_and_int8_taps_match():
+    from engine.backends.ref.kernels import rope
+    from engine.spec.dflash_taps import unrope
+    rng = np.random.default_rng(0)
+    inv = (1.0 / 10000 ** (np.arange(0, 16, 2) / 16)).astype(np.float32)
+    for neox in (False, True):
+        x = rng.normal(0, 1, (5, 3, 16)).astype(np.float32)
+        y = x.copy()
+        rope(y, 11, inv, neox)
+        assert not np.allclose(y, x)
+        np.testing.assert_allclose(unrope(y, 11, inv, neox), x, atol=1e-5)
+
+
+def _target_feats(eng, tokens, taps):
+    """(features rows (n, width) of tokens 0..n-1, the cache) from one forward of the tiny target."""
+    from engine.spec.dflash_taps import kv_rows
+    m = eng.model
+    cache = m.new_cache(64)
+    m.forward(np.asarray(tokens, np.int32), 0, cache, capture=(taps.hidden_layer,))
+    h = m.captured[taps.hidden_layer]
+    inv = (1.0 / m.args.rope_base ** (np.arange(0, m.args.head_dim, 2) / m.args.head_dim)).astype(np.float32)
+    return np.concatenate([h, kv_rows(cache, taps, 0, len(tokens), inv, False)], 1), cache
+
+
+def test_drafter_places_target_features(tiny):
+    """Prefill-like observe of positions 0..9, a propose at 10, then a 'round' that kept 3 positions and
+    a propose at 13: the drafts are the numpy walk's over features built from the target itself."""
+    from engine.api import Engine
+    from engine.spec import dflash
+    path, mf = tiny
+    eng = Engine.load(EngineArgs(model=str(path), max_context=64, prefix_reuse=False))
+    df = _load(path)
+    drafter = dflash.DFlashDrafter(dflash.DFlashNet(df, mf, capacity=64, hot=False))
+    taps = drafter.net.taps
+    rng = np.random.default_rng(2)
+    toks = rng.integers(3, mf.args.vocab_size, 14).tolist()
+    feats, cache = _target_feats(eng, toks, taps)
+    ref = NumpyDFlash(df.arrays, mf)
+    ref.context(feats, 0)
+    cache.truncate(10)
+    drafter.observe(toks[:10], {taps.hidden_layer: feats[:10, :taps.d_model]})
+    drafter.bind_target(eng.model, cache)
+    got = drafter.propose(toks[:11], 3, None)
+    assert got == np.argmax(ref.draft(toks[10], 10), -1)[:3].tolist()
+    cache.length = 13  # the round fed positions 10..12 (the same tokens: the cache rows are already there)
+    drafter.observe(toks[10:13], {taps.hidden_layer: feats[10:13, :taps.d_model]})
+    got = drafter.propose(toks[:14], 9, None)  # asks for more than the block holds: B - 1
+    assert got == np.argmax(ref.draft(toks[13], 13), -1).tolist()
+    # int8 cache: the same taps to int8 precision
+    from engine.spec.dflash_taps import kv_rows
+    c8 = eng.model.new_cache(64, "int8")
+    eng.model.forward(np.asarray(toks, np.int32), 0, c8)
+    inv = drafter.net.inv_freq
+    a, b = kv_rows(cache, taps, 0, 13, inv, False), kv_rows(c8, taps, 0, 13, inv, False)
+    np.testing.assert_allclose(b, a, atol=0.05 * np.abs(a).max())
+
+
+def _final(eng, spec, msgs=None, **sp):
+    req = GenerateRequest(SamplingParams(**{"greedy": True, "max_new": 40, **sp}), spec=spec, draft_tokens=4)
+    msgs = msgs or [{"role": "user", "content": "Count from one to twenty: one, two, three"}]
+    return list(eng.session().generate(msgs, req))[-1]
+
+
+@pytest.mark.parametrize("hot", [False, True])
+def test_dflash_speculation_is_lossless(tiny, hot):
+    from engine.api import Engine
+    path, _ = tiny
+    eng = Engine.load(EngineArgs(model=str(path), max_context=256, prefix_reuse=False, lm_head_draft=hot))
+    assert eng.spec_modes()["dflash"] is None
+    for sp in ({}, {"greedy": False, "temperature": 0.9, "top_k": 40, "seed": 3, "presence_penalty": 0.5}):
+        want, got = _final(eng, "off", **sp), _final(eng, "dflash", **sp)
+        assert got.token_ids == want.token_ids and got.spec_mode == "dflash"
+        assert got.drafted > 0
+
+
+def test_lossless_over_a_reused_prefix(tiny):
+    """A second turn in one session reuses the first's cache: positions without observed hidden rows."""
+    from engine.api import Engine
+    path, _ = tiny
+    eng = Engine.load(EngineArgs(model=str(path), max_context=256, prefix_reuse=True))
+    turn1 = [{"role": "user", "content": "Say hello"}]
+    msgs = turn1 + [{"role": "assistant", "content": "Hello there!"}, {"role": "user", "content": "Count to ten"}]
+    outs = {}
+    for spec in ("off", "dflash"):
+        s = eng.session()
+        list(s.generate(turn1, GenerateRequest(SamplingParams(greedy=True, max_new=20), spec=spec)))
+        req = GenerateRequest(SamplingParams(greedy=True, max_new=30), spec=spec, draft_tokens=4)
+        outs[spec] = list(s.generate(msgs, req))[-1]
+    assert outs["dflash"].token_ids == outs["off"].token_ids and outs["dflash"].drafted > 0
+    assert outs["dflash"].cached_prompt_tokens > 0
+
+
+def test_taps_block_and_version_are_checked(tiny, tmp_path, monkeypatch):
+    from engine.spec import available_modes, dflash
+    from engine.spec.dflash_taps import Taps
+    path, mf = tiny
+    monkeypatch.setenv("NINFER_DRAFTER_DIRS", str(tmp_path))
+    a = mf.args
+    bad = Taps((a.n_layer + 3,), a.n_layer - 1, a.d_model, a.kv_dim)
+    write_dflash(tmp_path / "bad.npz", path, a, taps=bad)
+    df = dfile.load(tmp_path / "bad.npz", dflash.FORMAT, dflash.VERSION, str(path), ())
+    with pytest.raises(dfile.DrafterFileError) as e:
+        dflash.DFlashNet(df, mf, 64, hot=False)
+    assert f"taps KV layer {a.n_layer + 3}" in str(e.value) and "\n" not in str(e.value)
+    (tmp_path / "bad.npz").unlink()
+    write_dflash(tmp_path / "b1.npz", path, a, block=1)
+    df = dfile.load(tmp_path / "b1.npz", dflash.FORMAT, dflash.VERSION, str(path), ())
+    with pytest.raises(dfile.DrafterFileError, match="block size 1"):
+        dflash.DFlashNet(df, mf, 64, hot=False)
+    (tmp_path / "b1.npz").unlink()
+    write_dflash(tmp_path / "v2.npz", path, a, version=2)
+    why = available_modes(str(path))["dflash"]
+    assert "version 2" in why and "re-export" in why and "\n" not in why
