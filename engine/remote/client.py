@@ -194,7 +194,7 @@ class RemoteEngine:
             kw["seed"] = sp.seed
         if sp.stop:
             kw["stop"] = list(sp.stop)
-        extra: dict = {}
+        extra: dict = dict(s.neutral)
         if s.top_k_min_p:
             extra["top_k"] = sp.top_k if sp.top_k > 0 else (0 if s.kind in ("llama.cpp", "llama-cpp-python") else -1)
             extra["min_p"] = sp.min_p

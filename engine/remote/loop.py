@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Coroutine
 from typing import Any
@@ -38,8 +39,18 @@ class LoopThread:
             raise
 
     def close(self) -> None:
+        """Cancel what still runs, finish the async generators (a stream's), then stop and close the loop."""
         if self.loop.is_closed():
             return
+
+        async def wind_down():
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.loop.shutdown_asyncgens()
+        with contextlib.suppress(Exception):  # closing: nothing left to report to
+            self.run(wind_down(), timeout=5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)
         if not self._thread.is_alive():

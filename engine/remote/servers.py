@@ -44,6 +44,7 @@ class Server:
     top_k_min_p: bool = False  # takes `top_k` and `min_p`
     spec_metrics: str | None = None  # the /metrics prefix of vLLM-style speculative counters
     stream_usage: bool = True  # takes stream_options.include_usage
+    neutral: tuple[tuple[str, object], ...] = ()  # fields whose server default would add to our chain, neutralised
 
     def unavailable(self, host: str) -> dict[str, str]:
         """feature -> why a client cannot change it on this server (features absent here can be used)."""
@@ -76,7 +77,9 @@ SERVERS = {
     "vllm": Server("vllm", "vLLM", budget=True, template_kwargs=True, top_k_min_p=True, spec_metrics="vllm:"),
     "sglang": Server("sglang", "SGLang", template_kwargs=True, top_k_min_p=True),
     "llamacpp": Server("llama.cpp", "llama.cpp's server", template_kwargs=True, top_k_min_p=True),
-    "me": Server("llama-cpp-python", "llama-cpp-python's server", top_k_min_p=True),
+    # its repeat_penalty defaults to 1.1: sent as 1.0, so penalties are the OpenAI ones the chat shows (F3)
+    "me": Server("llama-cpp-python", "llama-cpp-python's server", top_k_min_p=True, stream_usage=False,
+                 neutral=(("repeat_penalty", 1.0),)),
 }
 GENERIC = Server("openai-compatible", "this server")
 

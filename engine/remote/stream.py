@@ -17,7 +17,7 @@ import hashlib
 import time
 
 from ..events import FinalStats, ReasoningDelta, StepStats, TextDelta, ThinkingForced
-from ..thinking import IDLE, ChannelSplitter, ThinkingPlan
+from ..thinking import ANSWER, IDLE, ChannelSplitter, ThinkingPlan
 from .metrics import SpecCounters
 
 FINISH = {"stop": "stop", "length": "length", "eos": "stop", "content_filter": "stop", "tool_calls": "stop",
@@ -72,7 +72,12 @@ class ReplyMeter:
                 got = True
             if content:
                 self.text.append(content)
-                out += self._route(self.splitter.feed(content))
+                routed = self._route(self.splitter.feed(content))
+                out += routed
+                # a token of the reasoning: it carried reasoning, or a marker still being spelled out
+                if any(isinstance(e, ReasoningDelta) for e in routed) or \
+                        (not routed and self.splitter.mode != ANSWER):
+                    self.reasoning_deltas += 1
                 got = True
             if got:
                 self._token()
