@@ -39,7 +39,7 @@ from ..errors import NinferError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TEXT = REPO_ROOT / "probes" / "oracle_text.txt"
-DEFAULT_TYPES = ("Q4_1", "Q8_0", "Q4_K_M")
+DEFAULT_TYPES = ("Q8_0", "Q4_K_M")  # copies made besides the source (the default model: Q4_1)
 CHUNK_ROWS = 256  # rows of logits turned into log-probabilities at once (float64: 100 MB at 49k vocab)
 KL_REL, PPL_REL, GREEDY_MIN = 0.05, 0.01, 9  # the bars
 
@@ -73,7 +73,8 @@ class Truth:
 
     def fill(self, start: int, logits: np.ndarray) -> None:
         for s in range(0, logits.shape[0], CHUNK_ROWS):
-            self.logp[start + s:start + s + CHUNK_ROWS] = log_softmax(logits[s:s + CHUNK_ROWS])
+            rows = logits[s:s + CHUNK_ROWS]
+            self.logp[start + s:start + s + rows.shape[0]] = log_softmax(rows)
 
     @property
     def top1(self) -> np.ndarray:
@@ -170,9 +171,9 @@ def greedy_agreement(path, threads: int, n_new: int = 32, prompts=PROMPTS) -> di
     from ..api import Engine
     from ..config import EngineArgs, GenerateRequest, SamplingParams
     from ..events import FinalStats
-    eng = Engine.load(EngineArgs(model=str(path), threads=threads, max_context=1024, prefix_reuse=False))
+    eng = Engine.load(EngineArgs(model=str(path), threads=threads, prefix_reuse=False))
     tok = eng.tokenizer
-    ref = llama_model(path, 1024, threads, logits_all=False)
+    ref = llama_model(path, eng.max_context, threads, logits_all=False)
     req = GenerateRequest(SamplingParams(greedy=True, max_new=n_new))
     rows = []
     for prompt in prompts:
@@ -234,7 +235,7 @@ def make_plan(a, log) -> Plan:
     from ..tokenizer import Tokenizer
     from .quantize import FTYPES, copy_path, ensure_copies, f32_copy
     source = paths.resolve_model(a.model)
-    types = [t.strip().upper() for t in a.types.split(",") if t.strip()] if a.types else list(DEFAULT_TYPES)
+    types = [t.strip().upper() for t in a.types.split(",") if t.strip()] if a.types is not None else list(DEFAULT_TYPES)
     bad = [t for t in types if t not in FTYPES]
     if bad:
         raise NinferError(f"--types: {', '.join(bad)} not one of {', '.join(FTYPES)}")
@@ -246,7 +247,7 @@ def make_plan(a, log) -> Plan:
         copies = ensure_copies(source, need, force=a.rebuild, threads=a.threads, log=log)
     elif need:
         notes.append(f"types {', '.join(need)} skipped: llama.cpp's quantizer (llama-cpp-python) is not used here")
-    files = {t: source if t == src_type else copies[t] for t in types if t == src_type or t in copies}
+    files = {src_type or source.name: source, **copies}
     for f in a.files or []:
         p = Path(f)
         if not p.is_file():
@@ -369,8 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ninfer-bench accuracy", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("model", nargs="?", help="the source GGUF (default: the configured/embedded model)")
-    p.add_argument("--types", help=f"copies of the source to measure, made by llama.cpp's quantizer from its F32 "
-                                   f"copy (default {','.join(DEFAULT_TYPES)}; the source's own type is the source)")
+    p.add_argument("--types", help=f"copies of the source to measure besides it, made by llama.cpp's quantizer "
+                                   f"from its F32 copy (default {','.join(DEFAULT_TYPES)}; '' for none)")
     p.add_argument("--files", nargs="*", metavar="GGUF", help="more quantized files of the same weights")
     p.add_argument("--truth", metavar="GGUF", help="the full-precision file (default: the source dequantized to F32)")
     p.add_argument("--text", metavar="FILE", help=f"the fixed text (default {DEFAULT_TEXT.relative_to(REPO_ROOT)})")

@@ -45,13 +45,18 @@ def cache_dir() -> Path:
 
 
 def copy_path(src: str | Path, qtype: str, folder: Path | None = None) -> Path:
-    """The cache file of `src` in type qtype: <stem without its type>.<qtype>.gguf."""
-    stem = Path(src).stem
+    """The cache file of `src` in type qtype: <stem without its type>-<digest>.<qtype>.gguf, the digest of
+    src's real path, size and mtime (another file of the same name, or this one changed, gets other copies)."""
+    import hashlib
+    src = Path(src)
+    st = src.stat()
+    ident = f"{os.path.realpath(src)}|{st.st_size}|{st.st_mtime_ns}".encode()
+    stem = src.stem
     for t in sorted(FTYPES, key=len, reverse=True):  # SmolLM2-135M-Instruct.Q4_1 -> SmolLM2-135M-Instruct
         if stem.upper().endswith("." + t):
             stem = stem[:-len(t) - 1]
             break
-    return (folder or cache_dir()) / f"{stem}.{qtype}.gguf"
+    return (folder or cache_dir()) / f"{stem}-{hashlib.sha256(ident).hexdigest()[:8]}.{qtype}.gguf"
 
 
 def f32_copy(src: str | Path, dst: str | Path) -> Path:

@@ -178,13 +178,16 @@ def _tokenizer_fields(vocab: int):
             "pre": f.value("tokenizer.ggml.pre"), "template": f.value("tokenizer.chat_template")}
 
 
-def write_shaped(path: str | Path, name: str, mix: str = "q4_k_m", seed: int = 0) -> Path:
-    """Write model `name` (a SHAPES key) in `mix` with random blocks to path, atomically. Returns the path."""
+def write_shaped(path: str | Path, name: str | Shape, mix: str = "q4_k_m", seed: int = 0) -> Path:
+    """Write model `name` (a SHAPES key, or a Shape) in `mix` with random blocks to path, atomically."""
     from gguf import GGMLQuantizationType as GQT
     from gguf import GGUFWriter
-    if name not in SHAPES:
+    if isinstance(name, Shape):
+        s, name = name, "custom"
+    elif name in SHAPES:
+        s = SHAPES[name]
+    else:
         raise NinferError(f"model shape {name!r} is not one of {', '.join(SHAPES)}")
-    s = SHAPES[name]
     plan = tensors(s, mix)
     tok = _tokenizer_fields(s.vocab)
     path = Path(path)
