@@ -257,6 +257,8 @@ def run(argv=None, engine_factory=None) -> int:
                   file=err, flush=True)
 
     remote = remote_from(a, cfg)
+    if remote is not None:  # the server's speculation is the request's (ninfer-serve takes it); None: the server's
+        req = dataclasses.replace(req, spec=a.spec, draft_tokens=a.draft_tokens)
     if remote is not None and engine_factory is None:
         from .remote import RemoteEngine
 
