@@ -30,6 +30,7 @@ from .flows.chats import ChatsFlow
 from .flows.loading import LoadFlow
 from .flows.overflow import ContextFlow
 from .flows.panel import PanelFlow
+from .flows.persona import PersonaFlow
 from .flows.reply import ReplyFlow
 from .flows.versions import VersionsFlow
 from .keys import ACTIONS, MAIN_ONLY, keymap_problems
@@ -44,7 +45,8 @@ from .widgets.stats import StatsPanel
 __all__ = ["ACTIONS", "ChatApp", "keymap_problems"]
 
 
-class ChatApp(LoadFlow, ReplyFlow, ContextFlow, VersionsFlow, ChatsFlow, PanelFlow, SettingsActions, App):
+class ChatApp(LoadFlow, ReplyFlow, ContextFlow, VersionsFlow, ChatsFlow, PanelFlow, PersonaFlow,
+              SettingsActions, App):
     TITLE = "ninfer-chat"
     CSS = """
     #main { height: 1fr; }
@@ -64,7 +66,11 @@ class ChatApp(LoadFlow, ReplyFlow, ContextFlow, VersionsFlow, ChatsFlow, PanelFl
     .dialog { width: 70; max-width: 100%; height: auto; padding: 1 2; border: thick $accent; background: $surface; }
     .dialog Label { width: 1fr; margin-bottom: 1; }
     .dialog Horizontal { height: auto; }
-    ConfirmScreen, TextPromptScreen, HelpScreen, TranscriptsScreen, SettingsScreen { align: center middle; }
+    .system-note { color: $text-muted; margin: 1 0 0 0; padding: 0 1; border-left: thick $secondary; }
+    ConfirmScreen, TextPromptScreen, HelpScreen, TranscriptsScreen, SettingsScreen, SystemPromptScreen {
+        align: center middle; }
+    #system-box TextArea { height: 10; }
+    .system-field { height: 5; margin-bottom: 1; }
     #help-box { width: 90; height: 80%; border: thick $accent; background: $surface; }
     #transcripts-box { width: 100; height: 80%; border: thick $accent; background: $surface; padding: 0 1; }
     #settings-box { width: 80; height: 90%; border: thick $accent; background: $surface; padding: 0 1; }
@@ -85,7 +91,7 @@ class ChatApp(LoadFlow, ReplyFlow, ContextFlow, VersionsFlow, ChatsFlow, PanelFl
         self.loader = loader
         self.store, self.store_error = store, store_error
         self.model_name = model_name
-        self.chat = ChatState(store, model_name)
+        self.chat = ChatState(store, model_name, default_system=settings.system_prompt)
         self.engine = None
         self.session = None
         self.load_error: str | None = None  # why the model is not there, once loading failed
@@ -131,6 +137,7 @@ class ChatApp(LoadFlow, ReplyFlow, ContextFlow, VersionsFlow, ChatsFlow, PanelFl
             for problem in keymap_problems(self.settings.keymap):
                 self.notify(problem, severity="warning", timeout=15)
         self.query_one("#log", VerticalScroll).anchor()
+        self.call_later(self._show_system_note)  # a default system prompt from the config: say so from the start
         self._fit_panel()
         self._refresh_panel_settings()
         if self.store_error:
@@ -225,7 +232,8 @@ class ChatApp(LoadFlow, ReplyFlow, ContextFlow, VersionsFlow, ChatsFlow, PanelFl
         log = self.query_one("#log", VerticalScroll)
         await log.remove_children()
         self.reply_view = None
-        views = []
+        note = self._system_note()
+        views = [note] if note is not None else []
         for m in self.chat.path:
             ver = self.chat.versions(m)
             views.append(PromptView(m, version=ver) if m.role == "user" else

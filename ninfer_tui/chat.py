@@ -48,11 +48,14 @@ def turns(path: list[Message]) -> list[list[Message]]:
 
 
 class ChatState:
-    """The open conversation: `path` is the branch shown (root -> leaf)."""
+    """The open conversation: `path` is the branch shown (root -> leaf); `system_prompt` its persona (sent
+    first as a system message, stored with the conversation; a new chat starts with `default_system`)."""
 
-    def __init__(self, store: Store | None, model_name: str = ""):
+    def __init__(self, store: Store | None, model_name: str = "", default_system: str = ""):
         self.store = store
         self.model_name = model_name
+        self.default_system = default_system
+        self.system_prompt = default_system
         self.conv_id: int | None = None
         self.path: list[Message] = []
         self._mem_ids = itertools.count(-1, -1)  # below every stored id: a branch may hold both
@@ -61,13 +64,23 @@ class ChatState:
 
     def new(self) -> None:
         self.conv_id, self.path, self.unsaved = None, [], False
+        self.system_prompt = self.default_system
 
     def open(self, conv_id: int) -> None:
         if self.store is None:
             return
-        self.conv_id = conv_id
+        system = self.store.conversation(conv_id).system_prompt
         self.path = self.store.branch(conv_id)
-        self.unsaved = False
+        self.conv_id, self.system_prompt, self.unsaved = conv_id, system, False
+
+    def set_system_prompt(self, text: str) -> None:
+        """This chat's system prompt from the next reply on ('' = none), saved with it where it is stored."""
+        self.system_prompt = text.strip()
+        if self.store is not None and self.conv_id is not None and not self.unsaved:
+            try:
+                self.store.set_system_prompt(self.conv_id, self.system_prompt)
+            except StoreError as e:
+                self._stop_saving(e)
 
     def take_save_error(self) -> str | None:
         """Why the open conversation stopped being saved, once (None when nothing new failed)."""
@@ -77,15 +90,21 @@ class ChatState:
     def _stop_saving(self, e: StoreError) -> None:
         self.unsaved, self._save_error = True, f"{e}; this conversation goes on unsaved"
 
+    def system_messages(self) -> list[dict]:
+        """The system prompt as the engine's first message ([] when there is none)."""
+        return [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+
     def engine_messages(self) -> list[dict]:
-        """The branch as the engine's chat messages (reasoning is not sent back to the model)."""
-        return [{"role": m.role, "content": m.content} for m in self.path]
+        """The branch as the engine's chat messages, after the system prompt (reasoning is not sent back to
+        the model)."""
+        return self.system_messages() + [{"role": m.role, "content": m.content} for m in self.path]
 
     def _add(self, role: str, content: str, parent_id: int | None, title: str | None = None, **kw) -> Message:
         if self.store is not None and not self.unsaved:
             try:
                 if self.conv_id is None:
-                    self.conv_id = self.store.new_conversation(title or title_from(content), self.model_name)
+                    self.conv_id = self.store.new_conversation(title or title_from(content), self.model_name,
+                                                               self.system_prompt)
                 mid = self.store.add_message(self.conv_id, role, content, parent_id, **kw)
                 return self.store.message(mid)
             except StoreError as e:
@@ -125,8 +144,10 @@ class ChatState:
 
     def carry_over(self, messages: list[Message], title: str) -> None:
         """Start a new conversation titled `title` holding copies of `messages` (the last turns of a chat that
-        outgrew the context), each with its reasoning, settings and stats."""
+        outgrew the context), each with its reasoning, settings and stats; the system prompt comes along."""
+        system = self.system_prompt
         self.new()
+        self.system_prompt = system
         for m in messages:
             parent = self.path[-1].id if self.path else None
             self.path.append(self._add(m.role, m.content, parent, title=title, reasoning=m.reasoning,
@@ -166,11 +187,29 @@ class ChatState:
         if self.store is not None and not self.unsaved and self.conv_id is not None:
             return export_to_file(self.store, self.conv_id, fmt, directory), False
         first = next((m.content for m in self.path if m.role == "user"), "")
-        text = export_branch(self.path, title_from(first), self.model_name, fmt)
+        text = export_branch(self.path, title_from(first), self.model_name, fmt, self.system_prompt)
         return write_export(text, self.conv_id or "unsaved", fmt, directory), True
 
     def last_reply(self) -> Message | None:
         return next((m for m in reversed(self.path) if m.role == "assistant"), None)
+
+    def switch_version(self, index: int, step: int) -> tuple[int, int] | None:
+        """Show another version of path[index] (`step` -1: the previous one, +1: the next): the branch then
+        goes through it, down its newest continuation, and is the conversation's (saved: a reopened chat
+        shows it, the next prompt continues it). Returns its (1-based index, count); None where there is no
+        version that way (or the chat is not stored). StoreError where the store cannot say or save it."""
+        msg = self.path[index]
+        if self.store is None or self.conv_id is None or self.unsaved or msg.id < 0:
+            return None
+        sib = self.store.siblings(msg.id)
+        to = sib.index(msg.id) + step
+        if not 0 <= to < len(sib):
+            return None
+        leaf = self.store.latest_leaf(sib[to])
+        path = self.store.branch(self.conv_id, leaf)
+        self.store.set_leaf(self.conv_id, leaf)
+        self.path = path
+        return to + 1, len(sib)
 
     def versions(self, msg: Message) -> tuple[int, int]:
         """(1-based index, count) of this message among its regenerated/edited versions."""

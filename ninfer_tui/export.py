@@ -1,7 +1,8 @@
 """Export a transcript to Markdown (front-matter with model and settings) or JSON, and import that JSON.
 
 JSON keeps the whole message tree (every regenerated/edited version, reasoning, settings and stats per reply)
-so an import restores the conversation exactly; Markdown shows the current branch for reading.
+and the system prompt, so an import restores the conversation exactly; Markdown shows the system prompt and
+the current branch for reading.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def _json(conv: Conversation, msgs: list[Message]) -> str:
     doc = {
         "format": FORMAT, "version": FORMAT_VERSION, "id": conv.id, "title": conv.title, "model": conv.model,
         "created": conv.created, "updated": conv.updated, "leaf_id": conv.leaf_id,
+        "system_prompt": conv.system_prompt,
         "messages": [{"id": m.id, "parent_id": m.parent_id, "role": m.role, "content": m.content,
                       "created": m.created, "reasoning": m.reasoning, "reasoning_forced": m.reasoning_forced,
                       "settings": m.settings, "stats": m.stats} for m in msgs],
@@ -33,13 +35,13 @@ def _json(conv: Conversation, msgs: list[Message]) -> str:
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 
 
-def export_branch(path: list[Message], title: str, model: str, fmt: str = "md") -> str:
+def export_branch(path: list[Message], title: str, model: str, fmt: str = "md", system_prompt: str = "") -> str:
     """A branch held in memory (a chat the transcript store could not take) in either format; the JSON
     imports like any other export."""
     if not path:
         raise InputError("nothing to export yet")
     conv = Conversation(path[0].conversation_id or 0, title, model, path[0].created, path[-1].created, path[-1].id,
-                        len(path))
+                        len(path), system_prompt)
     if fmt == "json":
         return _json(conv, path)
     if fmt == "md":
@@ -77,10 +79,14 @@ def _markdown(conv: Conversation, path: list[Message]) -> str:
     lines = ["---", f"title: {_yaml_scalar(conv.title)}", f"model: {_yaml_scalar(conv.model)}",
              f"conversation_id: {conv.id}",
              f"created: {_yaml_scalar(time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(conv.created)))}"]
+    if conv.system_prompt:
+        lines.append(f"system_prompt: {_yaml_scalar(conv.system_prompt)}")
     if last_settings:
         lines.append("settings:" if same else "last_reply_settings:")
         lines += [f"  {k}: {_yaml_scalar(v)}" for k, v in last_settings.items()]
     lines += ["---", "", f"# {conv.title}", ""]
+    if conv.system_prompt:
+        lines += ["## System", "", conv.system_prompt, ""]
     for m in path:
         if m.role == "user":
             lines += ["## User", "", m.content, ""]
@@ -131,7 +137,9 @@ def import_json(store: Store, text: str) -> int:
             raise InputError(f"{what} refers to unknown parent {parent!r}; the file is damaged (nothing was "
                              "imported)")
         seen.add(m.get("id"))
-    conv_id = store.new_conversation(str(doc.get("title") or "Imported chat"), str(doc.get("model") or ""))
+    system = doc.get("system_prompt")  # absent in files exported before it existed
+    conv_id = store.new_conversation(str(doc.get("title") or "Imported chat"), str(doc.get("model") or ""),
+                                     system if isinstance(system, str) else "")
     try:
         new_ids: dict = {}
         for m in doc["messages"]:

@@ -28,6 +28,7 @@ HELP = """commands:
   /think [on|off|auto]           toggle or set thinking
   /budget [N|+|-]                thinking budget (0 = unlimited)
   /regen                         regenerate the last reply
+  /system [TEXT|clear]           show, set or clear this chat's system prompt (persona)
   /new                           start a new chat
   /list                          saved conversations;  /open ID  continue one
   /export [md|json]              write the chat to the exports folder
@@ -43,7 +44,7 @@ class PlainChat:
         self.engine, self.settings = engine, settings
         self.session = engine.session()
         self.store = store
-        self.chat = ChatState(store, model_name)
+        self.chat = ChatState(store, model_name, default_system=settings.system_prompt)
         self.out, self.err = out or sys.stdout, err or sys.stderr
         self.spec_modes = spec_modes or {m: None for m in SPEC_MODES}
         self.quit = False
@@ -99,6 +100,13 @@ class PlainChat:
                     if s.budget and s.thinking == "off":
                         s.thinking = "on"
                 self.say(f"thinking budget {s.budget_label()} (thinking {s.thinking})")
+            elif name == "system":
+                text = line.strip()[len(parts[0]) + 1:].strip()
+                if text:
+                    self.chat.set_system_prompt("" if text.lower() == "clear" else text)
+                    self._saving_notice()
+                shown = self.chat.system_prompt
+                self.say(f"system prompt: {shown}" if shown else "no system prompt")
             elif name == "new":
                 self.chat.new()
                 self.say("new chat")

@@ -10,7 +10,7 @@ from textual.binding import Binding
 from textual.markup import escape
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, DataTable, Input, Label, Markdown, Select, Static, Switch
+from textual.widgets import Button, DataTable, Input, Label, Markdown, Select, Static, Switch, TextArea
 
 from engine.config import SPEC_MODES
 from engine.errors import NinferError
@@ -76,6 +76,34 @@ class TextPromptScreen(ModalScreen[str | None]):
     @on(Input.Submitted)
     def _submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class SystemPromptScreen(ModalScreen[str | None]):
+    """Edit the open chat's system prompt (persona); dismisses with the new text (None: cancelled)."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="system_cancel"),
+                Binding("ctrl+s", "save", "Save", id="system_save", priority=True)]
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def compose(self):
+        with Vertical(classes="dialog", id="system-box"):
+            yield Label("System prompt of this chat (a persona or instructions), sent before the conversation "
+                        "from the next reply and stored with the chat; empty: none. ctrl+s save · esc cancel")
+            yield TextArea(self.text, id="system-text", soft_wrap=True, show_line_numbers=False)
+
+    def on_mount(self) -> None:
+        area = self.query_one("#system-text", TextArea)
+        area.focus()
+        area.move_cursor(area.document.end)
+
+    def action_save(self) -> None:
+        self.dismiss(self.query_one("#system-text", TextArea).text.strip())
 
     def action_cancel(self) -> None:
         self.dismiss(None)
@@ -213,11 +241,13 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                ("presence", float), ("frequency", float), ("budget", int), ("budget_step", int),
                ("draft_tokens", int)]
 
-    def __init__(self, settings: ChatSettings, themes: list[str], context: int | None = None):
+    def __init__(self, settings: ChatSettings, themes: list[str], context: int | None = None,
+                 chat_system: str = ""):
         super().__init__()
         self.settings = settings
         self.themes = themes
         self.context = context  # the engine's context size now (None: no model yet)
+        self.chat_system = chat_system  # the open chat's system prompt; set from its field on save
         self._bad_field: str | None = None  # the field the last error is about (focused for the fix)
 
     def compose(self):
@@ -245,6 +275,10 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                 yield Select([(t, t) for t in themes], value=s.theme, allow_blank=False, id="set-theme")
                 yield Label("show stats panel")
                 yield Switch(s.show_stats, id="set-show_stats")
+            yield Label("system prompt of this chat (stored with it; empty: none)")
+            yield TextArea(self.chat_system, id="set-chat_system", classes="system-field", soft_wrap=True)
+            yield Label("system prompt of new chats (saved to your config)")
+            yield TextArea(s.system_prompt, id="set-system_prompt", classes="system-field", soft_wrap=True)
             with Horizontal():
                 yield Button("Save", id="save", variant="primary")
                 yield Button("Cancel", id="cancel")
@@ -285,6 +319,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         new.thinking = self.query_one("#set-thinking", Select).value
         new.spec = self.query_one("#set-spec", Select).value
         new.theme = self.query_one("#set-theme", Select).value
+        new.system_prompt = self.query_one("#set-system_prompt", TextArea).text.strip()
         try:
             new.validate()
         except NinferError as e:  # the engine's checks speak of flags: say the field instead
@@ -304,6 +339,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             if self._bad_field is not None:
                 self.query_one(f"#set-{self._bad_field}", Input).focus()
             return
+        self.chat_system = self.query_one("#set-chat_system", TextArea).text.strip()
         self.dismiss(new)
 
     def action_cancel(self) -> None:

@@ -44,6 +44,7 @@ class ChatSettings:
     gil_switch_ms: float  # Python's GIL switch interval while streaming (default 5 ms)
     reserve_ui_core: bool  # CPU backend, > 2 cores, no --threads: decode on all cores but one
     save_piped: bool  # a prompt piped to --plain is kept in the transcripts (one-shot runs: off)
+    system_prompt: str  # the system prompt (persona) a new chat starts with; each chat keeps its own
     keymap: dict[str, str] = field(default_factory=dict)
     # the context size asked for on the settings screen (None: as the engine was loaded); the app applies it
     # to the running engine and it is saved as [engine] max_context
@@ -64,7 +65,8 @@ class ChatSettings:
             theme=ui["theme"], show_stats=ui["show_stats"], export_format=ui["export_format"],
             telemetry_interval=float(ui["telemetry_interval"]), stream_fps=float(ui["stream_fps"]),
             ui_cpu_budget=float(ui["ui_cpu_budget"]), gil_switch_ms=float(ui["gil_switch_ms"]),
-            reserve_ui_core=ui["reserve_ui_core"], save_piped=ui["save_piped"], keymap={str(k): str(v) for k, v in cfg["keymap"].items()},
+            reserve_ui_core=ui["reserve_ui_core"], save_piped=ui["save_piped"],
+            system_prompt=ui["system_prompt"], keymap={str(k): str(v) for k, v in cfg["keymap"].items()},
         )
         out.validate()
         return out
@@ -173,7 +175,8 @@ class ChatSettings:
             "penalties": {"enabled": self.penalties_on, "presence": self.presence, "frequency": self.frequency},
             "thinking": {"mode": self.thinking, "budget": self.budget, "budget_step": self.budget_step},
             "spec": {"mode": self.spec, "draft_tokens": self.draft_tokens},
-            "ui": {"theme": self.theme, "show_stats": self.show_stats, "export_format": self.export_format},
+            "ui": {"theme": self.theme, "show_stats": self.show_stats, "export_format": self.export_format,
+                   "system_prompt": self.system_prompt},
         }
         if self.max_context is not None:
             out["engine"] = {"max_context": self.max_context}

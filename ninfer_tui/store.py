@@ -1,6 +1,8 @@
 """Transcripts in SQLite: conversations, parent-linked messages, reasoning apart, FTS5 search.
 
-Every message is committed as soon as it is complete, so killing the app loses no finished turn.
+Every message is committed as soon as it is complete, so killing the app loses no finished turn. A
+conversation keeps its system prompt (persona) and its current leaf: the branch shown, which regenerate, edit
+and moving between versions change.
 Regenerate and edit never overwrite: they add a sibling (same parent) and move the conversation's leaf, so
 both versions stay. The schema is versioned with `PRAGMA user_version` and upgraded by MIGRATIONS; a file
 that is not a database, one that fails SQLite's quick_check (a damaged page), or one written by a newer
@@ -60,7 +62,13 @@ _V2 = ("""
 """)
 
 
-MIGRATIONS = [_V1, _V2]  # SQL scripts; MIGRATIONS[i] upgrades version i -> i+1
+# A system prompt (persona) per conversation; '' = none. Existing conversations keep everything and get ''.
+_V3 = ("""
+        ALTER TABLE conversations ADD COLUMN system_prompt TEXT NOT NULL DEFAULT '';
+""")
+
+
+MIGRATIONS = [_V1, _V2, _V3]  # SQL scripts; MIGRATIONS[i] upgrades version i -> i+1
 SCHEMA_VERSION = len(MIGRATIONS)
 
 # How long a write waits for another connection's write (another ninfer-chat on the same file) to finish.
@@ -107,11 +115,20 @@ class Conversation:
     updated: float
     leaf_id: int | None
     n_messages: int = 0
+    system_prompt: str = ""  # the chat's persona, sent first as a system message ('' = none)
 
 
 def default_path() -> Path:
     from engine import paths
     return paths.user_data_dir() / "transcripts.db"
+
+
+def _conversation(r: sqlite3.Row) -> Conversation:
+    """A conversations row (with its message count `n`); a file opened read-only at an older schema version
+    (no system_prompt column yet: --list, --export) reads as no system prompt."""
+    system = r["system_prompt"] if "system_prompt" in r.keys() else ""
+    return Conversation(r["id"], r["title"], r["model"], r["created"], r["updated"], r["leaf_id"], r["n"],
+                        system or "")
 
 
 def _json_dict(text) -> dict:
@@ -285,18 +302,17 @@ class Store:
         except sqlite3.Error as e:
             raise self._write_failed(e) from None
 
-    def new_conversation(self, title: str = "New chat", model: str = "") -> int:
+    def new_conversation(self, title: str = "New chat", model: str = "", system_prompt: str = "") -> int:
         now = time.time()
-        return self._write("INSERT INTO conversations(title, model, created, updated) VALUES (?,?,?,?)",
-                           (title, model, now, now)).lastrowid
+        return self._write("INSERT INTO conversations(title, model, created, updated, system_prompt) "
+                           "VALUES (?,?,?,?,?)", (title, model, now, now, system_prompt)).lastrowid
 
     def conversation(self, conv_id: int) -> Conversation:
         rows = self._rows("SELECT c.*, (SELECT count(*) FROM messages m WHERE m.conversation_id=c.id) n "
                           "FROM conversations c WHERE id=?", (conv_id,))
         if not rows:
             raise StoreError(f"no conversation with id {conv_id}; `ninfer-chat --list` shows the ids")
-        r = rows[0]
-        return Conversation(r["id"], r["title"], r["model"], r["created"], r["updated"], r["leaf_id"], r["n"])
+        return _conversation(rows[0])
 
     def list_conversations(self, query: str | None = None, limit: int = 500) -> list[Conversation]:
         """Newest first; `query` searches titles and message text (FTS5 syntax, words are ANDed)."""
@@ -310,12 +326,16 @@ class Store:
             args = (f"%{query.strip()}%", words)
         sql += " ORDER BY c.updated DESC, c.id DESC LIMIT ?"
         rows = self._rows(sql, args + (limit,))
-        return [Conversation(r["id"], r["title"], r["model"], r["created"], r["updated"], r["leaf_id"], r["n"])
-                for r in rows]
+        return [_conversation(r) for r in rows]
 
     def rename(self, conv_id: int, title: str) -> None:
         self.conversation(conv_id)
         self._write("UPDATE conversations SET title=? WHERE id=?", (title.strip() or "Untitled", conv_id))
+
+    def set_system_prompt(self, conv_id: int, text: str) -> None:
+        """The conversation's system prompt from the next reply on ('' = none)."""
+        self.conversation(conv_id)
+        self._write("UPDATE conversations SET system_prompt=?, updated=? WHERE id=?", (text, time.time(), conv_id))
 
     def delete(self, conv_id: int) -> None:
         """Delete a conversation and its messages (foreign keys cascade)."""
@@ -381,6 +401,19 @@ class Store:
             "SELECT id FROM messages WHERE conversation_id=? AND role=? AND parent_id IS ? ORDER BY id",
             (m.conversation_id, m.role, m.parent_id))
         return [r[0] for r in rows]
+
+    def latest_leaf(self, msg_id: int) -> int:
+        """The end of the newest branch below a message: from it, the newest child (highest id) at each step.
+        Showing another version of a message continues where that version was last taken."""
+        m = self.message(msg_id)
+        children: dict[int, int] = {}
+        for r in self._rows("SELECT id, parent_id FROM messages WHERE conversation_id=? AND parent_id IS NOT NULL",
+                            (m.conversation_id,)):
+            children[r[1]] = max(children.get(r[1], r[0]), r[0])
+        leaf = msg_id
+        while leaf in children:
+            leaf = children[leaf]
+        return leaf
 
     def set_times(self, conv_id: int, created: float, updated: float) -> None:
         """A conversation's creation and last-change times (an import keeps the exported ones)."""

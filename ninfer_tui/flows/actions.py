@@ -60,6 +60,9 @@ class SettingsActions:
             if new is None:
                 return
             self.settings.__dict__.update(new.__dict__)
+            self.chat.default_system = new.system_prompt
+            if screen.chat_system != self.chat.system_prompt:
+                self.call_later(self._set_system_prompt, screen.chat_system)
             self._apply_theme(new.theme)
             self._panel_choice = None  # the saved choice applies again (where the width allows)
             self._fit_panel()
@@ -73,7 +76,8 @@ class SettingsActions:
             self._after_change(f"settings saved to {where}")
         context = self.engine.max_context if self.session is not None and not unavailable(self.engine, "context") \
             else None  # a remote server's context is set where it runs: the field is disabled
-        self.push_screen(SettingsScreen(self.settings, sorted(self.theme_names), context), done)
+        screen = SettingsScreen(self.settings, sorted(self.theme_names), context, self.chat.system_prompt)
+        self.push_screen(screen, done)
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):

@@ -41,8 +41,10 @@ class ContextFlow:
                     "can raise the context size", severity="warning", timeout=10)
 
     def _fits(self, msgs: list[dict], text: str) -> bool:
-        """Whether these messages and the prompt `text` fit the context with room for a reply."""
-        prompt = self.session.prompt_tokens([*msgs, {"role": "user", "content": text}], self.settings.request())
+        """Whether these messages and the prompt `text` fit the context with room for a reply (after the
+        chat's system prompt)."""
+        prompt = self.session.prompt_tokens([*self.chat.system_messages(), *msgs, {"role": "user", "content": text}],
+                                            self.settings.request())
         return len(prompt) + self._reply_room() <= self.engine.max_context
 
     def _offer_new_chat(self, tokens: int, context: int) -> None:

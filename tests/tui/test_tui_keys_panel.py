@@ -97,12 +97,12 @@ def _keymap_app(make_app, keymap_toml: str):
 
 
 async def test_keymap_from_config_remaps(make_app, tmp_path):
-    app = _keymap_app(make_app, 'spec_cycle = "ctrl+t"\n')
+    app = _keymap_app(make_app, 'spec_cycle = "ctrl+g"\n')
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await pilot.press("f2")
         assert app.settings.spec == "off"  # the old key no longer cycles
-        await pilot.press("ctrl+t")
+        await pilot.press("ctrl+g")
         assert app.settings.spec == "ngram"
 
 
@@ -110,7 +110,7 @@ async def test_keymap_clash_and_broken_key_are_warned(make_app):
     """A key bound to two actions and a key that is not one: a warning each at start, the chat runs."""
     from ninfer_tui.app import keymap_problems
     assert keymap_problems({}) == []
-    assert keymap_problems({"spec_cycle": "ctrl+t", "regenerate": "f2"}) == []  # f2 was freed first
+    assert keymap_problems({"spec_cycle": "ctrl+g", "regenerate": "f2"}) == []  # f2 was freed first
     app = _keymap_app(make_app, 'regenerate = "f2"\nquit = "ctrl+"\n')
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
