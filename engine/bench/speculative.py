@@ -3,12 +3,15 @@
     ninfer-bench speculative                      # default model, greedy, 128 tokens
     ninfer-bench speculative --variants off ngram:3 ngram:3:fixed ngram:7 --repeats 2 --max-new 128 --json out.json
     ninfer-bench speculative --variants off ngram:3 mtp:3 mtp:3:hot mtp:3:hot:hybrid --heldout train/heldout.json
+    ninfer-bench speculative --variants off ngram:3 mtp:3:hot dflash:7:hot --heldout train/heldout.json
     python -m engine.bench.speculative ...        # the same from a checkout without an install
-    (MODE:K = adaptive draft length up to K, what users get; :fixed = always up to K drafts; :hot = the MTP
-    drafter's hot-vocabulary head (--lm-head-draft); :hybrid = n-gram drafts where the last 3 tokens matched)
+    (MODE:K = adaptive draft length up to K, what users get; :fixed = always up to K drafts; :hot = the MTP or
+    DFlash drafter's hot-vocabulary head (--lm-head-draft); :hybrid = n-gram drafts where the last 3 tokens matched)
 
 Part 1, verify cost: one forward over T = 1, 4, 8 tokens at a realistic context position (the cost a round
 pays for k = 0, 3, 7 drafts), interleaved and repeated; median ms and the ratio to T=1 (goal: T=8 <= 1.5x).
+Part 1b, draft cost: for each trained-drafter variant (mtp, dflash), the drafter's own time per round (propose
+for K drafts + observe of the kept tokens) at the same context position, against the T=1 pass.
 Part 2, rounds: every workload (message files from /work/shared/workloads + a couple of chat prompts) under
 every variant, interleaved A-B-A-B (--repeats rounds of all variants) to cancel drift; prefix reuse off.
 Reports decode tok/s (mean [min-max]), tokens/round, acceptance, ms/round split into draft + verify,
@@ -84,6 +87,37 @@ def verify_cost(model, kv_dtype: str = "f16", sizes=(1, 2, 4, 8), ctx_len: int =
             times[t].append((time.perf_counter() - t0) * 1e3)
             cache.truncate(ctx_len)
     return {t: statistics.median(v) for t, v in times.items()}
+
+
+def draft_cost(engine: Engine, mode: str, k: int, flags: frozenset, ctx_len: int = 200,
+               repeats: int = 30) -> float:
+    """Median ms a drafter spends per round at context ~ctx_len: propose(k) then observe of 2 kept tokens
+    (their features from a real target pass, timed apart), the round's own bookkeeping."""
+    from ..spec import SpecRound
+    rnd = variant_round(engine, mode, k, flags | {"fixed"})
+    drafter, m = rnd.drafter, engine.model
+    rng = np.random.default_rng(0)
+    toks = rng.integers(10, min(1000, m.args.vocab_size), ctx_len + 2 * repeats + 2).astype(np.int32).tolist()
+    cache = m.new_cache(ctx_len + 2 * repeats + 4, engine.args.kv_dtype)
+    rnd = SpecRound(drafter, k)
+    rnd.begin()
+    layers = rnd.capture
+    m.forward(np.asarray(toks[:ctx_len], np.int32), 0, cache, capture=layers)
+    rnd.observe_prefill(toks[:ctx_len], {i: m.captured[i] for i in layers} if layers else None)
+    times = []
+    for r in range(repeats):
+        pos = ctx_len + 2 * r
+        if hasattr(drafter, "bind_target"):
+            drafter.bind_target(m, cache)
+        t0 = time.perf_counter()
+        drafter.propose(toks[:pos + 1], k, None)
+        t1 = time.perf_counter()
+        m.forward(np.asarray(toks[pos:pos + 2], np.int32), pos, cache, all_logits=True, capture=layers)
+        feats = {i: m.captured[i] for i in layers} if layers else None
+        t2 = time.perf_counter()
+        drafter.observe(toks[pos:pos + 2], feats)
+        times.append((t1 - t0 + time.perf_counter() - t2) * 1e3)
+    return statistics.median(times[3:])
 
 
 def random_verify_cost(a) -> int:
@@ -228,7 +262,8 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-verify-cost", action="store_true")
-    ap.add_argument("--verify-only", action="store_true", help="only the verify-pass cost")
+    ap.add_argument("--verify-only", action="store_true", help="only the verify-pass (and draft) cost")
+    ap.add_argument("--no-draft-cost", action="store_true", help="skip the trained drafters' cost per round")
     ap.add_argument("--lossless-tiny", action="store_true",
                     help="greedy off vs ngram k=1,3,5 on the tiny models (tests/fixtures/make_tiny_models.py) on --backend, "
                          "and the largest |verify row - decode step| difference")
@@ -263,6 +298,16 @@ def main(argv=None) -> int:
         print("\n## verify pass cost (forward over T tokens at position 200, median of 20)")
         for t, ms in cost.items():
             print(f"  T={t}: {ms:7.2f} ms  = {ms / base:4.2f}x T=1")
+    drafted = [v for v in variants if v[0] in ("mtp", "dflash")]
+    if drafted and not a.no_draft_cost:
+        base = result["verify_cost_ms"][1] if "verify_cost_ms" in result else \
+            verify_cost(engine.model, engine.args.kv_dtype, sizes=(1,))[1]
+        print(f"\n## draft cost per round (propose + observe, context 200, median; T=1 = {base:.2f} ms)", flush=True)
+        result["draft_cost_ms"] = {"T=1": base}
+        for mode, k, flags in drafted:
+            ms = draft_cost(engine, mode, k, flags)
+            result["draft_cost_ms"][variant_name(mode, k, flags)] = ms
+            print(f"  {variant_name(mode, k, flags):18s} {ms:6.2f} ms = {ms / base:5.1%} of a T=1 pass", flush=True)
     if a.verify_only:
         if a.json:
             Path(a.json).write_text(json.dumps(result, indent=1))

@@ -90,6 +90,8 @@ class DFlashNet:
                 tensors[f"blk.{i}.{gguf_name}"] = _f32(k, arr) if arr.ndim == 1 else _q8(k, arr)
         self.model = Model(margs, tensors, _serial_kernels(), max_batch=max(MAX_ROWS, self.block))
         self.fc = self.model.be.prepare_weight(_q8("fc", w["fc"]))  # (d, width)
+        # the model's scratch covers inputs up to max(d, q_dim, d_ff) wide; a feature row may be wider
+        self.fc_scratch = self.model.be.new_scratch(MAX_ROWS, self.taps.width)
         self.hidden_norm = np.asarray(w["hidden_norm"], np.float32)
         self.mask = np.asarray(w["mask_emb"], np.float32)
         self.cache = self.model.new_cache(capacity, "f16")  # each draft layer's context K/V (+ the block's)
@@ -102,7 +104,8 @@ class DFlashNet:
         m, be = self.model, self.model.be
         s, t_n = m.state, feats.shape[0]
         c = s.xb[:t_n]
-        be.matmul(c, np.ascontiguousarray(feats, np.float32), self.fc, s.scratch)
+        assert t_n <= MAX_ROWS and feats.shape[1] == self.taps.width, feats.shape
+        be.matmul(c, np.ascontiguousarray(feats, np.float32), self.fc, self.fc_scratch)
         be.rmsnorm(c, c, self.hidden_norm, self.eps)
         a = m.args
         for i, lw in enumerate(m.layers):

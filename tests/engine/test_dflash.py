@@ -269,3 +269,14 @@ def test_taps_block_and_version_are_checked(tiny, tmp_path, monkeypatch):
     write_dflash(tmp_path / "v2.npz", path, a, version=2)
     why = available_modes(str(path))["dflash"]
     assert "version 2" in why and "re-export" in why and "\n" not in why
+
+
+def test_bench_measures_the_draft_cost_per_round(tiny):
+    """engine/bench/speculative.draft_cost: the drafter's own time per round, for dflash and its hot head."""
+    from engine.api import Engine
+    from engine.bench.speculative import draft_cost
+    path, _ = tiny
+    eng = Engine.load(EngineArgs(model=str(path), max_context=512, prefix_reuse=False))
+    for flags in (frozenset(), frozenset({"hot"})):
+        ms = draft_cost(eng, "dflash", 4, flags, ctx_len=40, repeats=6)
+        assert 0 < ms < 1000

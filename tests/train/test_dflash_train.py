@@ -1,0 +1,152 @@
+"""The DFlash training module computes the drafter the runtime runs: a numpy walk of the math (context rows
+from features, one bidirectional block per anchor, RoPE from the engine's ref kernel) on random weights
+equals the torch module's forward over many anchors and a padded batch; batches anchor where the runtime
+drafts; the export writes every field of the ninfer-dflash v1 format and the runtime's loader accepts it."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from engine.backends.ref.kernels import rope as ref_rope
+from engine.spec.dflash_taps import Taps
+from train.dflash_model import DFlashConfig, DFlashDrafter
+from train.dflash_train import (
+    FORMAT,
+    VERSION,
+    block_loss,
+    export_file,
+    make_batch,
+    position_weights,
+)
+
+TAPS = Taps(kv_layers=(1,), hidden_layer=2, d_model=16, kv_dim=8)
+CFG = DFlashConfig(d_model=16, n_head=4, n_kv_head=2, head_dim=4, d_ff=24, rms_eps=1e-5, rope_base=10000.0,
+                   rope_neox=False, feat_width=TAPS.width, n_layers=2, block=4)
+VOCAB, N_HOT = 50, 20
+
+
+def random_parts(seed=0):
+    rng = np.random.default_rng(seed)
+    params = {k: rng.normal(0, 0.4, s).astype(np.float32) + (1.0 if len(s) == 1 else 0.0)
+              for k, s in CFG.shapes().items()}
+    embed = rng.normal(0, 1, (VOCAB, CFG.d_model)).astype(np.float32)
+    hot_ids = np.sort(rng.choice(VOCAB, N_HOT, replace=False)).astype(np.int32)
+    return params, embed, hot_ids
+
+
+def np_rms(x, w):
+    return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + CFG.rms_eps) * w
+
+
+def np_rope(x, pos):
+    """x (H, hd) at position pos, through the engine's reference kernel."""
+    inv = (1.0 / (CFG.rope_base ** (np.arange(0, CFG.head_dim, 2, dtype=np.float64) / CFG.head_dim))).astype(np.float32)
+    y = x[None].astype(np.float32).copy()
+    ref_rope(y, pos, inv, False)
+    return y[0].astype(np.float64)
+
+
+def numpy_block(params, embed, feats, tokens, a):
+    """Output hiddens (B, d) of the block at anchor a: context rows p < a, the block [E[x_a], m, ...]."""
+    c, w = CFG, {k: v.astype(np.float64) for k, v in params.items()}
+    g = c.n_head // c.n_kv_head
+    ctx = np_rms(feats[:a].astype(np.float64) @ w["fc"].T, w["hidden_norm"])  # (a, d)
+    x = np.stack([embed[tokens[a]]] + [w["mask_emb"]] * (c.block - 1)).astype(np.float64)
+    for i in range(c.n_layers):
+        L = {k: w[f"l{i}.{k}"] for k in ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")}
+        n1 = np_rms(x, L["attn_norm"])
+        keys = [np_rope((L["wk"] @ r).reshape(c.n_kv_head, c.head_dim), p) for p, r in enumerate(ctx)]
+        vals = [(L["wv"] @ r).reshape(c.n_kv_head, c.head_dim) for r in ctx]
+        keys += [np_rope((L["wk"] @ r).reshape(c.n_kv_head, c.head_dim), a + t) for t, r in enumerate(n1)]
+        vals += [(L["wv"] @ r).reshape(c.n_kv_head, c.head_dim) for r in n1]
+        K, V = np.stack(keys), np.stack(vals)
+        att = np.zeros((c.block, c.n_head, c.head_dim))
+        for t, r in enumerate(n1):
+            q = np_rope((L["wq"] @ r).reshape(c.n_head, c.head_dim), a + t)
+            for h in range(c.n_head):
+                s = K[:, h // g] @ q[h] / np.sqrt(c.head_dim)
+                p = np.exp(s - s.max())
+                att[t, h] = (p / p.sum()) @ V[:, h // g]
+        x = x + att.reshape(c.block, -1) @ L["wo"].T
+        n2 = np_rms(x, L["ffn_norm"])
+        gate = n2 @ L["w_gate"].T
+        x = x + (gate / (1 + np.exp(-gate)) * (n2 @ L["w_up"].T)) @ L["w_down"].T
+    return x
+
+
+def test_forward_matches_the_numpy_walk_and_batches_anchor_where_the_runtime_drafts():
+    params, embed, hot_ids = random_parts()
+    rng = np.random.default_rng(1)
+    model = DFlashDrafter(CFG, embed, embed[hot_ids], params)
+    hot_index = np.full(VOCAB, -1, np.int64)
+    hot_index[hot_ids] = np.arange(N_HOT)
+    x1, f1 = rng.integers(0, VOCAB, 12).astype(np.int32), rng.normal(0, 2, (12, CFG.feat_width)).astype(np.float16)
+    x2, f2 = rng.integers(0, VOCAB, 7).astype(np.int32), rng.normal(0, 2, (7, CFG.feat_width)).astype(np.float16)
+    seqs = [(x1, f1, 3, False), (x2, f2, 5, False)]  # (tokens, feats, prompt_len, predictable)
+    bt = make_batch(seqs, [0, 1], CFG.block, hot_index, None, None, (0, 100))  # every anchor
+    assert bt["anchors"][0].tolist() == list(range(2, 11))  # prompt_len - 1 .. n - 2
+    assert bt["anchors"][1, :1].tolist() == [4] and bt["tgt"][1, 0].tolist() == [x2[5], x2[6], -1]
+    assert bt["tgt"][0, 0].tolist() == x1[3:6].tolist() and bt["tgt"][0, -1].tolist() == [x1[11], -1, -1]
+    with torch.no_grad():
+        z = model(bt["feats"], bt["tokens"], bt["anchors"], bt["valid"])
+    for r, (x, f, _, _) in enumerate(seqs):  # padding and other anchors change nothing
+        for j, a in enumerate(bt["anchors"][r].tolist()):
+            if r == 1 and j > 0:
+                break  # padded anchor slots of the short sequence
+            want = numpy_block(params, embed, f.astype(np.float32), x, a)
+            np.testing.assert_allclose(z[r, j].numpy(), want, rtol=2e-4, atol=2e-4)
+    rb = make_batch(seqs, [0], CFG.block, hot_index, 3, np.random.default_rng(0))
+    assert rb["anchors"].shape == (1, 3) and all(2 <= a <= 10 for a in rb["anchors"][0].tolist())
+
+
+def test_loss_weights_later_rows_less_and_trains():
+    params, embed, hot_ids = random_parts(2)
+    w = position_weights(CFG.block, 2.0)
+    assert w[0] == 1 and torch.all(w[1:] < w[:-1])
+    model = DFlashDrafter(CFG, embed, embed[hot_ids], params)
+    hot_index = np.full(VOCAB, -1, np.int64)
+    hot_index[hot_ids] = np.arange(N_HOT)
+    rng = np.random.default_rng(3)
+    x = hot_ids[rng.integers(0, N_HOT, 20)]
+    seqs = [(x, rng.normal(0, 1, (20, CFG.feat_width)).astype(np.float16), 2, False)]
+    bt = make_batch(seqs, [0], CFG.block, hot_index, None, None, (0, 100))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    first = None
+    for _ in range(30):
+        loss, per_row = block_loss(model, bt, w)
+        first = float(loss.detach()) if first is None else first
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert per_row.shape == (CFG.block - 1,) and float(loss.detach()) < 0.5 * first
+
+
+def test_export_writes_every_field_and_the_runtime_reads_it(tmp_path):
+    from engine.spec.dflash import check_meta, file_taps
+    params, _, hot_ids = random_parts()
+    out = tmp_path / "m.dflash.npz"
+    export_file(out, CFG, TAPS, params, hot_ids, "ab" * 32, "base.gguf", {"optimizer_steps": 1})
+    with np.load(out, allow_pickle=False) as z:
+        meta = json.loads(str(z["meta"]))
+        assert set(z.files) == {"meta", "hot_ids", *CFG.param_names()}
+        assert z["hot_ids"].dtype == np.int32 and z["hot_ids"].shape == (N_HOT,)
+        for k, shape in CFG.shapes().items():
+            assert z[k].dtype == np.float16 and z[k].shape == shape, k
+        np.testing.assert_allclose(z["l1.wq"], params["l1.wq"], rtol=1e-3, atol=1e-3)
+    assert meta["format"] == FORMAT == "ninfer-dflash" and meta["version"] == VERSION == 1
+    for key in ("base_sha256", "base_name", "d_model", "n_head", "n_kv_head", "head_dim", "d_ff", "rms_eps",
+                "rope_base", "rope_neox", "n_layers", "block_size", "feat_width", "tap_kv_layers",
+                "tap_hidden_layer", "kv_dim", "hot_vocab_size", "training"):
+        assert key in meta, key
+    assert file_taps(meta) == TAPS and meta["block_size"] == 4 and meta["n_layers"] == 2
+
+    class Args:  # a target with three layers of these widths
+        n_layer, d_model, n_kv_head, head_dim, arch = 3, 16, 2, 4, "llama"
+    check_meta(meta, Args, out)
+    Args.n_layer = 5  # the hidden tap is no longer the last layer
+    with pytest.raises(Exception, match="last layer is 4"):
+        check_meta(meta, Args, out)
