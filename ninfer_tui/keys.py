@@ -29,6 +29,8 @@ MESSAGE_KEYS = [
     ("edit_prompt", "e,enter", "Edit & resend the focused prompt"),
     ("copy_message", "c", "Copy the focused message"),
     ("copy_code", "b", "Copy the focused message's code block"),
+    ("version_prev", "left", "Previous version of the focused message (regenerated / edited); continues from it"),
+    ("version_next", "right", "Next version of the focused message"),
 ]
 
 

@@ -118,6 +118,7 @@ class ReplyFlow:
             try:
                 view.stored = self.chat.add_reply(view.text, view.reasoning, view.forced, self.reply_settings, final)
                 view.set_version(self.chat.versions(view.stored))
+                self._versions_hint(view.version)
                 self._saving_notice()
             except NinferError as e:
                 self.notify(f"could not save the reply: {e}", severity="error")

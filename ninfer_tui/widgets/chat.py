@@ -1,7 +1,8 @@
 """Chat widgets: the prompt input, a prompt bubble, a reply (reasoning collapsible + streamed Markdown answer).
 
 Messages are focusable (tab / shift+tab, a click): `c` copies the message, `b` copies its code blocks one
-after the other, `e` (on a prompt) loads it into the input to edit and resend. Typing on a focused message
+after the other, `e` (on a prompt) loads it into the input to edit and resend, left / right show the previous /
+next version of a regenerated reply or an edited prompt. Typing on a focused message
 is typing a prompt: the characters go to the input, and those letters are not message keys then (a click on
 a message and a prompt typed on used to copy over the clipboard at each c or b).
 """
@@ -133,12 +134,21 @@ class MessageView(Vertical, can_focus=True):
     BINDINGS = [
         Binding("c", "copy", "Copy message", id="copy_message"),
         Binding("b", "copy_code", "Copy code block", id="copy_code"),
+        Binding("left", "version(-1)", "Previous version", id="version_prev"),
+        Binding("right", "version(1)", "Next version", id="version_next"),
     ]
 
     class EditRequested(Message):
         def __init__(self, view: "MessageView"):
             super().__init__()
             self.view = view
+
+    class VersionRequested(Message):
+        """Show another version of this message (step -1: the previous one, +1: the next)."""
+
+        def __init__(self, view: "MessageView", step: int):
+            super().__init__()
+            self.view, self.step = view, step
 
     def __init__(self, stored: StoredMessage | None, text: str = "", **kw):
         super().__init__(**kw)
@@ -195,6 +205,9 @@ class MessageView(Vertical, can_focus=True):
             self._held = (event.character, active.binding.action, self.set_timer(TYPING_WINDOW_S, self._run_held))
             return
         self._type_into_prompt(event.character)
+
+    def action_version(self, step: int) -> None:
+        self.post_message(self.VersionRequested(self, step))
 
     def action_copy(self) -> None:
         self.app.copy_to_clipboard(self.text)

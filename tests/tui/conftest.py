@@ -1,7 +1,6 @@
 """Fixtures for the TUI tests: private config/data dirs, a scripted fake engine, an app factory."""
 from __future__ import annotations
 
-
 import pytest
 
 from engine.config import EngineArgs
