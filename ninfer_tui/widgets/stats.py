@@ -226,6 +226,9 @@ class StatsPanel(VerticalScroll):
             if acc := [f"{a:.0%}" for a in f.per_position_accept]:
                 lines.append("per position")
                 lines += ["  " + " ".join(acc[i:i + 5]) for i in range(0, len(acc), 5)]
+        elif f is not None and f.spec_mode != "off" and f.drafted:  # a remote server: drafts, but no rounds
+            lines += [f"last reply    {f.spec_mode}", f"acceptance    {f.acceptance:8.0%}",
+                      f"drafted       {f.drafted:8d}"]
         elif self.live and self.step is not None and ran != "off" and (self.step.draft_ms or self.step.verify_ms):
             s = self.step
             lines += [f"this round    {s.round_tokens} tok",

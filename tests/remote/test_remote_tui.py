@@ -4,6 +4,8 @@ transcripts and export with the endpoint recorded, features the server cannot ch
 errors for a wrong key or URL."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from tui_helpers import ready, send, wait_for
 
@@ -41,6 +43,10 @@ async def test_streaming_reply_figures_transcript_and_export(serve, tiny_engine,
             await wait_for(pilot, lambda: any(n.startswith("exported to") for n in notes(app)))
             text = next((tmp_path / "data" / "exports").glob("*.md")).read_text()
             assert f'model: "tiny-llama @ {url}"' in text  # the export names the endpoint too
+            # a server that reports drafts but no rounds (llama.cpp's timings): the panel shows its acceptance
+            panel.on_final(dataclasses.replace(final, spec_mode="server", drafted=10, accepted=6, rounds=0))
+            spec = str(app.query_one("#spec").render())
+            assert "last reply    server" in spec and "acceptance         60%" in spec and "drafted" in spec
 
 
 async def test_reasoning_is_shown_apart(serve, tiny_engine, remote_app):
