@@ -12,9 +12,9 @@ of drafts the way a recursive drafter's (MTP) does. At position pos (the target'
                    the draft layers (llama blocks) with attention over every context row and, bidirectionally,
                    the whole block; row i >= 1's logits (target head rows, hot or all) draft x_{pos+i}
 
-The block always has the B rows it was trained with (the drafts asked for are its first k rows), so the
-draft cost per round is one constant (measured against a target step in engine/bench/speculative.py);
-`DFlashAdaptive` chooses k with that cost model. Taps and block size are recorded in the drafter file and
+The block always has the B rows it was trained with (the drafts asked for are its first k rows); the head,
+most of a round's cost, runs over those k rows only. `DFlashAdaptive` chooses k with the measured costs
+(engine/bench/speculative.py measures a round's draft cost against a target step). Taps and block size are recorded in the drafter file and
 checked at load. The network runs on the cpu backend's kernels (Q8_0 weights, one thread), as mtp.py's.
 """
 from __future__ import annotations
@@ -117,9 +117,10 @@ class DFlashNet:
             be.kv_store_f16(*self.cache.layer(i), k3, v3, pos0)
         self.cache.length = pos0 + t_n
 
-    def draft(self, token: int, pos: int) -> np.ndarray:
-        """Logits (B-1, head rows) of block rows 1..B-1 (drafts of x_{pos+1}..x_{pos+B-1}); the block's own
-        K/V go to cache positions pos.., which the caller truncates away after."""
+    def draft(self, token: int, pos: int, k: int | None = None) -> np.ndarray:
+        """Logits (k, head rows) of block rows 1..k (drafts of x_{pos+1}..x_{pos+k}; k <= B-1, default B-1):
+        the whole block runs, the head (most of a round's cost: 7 rows x 7.5K hot rows) only over the rows
+        asked for. The block's own K/V go to cache positions pos.., which the caller truncates away after."""
         from ..forward import ATTENTION, LAYER_PHASES
         from ..quant import dequantize_rows
         m, b = self.model, self.block
@@ -135,7 +136,12 @@ class DFlashNet:
                     continue
                 m.phase(ph, i)
                 m.tail(ph, i)  # QKV's tail: rope at pos.. and the block's K/V into the cache
-        return m.head(b - 1)
+        k = b - 1 if k is None else max(1, min(k, b - 1))
+        if s.logits is None or s.logits.shape[0] < k:
+            s.logits = m.be.zeros((b, m.args.vocab_size), "float32")
+        m.be.rmsnorm(s.xb[:k], s.x[1:1 + k], m.output_norm, self.eps)  # Model.head_device over rows 1..k
+        m.be.matmul(s.logits[:k], s.xb[:k], m.output, s.scratch)
+        return m.be.to_host(s.logits[:k])
 
     def _attention(self, layer: int, pos: int) -> None:
         """att (B, H, hd) <- every block row over cache positions 0..pos+B-1 (the context and the whole block):
@@ -224,17 +230,30 @@ class DFlashDrafter:
         if k <= 0 or pos < 0 or not self._catch_up(pos):
             return []
         self.net.cache.truncate(pos)
-        logits = self.net.draft(int(context_tokens[-1]), pos)
+        logits = self.net.draft(int(context_tokens[-1]), pos, k)
         self.net.cache.truncate(pos)  # the block's rows are speculative
-        return [self.net.token(j) for j in np.argmax(logits[:k], axis=-1)]
+        return [self.net.token(j) for j in np.argmax(logits, axis=-1)]
 
 
 class DFlashAdaptive(AdaptiveLength):
-    """AdaptiveLength with DFlash's cost model: one block forward per round whatever k (draft_ms is per
-    round, not per token), and the target's cache handed through to the drafter."""
+    """AdaptiveLength with DFlash's cost model: a round's draft time is one block forward (fixed) plus the
+    head over the k rows asked for, kept per k (EMA; a k not yet drafted is scaled from the nearest one
+    as (k + 2) / (k0 + 2): the block costs about two head rows); and the target's cache handed through."""
+
+    def __init__(self, inner, **kw):
+        super().__init__(inner, **kw)
+        self.draft_by_k: dict[int, float] = {}  # k -> EMA ms of a round's drafting
 
     def bind_target(self, model, cache) -> None:
         self.inner.bind_target(model, cache)
+
+    def draft_cost(self, k: int) -> float:
+        if k in self.draft_by_k:
+            return self.draft_by_k[k]
+        if not self.draft_by_k:
+            return 0.0
+        k0 = min(self.draft_by_k, key=lambda j: abs(j - k))
+        return self.draft_by_k[k0] * (k + 2) / (k0 + 2)
 
     def choose_k(self, k_max: int) -> int:
         if k_max <= 0 or len(self.cost_ms) < 2 or 1 not in self.cost_ms:
@@ -244,7 +263,7 @@ class DFlashAdaptive(AdaptiveLength):
         for k in range(1, k_max + 1):
             p *= self.acceptance(k - 1)
             expected += p
-            rate = expected / (self.cost(k + 1) + self.draft_ms)
+            rate = expected / (self.cost(k + 1) + self.draft_cost(k))
             if rate > best:
                 best_k, best = k, rate
         self._rounds += 1
@@ -253,13 +272,15 @@ class DFlashAdaptive(AdaptiveLength):
         return best_k
 
     def propose(self, context_tokens: Sequence[int], k: int, features: Features | None) -> list[int]:
-        """AdaptiveLength.propose, with draft_ms the EMA of a round's draft time (not per drafted token)."""
+        """AdaptiveLength.propose, keeping a round's draft time per k (draft_by_k)."""
         k_use = self.choose_k(k)
         t0 = self.clock()
         drafts = list(self.inner.propose(context_tokens, k_use, features)[:k_use]) if k_use > 0 else []
         t1 = self.clock()
         if drafts:
-            self.draft_ms = self._ema(self.draft_ms, (t1 - t0) * 1e3, self.draft_ms == 0.0)
+            n = len(drafts)
+            self.draft_by_k[n] = self._ema(self.draft_by_k.get(n, 0.0), (t1 - t0) * 1e3, n not in self.draft_by_k)
+            self.draft_ms = self.draft_by_k[n] / n
         self._pending = (len(drafts), t1)
         return drafts
 

@@ -280,3 +280,28 @@ def test_bench_measures_the_draft_cost_per_round(tiny):
     for flags in (frozenset(), frozenset({"hot"})):
         ms = draft_cost(eng, "dflash", 4, flags, ctx_len=40, repeats=6)
         assert 0 < ms < 1000
+
+
+def test_adaptive_length_prices_a_round_per_k():
+    """DFlashAdaptive: with cheap verify passes and sure drafts it drafts the most; when a round's drafting
+    costs more than the tokens it wins, none; a k never drafted is priced from the nearest one."""
+    from engine.spec.dflash import DFlashAdaptive
+
+    class Inner:
+        name, features_needed = "dflash", (1,)
+
+        def reset(self):
+            pass
+
+        def observe(self, tokens, features):
+            pass
+
+        def propose(self, context, k, features):
+            return [1] * k
+    ad = DFlashAdaptive(Inner(), cost_table={1: 10.0, 8: 12.0})
+    ad.hits, ad.tries = [9.0] * 7, [9.0] * 7  # every position accepted
+    ad.draft_by_k = {7: 3.0}
+    assert ad.choose_k(7) == 7 and ad.draft_cost(3) == pytest.approx(3.0 * 5 / 9)
+    ad.draft_by_k = {7: 500.0}
+    assert ad.choose_k(7) == 0
+    assert ad.propose([5, 6], 7, None) == [] and ad.observe([5], None) is None
