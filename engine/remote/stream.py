@@ -138,9 +138,8 @@ class ReplyMeter:
         cached = int(getattr(getattr(u, "prompt_tokens_details", None), "cached_tokens", 0) or t.get("cache_n", 0)
                      or 0)
         reasoning = int(getattr(getattr(u, "completion_tokens_details", None), "reasoning_tokens", 0) or 0)
-        if not reasoning and self.reasoning_deltas:
-            reasoning = self.reasoning_deltas if output == self.deltas else \
-                round(output * self.reasoning_deltas / max(self.deltas, 1))
+        if not reasoning:  # no count from the server: one token per reasoning delta, as the count of output
+            reasoning = min(self.reasoning_deltas, output)
         ttft = (self.t_first - self.t0) if self.t_first is not None else now - self.t0
         if "prompt_per_second" in t:  # the server's own (0 where the whole prompt came from its cache)
             prefill = float(t["prompt_per_second"] or 0.0)
@@ -150,6 +149,7 @@ class ReplyMeter:
         if not decode and t.get("predicted_per_second"):  # the reply came in one chunk: the stream cannot tell
             decode = float(t["predicted_per_second"])
         finish = "cancelled" if cancelled else FINISH.get(self.finish or "stop", "stop")
+        detail = detail or str(t.get("finish_detail") or "")  # ninfer-serve: e.g. the stop string that matched
         if not detail and self.finish and self.finish not in ("stop", "length"):
             detail = f"the server's finish_reason {self.finish!r}"
         spec_mode, rounds, drafted, accepted = "off", 0, 0, 0
