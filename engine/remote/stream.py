@@ -17,7 +17,7 @@ import hashlib
 import time
 
 from ..events import FinalStats, ReasoningDelta, StepStats, TextDelta, ThinkingForced
-from ..thinking import ANSWER, IDLE, ChannelSplitter, ThinkingPlan
+from ..thinking import IDLE, REASONING, ChannelSplitter, ThinkingPlan
 from .metrics import SpecCounters
 
 FINISH = {"stop": "stop", "length": "length", "eos": "stop", "content_filter": "stop", "tool_calls": "stop",
@@ -75,8 +75,7 @@ class ReplyMeter:
                 routed = self._route(self.splitter.feed(content))
                 out += routed
                 # a token of the reasoning: it carried reasoning, or a marker still being spelled out
-                if any(isinstance(e, ReasoningDelta) for e in routed) or \
-                        (not routed and self.splitter.mode != ANSWER):
+                if any(isinstance(e, ReasoningDelta) for e in routed) or (not routed and self._marker_held()):
                     self.reasoning_deltas += 1
                 got = True
             if got:
@@ -85,6 +84,11 @@ class ReplyMeter:
             if choice.finish_reason:
                 self.finish = choice.finish_reason
         return out
+
+    def _marker_held(self) -> bool:
+        """The splitter holds back the start of a reasoning marker (or is inside the reasoning)."""
+        sp = self.splitter
+        return sp.mode == REASONING or (sp.mode == IDLE and bool(sp.text[sp.pos:].strip()))
 
     def end(self) -> list:
         """What the <think> splitter still held back when the stream ended (a lone '<' at the very end)."""
@@ -137,8 +141,10 @@ class ReplyMeter:
         output = int(getattr(u, "completion_tokens", 0) or t.get("predicted_n", 0) or self.deltas)
         cached = int(getattr(getattr(u, "prompt_tokens_details", None), "cached_tokens", 0) or t.get("cache_n", 0)
                      or 0)
-        reasoning = int(getattr(getattr(u, "completion_tokens_details", None), "reasoning_tokens", 0) or 0)
-        if not reasoning:  # no count from the server: one token per reasoning delta, as the count of output
+        counted = getattr(getattr(u, "completion_tokens_details", None), "reasoning_tokens", None)
+        if counted is not None:  # the server's count
+            reasoning = int(counted)
+        else:  # one token per reasoning delta, as the count of output
             reasoning = min(self.reasoning_deltas, output)
         ttft = (self.t_first - self.t0) if self.t_first is not None else now - self.t0
         if "prompt_per_second" in t:  # the server's own (0 where the whole prompt came from its cache)

@@ -43,6 +43,9 @@ def test_think_tags_in_the_content_split_even_across_chunks():
     assert final.output_tokens == 5 and final.reasoning_tokens == 3  # no usage: one token per delta
     # content that only looks like a marker's start is released at the end, not lost
     assert feed([chunk("a <"), chunk("b"), chunk("<")])[1] == "a <b<"
+    # leading blank lines of a plain answer are not reasoning
+    reasoning, answer, final = feed([chunk("\n\n"), chunk("Hi"), chunk(" there")])
+    assert (reasoning, answer, final.reasoning_tokens, final.answer_tokens) == ("", "Hi there", 0, 3)
 
 
 def test_vllm_reasoning_field_and_usage():
@@ -55,6 +58,10 @@ def test_vllm_reasoning_field_and_usage():
     assert (final.prompt_tokens, final.output_tokens, final.reasoning_tokens, final.answer_tokens,
             final.cached_prompt_tokens, final.finish_reason) == (9, 7, 5, 2, 4, "length")
     assert final.spec_mode == "off" and final.backend == "remote"
+    # a server that counts no reasoning says so with 0, which stands
+    zero = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3,
+            "completion_tokens_details": {"reasoning_tokens": 0}}
+    assert feed([chunk(reasoning="r"), chunk("a", finish="stop", usage=zero)])[2].reasoning_tokens == 0
 
 
 def test_llama_cpp_timings_give_prefill_rate_and_draft_acceptance():
