@@ -221,3 +221,20 @@ def test_smollm2_q4_k_m_copy_is_llama_cpp_mix(smollm2_path, tmp_path):
         parts = t.name.split(".")
         role, layer = (parts[2], int(parts[1])) if parts[0] == "blk" else (parts[0], 0)
         assert shapes.tensor_type("q4_k_m", role, layer, 30, t.shape[0], True).name == t.tensor_type.name, t.name
+
+
+@pytest.mark.oracle
+@pytest.mark.slow
+def test_smollm2_accuracy_bars(smollm2_path, tmp_path):
+    """The issue's accuracy bars on the default model (bench/results-models.md quotes the figures): the shipped
+    Q4_1 and llama.cpp's Q8_0 and Q4_K_M copies against our F32 forward of the same weights, ours no worse
+    than llama.cpp (KL, top-1 within 5%, perplexity within 1%); on the F32 file >= 9/10 greedy replies equal."""
+    pytest.importorskip("llama_cpp")
+    out = tmp_path / "r.json"
+    assert acc.main(["--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["positions"] >= 2000 and r["llama_f32_vs_truth"]["kl_mean"] < 1e-5
+    assert set(r["files"]) == {"Q4_1", "Q8_0", "Q4_K_M"}
+    for label, row in r["files"].items():
+        assert row["bars"]["kl_ok"] and row["bars"]["top1_ok"] and row["bars"]["ppl_ok"], (label, row["bars"])
+    assert r["greedy_f32"]["identical"] >= acc.GREEDY_MIN, r["greedy_f32"]["rows"]
