@@ -34,7 +34,8 @@ def prompt_rows(prompt: int, cached: int, prefill_tok_s: float) -> list[str]:
     """The prompt's figures. A prompt served from the cache (prefix reuse) but its last token has no prefill
     rate to show (it read 0.0 tok/s): it says "cached" instead."""
     rate = f"{prefill_tok_s:8.1f} tok/s" if prefill_tok_s > 0 else ("  cached" if cached else "       -")
-    lines = [row("prefill", rate), row("tokens in", f"{prompt:8d}")]
+    # 0: not known yet (a remote server counts the prompt only in its last chunk)
+    lines = [row("prefill", rate), row("tokens in", f"{prompt:8d}" if prompt else "       -")]
     if cached:
         lines.append(row("  cached", f"{cached:8d}"))  # its own line: "76 (49 cached)" wrapped the panel
     return lines
