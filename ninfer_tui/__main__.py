@@ -172,7 +172,11 @@ def _run(ns) -> int:
         loader, model_name = real_loader, model.name
     if ns.plain:
         from .plain import run_plain
-        return run_plain(settings, args, loader, model_name, save=ns.save)
+        try:
+            return run_plain(settings, args, loader, model_name, save=ns.save)
+        finally:
+            if remote is not None:
+                engine.close()
     from .app import ChatApp
     from .store import Store, StoreError
     store, store_error = None, None
@@ -184,6 +188,8 @@ def _run(ns) -> int:
     remote_kw = {"telemetry": telemetry} if telemetry is not None else {}  # the GPU section says why it is empty
     app = ChatApp(settings, args, loader, store=store, store_error=store_error, model_name=model_name, **remote_kw)
     app.run()
+    if remote is not None and callable(close := getattr(app.engine, "close", None)):
+        close()  # the remote engine's connections and loop thread
     if store is not None:
         store.close()
     return 0
