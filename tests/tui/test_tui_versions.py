@@ -8,8 +8,10 @@ import itertools
 import pytest
 from tui_helpers import ready, send, wait_for
 
+from engine import paths
 from engine.fake import Script
 from ninfer_tui.chat import ChatState
+from ninfer_tui.keys import help_rows
 from ninfer_tui.store import Store
 from ninfer_tui.widgets.chat import PromptView, ReplyView
 
@@ -131,3 +133,18 @@ def test_switching_picks_the_newest_continuation_and_is_saved(tmp_path):
     assert chat.switch_version(1, -1) is None and chat.switch_version(0, 1) is None  # none that way
     assert chat.switch_version(1, 1) == (2, 2) and [m.id for m in chat.path] == [u.id, a2.id]
     assert a1.id != a2.id
+
+
+async def test_the_version_keys_are_remappable(make_app):
+    """[keymap] version_prev / version_next (and the other message keys) are config keys like the app's."""
+    cfg = paths.user_config_path()
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text('[keymap]\nversion_prev = "ctrl+b"\ncopy_message = "y"\n')
+    app = make_app(_numbered())
+    async with app.run_test(size=SIZE) as pilot:
+        first, _ = await _regenerated(pilot)
+        assert any("ctrl+b / right move between them" in n.message for n in app._notifications)
+        app.query(ReplyView).last().focus()
+        await pilot.press("ctrl+b")
+        await wait_for(pilot, lambda: app.chat.path[-1].id == first.id)
+        assert ("y", "copy_message", "Copy the focused message") in help_rows(app.settings.keymap)
