@@ -138,6 +138,9 @@ def main():
     ap.add_argument("--t", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64])
     ap.add_argument("--repeats", type=int, default=5, help="timed sweeps per variant and T (the fastest kept: the machine is shared)")
     ap.add_argument("--layers", type=int, default=N_LAYERS)
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time by the process's CPU time (all threads) instead of the wall clock: steadier on a "
+                         "machine other jobs load (a waiting thread's spin counts too)")
     a = ap.parse_args()
     import numba
     rng = np.random.default_rng(0)
@@ -164,14 +167,15 @@ def main():
         if len(res) == 2:
             for x, y in zip(res["old"], res["new"]):
                 np.testing.assert_array_equal(x, y)  # the integer sums and float order are kept
+        clock = time.process_time if a.cpu_time else time.perf_counter
         times = {n: ([], []) for n in variants}
         for _ in range(a.repeats):
             for name, m in variants.items():
-                t0 = time.perf_counter()
+                t0 = clock()
                 run_layers(m, sweeps[name], stacked, b)
-                t1 = time.perf_counter()
+                t1 = clock()
                 run_head(m, head, b)
-                t2 = time.perf_counter()
+                t2 = clock()
                 times[name][0].append((t1 - t0) / a.layers)
                 times[name][1].append(t2 - t1)
         for name in variants:

@@ -68,9 +68,11 @@ def variant_round(engine: Engine, mode: str, k: int, flags: frozenset):
 
 
 def verify_cost(model, kv_dtype: str = "f16", sizes=(1, 2, 4, 8), ctx_len: int = 200, repeats: int = 20,
-                forward=None) -> dict[int, float]:
+                forward=None, clock=time.perf_counter) -> dict[int, float]:
     """Median ms of one forward over T tokens at position ctx_len (cache rolled back after each pass).
-    forward: a callable like model.forward (e.g. the fused CPU step); default model.forward."""
+    forward: a callable like model.forward (e.g. the fused CPU step); default model.forward. clock:
+    time.process_time counts the CPU time of all the process's threads, steadier than the wall clock on a
+    machine other jobs load (with one thread it is the pass's own work)."""
     forward = forward or model.forward
     rng = np.random.default_rng(0)
     cache = model.new_cache(ctx_len + max(sizes) + 1, kv_dtype)
@@ -82,9 +84,9 @@ def verify_cost(model, kv_dtype: str = "f16", sizes=(1, 2, 4, 8), ctx_len: int =
     for _ in range(repeats):
         for t in sizes:  # interleaved so drift hits every size alike
             toks = rng.integers(10, 1000, t).astype(np.int32)
-            t0 = time.perf_counter()
+            t0 = clock()
             forward(toks, ctx_len, cache, all_logits=True)
-            times[t].append((time.perf_counter() - t0) * 1e3)
+            times[t].append((clock() - t0) * 1e3)
             cache.truncate(ctx_len)
     return {t: statistics.median(v) for t, v in times.items()}
 
@@ -264,6 +266,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-verify-cost", action="store_true")
     ap.add_argument("--verify-only", action="store_true", help="only the verify-pass (and draft) cost")
     ap.add_argument("--no-draft-cost", action="store_true", help="skip the trained drafters' cost per round")
+    ap.add_argument("--cpu-clock", action="store_true",
+                    help="time the verify passes by process CPU time (a loaded machine; use with --threads 1)")
     ap.add_argument("--lossless-tiny", action="store_true",
                     help="greedy off vs ngram k=1,3,5 on the tiny models (tests/fixtures/make_tiny_models.py) on --backend, "
                          "and the largest |verify row - decode step| difference")
@@ -292,7 +296,8 @@ def main(argv=None) -> int:
     result: dict = {"model": engine.name, "max_new": a.max_new, "repeats": a.repeats}
 
     if not a.no_verify_cost:
-        cost = verify_cost(engine.model, engine.args.kv_dtype)
+        cost = verify_cost(engine.model, engine.args.kv_dtype,
+                           clock=time.process_time if a.cpu_clock else time.perf_counter)
         result["verify_cost_ms"] = cost
         base = cost[1]
         print("\n## verify pass cost (forward over T tokens at position 200, median of 20)")

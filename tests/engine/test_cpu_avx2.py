@@ -39,7 +39,8 @@ def _quantized(rng, t_n, cols, extreme):
 @pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q8_0])
 @pytest.mark.parametrize("rows, cols", [(64, 96), (45, 128)])  # 45: a padded last row group
 @pytest.mark.parametrize("extreme", [False, True])
-def test_avx2_kernels_equal_generic_bitwise(qtype, rows, cols, extreme):
+@pytest.mark.parametrize("t_n", [3, 5, 20])  # 3, 5: fast.ROWS_MAX-row calls and a remainder; 20: unpacked
+def test_avx2_kernels_equal_generic_bitwise(qtype, rows, cols, extreme, t_n):
     from engine.backends.cpu import fast as F
     if not F.HAVE_AVX2:
         pytest.skip("host without AVX2 (or NINFER_CPU_GENERIC set)")
@@ -47,7 +48,6 @@ def test_avx2_kernels_equal_generic_bitwise(qtype, rows, cols, extreme):
     w = _weight(rng, qtype, rows, cols)
     if extreme and qtype != QT.Q8_0:
         w.qs[...] = 0xFF if qtype == QT.Q4_1 else 0x00  # nibbles all 15 (largest unsigned) resp. 0 (q - 8 = -8)
-    t_n = 5
     qa, sa, xs = _quantized(rng, t_n, cols, extreme)
     want = np.full((t_n, rows), np.nan, np.float32)
     got1, gotb = want.copy(), want.copy()

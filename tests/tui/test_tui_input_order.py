@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 from textual import events
+from tui_helpers import ready, wait_for
 
 from engine.fake import Script
-
-from tui_helpers import ready, wait_for
 
 pytestmark = pytest.mark.anyio
 SIZE = (100, 30)

@@ -237,6 +237,67 @@ grp_q4 = _make_grp_q4(VNNI)
 grp_q4_madd = _make_grp_q4(False)  # vpmaddubsw on any AVX2 CPU (tests compare the VNNI form with it)
 
 
+def _make_grp_q4_rows(nt):
+    @intrinsic
+    def grp_q4_rows(typingctx, o, o_off, o_st, blk, blk_off, qa, qa_off, qa_st, sa, xs, s_off, s_st, x_off, x_st, nb):
+        """grp_q4 for nt activation rows at once (a verify block, a short prompt chunk): each block vector is
+        loaded and split into its nibbles once, and the nt rows' vpmaddubsw run on it from registers, so the
+        weights stream once with no unpacked copy (unpack_q4 wrote and re-read 1.25 KiB per block, which cost
+        a T = 2 pass 1.7x a decode row's time). Row i's data sit at o_off + i o_st (outputs), qa_off + i qa_st,
+        s_off + i s_st, x_off + i x_st (elements). Per row the same integer sums, the same _block_term and the
+        same block-order accumulation from 0 as grp_q4: each row equals a one-row call bit for bit."""
+        if not _check_blocks(blk):
+            return None
+        sig = types.void(o, o_off, o_st, blk, blk_off, qa, qa_off, qa_st, sa, xs, s_off, s_st, x_off, x_st, nb)
+
+        def codegen(context, builder, signature, args):
+            o_, oo, ost, blk_, bo, qa_, ao, ast, sa_, xs_, so, sst, xo, xst, nb_ = args
+            ty = signature.args
+            madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8])
+            pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
+            q0 = _ptr(context, builder, ty[3], blk_, bo)
+            a0 = [_ptr(context, builder, ty[5], qa_, builder.add(ao, builder.mul(ast, ir.Constant(ast.type, i))))
+                  for i in range(nt)]
+            sp = [_ptr(context, builder, ty[8], sa_, builder.add(so, builder.mul(sst, ir.Constant(sst.type, i))))
+                  for i in range(nt)]
+            xp = [_ptr(context, builder, ty[9], xs_, builder.add(xo, builder.mul(xst, ir.Constant(xst.type, i))))
+                  for i in range(nt)]
+            accp = [cgutils.alloca_once_value(builder, _const(V32F, 0.0)) for _ in range(nt)]
+            with cgutils.for_range(builder, nb_) as loop:
+                b = loop.index
+                q = builder.gep(q0, [builder.mul(b, ir.Constant(b.type, BLK4))])
+                _prefetch(builder, _bytes_at(builder, q, PREFETCH), BLK4 // 64)
+                ab = [builder.gep(a, [builder.mul(b, ir.Constant(b.type, 32))]) for a in a0]
+                acc = [[_const(V16I16, 0)] * 4 for _ in range(nt)]  # per row: rows 0-7, 8-15, 16-23, 24-31
+                for k in range(8):
+                    av = [builder.bitcast(_splat(builder, builder.load(builder.gep(builder.bitcast(a, I32.as_pointer()),
+                                                                                   [ir.Constant(I64, k)]), align=1),
+                                                 V8I32), V32I8) for a in ab]
+                    for h in range(2):
+                        lo, hi = _split(builder, _vload(builder, builder.gep(q, [ir.Constant(I64, 32 * (2 * k + h))]),
+                                                        V32I8))
+                        for i in range(nt):
+                            acc[i][2 * h] = builder.add(acc[i][2 * h], builder.call(madd, [lo, av[i]]))
+                            acc[i][2 * h + 1] = builder.add(acc[i][2 * h + 1], builder.call(madd, [hi, av[i]]))
+                dv, m8 = _dm8(builder, *_scales_at(builder, q))
+                for i in range(nt):
+                    isum = _rows32(builder, [builder.call(pmaddwd, [x, _const(V16I16, 1)]) for x in acc[i]])
+                    term = _block_term(builder, isum, ab[i], dv, m8, builder.load(builder.gep(sp[i], [b])),
+                                       builder.load(builder.gep(xp[i], [b])))
+                    builder.store(builder.fadd(builder.load(accp[i]), term), accp[i])
+            for i in range(nt):
+                off = builder.add(oo, builder.mul(ost, ir.Constant(ost.type, i)))
+                op = builder.bitcast(_ptr(context, builder, ty[0], o_, off), V32F.as_pointer())
+                builder.store(builder.load(accp[i]), op, align=4)
+            return context.get_dummy_value()
+        return sig, codegen
+    return grp_q4_rows
+
+
+ROWS_MAX = 4  # the most activation rows one grp_q4_rows call takes (registers: 4 int16 accumulators per row)
+grp_q4_rows1, grp_q4_rows2, grp_q4_rows3, grp_q4_rows4 = (_make_grp_q4_rows(n) for n in range(1, 5))
+
+
 def _unpacked_scales(builder, b, i):
     """<32 x float>* to an unpacked block's d (i = 0) or m + 8 d (i = 1), in the buffer at b (i8*)."""
     return builder.bitcast(builder.gep(b, [ir.Constant(I64, NIBBLES + 128 * i)]), V32F.as_pointer())
@@ -338,6 +399,61 @@ def blk_q8(typingctx, o, o_off, blk, blk_off, qa, qa_off, sb):
                  _i16_at(builder, q, D8_OFF), sb_)
         return context.get_dummy_value()
     return sig, codegen
+
+
+def _make_grp_q8_rows(nt):
+    @intrinsic
+    def grp_q8_rows(typingctx, o, o_off, o_st, blk, blk_off, qa, qa_off, qa_st, sa, s_off, s_st, nb):
+        """o[o_off + i o_st : ... + 32] <- the 32 rows' dot products with activation rows i < nt over nb Q8_0
+        blocks of a group (blk[blk_off:]): each block's values are sign-extended once, in registers, for the
+        nt rows (grp_q4_rows' reasoning; unpack_q8 stored and re-read 2 KiB per block). Per row the same
+        int32 sums and float expression as blk_q8, accumulated from 0 in block order: bit-identical to
+        q8_group."""
+        sig = types.void(o, o_off, o_st, blk, blk_off, qa, qa_off, qa_st, sa, s_off, s_st, nb)
+
+        def codegen(context, builder, signature, args):
+            o_, oo, ost, blk_, bo, qa_, ao, ast, sa_, so, sst, nb_ = args
+            ty = signature.args
+            pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
+            q0 = _ptr(context, builder, ty[3], blk_, bo)
+            a0 = [_ptr(context, builder, ty[5], qa_, builder.add(ao, builder.mul(ast, ir.Constant(ast.type, i))))
+                  for i in range(nt)]
+            sp = [_ptr(context, builder, ty[8], sa_, builder.add(so, builder.mul(sst, ir.Constant(sst.type, i))))
+                  for i in range(nt)]
+            accp = [cgutils.alloca_once_value(builder, _const(V32F, 0.0)) for _ in range(nt)]
+            a16 = ir.VectorType(I16, 2)
+            with cgutils.for_range(builder, nb_) as loop:
+                b = loop.index
+                q = builder.gep(q0, [builder.mul(b, ir.Constant(b.type, BLK8))])
+                _prefetch(builder, _bytes_at(builder, q, PREFETCH), BLK8 // 64)
+                ab = [builder.gep(a, [builder.mul(b, ir.Constant(b.type, 32))]) for a in a0]
+                acc = [[_const(V8I32, 0)] * 4 for _ in range(nt)]  # per row: rows 0-7, 8-15, 16-23, 24-31
+                for jp in range(16):
+                    w = builder.sext(_vload(builder, builder.gep(q, [ir.Constant(I64, 64 * jp)]), V64I8), V64I16)
+                    parts = [builder.shuffle_vector(w, w, _const(ir.VectorType(I32, 16), list(range(16 * j, 16 * j + 16))))
+                             for j in range(4)]
+                    for i in range(nt):
+                        pair = builder.sext(_vload(builder, builder.gep(ab[i], [ir.Constant(I64, 2 * jp)]),
+                                                   ir.VectorType(I8, 2)), a16)
+                        av = builder.bitcast(_splat(builder, builder.bitcast(pair, I32), V8I32), V16I16)
+                        for j in range(4):
+                            acc[i][j] = builder.add(acc[i][j], builder.call(pmaddwd, [parts[j], av]))
+                d = _halves(builder, _i16_at(builder, q, D8_OFF))
+                for i in range(nt):
+                    isum = _rows32(builder, acc[i])
+                    t = builder.fmul(builder.fmul(d, _splat(builder, builder.load(builder.gep(sp[i], [b])), V32F)),
+                                     builder.sitofp(isum, V32F))
+                    builder.store(builder.fadd(builder.load(accp[i]), t), accp[i])
+            for i in range(nt):
+                off = builder.add(oo, builder.mul(ost, ir.Constant(ost.type, i)))
+                op = builder.bitcast(_ptr(context, builder, ty[0], o_, off), V32F.as_pointer())
+                builder.store(builder.load(accp[i]), op, align=4)
+            return context.get_dummy_value()
+        return sig, codegen
+    return grp_q8_rows
+
+
+grp_q8_rows1, grp_q8_rows2, grp_q8_rows3, grp_q8_rows4 = (_make_grp_q8_rows(n) for n in range(1, 5))
 
 
 @intrinsic

@@ -62,6 +62,7 @@ from .kernels import (  # noqa: F401  (the rest of the kernel set is cpu.py's)
 
 # avx2's vpmaddubsw kernels, else the generic ones below (NINFER_CPU_GENERIC=1 forces those: attn)
 HAVE_AVX2 = target_has("avx2") and not GENERIC_FORCED
+ROWS_UNPACKED = 16  # up to this many rows avx2.grp_q4_rows / grp_q8_rows (no unpacked copy; probes/matmul_bench.py)
 BATCHED_MIN_T = 2  # from this many rows on, matmuls unpack each weight block once (q4_group_batched)
 I16 = np.int16
 I32 = np.int32
@@ -493,12 +494,43 @@ def q4_group_avx2(out, qa, sa, xs, blk, acc, g):
             _copy_partial(out, tmp, t, g)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _grp_q4_rows(o, o0, o_st, qa, sa, xs, blk, g, t, n):
+    # rows t .. t + n - 1 (n <= avx2.ROWS_MAX) of o (flat offsets o0 + i o_st) <- all blocks of group g
+    a0, ast = t * qa.strides[0], qa.strides[0]
+    s0, sst = t * (sa.strides[0] // 4), sa.strides[0] // 4
+    x0, xst = t * (xs.strides[0] // 4), xs.strides[0] // 4
+    bo, nb = g * blk.strides[0], blk.shape[1]
+    if n == 4:
+        avx2.grp_q4_rows4(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
+    elif n == 3:
+        avx2.grp_q4_rows3(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
+    elif n == 2:
+        avx2.grp_q4_rows2(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
+    else:
+        avx2.grp_q4_rows1(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
+
+
 @njit(cache=True, nogil=True)
 def q4_group_batched_avx2(out, qa, sa, xs, blk, g):
-    """q4_group_batched with the AVX2 kernels: each block's nibbles, and its rows' scale terms, are unpacked
-    once (1.25 KiB, L1) and every activation row runs vpmaddubsw on them (avx2.unpack_q4 / blk_q4u).
-    Bit-identical."""
+    """q4_group_batched with the AVX2 kernels. Up to ROWS_UNPACKED rows (a verify block, a short chunk):
+    avx2.grp_q4_rows on ROWS_MAX rows at a time, each block's nibbles split once in registers for them (the
+    group's blocks come from L1/L2 again for the next rows). More rows (a prompt chunk): each block's
+    nibbles and its rows' scale terms are unpacked once (1.25 KiB, L1) and every activation row runs
+    vpmaddubsw on them (avx2.unpack_q4 / blk_q4u). Both bit-identical to q4_group."""
     t_n = out.shape[0]
+    if t_n <= ROWS_UNPACKED:
+        if (g + 1) * G <= out.shape[1]:
+            for t in range(0, t_n, avx2.ROWS_MAX):
+                _grp_q4_rows(out, (t * out.strides[0]) // 4 + g * G, out.strides[0] // 4, qa, sa, xs, blk, g, t,
+                             min(avx2.ROWS_MAX, t_n - t))
+        else:  # last group of a padded weight
+            part = np.zeros((t_n, G), np.float32)
+            for t in range(0, t_n, avx2.ROWS_MAX):
+                _grp_q4_rows(part, t * G, G, qa, sa, xs, blk, g, t, min(avx2.ROWS_MAX, t_n - t))
+            for t in range(t_n):
+                _copy_partial(out, part[t], t, g)
+        return
     full, part = _batched_target(out, g)
     buf = np.empty(avx2.UNBUF, np.uint8)
     for b in range(blk.shape[1]):
@@ -643,12 +675,42 @@ def _q8(out, qa, sa, blk, acc, g):
         q8_group(out, qa, sa, blk, acc, g)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _grp_q8_rows(o, o0, o_st, qa, sa, blk, g, t, n):
+    # rows t .. t + n - 1 (n <= avx2.ROWS_MAX) of o (flat offsets o0 + i o_st) <- all Q8_0 blocks of group g
+    a0, ast = t * qa.strides[0], qa.strides[0]
+    s0, sst = t * (sa.strides[0] // 4), sa.strides[0] // 4
+    bo, nb = g * blk.strides[0], blk.shape[1]
+    if n == 4:
+        avx2.grp_q8_rows4(o, o0, o_st, blk, bo, qa, a0, ast, sa, s0, sst, nb)
+    elif n == 3:
+        avx2.grp_q8_rows3(o, o0, o_st, blk, bo, qa, a0, ast, sa, s0, sst, nb)
+    elif n == 2:
+        avx2.grp_q8_rows2(o, o0, o_st, blk, bo, qa, a0, ast, sa, s0, sst, nb)
+    else:
+        avx2.grp_q8_rows1(o, o0, o_st, blk, bo, qa, a0, ast, sa, s0, sst, nb)
+
+
 @njit(cache=True, nogil=True)
 def q8_group_batched(out, qa, sa, blk, g):
-    """As q8_group for T > 1 (a verify pass's logits): each block is sign-extended once (avx2.unpack_q8,
-    2 KiB, L1), then every row t only does the pair multiply-adds (vpmaddwd) on it. Same int32 block sums
-    and float order as q8_group, so each row equals a one-row call bit for bit. AVX2 only."""
+    """As q8_group for T > 1 (a verify pass's logits). Up to ROWS_UNPACKED rows: avx2.grp_q8_rows on
+    ROWS_MAX rows at a time (each block sign-extended once in registers for them); more: each block is
+    sign-extended once into a 2 KiB L1 buffer (avx2.unpack_q8) and every row does the pair multiply-adds
+    (vpmaddwd) on it. Same int32 block sums and float order as q8_group, so each row equals a one-row call
+    bit for bit. AVX2 only."""
     t_n = out.shape[0]
+    if t_n <= ROWS_UNPACKED:
+        if (g + 1) * G <= out.shape[1]:
+            for t in range(0, t_n, avx2.ROWS_MAX):
+                _grp_q8_rows(out, (t * out.strides[0]) // 4 + g * G, out.strides[0] // 4, qa, sa, blk, g, t,
+                             min(avx2.ROWS_MAX, t_n - t))
+        else:  # last group of a padded weight
+            part = np.zeros((t_n, G), np.float32)
+            for t in range(0, t_n, avx2.ROWS_MAX):
+                _grp_q8_rows(part, t * G, G, qa, sa, blk, g, t, min(avx2.ROWS_MAX, t_n - t))
+            for t in range(t_n):
+                _copy_partial(out, part[t], t, g)
+        return
     full, part = _batched_target(out, g)
     buf = np.empty(avx2.UNBUF8, np.uint8)
     for b in range(blk.shape[1]):
