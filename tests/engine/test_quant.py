@@ -78,5 +78,5 @@ def test_validation_names_the_tensor():
         dequantize(short)
     with pytest.raises(ModelFileError, match=r"'odd'.*multiple of the Q8_0 block size 32"):
         validate(QTensor("odd", QT.Q8_0, (2, 40), np.zeros((2, 40), np.uint8)))
-    with pytest.raises(ModelFileError, match=r"'q5'.*Q5_0, not supported"):
-        validate(QTensor("q5", QT.Q5_0, (2, 32), np.zeros((2, 22), np.uint8)))
+    with pytest.raises(ModelFileError, match=r"'q2'.*Q2_K, not supported"):
+        validate(QTensor("q2", QT.Q2_K, (2, 256), np.zeros((2, 84), np.uint8)))
