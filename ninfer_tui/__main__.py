@@ -1,6 +1,7 @@
 """`ninfer-chat`: the Textual chat app, its plain line mode, and transcript commands that need no UI.
 
-    ninfer-chat [MODEL] [--config FILE] [--theme NAME] [--plain] [--save | --no-save]
+    ninfer-chat [MODEL | --model NAME_OR_PATH] [--config FILE] [--theme NAME] [--plain] [--save | --no-save]
+    ninfer-chat --list-models                                       (the GGUF files found; ctrl+l in the chat)
     ninfer-chat --endpoint URL [--api-key KEY] [--model NAME] ...   (any OpenAI-compatible server; docs/remote.md)
     ninfer-chat --list | --export ID [--format md|json] [-o FILE] | --import FILE
 """
@@ -17,7 +18,8 @@ from engine.errors import ConfigError, NinferError
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ninfer-chat", description="Chat with a local GGUF model in the terminal.")
-    p.add_argument("model", nargs="?", help="GGUF file (default: config `model`, else the embedded SmolLM2)")
+    p.add_argument("model", nargs="?", help="GGUF file or a name from --list-models (default: config `model`, "
+                   "else the embedded SmolLM2)")
     p.add_argument("--config", help="an extra TOML config merged over the defaults and your user config")
     p.add_argument("--theme", help="theme name (ninfer-dark, ninfer-light, ninfer-high-contrast, or a user theme)")
     p.add_argument("--plain", action="store_true", help="line-based prompt-toolkit interface (no full screen); "
@@ -42,11 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--api-key", metavar="KEY", help="the server's API key (default: [remote] api_key, else "
                    "$NINFER_API_KEY)")
     r.add_argument("--model", "--model-name", dest="remote_model", metavar="NAME",
-                   help="the served model to chat with (default: the first the server lists)")
+                   help="with an endpoint: the served model to chat with (default: the first the server "
+                        "lists); without one: the local model, a GGUF path or a name from --list-models "
+                        "(ORG/REPO/FILE.gguf not on this machine is downloaded from the Hugging Face Hub)")
     p.add_argument("--fake", action="store_true", help="a scripted fake engine (demo/tests; loads no model)")
     p.add_argument("--fake-delay", type=float, default=0.02, help="seconds per token of --fake")
     g = p.add_argument_group("transcripts (no UI)")
     g.add_argument("--list", action="store_true", help="list saved conversations and exit")
+    g.add_argument("--list-models", action="store_true", help="list the GGUF files found (config model_dirs, "
+                   "the Hugging Face cache, LM Studio, Ollama) and exit")
     g.add_argument("--export", type=int, metavar="ID", help="print conversation ID as Markdown/JSON and exit")
     g.add_argument("--format", choices=("md", "json"), help="export format (default md)")
     g.add_argument("-o", "--output", help="write the export to this file instead of stdout")
@@ -112,6 +118,21 @@ def _transcript_commands(ns) -> int:
         store.close()
 
 
+def _list_models(ns) -> int:
+    """`--list-models`: the model list as the model screen shows it, one model a line (no UI)."""
+    from engine.models import find_models, model_dirs
+    from engine.models.finder import COLUMNS
+    cfg = paths.load_config(ns.config)
+    found = find_models(model_dirs(cfg), options.config_model(cfg))
+    rows = [COLUMNS] + [m.row() for m in found]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS) - 2)]
+    for r in rows:  # the last two columns (a reason can be long) are not padded
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + "  ".join(r[len(widths):]))
+    if not found:
+        print("no GGUF files found; add folders to model_dirs in the config", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
@@ -119,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--format and -o go with --export ID (`ninfer-chat --list` shows the ids)")
     ns.format = ns.format or "md"
     try:
+        if ns.list_models:
+            return _list_models(ns)
         if ns.list or ns.export is not None or ns.import_file:
             return _transcript_commands(ns)
         return _run(ns)
@@ -135,15 +158,27 @@ def remote_from(cfg: dict, ns: argparse.Namespace):
         raise ConfigError(f"--endpoint runs the model on a server; drop {'the GGUF path' if ns.model else '--fake'}"
                           " or --endpoint")
     if ns.model or ns.fake:
-        if ns.remote_model is not None or ns.api_key is not None:
-            raise ConfigError("--model and --api-key go with a remote --endpoint; a local GGUF file is the "
-                              "positional argument")
+        if ns.api_key is not None:
+            raise ConfigError("--api-key goes with a remote --endpoint; a local model needs none")
+        if ns.model and ns.remote_model is not None:
+            raise ConfigError(f"two models given ({ns.model} and --model {ns.remote_model}); give one")
+        if ns.fake and ns.remote_model is not None:
+            raise ConfigError("--fake loads no model; drop --model or --fake")
         return None
     opts = remote_options(cfg, endpoint=ns.endpoint, api_key=ns.api_key, model=ns.remote_model)
-    if opts is None and (ns.remote_model is not None or ns.api_key is not None):
-        raise ConfigError("--model and --api-key go with a remote --endpoint URL (or [remote] endpoint in the "
-                          "config); a local GGUF file is the positional argument")
-    return opts
+    if opts is None and ns.api_key is not None:
+        raise ConfigError("--api-key goes with a remote --endpoint URL (or [remote] endpoint in the config)")
+    return opts  # None: --model (if given) names the local model
+
+
+def _model_choice(app, cfg: dict, ns, remote) -> None:
+    """What the model screen (ctrl+l) searches, or why this chat cannot switch model."""
+    from engine.models import model_dirs
+    app.model_dirs, app.config_model = tuple(model_dirs(cfg)), options.config_model(cfg)
+    if remote is not None:
+        app.no_model_switch = "the model is chosen where it runs: start with --endpoint URL --model NAME"
+    elif ns.fake:
+        app.no_model_switch = "--fake runs a scripted engine; start without it to choose a model"
 
 
 def _run(ns) -> int:
@@ -167,9 +202,10 @@ def _run(ns) -> int:
         loader = (lambda a, progress=None: ScriptedEngine.load(a, progress=progress, script=script))
         model_name = "fake-model"
     else:
-        model = paths.resolve_model(ns.model, options.config_model(cfg))
+        from engine.models import choose_model
+        model, model_name = choose_model(ns.model or ns.remote_model, cfg)
         args.model = str(model)
-        loader, model_name = real_loader, model.name
+        loader = real_loader
     if ns.plain:
         from .plain import run_plain
         try:
@@ -187,6 +223,7 @@ def _run(ns) -> int:
             store_error = str(e)
     remote_kw = {"telemetry": telemetry} if telemetry is not None else {}  # the GPU section says why it is empty
     app = ChatApp(settings, args, loader, store=store, store_error=store_error, model_name=model_name, **remote_kw)
+    _model_choice(app, cfg, ns, remote)
     app.run()
     if remote is not None and callable(close := getattr(app.engine, "close", None)):
         close()  # the remote engine's connections and loop thread

@@ -4,7 +4,7 @@ The model loads in a worker thread with visible progress; each reply runs in a w
 `bridge.ReplyBridge`. Settings changed by keys apply from the next reply. Completed turns are saved to the
 transcript store immediately. ChatApp holds the state and the layout; each flow is a mixin of its own in
 flows/ (loading, a reply, the context limit, versions, chats, the panel, the setting keys); the keys are
-keys.py.
+keys.py. Choosing a model (flows/models.py) reloads the engine through the same load flow.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from .chat import ChatState
 from .flows.actions import SettingsActions
 from .flows.chats import ChatsFlow
 from .flows.loading import LoadFlow
+from .flows.models import ModelsFlow
 from .flows.overflow import ContextFlow
 from .flows.panel import PanelFlow
 from .flows.persona import PersonaFlow
@@ -45,7 +46,7 @@ from .widgets.stats import StatsPanel
 __all__ = ["ACTIONS", "ChatApp", "keymap_problems"]
 
 
-class ChatApp(LoadFlow, ReplyFlow, ContextFlow, VersionsFlow, ChatsFlow, PanelFlow, PersonaFlow,
+class ChatApp(LoadFlow, ModelsFlow, ReplyFlow, ContextFlow, VersionsFlow, ChatsFlow, PanelFlow, PersonaFlow,
               SettingsActions, App):
     TITLE = "ninfer-chat"
     CSS = """

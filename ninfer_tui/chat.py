@@ -54,6 +54,9 @@ class ChatState:
     def __init__(self, store: Store | None, model_name: str = "", default_system: str = ""):
         self.store = store
         self.model_name = model_name
+        self.model_file: tuple[str, int, float] | None = None  # (path, size, mtime) replies come from now
+        self.model_sha256 = ""  # its sha256, once known (set_model_sha256)
+        self._model_id: int | None = None  # its models row in the store, added with the first reply
         self.default_system = default_system
         self.system_prompt = default_system
         self.conv_id: int | None = None
@@ -82,6 +85,32 @@ class ChatState:
             except StoreError as e:
                 self._stop_saving(e)
 
+    def set_model(self, name: str, path: str | None, sha256: str = "") -> None:
+        """The model replies come from from now on: each reply records its file (the sha256 follows with
+        set_model_sha256 where it is not known yet). `path` None: no local file (a remote or fake engine)."""
+        self.model_name = name
+        self.model_file, self.model_sha256, self._model_id = None, sha256, None
+        if path:
+            st = Path(path).stat()
+            self.model_file = (str(Path(path).resolve()), st.st_size, st.st_mtime)
+
+    def set_model_sha256(self, file: tuple[str, int, float], sha256: str) -> None:
+        """The sha256 of a model file (a model_file tuple), computed in the background: recorded for the
+        replies that came from it (also where the chat has switched model since)."""
+        if file == self.model_file:
+            self.model_sha256 = sha256
+        if self.store is not None:
+            try:
+                self.store.set_model_sha256(*file, sha256)
+            except StoreError as e:
+                self._stop_saving(e)
+
+    def _model_row(self) -> int | None:
+        """The store's id of the current model file (added on first use)."""
+        if self._model_id is None and self.model_file is not None and self.store is not None:
+            self._model_id = self.store.model_record(self.model_name, *self.model_file, sha256=self.model_sha256)
+        return self._model_id
+
     def take_save_error(self) -> str | None:
         """Why the open conversation stopped being saved, once (None when nothing new failed)."""
         err, self._save_error = self._save_error, None
@@ -105,13 +134,15 @@ class ChatState:
                 if self.conv_id is None:
                     self.conv_id = self.store.new_conversation(title or title_from(content), self.model_name,
                                                                self.system_prompt)
+                if kw.pop("this_model", False):
+                    kw["model_id"] = self._model_row()
                 mid = self.store.add_message(self.conv_id, role, content, parent_id, **kw)
                 return self.store.message(mid)
             except StoreError as e:
                 self._stop_saving(e)
         return Message(next(self._mem_ids), self.conv_id or 0, parent_id, role, content, time.time(),
                        kw.get("reasoning", ""), kw.get("reasoning_forced", False), kw.get("settings") or {},
-                       kw.get("stats") or {})
+                       kw.get("stats") or {}, kw.get("model_id"))
 
     def add_user(self, text: str, upto: int | None = None) -> Message:
         """Add a prompt after path[:upto] (upto=None: at the end; an index: edit & resend that prompt)."""
@@ -129,7 +160,7 @@ class ChatState:
         parent = self.path[-1].id if self.path else None
         stats = stats_record(final) if final is not None or finish_reason is None else {"finish_reason": finish_reason}
         msg = self._add("assistant", answer, parent, reasoning=reasoning, reasoning_forced=forced,
-                        settings=settings, stats=stats)
+                        settings=settings, stats=stats, this_model=True)
         self.path.append(msg)
         return msg
 
@@ -151,7 +182,8 @@ class ChatState:
         for m in messages:
             parent = self.path[-1].id if self.path else None
             self.path.append(self._add(m.role, m.content, parent, title=title, reasoning=m.reasoning,
-                                       reasoning_forced=m.reasoning_forced, settings=m.settings, stats=m.stats))
+                                       reasoning_forced=m.reasoning_forced, settings=m.settings, stats=m.stats,
+                                       model_id=m.model_id if m.id > 0 else None))
 
     def prepare_regenerate(self) -> bool:
         """Drop the last reply from the branch (it stays in the store as a sibling). False if nothing to redo."""

@@ -1,8 +1,8 @@
 """Export a transcript to Markdown (front-matter with model and settings) or JSON, and import that JSON.
 
-JSON keeps the whole message tree (every regenerated/edited version, reasoning, settings and stats per reply)
-and the system prompt, so an import restores the conversation exactly; Markdown shows the system prompt and
-the current branch for reading.
+JSON keeps the whole message tree (every regenerated/edited version, reasoning, settings and stats per reply,
+the model file each reply came from with its sha256) and the system prompt, so an import restores the
+conversation exactly; Markdown shows the system prompt and the current branch for reading.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from engine.errors import InputError
 
-from .store import Conversation, Message, Store, StoreError
+from .store import Conversation, Message, ModelRecord, Store, StoreError
 
 FORMAT = "ninfer-chat-transcript"
 FORMAT_VERSION = 1
@@ -20,17 +20,24 @@ FORMAT_VERSION = 1
 
 def export_json(store: Store, conv_id: int) -> str:
     conv = store.conversation(conv_id)
-    return _json(conv, store.all_messages(conv_id))
+    return _json(conv, store.all_messages(conv_id), store.models(conv_id))
 
 
-def _json(conv: Conversation, msgs: list[Message]) -> str:
+def _model_doc(r: ModelRecord) -> dict:
+    return {"name": r.name, "path": r.path, "size": r.size, "mtime": r.mtime, "sha256": r.sha256}
+
+
+def _json(conv: Conversation, msgs: list[Message], models: dict[int, ModelRecord] | None = None) -> str:
+    models = models or {}
     doc = {
         "format": FORMAT, "version": FORMAT_VERSION, "id": conv.id, "title": conv.title, "model": conv.model,
+        "model_path": conv.model_path, "model_sha256": conv.model_sha256,
         "created": conv.created, "updated": conv.updated, "leaf_id": conv.leaf_id,
         "system_prompt": conv.system_prompt,
         "messages": [{"id": m.id, "parent_id": m.parent_id, "role": m.role, "content": m.content,
                       "created": m.created, "reasoning": m.reasoning, "reasoning_forced": m.reasoning_forced,
-                      "settings": m.settings, "stats": m.stats} for m in msgs],
+                      "settings": m.settings, "stats": m.stats}
+                     | ({"model": _model_doc(models[m.model_id])} if m.model_id in models else {}) for m in msgs],
     }
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 
@@ -62,7 +69,7 @@ def _yaml_scalar(v) -> str:
 def export_markdown(store: Store, conv_id: int) -> str:
     """The current branch as Markdown, with YAML front-matter (model; the settings every reply ran with, or
     the last reply's, each other reply then noting where its own differed)."""
-    return _markdown(store.conversation(conv_id), store.branch(conv_id))
+    return _markdown(store.conversation(conv_id), store.branch(conv_id), store.models(conv_id))
 
 
 def _differences(settings: dict, base: dict) -> str:
@@ -71,7 +78,8 @@ def _differences(settings: dict, base: dict) -> str:
     return ", ".join(f"{k} {_yaml_scalar(settings.get(k))}" for k in keys if settings.get(k) != base.get(k))
 
 
-def _markdown(conv: Conversation, path: list[Message]) -> str:
+def _markdown(conv: Conversation, path: list[Message], models: dict[int, ModelRecord] | None = None) -> str:
+    models = models or {}
     replies = [m.settings for m in path if m.role == "assistant" and m.settings]
     last_settings = replies[-1] if replies else {}
     # "settings" only where they were the chat's: the settings change between replies (F-keys, the screen)
@@ -79,6 +87,9 @@ def _markdown(conv: Conversation, path: list[Message]) -> str:
     lines = ["---", f"title: {_yaml_scalar(conv.title)}", f"model: {_yaml_scalar(conv.model)}",
              f"conversation_id: {conv.id}",
              f"created: {_yaml_scalar(time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(conv.created)))}"]
+    if conv.model_path:
+        lines += [f"model_file: {_yaml_scalar(conv.model_path)}",
+                  f"model_sha256: {_yaml_scalar(conv.model_sha256 or None)}"]
     if conv.system_prompt:
         lines.append(f"system_prompt: {_yaml_scalar(conv.system_prompt)}")
     if last_settings:
@@ -100,6 +111,8 @@ def _markdown(conv: Conversation, path: list[Message]) -> str:
         if st:
             lines += [f"*{st.get('output_tokens', 0)} tokens, {st.get('decode_tok_s', 0):.1f} tok/s, "
                       f"finish: {st.get('finish_reason', '?')}, spec: {st.get('spec_mode', 'off')}*", ""]
+        if (r := models.get(m.model_id)) is not None and r.path != conv.model_path:  # the chat switched model
+            lines += [f"*model: {r.name} ({r.path}, sha256 {r.sha256 or 'not computed'})*", ""]
         if m.settings and (diff := _differences(m.settings, last_settings)):
             lines += [f"*this reply's settings, where they differ from the last reply's: {diff}*", ""]
     return "\n".join(lines)
@@ -148,7 +161,8 @@ def import_json(store: Store, text: str) -> int:
                 reasoning=str(m.get("reasoning") or ""), reasoning_forced=bool(m.get("reasoning_forced")),
                 settings=m.get("settings") if isinstance(m.get("settings"), dict) else {},
                 stats=m.get("stats") if isinstance(m.get("stats"), dict) else {},
-                created=m.get("created") if isinstance(m.get("created"), (int, float)) else None)
+                created=m.get("created") if isinstance(m.get("created"), (int, float)) else None,
+                model_id=_import_model(store, m.get("model")))
         leaf = new_ids.get(doc.get("leaf_id"))
         if leaf is not None:
             store.set_leaf(conv_id, leaf)
@@ -162,6 +176,17 @@ def import_json(store: Store, text: str) -> int:
             pass  # the store refuses writes altogether: the half chat stays, the error below says why
         raise
     return conv_id
+
+
+def _import_model(store: Store, doc) -> int | None:
+    """The models row of a message's exported "model" (absent in older exports, or not a model: None)."""
+    if not isinstance(doc, dict) or not all(isinstance(doc.get(k), str) for k in ("name", "path")):
+        return None
+    size, mtime = doc.get("size"), doc.get("mtime")
+    if not isinstance(size, int) or not isinstance(mtime, (int, float)):
+        return None
+    sha = doc.get("sha256") if isinstance(doc.get("sha256"), str) else ""
+    return store.model_record(doc["name"], doc["path"], size, float(mtime), sha256=sha)
 
 
 def export_to_file(store: Store, conv_id: int, fmt: str, directory: Path) -> Path:

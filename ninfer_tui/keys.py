@@ -15,6 +15,7 @@ ACTIONS = [
     ("toggle_stats", "toggle_stats", "Stats panel", "f8", False),
     ("settings", "settings", "Settings", "f9", False),
     ("system_prompt", "system_prompt", "System prompt", "ctrl+t", False),
+    ("models", "models", "Models", "ctrl+l", False),
     ("new_chat", "new_chat", "New chat", "ctrl+n", False),
     ("transcripts", "transcripts", "Transcripts", "ctrl+o", True),
     ("export", "export", "Export", "ctrl+s", False),

@@ -252,10 +252,35 @@ def run_plain(settings: ChatSettings, args, loader: Callable, model_name: str, s
             print(f"ninfer-chat: {e} - transcripts will not be saved", file=sys.stderr)
     facts = engine_facts(engine, args)
     chat = PlainChat(engine, settings, model_name, store, spec_modes=facts["spec_modes"])
-    if text is not None:
-        final = chat.ask(text)
-        return 0 if final is not None and final.finish_reason != "error" else 1
-    return _interactive(chat)
+    record = _record_model(chat.chat, getattr(engine, "model_path", None)) if store is not None else None
+    try:
+        if text is not None:
+            final = chat.ask(text)
+            return 0 if final is not None and final.finish_reason != "error" else 1
+        return _interactive(chat)
+    finally:
+        if record is not None:
+            record()
+
+
+def _record_model(chat: ChatState, path: str | None):
+    """Record the model file with each reply; its sha256 is hashed meanwhile in a thread (cached per file) and
+    recorded by the returned function, called at the end (it waits for the hash: seconds for GBs, once)."""
+    from engine.models.digest import hash_in_background
+    try:
+        chat.set_model(chat.model_name, path)
+    except OSError:
+        return None
+    if chat.model_file is None:
+        return None
+    file, result = chat.model_file, []
+    thread = hash_in_background(file[0], lambda sha, _error: result.append(sha))
+
+    def record() -> None:
+        thread.join()
+        if result and result[0]:
+            chat.set_model_sha256(file, result[0])
+    return record
 
 
 def _read_piped(stdin) -> str | None:

@@ -2,7 +2,8 @@
 
 Every message is committed as soon as it is complete, so killing the app loses no finished turn. A
 conversation keeps its system prompt (persona) and its current leaf: the branch shown, which regenerate, edit
-and moving between versions change.
+and moving between versions change. Each reply records the model file it came from (name, path, size, mtime
+and sha256, in the models table; the chat can switch model midway).
 Regenerate and edit never overwrite: they add a sibling (same parent) and move the conversation's leaf, so
 both versions stay. The schema is versioned with `PRAGMA user_version` and upgraded by MIGRATIONS; a file
 that is not a database, one that fails SQLite's quick_check (a damaged page), or one written by a newer
@@ -68,7 +69,20 @@ _V3 = ("""
 """)
 
 
-MIGRATIONS = [_V1, _V2, _V3]  # SQL scripts; MIGRATIONS[i] upgrades version i -> i+1
+# The model file each reply came from: its name, path, size, mtime and sha256 (filled in once the hash, computed
+# in the background, is ready). A conversation's model_id is the model its last reply came from; rows from
+# before have none (NULL).
+_V4 = ("""
+        CREATE TABLE models(
+            id INTEGER PRIMARY KEY, name TEXT NOT NULL, path TEXT NOT NULL, size INTEGER NOT NULL,
+            mtime REAL NOT NULL, sha256 TEXT NOT NULL DEFAULT '');
+        CREATE UNIQUE INDEX models_file ON models(path, size, mtime);
+        ALTER TABLE messages ADD COLUMN model_id INTEGER REFERENCES models(id);
+        ALTER TABLE conversations ADD COLUMN model_id INTEGER REFERENCES models(id);
+""")
+
+
+MIGRATIONS = [_V1, _V2, _V3, _V4]  # SQL scripts; MIGRATIONS[i] upgrades version i -> i+1
 SCHEMA_VERSION = len(MIGRATIONS)
 
 # How long a write waits for another connection's write (another ninfer-chat on the same file) to finish.
@@ -104,6 +118,7 @@ class Message:
     reasoning_forced: bool = False
     settings: dict = field(default_factory=dict)
     stats: dict = field(default_factory=dict)
+    model_id: int | None = None  # the model a reply came from (ModelRecord; None before schema 4, and prompts)
 
 
 @dataclass
@@ -116,6 +131,19 @@ class Conversation:
     leaf_id: int | None
     n_messages: int = 0
     system_prompt: str = ""  # the chat's persona, sent first as a system message ('' = none)
+    model_path: str = ""  # the file its last reply came from ('' before schema 4)
+    model_sha256: str = ""  # that file's sha256 ('' until computed)
+
+
+@dataclass
+class ModelRecord:
+    """A model file replies came from (schema 4's models table)."""
+    id: int
+    name: str
+    path: str
+    size: int
+    mtime: float
+    sha256: str = ""
 
 
 def default_path() -> Path:
@@ -126,9 +154,11 @@ def default_path() -> Path:
 def _conversation(r: sqlite3.Row) -> Conversation:
     """A conversations row (with its message count `n`); a file opened read-only at an older schema version
     (no system_prompt column yet: --list, --export) reads as no system prompt."""
-    system = r["system_prompt"] if "system_prompt" in r.keys() else ""
+    keys = r.keys()
+    system = r["system_prompt"] if "system_prompt" in keys else ""
+    path, sha = (r["model_path"], r["model_sha256"]) if "model_path" in keys else ("", "")
     return Conversation(r["id"], r["title"], r["model"], r["created"], r["updated"], r["leaf_id"], r["n"],
-                        system or "")
+                        system or "", path or "", sha or "")
 
 
 def _json_dict(text) -> dict:
@@ -206,8 +236,10 @@ class Store:
                 self.db.close()
                 raise StoreError(f"transcript database {self.path} is missing its tables; move it aside "
                                  "to start a new one (it was not modified)")
+        self._has_models = version >= 4  # the models table (an older file opened read-only has none)
         if self.readonly:
             return
+        self._has_models = True  # upgraded below
         self.db.execute("PRAGMA foreign_keys = ON")
         if version < SCHEMA_VERSION:
             self._migrate()
@@ -307,17 +339,21 @@ class Store:
         return self._write("INSERT INTO conversations(title, model, created, updated, system_prompt) "
                            "VALUES (?,?,?,?,?)", (title, model, now, now, system_prompt)).lastrowid
 
+    def _conv_select(self) -> str:
+        """SELECT of conversations with their message count (n) and, from schema 4 on, their model's file."""
+        model = (", (SELECT path FROM models WHERE id=c.model_id) model_path, "
+                 "(SELECT sha256 FROM models WHERE id=c.model_id) model_sha256") if self._has_models else ""
+        return f"SELECT c.*, (SELECT count(*) FROM messages m WHERE m.conversation_id=c.id) n{model} FROM conversations c"
+
     def conversation(self, conv_id: int) -> Conversation:
-        rows = self._rows("SELECT c.*, (SELECT count(*) FROM messages m WHERE m.conversation_id=c.id) n "
-                          "FROM conversations c WHERE id=?", (conv_id,))
+        rows = self._rows(self._conv_select() + " WHERE id=?", (conv_id,))
         if not rows:
             raise StoreError(f"no conversation with id {conv_id}; `ninfer-chat --list` shows the ids")
         return _conversation(rows[0])
 
     def list_conversations(self, query: str | None = None, limit: int = 500) -> list[Conversation]:
         """Newest first; `query` searches titles and message text (FTS5 syntax, words are ANDed)."""
-        sql = ("SELECT c.*, (SELECT count(*) FROM messages m WHERE m.conversation_id=c.id) n "
-               "FROM conversations c")
+        sql = self._conv_select()
         args: tuple = ()
         if query and query.strip():
             words = " ".join('"' + w.replace('"', '""') + '"' for w in query.split())
@@ -345,30 +381,63 @@ class Store:
     # -- messages ----------------------------------------------------------------------------------
     def add_message(self, conv_id: int, role: str, content: str, parent_id: int | None = None, *,
                     reasoning: str = "", reasoning_forced: bool = False, settings: dict | None = None,
-                    stats: dict | None = None, created: float | None = None) -> int:
-        """Append a complete message (committed before returning) and make it the conversation's leaf."""
+                    stats: dict | None = None, created: float | None = None, model_id: int | None = None) -> int:
+        """Append a complete message (committed before returning) and make it the conversation's leaf;
+        `model_id` (a reply's model, model_record) becomes the conversation's model too."""
         now = created or time.time()
         stats = stats or {}
         try:
             with self._tx():
                 cur = self.db.execute(
                     "INSERT INTO messages(conversation_id, parent_id, role, content, created, settings, stats, "
-                    "spec_mode, finish_reason) VALUES (?,?,?,?,?,?,?,?,?)",
+                    "spec_mode, finish_reason, model_id) VALUES (?,?,?,?,?,?,?,?,?,?)",
                     (conv_id, parent_id, role, content, now, json.dumps(settings or {}), json.dumps(stats),
-                     stats.get("spec_mode"), stats.get("finish_reason")))
+                     stats.get("spec_mode"), stats.get("finish_reason"), model_id))
                 mid = cur.lastrowid
                 if reasoning or reasoning_forced:
                     self.db.execute("INSERT INTO reasoning(message_id, content, forced) VALUES (?,?,?)",
                                     (mid, reasoning, int(reasoning_forced)))
                 self.db.execute("UPDATE conversations SET leaf_id=?, updated=? WHERE id=?",
                                 (mid, time.time(), conv_id))
+                if model_id is not None:
+                    self.db.execute("UPDATE conversations SET model_id=?, model=(SELECT name FROM models WHERE "
+                                    "id=?) WHERE id=?", (model_id, model_id, conv_id))
         except sqlite3.Error as e:
             raise self._write_failed(e) from None
         return mid
 
     def _message(self, r: sqlite3.Row) -> Message:
         return Message(r["id"], r["conversation_id"], r["parent_id"], r["role"], r["content"] or "", r["created"],
-                       r["rcontent"] or "", bool(r["forced"]), _json_dict(r["settings"]), _json_dict(r["stats"]))
+                       r["rcontent"] or "", bool(r["forced"]), _json_dict(r["settings"]), _json_dict(r["stats"]),
+                       r["model_id"] if "model_id" in set(r.keys()) else None)
+
+    # -- models ------------------------------------------------------------------------------------
+    def model_record(self, name: str, path: str, size: int, mtime: float, sha256: str = "") -> int:
+        """The id of the models row for this file as it is (path, size, mtime), added if new; a known
+        sha256 is filled in."""
+        try:
+            with self._tx():
+                self.db.execute("INSERT OR IGNORE INTO models(name, path, size, mtime) VALUES (?,?,?,?)",
+                                (name, path, size, mtime))
+                mid = self.db.execute("SELECT id FROM models WHERE path=? AND size=? AND mtime=?",
+                                      (path, size, mtime)).fetchone()[0]
+                if sha256:
+                    self.db.execute("UPDATE models SET sha256=? WHERE id=?", (sha256, mid))
+        except sqlite3.Error as e:
+            raise self._write_failed(e) from None
+        return mid
+
+    def set_model_sha256(self, path: str, size: int, mtime: float, sha256: str) -> None:
+        """The sha256 of a model file as it was (path, size, mtime), for every reply that came from it."""
+        self._write("UPDATE models SET sha256=? WHERE path=? AND size=? AND mtime=?", (sha256, path, size, mtime))
+
+    def models(self, conv_id: int) -> dict[int, ModelRecord]:
+        """The models the conversation's replies came from, by id ({} before schema 4)."""
+        if not self._has_models:
+            return {}
+        rows = self._rows("SELECT * FROM models WHERE id IN (SELECT model_id FROM messages WHERE conversation_id=? "
+                          "UNION SELECT model_id FROM conversations WHERE id=?)", (conv_id, conv_id))
+        return {r["id"]: ModelRecord(r["id"], r["name"], r["path"], r["size"], r["mtime"], r["sha256"]) for r in rows}
 
     _SELECT = ("SELECT m.*, r.content AS rcontent, r.forced AS forced FROM messages m "
                "LEFT JOIN reasoning r ON r.message_id = m.id")

@@ -73,6 +73,7 @@ class LoadFlow:
         self._refresh_panel_settings()
         self._ready_status()
         self.notify(f"model ready in {message.seconds:.1f} s", timeout=3)
+        self._on_model_ready()  # flows/models.py: the transcript's model record; after a switch, the chat
 
     def on_engine_failed(self, message: br.EngineFailed) -> None:
         self._stop_load_ticker()
@@ -80,3 +81,4 @@ class LoadFlow:
         self._status(f"model failed to load: {message.error}")
         self.query_one("#stats", StatsPanel).on_engine_failed()
         self.notify(message.error, severity="error", timeout=30)
+        self._on_model_failed(message.error)  # flows/models.py: after a switch, back to the model before

@@ -71,8 +71,8 @@ def test_chat_plain_mode_on_an_endpoint(serve, monkeypatch, capsys):
 @pytest.mark.parametrize(("argv", "want"), [
     (["--endpoint", "http://h/v1", "--fake"], "--endpoint runs the model on a server; drop --fake or --endpoint"),
     (["--endpoint", "http://h/v1", "m.gguf"], "drop the GGUF path or --endpoint"),
-    (["--model", "m", "--fake"], "--model and --api-key go with a remote --endpoint"),
-    (["--api-key", "k"], "--model and --api-key go with a remote --endpoint URL"),
+    (["--model", "m", "--fake"], "--fake loads no model; drop --model or --fake"),
+    (["--api-key", "k"], "--api-key goes with a remote --endpoint URL"),
     (["--endpoint", "ftp://h"], "--endpoint 'ftp://h' is not an http(s) URL"),
 ])
 def test_chat_flags_that_do_not_go_together(capsys, argv, want):

@@ -1,0 +1,80 @@
+"""Fetch a GGUF file from the Hugging Face Hub by its `ORG/REPO/FILE.gguf` name, through `huggingface_hub` (an
+optional dependency: `pip install 'ninfer-chat[hub]'`). The file lands in the hub cache, where the finder
+lists it from then on (offline too). Every failure is one ModelFileError line saying what to do: the library
+not installed, offline, no such repository / file, a gated repository, a full disk.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ..errors import ModelFileError
+
+INSTALL_HINT = "pip install 'ninfer-chat[hub]' (or pip install huggingface_hub)"
+_SPEC = re.compile(r"^([A-Za-z0-9][\w.-]*)/([\w.-]+)/(.+\.gguf)$", re.IGNORECASE)
+
+
+def parse_hub_name(spec: str) -> tuple[str, str] | None:
+    """(repo_id, file in the repo) for "ORG/REPO/[DIR/]FILE.gguf", else None."""
+    m = _SPEC.match(spec.strip())
+    if m is None or ".." in m.group(3).split("/"):
+        return None
+    return f"{m.group(1)}/{m.group(2)}", m.group(3)
+
+
+def _error(name: str) -> type:
+    """huggingface_hub's error class `name` (errors moved from .utils to .errors over versions), else a class
+    that matches nothing."""
+    for mod in ("huggingface_hub.errors", "huggingface_hub.utils"):
+        try:
+            cls = getattr(__import__(mod, fromlist=[name]), name, None)
+        except ImportError:
+            cls = None
+        if isinstance(cls, type):
+            return cls
+    return type(f"_No{name}", (Exception,), {})
+
+
+def download(spec: str, tqdm_class=None) -> Path:
+    """Download (or find in the hub cache) ORG/REPO/FILE.gguf; returns the local path. `tqdm_class`: how
+    huggingface_hub shows progress (default: its bars on stderr)."""
+    parsed = parse_hub_name(spec)
+    if parsed is None:
+        raise ModelFileError(f"{spec!r} is not a Hugging Face file name; give ORG/REPO/FILE.gguf, e.g. "
+                             "Qwen/Qwen3-0.6B-GGUF/Qwen3-0.6B-Q8_0.gguf")
+    repo, filename = parsed
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise ModelFileError(f"{spec} is not on this machine and downloading it needs huggingface_hub; "
+                             f"{INSTALL_HINT}") from None
+    kw = {"tqdm_class": tqdm_class} if tqdm_class is not None else {}
+    gated, no_repo = _error("GatedRepoError"), _error("RepositoryNotFoundError")
+    no_file, no_rev = _error("EntryNotFoundError"), _error("RevisionNotFoundError")
+    offline, http = _error("LocalEntryNotFoundError"), _error("HfHubHTTPError")
+    try:
+        return Path(huggingface_hub.hf_hub_download(repo, filename, **kw))
+    except offline:  # first: it is an EntryNotFoundError too
+        raise ModelFileError(f"cannot download {spec}: offline (the Hugging Face Hub cannot be reached, or "
+                             "HF_HUB_OFFLINE is set) and it is not in the cache; connect, or give a local "
+                             "path") from None
+    except gated:  # before no_repo: a subclass of it
+        raise ModelFileError(f"{repo} is gated: accept its terms on https://huggingface.co/{repo} and log in "
+                             "(hf auth login), then try again") from None
+    except no_repo:
+        raise ModelFileError(f"no repository {repo} on the Hugging Face Hub (or it is private: log in with "
+                             "hf auth login); check the name") from None
+    except no_rev:
+        raise ModelFileError(f"{repo} has no main revision; check the name") from None
+    except no_file:
+        raise ModelFileError(f"{repo} has no file {filename}; see https://huggingface.co/{repo}/tree/main for "
+                             "its files") from None
+    except http as e:
+        raise ModelFileError(f"cannot download {spec}: {str(e).splitlines()[0][:160]}") from None
+    except OSError as e:
+        raise ModelFileError(f"cannot download {spec}: {e.strerror or e}; free disk space or set HF_HUB_CACHE "
+                             "to a disk with room") from None
+    except Exception as e:  # noqa: BLE001 - the HTTP stack's errors (a refused connection, a timeout) vary
+        detail = str(e).splitlines()[0][:160] if str(e) else ""
+        raise ModelFileError(f"cannot download {spec}: {type(e).__name__}{': ' + detail if detail else ''}; "
+                             "check the connection, or give a local path") from None

@@ -1,0 +1,158 @@
+"""Choosing a model in a chat: the model screen (ctrl+l), reloading the engine with the status line's load
+progress (LoadFlow), keeping the chat where it fits the new model's context or continuing it in a new chat
+with the last turns that do (said either way), going back to the previous model where the new one fails to
+load, and the model's sha256 computed in a background thread for the transcript."""
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from pathlib import Path
+
+from textual.containers import VerticalScroll
+from textual.message import Message
+from textual.widgets import Static
+
+from engine.errors import NinferError
+
+from ..chat import turns
+from ..models_screen import ModelsScreen
+from ..widgets.stats import StatsPanel
+
+
+class ModelHashed(Message):
+    """A model file's sha256 is known (None and `error`: it could not be read)."""
+
+    def __init__(self, file: tuple[str, int, float], name: str, sha256: str | None, error: str | None = None):
+        super().__init__()
+        self.file, self.name, self.sha256, self.error = file, name, sha256, error
+
+
+class ModelsFlow:
+    """ChatApp's part that switches models (mixed into the app). LoadFlow calls _on_model_ready /
+    _on_model_failed when a load ends."""
+
+    _switch_from: tuple[str | None, str] | None = None  # (model path, name) before a switch, while it loads
+    # set by the entry point: the config's model_dirs and model, and why this chat cannot switch model (a
+    # remote endpoint, --fake); None: it can
+    model_dirs: tuple[str, ...] = ()
+    config_model: str | None = None
+    no_model_switch: str | None = None
+
+    def _find_models(self):
+        from engine.models import find_models
+        current = [self.engine_args.model] if self.engine_args.model else []
+        return find_models(self.model_dirs, self.config_model, extra=current)
+
+    def action_models(self) -> None:
+        if self.no_model_switch is not None:
+            self.notify(self.no_model_switch, severity="warning", timeout=8)
+            return
+
+        async def chosen(found) -> None:
+            if found is None:
+                return
+            if self.engine_args.model and Path(found.path).resolve() == Path(self.engine_args.model).resolve() \
+                    and self.session is not None:
+                self.notify(f"{found.name} is the model loaded now", timeout=4)
+                return
+            await self._when_idle(partial(self._switch_model, found))
+        self.push_screen(ModelsScreen(self._find_models, self.engine_args.model), chosen)
+
+    async def _switch_model(self, found) -> None:
+        """Drop the engine and load `found` (its memory is freed first: two large models may not fit)."""
+        if self._switch_from is None:  # a second choice while one loads keeps the first fallback
+            self._switch_from = (self.engine_args.model, self.model_name)
+        self.engine = self.session = None
+        self.load_error = None
+        self.engine_args = dataclasses.replace(self.engine_args, model=str(found.path))
+        self.model_name = found.name
+        self.query_one("#stats", StatsPanel).on_engine({"model": found.name})
+        self.notify(f"loading {found.name}...", timeout=3)
+        self._start_loading()
+
+    def _on_model_ready(self) -> None:
+        """The engine is loaded (at start or after a switch): record the model for the transcript, start its
+        sha256, and after a switch keep the chat where it fits (else continue it in a new chat)."""
+        path = getattr(self.engine, "model_path", None)
+        if path:
+            self.engine.name = self.model_name  # the name the user knows it by (an Ollama blob's is a hash)
+            self.query_one("#stats", StatsPanel).on_engine({"model": self.model_name})
+        try:
+            self.chat.set_model(self.model_name, path)
+        except OSError as e:
+            self.notify(f"the model file cannot be read for the transcript record ({e.strerror or e})",
+                        severity="warning")
+        if path and self.chat.model_file is not None:
+            self._hash_model(self.chat.model_file, self.model_name)
+        switched, self._switch_from = self._switch_from is not None, None
+        if switched:
+            self.call_later(self._after_switch)
+
+    def _on_model_failed(self, error: str) -> None:
+        """A load failed: after a switch, load the model the chat had before (said in one line)."""
+        if self._switch_from is None:
+            return
+        (path, name), self._switch_from = self._switch_from, None
+        failed = self.model_name
+        self.notify(f"{failed} failed to load ({error}); loading {name} again", severity="error", timeout=15)
+        self.engine_args = dataclasses.replace(self.engine_args, model=path)
+        self.model_name = name
+        self.load_error = None
+        self._start_loading()
+
+    def _hash_model(self, file: tuple[str, int, float], name: str) -> None:
+        """sha256 of the model file in a thread of its own (niced; cached by path, size and mtime)."""
+        from engine.models.digest import hash_in_background
+        hash_in_background(file[0], lambda sha, error: self.post_message(ModelHashed(file, name, sha, error)))
+
+    def on_model_hashed(self, message: ModelHashed) -> None:
+        if message.sha256 is None:
+            self.notify(f"the sha256 of {message.name} could not be computed ({message.error}); the transcript "
+                        "records the model without it", severity="warning", timeout=8)
+            return
+        self.chat.set_model_sha256(message.file, message.sha256)
+        self._saving_notice()
+
+    def _chat_tokens(self, msgs: list[dict]) -> int:
+        return len(self.session.prompt_tokens([*self.chat.system_messages(), *msgs], self.settings.request()))
+
+    async def _after_switch(self) -> None:
+        """Keep the chat if it fits the new model's context with room for a reply, else continue it in a new
+        chat with the last turns that fit. The notice says which."""
+        if self.session is None or not self.chat.path:
+            return
+        context, room = self.engine.max_context, self._reply_room()
+        all_turns = turns(self.chat.path)
+        as_msgs = [{"role": m.role, "content": m.content} for m in self.chat.path]
+        try:
+            used = self._chat_tokens(as_msgs)
+            if used + room <= context:
+                self.notify(f"{self.model_name} goes on with this chat ({used} of {context} tokens)", timeout=8)
+                return
+            keep = 0
+            while keep < len(all_turns) and self._chat_tokens(
+                    [{"role": m.role, "content": m.content} for t in all_turns[-(keep + 1):] for m in t]) + room \
+                    <= context:
+                keep += 1
+        except NinferError as e:
+            self.notify(f"this chat is kept; its size under {self.model_name} is unknown ({e})", severity="warning")
+            return
+        old_id, title = self.chat.conv_id, self.chat.title()
+        carried = [m for t in all_turns[len(all_turns) - keep:] for m in t] if keep else []
+        try:
+            self.chat.carry_over(carried, f"{title} (continued)")
+        except NinferError as e:
+            self.notify(str(e), severity="error")
+            return
+        self.edit_index = None
+        await self._rebuild_log()
+        was = f"chat #{old_id}" if old_id else "the chat"
+        note = (f"{was.capitalize()} ({used} tokens) does not fit {self.model_name}'s context of {context} with "
+                f"room for a reply: a new chat goes on with the last {keep} of {len(all_turns)} turns"
+                + (f" ({was} stays in the transcripts)" if old_id else "") + ".")
+        log = self.query_one("#log", VerticalScroll)
+        hint = Static(note, id="carried", classes="hint", markup=False)
+        await (log.mount(hint, before=0) if log.children else log.mount(hint))
+        self.notify(note, timeout=15)
+        self._ready_status()
+        self._saving_notice()

@@ -1,0 +1,148 @@
+"""The model screen (ctrl+l, the command palette's "Models"): the GGUF files this machine has, with what each
+one is and whether the engine can run it; choosing one dismisses with it (the app then reloads the engine,
+flows/models.py).
+
+The search (engine.models.find_models: folders walked, every file's header read) runs in a worker thread, so
+the screen opens at once. A file the engine cannot run is listed with the reason and cannot be chosen; the
+line under the table gives the highlighted file's path and the reason in full.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rich.text import Text
+from textual import on
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Input, Label, Static
+
+from engine.models.finder import COLUMNS, FoundModel
+
+CELL_WIDTHS = (44, 7, 7, 9, 30, 28, 12)  # the longest cell shown per column (the rest is in the line below)
+
+
+def _cell(text: str, width: int, style: str = "") -> Text:
+    """A cell as Text (a str would be read as markup: a name like "[q4]" is not), cut to `width`."""
+    return Text(text if len(text) <= width else text[:width - 1] + "…", style=style)
+
+
+class ModelsScreen(ModalScreen[FoundModel | None]):
+    """Dismisses with the chosen FoundModel, or None (closed)."""
+
+    BINDINGS = [
+        Binding("escape", "close", "Close", id="models_close"),
+        Binding("enter", "choose", "Load", id="models_choose", priority=True),
+        Binding("up", "move(-1)", show=False),
+        Binding("down", "move(1)", show=False),
+    ]
+    DEFAULT_CSS = """
+    ModelsScreen { align: center middle; }
+    #models-box { width: 95%; height: 85%; border: thick $accent; background: $surface; padding: 0 1; }
+    #models-table { height: 1fr; }
+    #models-detail { height: 3; color: $text-muted; }
+    """
+
+    def __init__(self, find: Callable[[], list[FoundModel]], current: str | None = None):
+        super().__init__()
+        self.find = find  # the search, run in a worker thread
+        self.current = current  # the path of the model loaded now
+        self.found: list[FoundModel] | None = None  # None while searching
+        self.shown: list[FoundModel] = []
+
+    def compose(self):
+        with Vertical(id="models-box"):
+            yield Label("Models  (type to filter · ↑/↓ choose · enter load · esc close)")
+            yield Input(placeholder="filter by name, architecture, quant or source", id="models-filter")
+            yield DataTable(id="models-table", cursor_type="row", zebra_stripes=True)
+            yield Static("searching for GGUF files...", id="models-detail", markup=False)
+
+    def on_mount(self) -> None:
+        self.query_one(DataTable).add_columns(*COLUMNS)
+        self.query_one("#models-filter", Input).focus()
+        self.run_worker(self._search, thread=True, exclusive=True, group="models-search", exit_on_error=False)
+
+    def _search(self) -> None:
+        try:
+            found, error = self.find(), None
+        except Exception as e:  # noqa: BLE001 - bad files are in the list; this is the unforeseen rest, one line
+            found, error = [], f"the model search failed: {type(e).__name__}: {e}"
+        self.app.call_from_thread(self._fill, found, error)
+
+    def _fill(self, found: list[FoundModel], error: str | None = None) -> None:
+        self.found = found
+        self._refresh_rows()
+        if error is not None:
+            self.query_one("#models-detail", Static).update(error)
+            self.notify(error, severity="error", timeout=10)
+
+    def _matches(self, m: FoundModel, words: list[str]) -> bool:
+        """Every word is in the name, architecture, quant or source (not in a reason: "qwen3" would match every
+        file of another architecture)."""
+        name, arch, _params, _size, quant, _runs, source = m.row()
+        hay = " ".join((name, arch, quant, source)).lower()
+        return all(w in hay for w in words)
+
+    def _refresh_rows(self) -> None:
+        table = self.query_one(DataTable)
+        table.clear()
+        words = self.query_one("#models-filter", Input).value.lower().split()
+        self.shown = [m for m in self.found or [] if self._matches(m, words)]
+        for i, m in enumerate(self.shown):
+            style = "" if m.supported else "dim"
+            cells = list(m.row())
+            if self.current is not None and str(m.path) == self.current:
+                cells[0] = "● " + cells[0]
+            table.add_row(*(_cell(c, w, style) for c, w in zip(cells, CELL_WIDTHS)), key=str(i))
+        if not self.shown:
+            self.query_one("#models-detail", Static).update(
+                "no GGUF file matches the filter" if self.found else
+                "no GGUF files found: add folders to model_dirs in the config (the Hugging Face cache, LM Studio "
+                "and Ollama are searched where they exist)")
+        else:
+            self._detail(0)
+
+    def _detail(self, row: int) -> None:
+        if not 0 <= row < len(self.shown):
+            return
+        m = self.shown[row]
+        i = m.info
+        facts = [str(m.path)]
+        if i.title:
+            facts.append(f"general.name {i.title!r}")
+        if i.context_length:
+            facts.append(f"context {i.context_length}")
+        state = "● loaded now" if self.current is not None and str(m.path) == self.current else \
+            ("runs here" if m.supported else f"cannot run here: {i.problem}")
+        self.query_one("#models-detail", Static).update(" · ".join(facts) + "\n" + state)
+
+    @on(DataTable.RowHighlighted, "#models-table")
+    def _highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._detail(event.cursor_row)
+
+    @on(Input.Changed, "#models-filter")
+    def _filter(self) -> None:
+        if self.found is not None:
+            self._refresh_rows()
+
+    def action_move(self, step: int) -> None:
+        table = self.query_one(DataTable)
+        if table.row_count:
+            table.move_cursor(row=max(0, min(table.row_count - 1, table.cursor_row + step)))
+
+    def selected(self) -> FoundModel | None:
+        table = self.query_one(DataTable)
+        return self.shown[table.cursor_row] if self.shown and 0 <= table.cursor_row < len(self.shown) else None
+
+    def action_choose(self) -> None:
+        m = self.selected()
+        if m is None:
+            self.notify("still searching..." if self.found is None else "no model selected", severity="warning")
+            return
+        if not m.supported:
+            self.notify(f"{m.name} cannot run here: {m.info.problem}", severity="warning", timeout=10)
+            return
+        self.dismiss(m)
+
+    def action_close(self) -> None:
+        self.dismiss(None)

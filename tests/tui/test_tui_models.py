@@ -1,0 +1,180 @@
+"""The model screen (ctrl+l) and switching model in a chat, headless, over the real engine (ref backend) with the
+tiny models: the list with bad files and their reasons, the reload with progress, the chat kept or continued
+in a new chat when it no longer fits, a failed load going back to the model before, and the transcript's
+record of each reply's model file and its sha256."""
+from __future__ import annotations
+
+import hashlib
+import shutil
+
+import numpy as np
+import pytest
+from gguf import GGUFWriter
+
+from engine.config import EngineArgs
+
+from tui_helpers import ready, send, wait_for
+
+pytestmark = pytest.mark.anyio
+SIZE = (150, 45)
+
+
+@pytest.fixture
+def model_dir(tmp_path, tiny_models, make_tiny, monkeypatch):
+    """A model_dirs folder: the three tiny models, a qwen3 with a 64-token context, broken files. The
+    machine's own caches are hidden (HOME and the tools' variables point into tmp_path)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-ollama"))
+    for var in ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NINFER_CACHE_DIR", str(tmp_path / "cache"))
+    d = tmp_path / "models"
+    d.mkdir()
+    for arch, p in tiny_models.items():
+        shutil.copy(p, d / p.name)
+    make_tiny(d / "tiny-qwen3-ctx64.gguf", "qwen3", context_length=64)
+    (d / "notes.gguf").write_text("not a model")
+    w = GGUFWriter(str(d / "gemma-tiny.gguf"), "gemma3")
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    # a header the list accepts (llama, one F32 tensor) that fails to load: the switch goes back
+    w = GGUFWriter(str(d / "hollow-llama.gguf"), "llama")
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return d
+
+
+def _app(make_app, model_dir, **overrides):
+    from engine.api import Engine
+
+    def loader(args, progress=None):
+        return Engine.load(args, progress=progress)
+    app = make_app(loader=loader, max_new=6, temperature=0.0, **overrides)
+    app.engine_args = EngineArgs(model=str(model_dir / "tiny-llama.gguf"), backend="ref")
+    app.model_dirs = (str(model_dir),)
+    app.model_name = app.chat.model_name = "tiny-llama.gguf"  # as ninfer-chat names the model it was given
+    return app
+
+
+async def _open_screen(pilot):
+    from ninfer_tui.models_screen import ModelsScreen
+    await pilot.press("ctrl+l")
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, ModelsScreen))
+    screen = pilot.app.screen
+    await wait_for(pilot, lambda: screen.found is not None)
+    return screen
+
+
+async def _choose(pilot, words: str):
+    screen = await _open_screen(pilot)
+    for ch in words:
+        await pilot.press(ch if ch != " " else "space")
+    assert len(screen.shown) == 1, [m.name for m in screen.shown]
+    await pilot.press("enter")
+    return screen
+
+
+def _notes(app) -> list[str]:
+    return [n.message for n in app._notifications]
+
+
+async def test_model_screen_lists_files_with_reasons(make_app, model_dir):
+    app = _app(make_app, model_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        screen = await _open_screen(pilot)
+        rows = {m.name: m.row() for m in screen.found}
+        assert {"tiny-llama.gguf", "tiny-qwen2.gguf", "tiny-qwen3.gguf", "tiny-qwen3-ctx64.gguf", "notes.gguf",
+                "gemma-tiny.gguf", "hollow-llama.gguf"} <= rows.keys()
+        assert rows["tiny-qwen2.gguf"][1:3] == ("qwen2", "182K") and rows["tiny-qwen2.gguf"][5] == "yes"
+        assert rows["notes.gguf"][5] == "no: not a GGUF file (it starts with b'not ')"
+        assert rows["gemma-tiny.gguf"][5].startswith("no: architecture 'gemma3' is not supported")
+        table = screen.query_one("#models-table")
+        assert table.row_count == len(screen.found)
+        loaded = next(i for i, m in enumerate(screen.shown) if m.name == "tiny-llama.gguf")
+        assert str(table.get_row_at(loaded)[0]).startswith("● ")  # the model loaded now
+        for ch in "gemma":
+            await pilot.press(ch)
+        assert [m.name for m in screen.shown] == ["gemma-tiny.gguf"]
+        assert "cannot run here: architecture 'gemma3'" in str(screen.query_one("#models-detail").render())
+        await pilot.press("enter")  # a file the engine cannot run is not chosen: it says why
+        assert app.screen is screen
+        assert any(n.startswith("gemma-tiny.gguf cannot run here: architecture 'gemma3'") for n in _notes(app))
+        await pilot.press("escape")
+        assert app.screen is not screen and app.session is not None
+
+
+async def test_switching_model_keeps_the_chat_and_records_each_replys_model(make_app, model_dir):
+    app = _app(make_app, model_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "hello")
+        first = app.session
+        await _choose(pilot, "tiny-qwen3.gguf")
+        await wait_for(pilot, lambda: app.session is not None and app.session is not first, timeout=30)
+        assert app.engine_args.model == str(model_dir / "tiny-qwen3.gguf") and app.model_name == "tiny-qwen3.gguf"
+        await wait_for(pilot, lambda: any("goes on with this chat" in n for n in _notes(app)))
+        assert len(app.chat.path) == 2 and app.chat.conv_id is not None  # the same chat
+        await send(pilot, "and now?")
+        store, conv = app.store, app.chat.conv_id
+        replies = [m for m in store.all_messages(conv) if m.role == "assistant"]
+        models = store.models(conv)
+        assert [models[m.model_id].name for m in replies] == ["tiny-llama.gguf", "tiny-qwen3.gguf"]
+        qwen3 = model_dir / "tiny-qwen3.gguf"
+        assert models[replies[1].model_id].path == str(qwen3.resolve())
+        assert models[replies[1].model_id].size == qwen3.stat().st_size
+        want = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (qwen3, model_dir / "tiny-llama.gguf")}
+        await wait_for(pilot, lambda: store.conversation(conv).model_sha256 == want["tiny-qwen3.gguf"])
+        c = store.conversation(conv)
+        assert c.model == "tiny-qwen3.gguf" and c.model_path == str(qwen3.resolve())
+        assert {r.name: r.sha256 for r in store.models(conv).values()} == want  # both, hashed in the background
+
+
+async def test_a_chat_that_no_longer_fits_continues_in_a_new_chat(make_app, model_dir):
+    app = _app(make_app, model_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "The quick brown fox jumps over the lazy dog. " * 4)  # ~100 tokens: over 64
+        await send(pilot, "ok")
+        old = app.chat.conv_id
+        await _choose(pilot, "ctx64")
+        await wait_for(pilot, lambda: any("does not fit" in n for n in _notes(app)), timeout=30)
+        note = next(n for n in _notes(app) if "does not fit" in n)
+        assert note.startswith(f"Chat #{old} (") and "tiny-qwen3-ctx64.gguf's context of 64 with room for a reply: " \
+            "a new chat goes on with the last 1 of 2 turns" in note and "stays in the transcripts" in note
+        assert app.chat.conv_id != old and [m.content for m in app.chat.path][0] == "ok"
+        assert app.query_one("#carried") is not None
+        assert len(app.store.branch(old)) == 4  # the old chat is untouched
+
+
+async def test_a_model_that_fails_to_load_goes_back_to_the_one_before(make_app, model_dir):
+    app = _app(make_app, model_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        first = app.session
+        await _choose(pilot, "hollow")
+        await wait_for(pilot, lambda: any("failed to load" in n for n in _notes(app)), timeout=30)
+        note = next(n for n in _notes(app) if "failed to load" in n)
+        assert note.startswith("hollow-llama.gguf failed to load (") and note.endswith("; loading tiny-llama.gguf again")
+        assert "\n" not in note
+        await wait_for(pilot, lambda: app.session is not None and app.session is not first, timeout=30)
+        assert app.engine_args.model == str(model_dir / "tiny-llama.gguf") and app.load_error is None
+        await send(pilot, "still here?")
+        assert app.chat.path[-1].role == "assistant"
+
+
+async def test_no_model_switch_says_why(make_app, model_dir):
+    app = _app(make_app, model_dir)
+    app.no_model_switch = "--fake runs a scripted engine; start without it to choose a model"
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+l")
+        await pilot.pause()
+        assert app.screen is app.screen_stack[0]
+        assert app.no_model_switch in _notes(app)
