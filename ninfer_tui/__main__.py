@@ -125,9 +125,9 @@ def _list_models(ns) -> int:
     cfg = paths.load_config(ns.config)
     found = find_models(model_dirs(cfg), options.config_model(cfg))
     rows = [COLUMNS] + [m.row() for m in found]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS) - 2)]
-    for r in rows:  # the last two columns (a reason can be long) are not padded
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + "  ".join(r[len(widths):]))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS) - 1)]
+    for r in rows:  # the last column (a reason can be long) is not padded
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
     if not found:
         print("no GGUF files found; add folders to model_dirs in the config", file=sys.stderr)
     return 0

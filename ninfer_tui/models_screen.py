@@ -19,12 +19,16 @@ from textual.widgets import DataTable, Input, Label, Static
 
 from engine.models.finder import COLUMNS, FoundModel
 
-CELL_WIDTHS = (44, 7, 7, 9, 30, 28, 12)  # the longest cell shown per column (the rest is in the line below)
+CELL_WIDTHS = (40, 7, 6, 9, 28, 12, 22)  # the longest cell shown per column (the rest is in the line below)
 
 
-def _cell(text: str, width: int, style: str = "") -> Text:
-    """A cell as Text (a str would be read as markup: a name like "[q4]" is not), cut to `width`."""
-    return Text(text if len(text) <= width else text[:width - 1] + "…", style=style)
+def _cell(text: str, width: int, style: str = "", middle: bool = False) -> Text:
+    """A cell as Text (a str would be read as markup: a name like "[q4]" is not), cut to `width`: at the end,
+    or in the `middle` (a name's end says which file of a repository it is)."""
+    if len(text) > width:
+        head = width // 3 if middle else width - 1
+        text = text[:head] + "…" + (text[len(text) - (width - 1 - head):] if middle else "")
+    return Text(text, style=style)
 
 
 class ModelsScreen(ModalScreen[FoundModel | None]):
@@ -79,8 +83,8 @@ class ModelsScreen(ModalScreen[FoundModel | None]):
     def _matches(self, m: FoundModel, words: list[str]) -> bool:
         """Every word is in the name, architecture, quant or source (not in a reason: "qwen3" would match every
         file of another architecture)."""
-        name, arch, _params, _size, quant, _runs, source = m.row()
-        hay = " ".join((name, arch, quant, source)).lower()
+        name, arch, _params, _size, quant, source, _runs = m.row()
+        hay = f"{name} {arch} {quant} {source}".lower()
         return all(w in hay for w in words)
 
     def _refresh_rows(self) -> None:
@@ -93,7 +97,8 @@ class ModelsScreen(ModalScreen[FoundModel | None]):
             cells = list(m.row())
             if self.current is not None and str(m.path) == self.current:
                 cells[0] = "● " + cells[0]
-            table.add_row(*(_cell(c, w, style) for c, w in zip(cells, CELL_WIDTHS)), key=str(i))
+            table.add_row(*(_cell(c, w, style, middle=(col == 0)) for col, (c, w) in enumerate(zip(cells, CELL_WIDTHS))),
+                          key=str(i))
         if not self.shown:
             self.query_one("#models-detail", Static).update(
                 "no GGUF file matches the filter" if self.found else

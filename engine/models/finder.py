@@ -45,10 +45,10 @@ class FoundModel:
         """The listing's cells (COLUMNS): what the model screen and `--list-models` show."""
         i = self.info
         return (self.name, i.arch or "?", i.params_label() or "?", i.size_label() if i.size else "?",
-                i.quant_label() or "?", "yes" if i.supported else f"no: {i.problem}", SOURCE_LABELS[self.source])
+                i.quant_label(2) or "?", SOURCE_LABELS[self.source], "yes" if i.supported else f"no: {i.problem}")
 
 
-COLUMNS = ("name", "arch", "params", "size", "quant", "runs here", "from")
+COLUMNS = ("name", "arch", "params", "size", "quant", "from", "runs here")
 
 
 def _is_gguf(name: str) -> bool:

@@ -47,6 +47,10 @@ class ModelsFlow:
         if self.no_model_switch is not None:
             self.notify(self.no_model_switch, severity="warning", timeout=8)
             return
+        if self._load_ticker is not None:  # a load in flight finishes first (its thread cannot be stopped)
+            self.notify(f"{self.model_name} is still loading; choose another model once it is ready",
+                        severity="warning", timeout=5)
+            return
 
         async def chosen(found) -> None:
             if found is None:

