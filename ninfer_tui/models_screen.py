@@ -17,6 +17,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Label, Static
 
+from engine.models.download import parse_hub_name
 from engine.models.finder import COLUMNS, FoundModel
 
 CELL_WIDTHS = (40, 7, 6, 9, 28, 12, 22)  # the longest cell shown per column (the rest is in the line below)
@@ -31,8 +32,9 @@ def _cell(text: str, width: int, style: str = "", middle: bool = False) -> Text:
     return Text(text, style=style)
 
 
-class ModelsScreen(ModalScreen[FoundModel | None]):
-    """Dismisses with the chosen FoundModel, or None (closed)."""
+class ModelsScreen(ModalScreen[FoundModel | str | None]):
+    """Dismisses with the chosen FoundModel, an ORG/REPO/FILE.gguf name typed in the filter that no file here
+    matches (to download), or None (closed)."""
 
     BINDINGS = [
         Binding("escape", "close", "Close", id="models_close"),
@@ -57,7 +59,8 @@ class ModelsScreen(ModalScreen[FoundModel | None]):
     def compose(self):
         with Vertical(id="models-box"):
             yield Label("Models  (type to filter · ↑/↓ choose · enter load · esc close)")
-            yield Input(placeholder="filter by name, architecture, quant or source", id="models-filter")
+            yield Input(placeholder="filter by name, architecture, quant or source; or ORG/REPO/FILE.gguf to "
+                        "download from the Hugging Face Hub", id="models-filter")
             yield DataTable(id="models-table", cursor_type="row", zebra_stripes=True)
             yield Static("searching for GGUF files...", id="models-detail", markup=False)
 
@@ -99,8 +102,10 @@ class ModelsScreen(ModalScreen[FoundModel | None]):
                 cells[0] = "● " + cells[0]
             table.add_row(*(_cell(c, w, style, middle=(col == 0)) for col, (c, w) in enumerate(zip(cells, CELL_WIDTHS))),
                           key=str(i))
+        typed = self.query_one("#models-filter", Input).value.strip()
         if not self.shown:
             self.query_one("#models-detail", Static).update(
+                f"enter downloads {typed} from the Hugging Face Hub" if parse_hub_name(typed) else
                 "no GGUF file matches the filter" if self.found else
                 "no GGUF files found: add folders to model_dirs in the config (the Hugging Face cache, LM Studio "
                 "and Ollama are searched where they exist)")
@@ -141,6 +146,10 @@ class ModelsScreen(ModalScreen[FoundModel | None]):
 
     def action_choose(self) -> None:
         m = self.selected()
+        typed = self.query_one("#models-filter", Input).value.strip()
+        if m is None and self.found is not None and parse_hub_name(typed):
+            self.dismiss(typed)
+            return
         if m is None:
             self.notify("still searching..." if self.found is None else "no model selected", severity="warning")
             return

@@ -35,9 +35,9 @@ def _error(name: str) -> type:
     return type(f"_No{name}", (Exception,), {})
 
 
-def download(spec: str, tqdm_class=None) -> Path:
-    """Download (or find in the hub cache) ORG/REPO/FILE.gguf; returns the local path. `tqdm_class`: how
-    huggingface_hub shows progress (default: its bars on stderr)."""
+def download(spec: str, quiet: bool = False) -> Path:
+    """Download (or find in the hub cache) ORG/REPO/FILE.gguf; returns the local path. huggingface_hub shows
+    its progress bars on stderr, except `quiet` (a full-screen UI, which says it is downloading itself)."""
     parsed = parse_hub_name(spec)
     if parsed is None:
         raise ModelFileError(f"{spec!r} is not a Hugging Face file name; give ORG/REPO/FILE.gguf, e.g. "
@@ -48,12 +48,14 @@ def download(spec: str, tqdm_class=None) -> Path:
     except ImportError:
         raise ModelFileError(f"{spec} is not on this machine and downloading it needs huggingface_hub; "
                              f"{INSTALL_HINT}") from None
-    kw = {"tqdm_class": tqdm_class} if tqdm_class is not None else {}
+    if quiet:
+        from huggingface_hub.utils import disable_progress_bars
+        disable_progress_bars()
     gated, no_repo = _error("GatedRepoError"), _error("RepositoryNotFoundError")
     no_file, no_rev = _error("EntryNotFoundError"), _error("RevisionNotFoundError")
     offline, http = _error("LocalEntryNotFoundError"), _error("HfHubHTTPError")
     try:
-        return Path(huggingface_hub.hf_hub_download(repo, filename, **kw))
+        return Path(huggingface_hub.hf_hub_download(repo, filename))
     except offline:  # first: it is an EntryNotFoundError too
         raise ModelFileError(f"cannot download {spec}: offline (the Hugging Face Hub cannot be reached, or "
                              "HF_HUB_OFFLINE is set) and it is not in the cache; connect, or give a local "

@@ -55,6 +55,9 @@ class ModelsFlow:
         async def chosen(found) -> None:
             if found is None:
                 return
+            if isinstance(found, str):  # ORG/REPO/FILE.gguf typed: download, then switch
+                await self._when_idle(partial(self._download, found))
+                return
             if self.engine_args.model and Path(found.path).resolve() == Path(self.engine_args.model).resolve() \
                     and self.session is not None:
                 self.notify(f"{found.name} is the model loaded now", timeout=4)
@@ -73,6 +76,37 @@ class ModelsFlow:
         self.query_one("#stats", StatsPanel).on_engine({"model": found.name})
         self.notify(f"loading {found.name}...", timeout=3)
         self._start_loading()
+
+    async def _download(self, spec: str) -> None:
+        """Fetch a Hugging Face file in a worker thread (the status line counts the seconds), then load it."""
+        import time
+        started = time.monotonic()
+        ticker = self.set_interval(1.0, lambda: self._status(
+            f"downloading {spec} from the Hugging Face Hub... {time.monotonic() - started:.0f} s"))
+        self._status(f"downloading {spec} from the Hugging Face Hub...")
+
+        def fetch() -> None:
+            from engine.models.download import download
+            from engine.models.finder import FoundModel
+            from engine.models.header import read_info
+            try:
+                path = download(spec, quiet=True)
+                found, error = FoundModel(spec, path, "hf", read_info(path)), None
+            except NinferError as e:
+                found, error = None, str(e)
+            self.call_from_thread(done, found, error)
+
+        def done(found, error) -> None:
+            ticker.stop()
+            self._ready_status()
+            if error is not None:
+                self.notify(error, severity="error", timeout=15)
+            elif not found.supported:
+                self.notify(f"{spec} was downloaded but cannot run here: {found.info.problem}", severity="error",
+                            timeout=15)
+            else:
+                self.call_later(self._switch_model, found)
+        self.run_worker(fetch, thread=True, group="download", exclusive=True, exit_on_error=False)
 
     def _on_model_ready(self) -> None:
         """The engine is loaded (at start or after a switch): record the model for the transcript, start its

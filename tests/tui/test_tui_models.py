@@ -223,3 +223,37 @@ def test_snapshot_model_screen(make_app, snap_compare):
             spark.data = [50.0, 50.0]
         await pilot.pause()
     assert snap_compare(app, terminal_size=(150, 40), run_before=run_before)
+
+
+async def test_a_hub_name_typed_in_the_screen_is_downloaded_then_loaded(make_app, model_dir, tiny_models,
+                                                                      monkeypatch):
+    import huggingface_hub
+    calls = []
+
+    def fake_download(repo, filename, **kw):  # no network in tests
+        calls.append((repo, filename))
+        if repo == "Org/Offline":
+            from engine.models.download import _error
+            raise _error("LocalEntryNotFoundError")("no connection")
+        return str(tiny_models["qwen2"])
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    app = _app(make_app, model_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        screen = await _open_screen(pilot)
+        screen.query_one("#models-filter").value = "Org/Offline/x.gguf"
+        await pilot.pause()
+        assert "enter downloads Org/Offline/x.gguf" in str(screen.query_one("#models-detail").render())
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: any("offline" in n for n in _notes(app)))
+        note = next(n for n in _notes(app) if "offline" in n)
+        assert note.startswith("cannot download Org/Offline/x.gguf: offline") and "\n" not in note
+        assert app.engine_args.model == str(model_dir / "tiny-llama.gguf")  # nothing changed
+        first = app.session
+        screen = await _open_screen(pilot)
+        screen.query_one("#models-filter").value = "Org/Tiny-GGUF/tiny-qwen2.gguf"
+        await pilot.pause()
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.session is not None and app.session is not first, timeout=30)
+        assert calls[-1] == ("Org/Tiny-GGUF", "tiny-qwen2.gguf")
+        assert app.model_name == "Org/Tiny-GGUF/tiny-qwen2.gguf" and app.engine_args.model == str(tiny_models["qwen2"])
