@@ -2,13 +2,14 @@
 one is and whether the engine can run it; choosing one dismisses with it (the app then reloads the engine,
 flows/models.py).
 
-The search (engine.models.find_models: folders walked, every file's header read) runs in a worker thread, so
-the screen opens at once. A file the engine cannot run is listed with the reason and cannot be chosen; the
+The search (engine.models.finder.iter_models: folders walked, every file's header read) runs in a worker
+thread and the rows appear as it finds them (a large vocabulary's header takes ~0.2 s), so the screen opens at
+once. A file the engine cannot run is listed with the reason and cannot be chosen; the
 line under the table gives the highlighted file's path and the reason in full.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from rich.text import Text
 from textual import on
@@ -20,6 +21,7 @@ from textual.widgets import DataTable, Input, Label, Static
 from engine.models.download import parse_hub_name
 from engine.models.finder import COLUMNS, FoundModel
 
+SHOW_EVERY_S = 0.25  # while searching, the rows found so far reach the table this often
 CELL_WIDTHS = (40, 7, 6, 9, 28, 12, 22)  # the longest cell shown per column (the rest is in the line below)
 
 
@@ -49,11 +51,12 @@ class ModelsScreen(ModalScreen[FoundModel | str | None]):
     #models-detail { height: 3; color: $text-muted; }
     """
 
-    def __init__(self, find: Callable[[], list[FoundModel]], current: str | None = None):
+    def __init__(self, find: Callable[[], Iterable[FoundModel]], current: str | None = None):
         super().__init__()
         self.find = find  # the search, run in a worker thread
         self.current = current  # the path of the model loaded now
-        self.found: list[FoundModel] | None = None  # None while searching
+        self.found: list[FoundModel] | None = None  # None until the search has ended
+        self.so_far: list[FoundModel] = []  # what the search found until now
         self.shown: list[FoundModel] = []
 
     def compose(self):
@@ -67,18 +70,35 @@ class ModelsScreen(ModalScreen[FoundModel | str | None]):
     def on_mount(self) -> None:
         self.query_one(DataTable).add_columns(*COLUMNS)
         self.query_one("#models-filter", Input).focus()
+        self._incoming: list[FoundModel] = []
+        self._poller = self.set_interval(SHOW_EVERY_S, self._poll)
         self.run_worker(self._search, thread=True, exclusive=True, group="models-search", exit_on_error=False)
 
     def _search(self) -> None:
+        """Worker thread: appends to `_incoming` (the UI shows it every SHOW_EVERY_S, also while a slow folder
+        holds the search up), then hands over the whole list."""
+        error = None
         try:
-            found, error = self.find(), None
+            for m in self.find():
+                self._incoming.append(m)  # list.append is atomic: the UI thread reads a copy
         except Exception as e:  # noqa: BLE001 - bad files are in the list; this is the unforeseen rest, one line
-            found, error = [], f"the model search failed: {type(e).__name__}: {e}"
-        self.app.call_from_thread(self._fill, found, error)
+            error = f"the model search failed: {type(e).__name__}: {e}"
+        self.app.call_from_thread(self._fill, list(self._incoming), error, True)
 
-    def _fill(self, found: list[FoundModel], error: str | None = None) -> None:
-        self.found = found
+    def _poll(self) -> None:
+        if self.found is None and len(self._incoming) != len(self.so_far):
+            self._fill(list(self._incoming), None, False)
+
+    def _fill(self, found: list[FoundModel], error: str | None = None, done: bool = True) -> None:
+        cursor = self.query_one(DataTable).cursor_row
+        self.so_far = found
+        if done:
+            self.found = found
+            self._poller.stop()
         self._refresh_rows()
+        table = self.query_one(DataTable)
+        if 0 < cursor < table.row_count:  # rows added while the user moved: the highlight stays
+            table.move_cursor(row=cursor)
         if error is not None:
             self.query_one("#models-detail", Static).update(error)
             self.notify(error, severity="error", timeout=10)
@@ -94,7 +114,7 @@ class ModelsScreen(ModalScreen[FoundModel | str | None]):
         table = self.query_one(DataTable)
         table.clear()
         words = self.query_one("#models-filter", Input).value.lower().split()
-        self.shown = [m for m in self.found or [] if self._matches(m, words)]
+        self.shown = [m for m in self.so_far if self._matches(m, words)]
         for i, m in enumerate(self.shown):
             style = "" if m.supported else "dim"
             cells = list(m.row())
@@ -105,6 +125,7 @@ class ModelsScreen(ModalScreen[FoundModel | str | None]):
         typed = self.query_one("#models-filter", Input).value.strip()
         if not self.shown:
             self.query_one("#models-detail", Static).update(
+                "searching for GGUF files..." if self.found is None else
                 f"enter downloads {typed} from the Hugging Face Hub" if parse_hub_name(typed) else
                 "no GGUF file matches the filter" if self.found else
                 "no GGUF files found: add folders to model_dirs in the config (the Hugging Face cache, LM Studio "
@@ -132,8 +153,7 @@ class ModelsScreen(ModalScreen[FoundModel | str | None]):
 
     @on(Input.Changed, "#models-filter")
     def _filter(self) -> None:
-        if self.found is not None:
-            self._refresh_rows()
+        self._refresh_rows()
 
     def action_move(self, step: int) -> None:
         table = self.query_one(DataTable)
@@ -151,7 +171,8 @@ class ModelsScreen(ModalScreen[FoundModel | str | None]):
             self.dismiss(typed)
             return
         if m is None:
-            self.notify("still searching..." if self.found is None else "no model selected", severity="warning")
+            self.notify("still searching..." if self.found is None else "no model matches the filter",
+                        severity="warning")
             return
         if not m.supported:
             self.notify(f"{m.name} cannot run here: {m.info.problem}", severity="warning", timeout=10)

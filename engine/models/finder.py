@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,38 +136,41 @@ def find_models(model_dirs=(), config_model: str | None = None, extra=(), env: d
     """Every GGUF file the chat can offer (see the module docstring), each with its header facts (`read`
     False: only names and paths, for resolving a name). `extra`: paths listed whatever folder they are in
     (the model running now). `env`/`home` default to this process's; tests pass a fake tree."""
-    found: list[FoundModel] = []
+    return list(iter_models(model_dirs, config_model, extra, env, home, default, read))
+
+
+def iter_models(model_dirs=(), config_model: str | None = None, extra=(), env: dict | None = None,
+                home: Path | None = None, default: bool = True, read: bool = True) -> Iterator[FoundModel]:
+    """find_models one model at a time (a header with a large vocabulary takes ~0.2 s to read: the model
+    screen shows each as it comes)."""
     seen: set[str] = set()
 
-    def add(name: str, path: Path, source: str, problem: str | None = None) -> None:
+    def entries() -> Iterator[tuple[str, Path, str, str | None]]:
+        if default:
+            from ..paths import default_model_path
+            if (p := default_model_path()) is not None:
+                yield p.name, p, "default", None
+        if config_model and Path(config_model).expanduser().exists():  # a name in the config is found below
+            p = Path(config_model).expanduser()
+            yield p.name, p, "config", None
+        for p in extra:
+            yield Path(p).name, Path(p), "path", None
+        for place in places(list(model_dirs), env, home):
+            if place.source == "hf":
+                yield from ((name, path, "hf", None) for name, path in _hf(place.root))
+            elif place.source == "ollama":
+                yield from ((name, path, "ollama", problem) for name, path, problem in _ollama(place.root))
+            else:
+                yield from ((name, path, place.source, None) for name, path in _walk(place.root))
+
+    for name, path, source, problem in entries():
         # a file once; an Ollama blob once per name (two tags often share one blob, and `ollama list` shows both)
         key = f"ollama:{name}" if source == "ollama" else os.path.realpath(path)
         if key in seen:
-            return
+            continue
         seen.add(key)
         info = read_info(path) if problem is None and read else ModelInfo(path, problem=problem)
-        found.append(FoundModel(name, path, source, info))
-
-    if default:
-        from ..paths import default_model_path
-        if (p := default_model_path()) is not None:
-            add(p.name, p, "default")
-    if config_model and Path(config_model).expanduser().exists():  # a name in the config is found below
-        p = Path(config_model).expanduser()
-        add(p.name, p, "config")
-    for p in extra:
-        add(Path(p).name, Path(p), "path")
-    for place in places(list(model_dirs), env, home):
-        if place.source == "hf":
-            for name, path in _hf(place.root):
-                add(name, path, "hf")
-        elif place.source == "ollama":
-            for name, path, problem in _ollama(place.root):
-                add(name, path, "ollama", problem)
-        else:
-            for name, path in _walk(place.root):
-                add(name, path, place.source)
-    return found
+        yield FoundModel(name, path, source, info)
 
 
 def _keys(m: FoundModel) -> set[str]:

@@ -39,9 +39,10 @@ class ModelsFlow:
     no_model_switch: str | None = None
 
     def _find_models(self):
-        from engine.models import find_models
+        """The model screen's search: an iterator of FoundModel (engine.models.finder.iter_models)."""
+        from engine.models.finder import iter_models
         current = [self.engine_args.model] if self.engine_args.model else []
-        return find_models(self.model_dirs, self.config_model, extra=current)
+        return iter_models(self.model_dirs, self.config_model, extra=current)
 
     def action_models(self) -> None:
         if self.no_model_switch is not None:

@@ -257,3 +257,28 @@ async def test_a_hub_name_typed_in_the_screen_is_downloaded_then_loaded(make_app
         await wait_for(pilot, lambda: app.session is not None and app.session is not first, timeout=30)
         assert calls[-1] == ("Org/Tiny-GGUF", "tiny-qwen2.gguf")
         assert app.model_name == "Org/Tiny-GGUF/tiny-qwen2.gguf" and app.engine_args.model == str(tiny_models["qwen2"])
+
+
+async def test_rows_show_while_the_search_goes_on(make_app):
+    import threading
+    models = _fixed_models()
+    gate = threading.Event()
+
+    def slow_find():
+        yield models[0]
+        yield models[1]
+        gate.wait(10)  # a slow folder: the first rows are on screen meanwhile
+        yield from models[2:]
+    app = make_app()
+    app._find_models = slow_find
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+l")
+        await wait_for(pilot, lambda: len(getattr(pilot.app.screen, "shown", [])) == 2)
+        screen = app.screen
+        assert screen.found is None and screen.query_one("#models-table").row_count == 2
+        await pilot.press("down")
+        gate.set()
+        await wait_for(pilot, lambda: screen.found is not None)
+        assert screen.query_one("#models-table").row_count == len(models)
+        assert screen.selected() is models[1]  # the highlight stayed where it was moved
