@@ -68,9 +68,11 @@ class ModelsFlow:
 
     async def _switch_model(self, found) -> None:
         """Drop the engine and load `found` (its memory is freed first: two large models may not fit)."""
+        import gc
         if self._switch_from is None:  # a second choice while one loads keeps the first fallback
             self._switch_from = (self.engine_args.model, self.model_name)
-        self.engine = self.session = None
+        self.engine = self.session = self.bridge = None  # the last reply's bridge holds the old session too
+        gc.collect()  # the old model's buffers and mapped file go now, not at some later collection
         self.load_error = None
         self.engine_args = dataclasses.replace(self.engine_args, model=str(found.path))
         self.model_name = found.name
