@@ -56,8 +56,8 @@ class ModelsFlow:
         async def chosen(found) -> None:
             if found is None:
                 return
-            if isinstance(found, str):  # ORG/REPO/FILE.gguf typed: download, then switch
-                await self._when_idle(partial(self._download, found))
+            if isinstance(found, str):  # ORG/REPO/FILE.gguf typed: download (a reply may go on), then switch
+                self._download(found)
                 return
             if self.engine_args.model and Path(found.path).resolve() == Path(self.engine_args.model).resolve() \
                     and self.session is not None:
@@ -80,8 +80,9 @@ class ModelsFlow:
         self.notify(f"loading {found.name}...", timeout=3)
         self._start_loading()
 
-    async def _download(self, spec: str) -> None:
-        """Fetch a Hugging Face file in a worker thread (the status line counts the seconds), then load it."""
+    def _download(self, spec: str) -> None:
+        """Fetch a Hugging Face file in a worker thread (the status line counts the seconds), then load it
+        (once a reply in flight has ended)."""
         import time
         started = time.monotonic()
         ticker = self.set_interval(1.0, lambda: self._status(
@@ -108,7 +109,7 @@ class ModelsFlow:
                 self.notify(f"{spec} was downloaded but cannot run here: {found.info.problem}", severity="error",
                             timeout=15)
             else:
-                self.call_later(self._switch_model, found)
+                self.call_later(self._when_idle, partial(self._switch_model, found))
         self.run_worker(fetch, thread=True, group="download", exclusive=True, exit_on_error=False)
 
     def _on_model_ready(self) -> None:
