@@ -1,8 +1,9 @@
 """Fast CPU kernels: row-interleaved quantized weights x int8-quantized activations (the `ref.py` contract).
 
 Only `prepare_weight`, `weight_shape`, `new_scratch`, `matmul` and `embed` differ from `cpu.py`; every other
-kernel is cpu.py's. Weights of other types (or with a row count that is not a multiple of G) keep cpu.py's
-layout and kernels, so this module is a drop-in superset.
+kernel is cpu.py's. Q4_K takes the 4-bit layout as Q4_1 blocks, Q5_0 / Q5_1 / Q5_K / Q6_K kquant.py's 5- and
+6-bit layouts (its kernels, same contract); weights of other types keep cpu.py's layout and kernels, so this
+module is a drop-in superset.
 
 Why this layout (measured on a 2-core Zen 3, AVX2; REFERENCE.md section 8 for the Zen 4 prototype):
 - Rows are interleaved in groups of G=32: blocks[group, block] holds one block (32 values) of all G rows
@@ -53,6 +54,7 @@ from numba import njit, prange
 from ...quant import QK, QTensor, validate
 from . import kernels as cpu
 from . import avx2
+from . import kquant  # Q4_K, Q5_0, Q5_1, Q5_K, Q6_K (KWeight)
 from .attn import GENERIC_FORCED, h2f
 from .layout import D8_OFF, D_OFF, G, M_OFF, nib_at, parts, val8_at  # noqa: F401  (re-exported)
 from .target import target_has
@@ -162,7 +164,7 @@ def prepare_layers(roles: dict, store=None, threads: int | None = None) -> dict:
     ok = {}
     for role, ts in roles.items():
         t0 = ts[0]
-        if t0.qtype in (QT.Q4_0, QT.Q4_1) and len(t0.shape) == 2 and all(
+        if t0.qtype in (QT.Q4_0, QT.Q4_1, QT.Q4_K) and len(t0.shape) == 2 and all(
                 t.qtype == t0.qtype and tuple(t.shape) == tuple(t0.shape) for t in ts):
             for t in ts:
                 validate(t)
@@ -208,17 +210,22 @@ def _repack_parts(role_tensors: list[QTensor], stack) -> bool:
 
     def one(i):  # the jitted repack releases the GIL: two layers at a time on two cores
         raw = _file_blocks(role_tensors[i])
-        return all(repack_q4(raw[p * h * G:(p + 1) * h * G], kind, stack[i, p]) for p in range(stack.shape[1]))
+        if kind == "q4_k":  # as Q4_1 blocks (kquant.py)
+            raw = kquant.q4k_as_q41(raw)
+            if raw is None:
+                return False
+        return all(repack_q4(raw[p * h * G:(p + 1) * h * G], "q4_1" if kind == "q4_k" else kind, stack[i, p])
+                   for p in range(stack.shape[1]))
     with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
         return all(pool.map(one, range(len(role_tensors))))
 
 
 def prepare_weight(qt: QTensor, store=None):
-    """Interleaved layout for Q4_0/Q4_1/Q8_0 matrices; cpu.py's layout for everything else. store: as for
-    `repack`."""
+    """Interleaved layout for Q4_0/Q4_1/Q8_0 (and Q4_K as Q4_1) matrices, kquant's 5- and 6-bit layouts for Q5_0/Q5_1/
+    Q5_K/Q6_K; cpu.py's layout for everything else. store: as for `repack`."""
     validate(qt)
-    if qt.qtype in (QT.Q4_0, QT.Q4_1, QT.Q8_0) and len(qt.shape) == 2:
-        w = repack(qt, store)
+    if qt.qtype in (QT.Q4_0, QT.Q4_1, QT.Q8_0, *kquant.QTYPES) and len(qt.shape) == 2:
+        w = (kquant.prepare_weight if qt.qtype in kquant.QTYPES else repack)(qt, store)
         if w is not None:
             release_pages(qt.data)
             return w
@@ -764,13 +771,15 @@ def mm_q8_batched(out, qa, sa, blk):
 
 def matmul(out, x, w, scratch):
     """out (T, d) f32 <- x (T, n) f32 @ W (d, n)^T. One pass over W serves all T rows."""
-    if not isinstance(w, FastWeight):
+    if not isinstance(w, (FastWeight, kquant.KWeight)):
         cpu.matmul(out, x, w, scratch.cpu)
         return
     t_n, n = x.shape
     qa, sa, xs = scratch.qa[:t_n, :n], scratch.sa[:t_n, :n // QK], scratch.xs[:t_n, :n // QK]
     quantize_rows(qa, sa, xs, x)
-    if w.kind == "q4":
+    if isinstance(w, kquant.KWeight):
+        kquant.matmul(out, qa, sa, xs, w)
+    elif w.kind == "q4":
         (mm_q4_parts if w.blocks.ndim == 4 else mm_q4)(out, qa, sa, xs, w.blocks, w.acc16)
     elif t_n >= BATCHED_MIN_T:
         mm_q8_batched(out, qa, sa, w.blocks)
@@ -805,7 +814,9 @@ def embed_q8(out, blk, tokens):
 
 def embed(out, w, tokens):
     """out (T, n) f32 <- rows tokens (T,) int32 of the embedding table W (vocab, n)."""
-    if not isinstance(w, FastWeight):
+    if isinstance(w, kquant.KWeight):
+        kquant.embed(out, w, tokens)
+    elif not isinstance(w, FastWeight):
         cpu.embed(out, w, tokens)
     elif w.kind == "q4":
         embed_q4(out, w.blocks, tokens)

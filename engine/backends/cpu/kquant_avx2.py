@@ -1,0 +1,218 @@
+"""AVX2 block kernels of kquant.py's 5- and 6-bit layouts (Q5_0, Q5_1, Q5_K, Q6_K), as LLVM IR (numba
+intrinsics) on avx2.py's helpers.
+
+A block of a 32-row group (kquant.KWeight) starts as avx2's 4-bit block: the values' low 4 bits, vector 2k + h
+(k < 8: values 4k..4k+3; h: rows 16h..16h+15), byte 4r + e = value 4k + e of row 16h + r (low nibble) and of
+row 16h + 8 + r (high nibble). After _split the block has 32 "value vectors" (k, h, n) (n = 0 low, 1 high:
+rows 16h + 8n + r at byte 4r + e). Their high bits follow at P_OFF, a plane: value vector vv = 4k + 2h + n
+  q5: 1 bit, bit vv % 8 of byte i of plane vector vv // 8 (4 vectors, 128 bytes)
+  q6: 2 bits, bits 2 (vv % 4) .. of byte i of plane vector k (8 vectors, 256 bytes)
+so one shift and one mask per value vector put the bits at 16 (32), ORed into the nibbles: the file's value,
+unsigned (0..31 / 0..63), the bytes of the file (5.5 / 6.6 bits a value) plus the per-row scales:
+  q5 (BLK5 = 768): f16 d (Q5_D), f16 m (Q5_M)                      y = d q + m
+  q6 (BLK6 = 896): int8 scale of values 0-15 (Q6_SC0), of 16-31 (Q6_SC1), f16 d (Q6_D)   y = d sc (q - 32)
+vpmaddubsw of a value vector against the broadcast a[4k..4k+3] gives two 16-bit pair sums per row (q5: up to
+2 * 31 * 128, so four k's fit int16; q6: 2 * 63 * 128, two k's), vpmaddwd by 1 turns them into the row's int32
+lane, rows in order (as avx2._isum). The block terms, integers exact, floats in this order:
+  q5  (d * sb) * (S - 16 A) + (m + 16 d) * xsb          avx2._block_term's form with 16 for 8 (Q5_0: m = -16 d,
+                                                         so the second product is 0)
+  q6  (d * sb) * (sc0 (S0 - 32 A0) + sc1 (S1 - 32 A1))  S0 / S1, A0 / A1 over values 0-15 / 16-31
+kquant's generic kernels compute the same. The decode form (grp5 / grp6) keeps a group's 32 outputs in
+registers over all its blocks; the batched form merges each block's bits once (unpack: 1 KiB of value
+vectors + its scale bytes, in L1) and every activation row reuses it (blku5 / blku6).
+"""
+from __future__ import annotations
+
+from ... import numba_env  # noqa: F401  (flags before numba)
+
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from .avx2 import (I8, I32, I64, PREFETCH, V8I32, V16I16, V32F, V32I8, V32I32, _bytes_at, _const, _fn, _halves,
+                   _i16_at, _prefetch, _ptr, _rows32, _split, _splat, _vload)
+
+G = 32
+P_OFF = 512  # the high-bit plane, after the 512 bytes of nibbles
+Q5_D, Q5_M, BLK5 = 640, 704, 768
+Q6_SC0, Q6_SC1, Q6_D, BLK6 = 768, 800, 832, 896
+META = {5: Q5_D, 6: Q6_SC0}  # where a block's 128 bytes of per-row scales start
+VALS = 1024  # an unpacked block: 32 value vectors of 32 bytes (vv order), then the block's 128 scale bytes
+UNBUF = VALS + 128
+V8I8, V4I32 = ir.VectorType(I8, 8), ir.VectorType(I32, 4)
+
+
+def _vv(k, h, n):
+    return 4 * k + 2 * h + n
+
+
+def _merged(builder, q, bits):
+    """val_of(k, h, n) -> <32 x i8> the values of value vector (k, h, n) of the block at q (i8*): the nibbles
+    with their high bits from the plane."""
+    nib, planes = {}, {}
+
+    def val_of(k, h, n):
+        if (k, h) not in nib:
+            nib[(k, h)] = _split(builder, _vload(builder, builder.gep(q, [ir.Constant(I64, 32 * (2 * k + h))]), V32I8))
+        vv = _vv(k, h, n)
+        p, sh, mask = (vv // 8, 4 - vv % 8, 0x10) if bits == 5 else (k, 4 - 2 * (vv % 4), 0x30)
+        if p not in planes:
+            planes[p] = _vload(builder, builder.gep(q, [ir.Constant(I64, P_OFF + 32 * p)]), V32I8)
+        y = planes[p]
+        if sh > 0:
+            y = builder.shl(y, _const(V32I8, sh))
+        elif sh < 0:
+            y = builder.lshr(y, _const(V32I8, -sh))
+        return builder.or_(nib[(k, h)][n], builder.and_(y, _const(V32I8, mask)))
+    return val_of
+
+
+def _stored(builder, b):
+    """val_of(k, h, n) of a block unpacked into the buffer at b (i8*)."""
+    def val_of(k, h, n):
+        return _vload(builder, builder.gep(b, [ir.Constant(I64, 32 * _vv(k, h, n))]), V32I8)
+    return val_of
+
+
+def _act_splats(builder, a):
+    """The 8 broadcasts of a block's activations a[4k..4k+3] (a: i8* to its 32 int8 values)."""
+    a32 = builder.bitcast(a, I32.as_pointer())
+    return [builder.bitcast(_splat(builder, builder.load(builder.gep(a32, [ir.Constant(I64, k)]), align=1), V8I32),
+                            V32I8) for k in range(8)]
+
+
+def _sums_a(builder, a):
+    """(A0, A1): the sums of the block's activations 0..15 and 16..31 (i32)."""
+    madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8])
+    pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
+    radd = _fn(builder, "llvm.vector.reduce.add.v4i32", I32, [V4I32])
+    s = builder.call(pmaddwd, [builder.call(madd, [_const(V32I8, 1), _vload(builder, a, V32I8)]), _const(V16I16, 1)])
+    return tuple(builder.call(radd, [builder.shuffle_vector(s, s, _const(V4I32, list(range(4 * i, 4 * i + 4))))])
+                 for i in range(2))
+
+
+def _isums(builder, val_of, av, ks, flush):
+    """Four <8 x i32> (rows 0-7, 8-15, 16-23, 24-31): sum over k in ks of the rows' values times a[4k..4k+3],
+    summed in int16 over `flush` k's at a time, then in int32."""
+    madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8])
+    pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
+    acc32 = [None] * 4
+    for c in range(0, len(ks), flush):
+        acc16 = [None] * 4
+        for k in ks[c:c + flush]:
+            for h in range(2):
+                for n in range(2):
+                    m = builder.call(madd, [val_of(k, h, n), av[k]])
+                    acc16[2 * h + n] = m if acc16[2 * h + n] is None else builder.add(acc16[2 * h + n], m)
+        for i in range(4):
+            x = builder.call(pmaddwd, [acc16[i], _const(V16I16, 1)])
+            acc32[i] = x if acc32[i] is None else builder.add(acc32[i], x)
+    return acc32
+
+
+def _term(builder, bits, val_of, a, meta, sb, xsb):
+    """<32 x float> block term (module docstring) of the 32 rows; a: i8* to the block's activations, meta: i8*
+    to its 128 scale bytes, sb / xsb its activation scale and scaled sum (float)."""
+    av = _act_splats(builder, a)
+    a0, a1 = _sums_a(builder, a)
+    dv = _halves(builder, _i16_at(builder, meta, 64 if bits == 6 else 0))
+    ds = builder.fmul(dv, _splat(builder, sb, V32F))
+    if bits == 5:
+        s = _rows32(builder, _isums(builder, val_of, av, list(range(8)), 4))
+        centred = builder.sub(s, _splat(builder, builder.mul(builder.add(a0, a1), ir.Constant(I32, 16)), V32I32))
+        m16 = builder.fadd(_halves(builder, _i16_at(builder, meta, 64)), builder.fmul(_const(V32F, 16.0), dv))
+        return builder.fadd(builder.fmul(ds, builder.sitofp(centred, V32F)),
+                            builder.fmul(m16, _splat(builder, xsb, V32F)))
+    parts = [None] * 4
+    for half, ah in ((0, a0), (1, a1)):
+        s = _isums(builder, val_of, av, list(range(4 * half, 4 * half + 4)), 2)
+        off = _splat(builder, builder.mul(ah, ir.Constant(I32, 32)), V8I32)
+        for i in range(4):
+            sc = builder.sext(_vload(builder, _bytes_at(builder, meta, 32 * half + 8 * i), V8I8), V8I32)
+            t = builder.mul(sc, builder.sub(s[i], off))
+            parts[i] = t if parts[i] is None else builder.add(parts[i], t)
+    return builder.fmul(ds, builder.sitofp(_rows32(builder, parts), V32F))
+
+
+def _check_blocks(a):
+    return isinstance(a, types.Array) and a.dtype == types.uint8
+
+
+def _make(bits):
+    blk_bytes = BLK5 if bits == 5 else BLK6
+
+    @intrinsic
+    def grp(typingctx, o, o_off, blk, blk_off, qa, qa_off, sa, xs, s_off, x_off, nb):
+        """o[o_off : o_off + 32] <- the 32 rows' dot products with one activation row over nb blocks:
+        blk[blk_off:] the group's blocks, qa[qa_off:] the int8 activations (32 per block), sa[s_off:] /
+        xs[x_off:] their block scales and scaled sums (f32). Outputs in registers across blocks, summed in
+        block order."""
+        if not _check_blocks(blk):
+            return None
+        sig = types.void(o, o_off, blk, blk_off, qa, qa_off, sa, xs, s_off, x_off, nb)
+
+        def codegen(context, builder, signature, args):
+            o_, oo, blk_, bo, qa_, ao, sa_, xs_, so, xo, nb_ = args
+            ty = signature.args
+            q0 = _ptr(context, builder, ty[2], blk_, bo)
+            a0 = _ptr(context, builder, ty[4], qa_, ao)
+            sp, xp = _ptr(context, builder, ty[6], sa_, so), _ptr(context, builder, ty[7], xs_, xo)
+            accp = cgutils.alloca_once_value(builder, _const(V32F, 0.0))
+            with cgutils.for_range(builder, nb_) as loop:
+                b = loop.index
+                q = builder.gep(q0, [builder.mul(b, ir.Constant(b.type, blk_bytes))])
+                _prefetch(builder, _bytes_at(builder, q, PREFETCH), blk_bytes // 64)
+                ab = builder.gep(a0, [builder.mul(b, ir.Constant(b.type, 32))])
+                term = _term(builder, bits, _merged(builder, q, bits), ab, _bytes_at(builder, q, META[bits]),
+                             builder.load(builder.gep(sp, [b])), builder.load(builder.gep(xp, [b])))
+                builder.store(builder.fadd(builder.load(accp), term), accp)
+            op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
+            builder.store(builder.load(accp), op, align=4)
+            return context.get_dummy_value()
+        return sig, codegen
+
+    @intrinsic
+    def unpack(typingctx, buf, blk, blk_off):
+        """buf[0:UNBUF] (uint8) <- the block at blk[blk_off:] as blku reads it: its 32 value vectors with the
+        high bits merged in (vv order), then its 128 bytes of row scales as they are."""
+        if not _check_blocks(blk):
+            return None
+        sig = types.void(buf, blk, blk_off)
+
+        def codegen(context, builder, signature, args):
+            buf_, blk_, bo = args
+            q = _ptr(context, builder, signature.args[1], blk_, bo)
+            b = _ptr(context, builder, signature.args[0], buf_, ir.Constant(I64, 0))
+            val_of = _merged(builder, q, bits)
+            for k in range(8):
+                for h in range(2):
+                    for n in range(2):
+                        p = builder.bitcast(builder.gep(b, [ir.Constant(I64, 32 * _vv(k, h, n))]), V32I8.as_pointer())
+                        builder.store(val_of(k, h, n), p, align=1)
+            for i in range(4):
+                x = _vload(builder, _bytes_at(builder, q, META[bits] + 32 * i), V32I8)
+                builder.store(x, builder.bitcast(_bytes_at(builder, b, VALS + 32 * i), V32I8.as_pointer()), align=1)
+            return context.get_dummy_value()
+        return sig, codegen
+
+    @intrinsic
+    def blku(typingctx, o, o_off, buf, qa, qa_off, sb, xsb):
+        """o[o_off : o_off + 32] += one block's term for 32 rows from a block unpacked into buf; qa[qa_off:] its
+        32 int8 activations, sb / xsb their scale and scaled sum."""
+        sig = types.void(o, o_off, buf, qa, qa_off, sb, xsb)
+
+        def codegen(context, builder, signature, args):
+            o_, oo, buf_, qa_, ao, sb_, xsb_ = args
+            ty = signature.args
+            b = _ptr(context, builder, ty[2], buf_, ir.Constant(I64, 0))
+            term = _term(builder, bits, _stored(builder, b), _ptr(context, builder, ty[3], qa_, ao),
+                         _bytes_at(builder, b, VALS), sb_, xsb_)
+            op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
+            builder.store(builder.fadd(builder.load(op, align=4), term), op, align=4)
+            return context.get_dummy_value()
+        return sig, codegen
+    return grp, unpack, blku
+
+
+grp5, unpack5, blku5 = _make(5)
+grp6, unpack6, blku6 = _make(6)
