@@ -81,10 +81,12 @@ def test_matmul_matches_reference(qtype, rows, t_n):
 @pytest.mark.parametrize("qtype", BYTE_TYPES, ids=lambda q: q.name)
 @pytest.mark.parametrize("rows", [45, 64])
 @pytest.mark.parametrize("extreme", [False, True])
-def test_kernels_bitwise(qtype, rows, extreme):
-    """AVX2 decode rows, AVX2 batched rows and the generic kernel give the same bits; every row of a T-row
-    matmul equals the one-row matmul of its activations (speculative verify / prefill chunk == decode)."""
-    cols, t_n = 256, 5
+@pytest.mark.parametrize("t_n", [5, 20])  # the multi-row decode form (<= ROWS_MERGED), the unpacked one
+def test_kernels_bitwise(qtype, rows, extreme, t_n):
+    """AVX2 decode rows, AVX2 multi-row and batched forms and the generic kernel give the same bits; every row
+    of a T-row matmul equals the one-row matmul of its activations (speculative verify / prefill chunk ==
+    decode)."""
+    cols = 256
     _, w = _weight(qtype, rows, cols, rows, extreme)
     x, qa, sa, xs = _quantized(t_n, cols, rows, extreme)
     batched = np.full((t_n, rows), np.nan, np.float32)

@@ -290,11 +290,44 @@ def _grp(o, o0, qa, sa, xs, blk, g, t, bits):
         kx.grp6(o, o0, blk, bo, qa, ao, sa, xs, so, xo, blk.shape[1])
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _grp_rows(o, o0, o_st, qa, sa, xs, blk, g, t, n, bits):
+    # activation rows t .. t + n - 1 (n <= kx.ROWS_MAX) into o at flat offsets o0 + i o_st <- all blocks of
+    # group g (kquant_avx2.grp*_rows*, each value vector merged once for the n rows)
+    a0, ast = t * qa.strides[0], qa.strides[0]
+    s0, sst = t * (sa.strides[0] // 4), sa.strides[0] // 4
+    x0, xst = t * (xs.strides[0] // 4), xs.strides[0] // 4
+    bo, nb = g * blk.strides[0], blk.shape[1]
+    if n == 1:
+        if bits == 5:
+            kx.grp5(o, o0, blk, bo, qa, a0, sa, xs, s0, x0, nb)
+        else:
+            kx.grp6(o, o0, blk, bo, qa, a0, sa, xs, s0, x0, nb)
+    elif bits == 5:
+        if n == 4:
+            kx.grp5_rows4(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
+        elif n == 3:
+            kx.grp5_rows3(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
+        else:
+            kx.grp5_rows2(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
+    elif n == 4:
+        kx.grp6_rows4(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
+    elif n == 3:
+        kx.grp6_rows3(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
+    else:
+        kx.grp6_rows2(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
+
+
+ROWS_MERGED = 16  # up to this many activation rows run the multi-row decode form (no merged copy per block)
+
+
 @njit(cache=True, nogil=True)
 def group(out, qa, sa, xs, blk, g, bits):
     """Rows g*G .. g*G+G-1 of out (T, rows) <- x @ W^T. AVX2: a decode row (T = 1) runs all the group's
-    blocks with its outputs in registers; T > 1 merges each block's bits once (unpack) for all T rows. The
-    same block terms summed in the same order, so each row equals a one-row call bit for bit."""
+    blocks with its outputs in registers; up to ROWS_MERGED rows run the same form for kx.ROWS_MAX rows at
+    a time (each value vector merged once in registers for them); more rows (a prompt chunk) merge each
+    block's bits once into an L1 buffer (unpack) for all T rows. The same block terms summed in the same
+    order, so each row equals a one-row call bit for bit."""
     t_n = out.shape[0]
     n = min(G, out.shape[1] - g * G)
     if not HAVE_AVX2:
@@ -308,6 +341,13 @@ def group(out, qa, sa, xs, blk, g, bits):
         _grp(out, g * G, qa, sa, xs, blk, g, 0, bits)
         return
     part = np.zeros((t_n, G), np.float32)  # (T, G): the rows' sums (a padded group's too)
+    if t_n <= ROWS_MERGED:
+        for t in range(0, t_n, kx.ROWS_MAX):
+            _grp_rows(part, t * G, G, qa, sa, xs, blk, g, t, min(kx.ROWS_MAX, t_n - t), bits)
+        for t in range(t_n):
+            for r in range(n):
+                out[t, g * G + r] = part[t, r]
+        return
     buf = np.empty(kx.UNBUF, np.uint8)
     for b in range(blk.shape[1]):
         bo = g * blk.strides[0] + b * blk.strides[1]

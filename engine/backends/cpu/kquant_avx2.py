@@ -18,8 +18,10 @@ lane, rows in order (as avx2._isum). The block terms, integers exact, floats in 
                                                          so the second product is 0)
   q6  (d * sb) * (sc0 (S0 - 32 A0) + sc1 (S1 - 32 A1))  S0 / S1, A0 / A1 over values 0-15 / 16-31
 kquant's generic kernels compute the same. The decode form (grp5 / grp6) keeps a group's 32 outputs in
-registers over all its blocks; the batched form merges each block's bits once (unpack: 1 KiB of value
-vectors + its scale bytes, in L1) and every activation row reuses it (blku5 / blku6).
+registers over all its blocks, and for up to 4 activation rows at once (grp5_rows* / grp6_rows*: a verify block,
+a short chunk) merges each value vector once in registers for all of them; the batched form for longer chunks
+merges each block's bits once (unpack: 1 KiB of value vectors + its scale bytes, in L1) and every activation
+row reuses it (blku5 / blku6).
 """
 from __future__ import annotations
 
@@ -91,47 +93,64 @@ def _sums_a(builder, a):
                  for i in range(2))
 
 
-def _isums(builder, val_of, av, ks, flush):
-    """Four <8 x i32> (rows 0-7, 8-15, 16-23, 24-31): sum over k in ks of the rows' values times a[4k..4k+3],
-    summed in int16 over `flush` k's at a time, then in int32."""
+def _isums(builder, val_of, avs, ks, flush):
+    """Per activation row (avs: its 8 broadcasts, _act_splats) four <8 x i32> (rows 0-7, 8-15, 16-23, 24-31):
+    sum over k in ks of the weight rows' values times a[4k..4k+3], summed in int16 over `flush` k's at a time,
+    then in int32. Each value vector is merged once for all the activation rows."""
     madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8])
     pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
-    acc32 = [None] * 4
+    acc32 = [[None] * 4 for _ in avs]
     for c in range(0, len(ks), flush):
-        acc16 = [None] * 4
+        acc16 = [[None] * 4 for _ in avs]
         for k in ks[c:c + flush]:
             for h in range(2):
                 for n in range(2):
-                    m = builder.call(madd, [val_of(k, h, n), av[k]])
-                    acc16[2 * h + n] = m if acc16[2 * h + n] is None else builder.add(acc16[2 * h + n], m)
-        for i in range(4):
-            x = builder.call(pmaddwd, [acc16[i], _const(V16I16, 1)])
-            acc32[i] = x if acc32[i] is None else builder.add(acc32[i], x)
+                    v = val_of(k, h, n)
+                    for r, av in enumerate(avs):
+                        m = builder.call(madd, [v, av[k]])
+                        x = acc16[r][2 * h + n]
+                        acc16[r][2 * h + n] = m if x is None else builder.add(x, m)
+        for r in range(len(avs)):
+            for i in range(4):
+                x = builder.call(pmaddwd, [acc16[r][i], _const(V16I16, 1)])
+                acc32[r][i] = x if acc32[r][i] is None else builder.add(acc32[r][i], x)
     return acc32
 
 
-def _term(builder, bits, val_of, a, meta, sb, xsb):
-    """<32 x float> block term (module docstring) of the 32 rows; a: i8* to the block's activations, meta: i8*
-    to its 128 scale bytes, sb / xsb its activation scale and scaled sum (float)."""
-    av = _act_splats(builder, a)
-    a0, a1 = _sums_a(builder, a)
+def _terms(builder, bits, val_of, acts, meta, sbs, xsbs):
+    """<32 x float> block terms (module docstring) of the 32 rows, one per activation row: acts i8* to each
+    row's 32 activations of the block, sbs / xsbs their scales and scaled sums (float); meta: i8* to the block's
+    128 scale bytes."""
+    avs = [_act_splats(builder, a) for a in acts]
+    sums = [_sums_a(builder, a) for a in acts]
     dv = _halves(builder, _i16_at(builder, meta, 64 if bits == 6 else 0))
-    ds = builder.fmul(dv, _splat(builder, sb, V32F))
+    out = []
     if bits == 5:
-        s = _rows32(builder, _isums(builder, val_of, av, list(range(8)), 4))
-        centred = builder.sub(s, _splat(builder, builder.mul(builder.add(a0, a1), ir.Constant(I32, 16)), V32I32))
         m16 = builder.fadd(_halves(builder, _i16_at(builder, meta, 64)), builder.fmul(_const(V32F, 16.0), dv))
-        return builder.fadd(builder.fmul(ds, builder.sitofp(centred, V32F)),
-                            builder.fmul(m16, _splat(builder, xsb, V32F)))
-    parts = [None] * 4
-    for half, ah in ((0, a0), (1, a1)):
-        s = _isums(builder, val_of, av, list(range(4 * half, 4 * half + 4)), 2)
-        off = _splat(builder, builder.mul(ah, ir.Constant(I32, 32)), V8I32)
-        for i in range(4):
-            sc = builder.sext(_vload(builder, _bytes_at(builder, meta, 32 * half + 8 * i), V8I8), V8I32)
-            t = builder.mul(sc, builder.sub(s[i], off))
-            parts[i] = t if parts[i] is None else builder.add(parts[i], t)
-    return builder.fmul(ds, builder.sitofp(_rows32(builder, parts), V32F))
+        for acc, (a0, a1), sb, xsb in zip(_isums(builder, val_of, avs, list(range(8)), 4), sums, sbs, xsbs):
+            centred = builder.sub(_rows32(builder, acc),
+                                  _splat(builder, builder.mul(builder.add(a0, a1), ir.Constant(I32, 16)), V32I32))
+            out.append(builder.fadd(builder.fmul(builder.fmul(dv, _splat(builder, sb, V32F)),
+                                                 builder.sitofp(centred, V32F)),
+                                    builder.fmul(m16, _splat(builder, xsb, V32F))))
+        return out
+    scs = [[builder.sext(_vload(builder, _bytes_at(builder, meta, 32 * half + 8 * i), V8I8), V8I32) for i in range(4)]
+           for half in range(2)]
+    halves = [_isums(builder, val_of, avs, list(range(4 * half, 4 * half + 4)), 2) for half in range(2)]
+    for r, ((a0, a1), sb) in enumerate(zip(sums, sbs)):
+        parts = [None] * 4
+        for half, ah in ((0, a0), (1, a1)):
+            off = _splat(builder, builder.mul(ah, ir.Constant(I32, 32)), V8I32)
+            for i in range(4):
+                t = builder.mul(scs[half][i], builder.sub(halves[half][r][i], off))
+                parts[i] = t if parts[i] is None else builder.add(parts[i], t)
+        out.append(builder.fmul(builder.fmul(dv, _splat(builder, sb, V32F)), builder.sitofp(_rows32(builder, parts), V32F)))
+    return out
+
+
+def _term(builder, bits, val_of, a, meta, sb, xsb):
+    """_terms of one activation row."""
+    return _terms(builder, bits, val_of, [a], meta, [sb], [xsb])[0]
 
 
 def _check_blocks(a):
@@ -214,5 +233,51 @@ def _make(bits):
     return grp, unpack, blku
 
 
+def _make_rows(bits, nt):
+    blk_bytes = BLK5 if bits == 5 else BLK6
+
+    @intrinsic
+    def grp_rows(typingctx, o, o_off, o_st, blk, blk_off, qa, qa_off, qa_st, sa, xs, s_off, s_st, x_off, x_st, nb):
+        """grp for nt activation rows at once (a verify block, a short prompt chunk; avx2.grp_q4_rows' form):
+        each value vector is loaded and merged once and the nt rows' vpmaddubsw run on it from registers. Row
+        i's data sit at o_off + i o_st, qa_off + i qa_st, s_off + i s_st, x_off + i x_st (elements). Per row
+        the same integer sums, block term and block-order accumulation from 0 as grp: bit for bit a one-row
+        call."""
+        if not _check_blocks(blk):
+            return None
+        sig = types.void(o, o_off, o_st, blk, blk_off, qa, qa_off, qa_st, sa, xs, s_off, s_st, x_off, x_st, nb)
+
+        def codegen(context, builder, signature, args):
+            o_, oo, ost, blk_, bo, qa_, ao, ast, sa_, xs_, so, sst, xo, xst, nb_ = args
+            ty = signature.args
+
+            def at(i, base, st):
+                return builder.add(base, builder.mul(st, ir.Constant(st.type, i)))
+            q0 = _ptr(context, builder, ty[3], blk_, bo)
+            a0 = [_ptr(context, builder, ty[5], qa_, at(i, ao, ast)) for i in range(nt)]
+            sp = [_ptr(context, builder, ty[8], sa_, at(i, so, sst)) for i in range(nt)]
+            xp = [_ptr(context, builder, ty[9], xs_, at(i, xo, xst)) for i in range(nt)]
+            accp = [cgutils.alloca_once_value(builder, _const(V32F, 0.0)) for _ in range(nt)]
+            with cgutils.for_range(builder, nb_) as loop:
+                b = loop.index
+                q = builder.gep(q0, [builder.mul(b, ir.Constant(b.type, blk_bytes))])
+                _prefetch(builder, _bytes_at(builder, q, PREFETCH), blk_bytes // 64)
+                acts = [builder.gep(a, [builder.mul(b, ir.Constant(b.type, 32))]) for a in a0]
+                terms = _terms(builder, bits, _merged(builder, q, bits), acts, _bytes_at(builder, q, META[bits]),
+                               [builder.load(builder.gep(p, [b])) for p in sp],
+                               [builder.load(builder.gep(p, [b])) for p in xp])
+                for i in range(nt):
+                    builder.store(builder.fadd(builder.load(accp[i]), terms[i]), accp[i])
+            for i in range(nt):
+                op = builder.bitcast(_ptr(context, builder, ty[0], o_, at(i, oo, ost)), V32F.as_pointer())
+                builder.store(builder.load(accp[i]), op, align=4)
+            return context.get_dummy_value()
+        return sig, codegen
+    return grp_rows
+
+
 grp5, unpack5, blku5 = _make(5)
 grp6, unpack6, blku6 = _make(6)
+ROWS_MAX = 4  # activation rows of one grp_rows call (as avx2.ROWS_MAX: int16 accumulators in registers)
+grp5_rows2, grp5_rows3, grp5_rows4 = (_make_rows(5, n) for n in range(2, 5))
+grp6_rows2, grp6_rows3, grp6_rows4 = (_make_rows(6, n) for n in range(2, 5))
