@@ -143,17 +143,20 @@ class DFlashDrafter(nn.Module):
 
 
 def init_from_target(cfg: DFlashConfig, layers: list[dict[str, np.ndarray]], output_norm: np.ndarray,
-                     mask_emb: np.ndarray, seed: int = 0, out_scale: float = 0.1) -> dict[str, np.ndarray]:
+                     mask_emb: np.ndarray, seed: int = 0, out_scale: float = 0.1,
+                     norm_scale: float = 0.15) -> dict[str, np.ndarray]:
     """Initial weights: draft layer i = the target layer layers[i] (dequantized, keys as LAYER_PARAMS) with its
     output projections wo and w_down scaled by out_scale (the block's rows start near their embeddings: the
     target layer, fed embedding-sized inputs, made confident garbage, init loss 15-20 nats); norm = the target's
-    output norm; fc = [I | N(0, 0.01)] so c starts as rmsnorm(h), the last block's output; hidden_norm ones;
-    mask_emb as given (the mean token embedding)."""
+    output norm x norm_scale (with the full norm, the tied head gives an embedding row's own token a logit
+    of ~110 and the block starts sure and wrong; AdamW moves a norm weight ~lr per step, far too slowly to
+    undo that); fc = [I | N(0, 0.01)] so c starts as rmsnorm(h), the last block's output; hidden_norm ones;
+    mask_emb as given (a random vector of the embeddings' scale: their mean gave logits of std 30)."""
     d = cfg.d_model
     rng = np.random.default_rng(seed)
     fc = np.concatenate([np.eye(d), rng.normal(0, 0.01, (d, cfg.feat_width - d))], 1).astype(np.float32)
     out = {"fc": fc, "hidden_norm": np.ones(d, np.float32), "mask_emb": np.asarray(mask_emb, np.float32),
-               "norm": np.asarray(output_norm, np.float32)}
+           "norm": np.asarray(output_norm, np.float32) * norm_scale}
     for i in range(cfg.n_layers):
         out.update({f"l{i}.{k}": np.asarray(layers[i][k], np.float32) * (out_scale if k in ("wo", "w_down") else 1)
                     for k in LAYER_PARAMS})

@@ -240,7 +240,9 @@ def build(a, taps: Taps, train: Shards):
             counts = np.bincount(np.concatenate([t[pl:] for t, _, pl, _ in train.seqs]))
             top = np.argsort(-counts, kind="stable")[:a.n_hot]
             hot_ids = np.sort(top[counts[top] > 0]).astype(np.int32)
-        init = init_from_target(cfg, tg["layers"], tg["output_norm"], tg["embed"].mean(0), a.seed)
+        emb = tg["embed"]
+        mask = np.random.default_rng(a.seed).normal(0, 1, emb.shape[1]) * emb.std(0)
+        init = init_from_target(cfg, tg["layers"], tg["output_norm"], mask, a.seed)
         state = {"hot_ids": hot_ids, "step": 0, "tokens_seen": 0, "train_s": 0.0, "epoch": 0, "last_eval": None,
                      "base_sha256": sha256_of(model_path()), "taps": asdict(taps), "n_layers": n_layers, "block": block}
         log(f"new run: {n_layers} draft layer(s), block {block}, taps {asdict(taps)}, hot vocab {len(hot_ids)}")
