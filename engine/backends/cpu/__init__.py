@@ -33,13 +33,14 @@ class Backend:
         self.store = _weight_store(path) if args.tp <= 1 else None
 
     def build(self, model_file, max_batch: int):
-        """A CpuRunner over build_model's weights; the fused step when every matrix took the interleaved layout."""
+        """A CpuRunner over build_model's weights; the fused step when every matrix took a fast layout."""
         prepare_numba()
         from .runner import CpuRunner
         from .step import build
         model = build_model(model_file, max_batch, self.store)
         if self.store is not None:
             self.store.save()  # a first start of this model (or layout): the next one reads these arrays
+            self.store.release()
         return CpuRunner(model, build(model))
 
     def warm_up(self, runner, say=None) -> None:

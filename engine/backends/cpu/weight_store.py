@@ -161,6 +161,11 @@ class WeightStore:
     def put(self, name: str, arrays: tuple[np.ndarray, ...]) -> None:
         self._new[name] = tuple(np.ascontiguousarray(a) for a in arrays)
 
+    def release(self) -> None:
+        """Drop the references to the arrays handed out or put (after save): the model's weights own them now
+        and may be restacked (the fused step's per-layout stacks: step_weights.py) without a second copy."""
+        self._served, self._new = {}, {}
+
     def save(self) -> None:
         """Write every array put (when any was) to a new file, atomically; then drop this model's older
         files and all but the KEEP most recently used ones. Errors are ignored: the model is loaded already."""
