@@ -138,8 +138,8 @@ def q4km_path(smollm2_path):
 def test_fused_step_on_a_real_q4_k_m_file(q4km_path):
     """SmolLM2's Q4_K_M (llama.cpp's mix: Q5_0 where rows are not a multiple of 256, Q4_K, Q6_K, Q8_0): the
     fused step takes it; one-token steps give the plain walk's bits, a prompt's pass the kernel-by-kernel
-    tier's. (A multi-row pass of SmolLM2's shapes differs from the plain walk from its third row on, in the
-    Q4_1 file too, before this step took K-quants: not a matter of the weight layouts.)"""
+    tier's. (Some rows of a multi-row pass of SmolLM2's weights differ from the plain walk, in the Q4_1 file
+    too, before this step took K-quants: not a matter of the weight layouts; bench/results-kquant.md.)"""
     from engine.gguf import load_gguf
     from engine.backends.cpu.step_mm import Q4, Q5, Q6, Q8
     from engine.backends.cpu.tier import TieredForward
