@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -49,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ninfer", description="Generate one reply with a local GGUF model (answer to stdout, "
         "reasoning/progress/stats to stderr).",
         epilog="--reasoning-effort low|medium|high = a thinking budget of 1/4, 1/2, 3/4 of --max-new.")
-    p.add_argument("model", nargs="?", help="GGUF file (default: config `model`, else the embedded SmolLM2)")
+    p.add_argument("model", nargs="?", help="GGUF file, or a name from `ninfer-chat --list-models` (default: config "
+                   "`model`, else the embedded SmolLM2)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="the user message")
     src.add_argument("--messages", metavar="FILE", help='JSON list of {"role","content"} (or {"messages": [...]}); - = stdin')
@@ -221,9 +223,12 @@ def remote_from(a: argparse.Namespace, cfg: dict):
     return opts
 
 
-def _load_engine(eargs: EngineArgs, model_cfg, progress):
+def _load_engine(eargs: EngineArgs, model_cfg, progress, cfg: dict):
+    """MODEL (or the config's `model`) is a path or a name from `ninfer-chat --list-models` (engine.models)."""
     from .api import Engine
-    return Engine.load(eargs, progress=progress, config_model=model_cfg)
+    from .models import choose_model
+    path, _ = choose_model(eargs.model, cfg)
+    return Engine.load(dataclasses.replace(eargs, model=str(path)), progress=progress, config_model=None)
 
 
 def run(argv=None, engine_factory=None) -> int:
@@ -264,7 +269,7 @@ def run(argv=None, engine_factory=None) -> int:
 
         def engine_factory(_eargs, _model_cfg, progress):
             return RemoteEngine.connect(remote, progress=progress)
-    engine = (engine_factory or _load_engine)(eargs, model_cfg, progress)
+    engine = (engine_factory or functools.partial(_load_engine, cfg=cfg))(eargs, model_cfg, progress)
     session = engine.session()
     if a.log_stats_interval_ms is not None:
         session.stats_interval_s = a.log_stats_interval_ms / 1000.0

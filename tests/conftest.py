@@ -43,3 +43,19 @@ def smollm2_path() -> Path:
     if p is None:
         pytest.skip("default model not installed (scripts/dev setup)")
     return p
+
+
+def pytest_collection_finish(session):
+    """Start the collected modules' long subprocess checks (their `BACKGROUND` jobs, tests/background.py)."""
+    if session.config.option.collectonly:
+        return
+    import background
+    jobs, seen = [], set()
+    for item in session.items:
+        mod = getattr(item, "module", None)
+        if mod is None or mod in seen:
+            continue
+        seen.add(mod)
+        jobs += [j for j in (make() for make in getattr(mod, "BACKGROUND", ())) if j is not None]
+    if jobs:
+        background.start(jobs)

@@ -35,9 +35,38 @@ def _error(name: str) -> type:
     return type(f"_No{name}", (Exception,), {})
 
 
-def download(spec: str, quiet: bool = False) -> Path:
+class _Null:
+    """Where the reporting bar draws: nowhere."""
+    def write(self, _s):
+        pass
+
+    def flush(self):
+        pass
+
+
+def _reporting_bar(report):
+    """A tqdm class that draws nothing and calls report(bytes done, total bytes or None) as the file arrives
+    (huggingface_hub's `tqdm_class`; a plain tqdm subclass, so its global bar switch leaves it on)."""
+    from tqdm import tqdm
+
+    class Bar(tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs.pop("name", None)  # huggingface_hub's own bars take a name; tqdm refuses it
+            kwargs.update(disable=False, file=_Null())
+            super().__init__(*args, **kwargs)
+            report(self.n, self.total)
+
+        def update(self, n=1):
+            shown = super().update(n)
+            report(self.n, self.total)
+            return shown
+    return Bar
+
+
+def download(spec: str, quiet: bool = False, progress=None) -> Path:
     """Download (or find in the hub cache) ORG/REPO/FILE.gguf; returns the local path. huggingface_hub shows
-    its progress bars on stderr, except `quiet` (a full-screen UI, which says it is downloading itself)."""
+    its progress bars on stderr, except `quiet` (a full-screen UI, which says it is downloading itself);
+    progress(bytes done, total bytes or None) is called as the file arrives, from the downloading thread."""
     parsed = parse_hub_name(spec)
     if parsed is None:
         raise ModelFileError(f"{spec!r} is not a Hugging Face file name; give ORG/REPO/FILE.gguf, e.g. "
@@ -54,8 +83,14 @@ def download(spec: str, quiet: bool = False) -> Path:
     gated, no_repo = _error("GatedRepoError"), _error("RepositoryNotFoundError")
     no_file, no_rev = _error("EntryNotFoundError"), _error("RevisionNotFoundError")
     offline, http = _error("LocalEntryNotFoundError"), _error("HfHubHTTPError")
+    kw = {}
+    if progress is not None:
+        import inspect
+        params = inspect.signature(huggingface_hub.hf_hub_download).parameters
+        if "tqdm_class" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            kw["tqdm_class"] = _reporting_bar(progress)
     try:
-        return Path(huggingface_hub.hf_hub_download(repo, filename))
+        return Path(huggingface_hub.hf_hub_download(repo, filename, **kw))
     except offline:  # first: it is an EntryNotFoundError too
         raise ModelFileError(f"cannot download {spec}: offline (the Hugging Face Hub cannot be reached, or "
                              "HF_HUB_OFFLINE is set) and it is not in the cache; connect, or give a local "

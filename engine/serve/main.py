@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -38,7 +39,8 @@ class _OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _OneLineParser(prog="ninfer-serve", description="Serve a local GGUF model over the OpenAI HTTP API "
                        "(/v1/chat/completions, /v1/completions, /v1/models, /metrics).")
-    p.add_argument("model", nargs="?", help="GGUF file (default: config `model`, else the embedded SmolLM2)")
+    p.add_argument("model", nargs="?", help="GGUF file, or a name from `ninfer-chat --list-models` (default: config "
+                   "`model`, else the embedded SmolLM2)")
     p.add_argument("--config", metavar="FILE", help="extra config.toml layered over the defaults")
     h = p.add_argument_group("server")
     h.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
@@ -92,9 +94,11 @@ def load_engine(a: argparse.Namespace, cfg: dict):
         return fake_engine(echo_policy, delay_s=a.fake_delay, args=EngineArgs(max_context=a.max_context or 1024))
     eargs = options.engine_args_from_flags(cfg, a)
     from ..api import Engine
-    return Engine.load(eargs, progress=lambda p: print(f"[ninfer-serve] {p.stage}: {p.message}", file=sys.stderr,
-                                                       flush=True) if p.message else None,
-                       config_model=options.config_model(cfg))
+    from ..models import choose_model
+    path, _ = choose_model(eargs.model, cfg)  # a path, or a name from `ninfer-chat --list-models`
+    return Engine.load(dataclasses.replace(eargs, model=str(path)),
+                       progress=lambda p: print(f"[ninfer-serve] {p.stage}: {p.message}", file=sys.stderr,
+                                                flush=True) if p.message else None)
 
 
 def is_loopback(host: str) -> bool:

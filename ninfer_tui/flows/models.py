@@ -85,16 +85,26 @@ class ModelsFlow:
         (once a reply in flight has ended)."""
         import time
         started = time.monotonic()
-        ticker = self.set_interval(1.0, lambda: self._status(
-            f"downloading {spec} from the Hugging Face Hub... {time.monotonic() - started:.0f} s"))
+        got = [0, None]  # bytes so far, total (written by the download thread)
+
+        def show() -> None:
+            done, total = got
+            size = (f" {done / 1e6:.1f} of {total / 1e6:.1f} MB ({100 * done / total:.0f}%)," if total
+                    else f" {done / 1e6:.1f} MB," if done else "")
+            self._status(f"downloading {spec} from the Hugging Face Hub...{size} "
+                         f"{time.monotonic() - started:.0f} s")
+        ticker = self.set_interval(0.5, show)
         self._status(f"downloading {spec} from the Hugging Face Hub...")
+
+        def report(done: int, total) -> None:
+            got[:] = [done, total]
 
         def fetch() -> None:
             from engine.models.download import download
             from engine.models.finder import FoundModel
             from engine.models.header import read_info
             try:
-                path = download(spec, quiet=True)
+                path = download(spec, quiet=True, progress=report)
                 found, error = FoundModel(spec, path, "hf", read_info(path)), None
             except NinferError as e:
                 found, error = None, str(e)

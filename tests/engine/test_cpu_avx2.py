@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -159,12 +158,26 @@ print(json.dumps(res))
 """
 
 
+def _generic_job():
+    """GENERIC in a subprocess with NINFER_CPU_GENERIC=1 and a cold numba cache of its own, started with the
+    session (tests/background.py)."""
+    import tempfile
+
+    import background  # tests/ (not on the path of the GENERIC subprocess, which imports this module)
+    cache = Path(tempfile.gettempdir()) / f"ninfer-generic-avx2-{os.getpid()}"  # numba makes it
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests' / 'engine'}", NUMBA_NUM_THREADS="2",
+               NINFER_CPU_GENERIC="1", NUMBA_CACHE_DIR=str(cache))
+    return background.Job("generic:test_cpu_avx2.py", [sys.executable, "-c", GENERIC],
+                          env=env, timeout=600, cleanup=[cache])
+
+
+BACKGROUND = [_generic_job]
+
+
 def test_generic_fallback_path(tmp_path):
     """NINFER_CPU_GENERIC=1 (what a host without AVX2 runs) gives the same matmul results as the AVX2 path."""
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests' / 'engine'}", NUMBA_NUM_THREADS="2",
-               NINFER_CPU_GENERIC="1", NUMBA_CACHE_DIR=str(tmp_path / "numba"))
-    p = subprocess.run([sys.executable, "-c", GENERIC], capture_output=True, text=True, env=env, cwd=str(ROOT),
-                       timeout=600)
+    import background
+    p = background.result(_generic_job())
     assert p.returncode == 0, p.stderr[-3000:]
     generic = json.loads(p.stdout.strip().splitlines()[-1])
     assert generic["avx2"] is False

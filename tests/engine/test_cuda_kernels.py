@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -193,12 +192,23 @@ EXPECTED = (
        "attention_f16_hd16", "attention_split_f16", "attention_split_int8"])
 
 
-@pytest.fixture(scope="module")
-def sim_results():
+def _sim_job():
+    """The simulated checks in one subprocess, started with the session (tests/background.py)."""
+    import background  # tests/ (not on the path of a --worker run)
+    if not HAVE_NUMBA_CUDA:
+        return None
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", NUMBA_NUM_THREADS="2", PYTHONPATH=str(ROOT))
     env.pop("NINFER_CUDA_REAL", None) if os.environ.get("NINFER_CUDA_REAL") != "1" else None
-    proc = subprocess.run([sys.executable, __file__, "--worker"], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=ROOT)
+    return background.Job("cuda-sim:kernels", [sys.executable, __file__, "--worker"], env=env, timeout=600)
+
+
+BACKGROUND = [_sim_job]
+
+
+@pytest.fixture(scope="module")
+def sim_results():
+    import background
+    proc = background.result(_sim_job())
     assert proc.returncode == 0, f"cuda worker failed:\n{proc.stderr[-3000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -210,37 +220,55 @@ def test_kernel_vs_ref(sim_results, name):
     assert sim_results[name] == "ok", sim_results[name]
 
 
-def _ptx_cases():
-    if not HAVE_NUMBA_CUDA:
-        return []
-    sys.path.insert(0, str(ROOT))
-    from engine.backends.cuda import ops as cuda_ops
-    from engine.backends.cuda import quant as cuda_quant
-    return [(n, i) for table in (cuda_quant.KERNELS, cuda_ops.KERNELS) for n in table
-            for i in range(len(table[n][1]))]
-
-
-@needs_numba_cuda
-@pytest.mark.parametrize("cc", [(7, 0), (9, 0)], ids=["sm70", "sm90"])
-def test_compile_ptx_all_kernels(cc):
-    """Every kernel, every explicit signature, typed and lowered for V100 (sm_70) and H100/H200 (sm_90)."""
+def ptx_report() -> dict:
+    """{"sm70"|"sm90": {"n": kernels compiled, "failures": [...]}}: every kernel, every explicit signature."""
     from numba import cuda
 
     from engine.backends.cuda import ops as cuda_ops
     from engine.backends.cuda import quant as cuda_quant
-    failures = []
-    n = 0
-    for table in (cuda_quant.KERNELS, cuda_ops.KERNELS):
-        for name, (fn, sigs) in table.items():
-            for sig in sigs:
-                try:
-                    ptx, _ = cuda.compile_ptx(fn, sig, cc=cc)
-                    assert f".target sm_{cc[0]}{cc[1]}" in ptx
-                    n += 1
-                except Exception as e:  # collect all, report once
-                    failures.append(f"{name}{sig}: {str(e)[:300]}")
-    assert not failures, "\n".join(failures)
-    assert n >= 14
+    out = {}
+    for cc in ((7, 0), (9, 0)):
+        failures, n = [], 0
+        for table in (cuda_quant.KERNELS, cuda_ops.KERNELS):
+            for name, (fn, sigs) in table.items():
+                for sig in sigs:
+                    try:
+                        ptx, _ = cuda.compile_ptx(fn, sig, cc=cc)
+                        assert f".target sm_{cc[0]}{cc[1]}" in ptx
+                        n += 1
+                    except Exception as e:  # collect all, report once
+                        failures.append(f"{name}{sig}: {str(e)[:300]}")
+        out[f"sm{cc[0]}{cc[1]}"] = {"n": n, "failures": failures}
+    return out
+
+
+def _ptx_job():
+    """ptx_report() in a subprocess (no simulator: compile_ptx needs none), started with the session."""
+    import background
+    if not HAVE_NUMBA_CUDA:
+        return None
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    return background.Job("cuda-ptx", [sys.executable, __file__, "--ptx"], env=dict(env, PYTHONPATH=str(ROOT)),
+                          timeout=600)
+
+
+BACKGROUND.append(_ptx_job)
+
+
+@pytest.fixture(scope="module")
+def ptx():
+    import background
+    proc = background.result(_ptx_job())
+    assert proc.returncode == 0, f"compile_ptx worker failed:\n{proc.stderr[-3000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@needs_numba_cuda
+@pytest.mark.parametrize("cc", ["sm70", "sm90"])
+def test_compile_ptx_all_kernels(ptx, cc):
+    """Every kernel, every explicit signature, typed and lowered for V100 (sm_70) and H100/H200 (sm_90)."""
+    assert not ptx[cc]["failures"], "\n".join(ptx[cc]["failures"])
+    assert ptx[cc]["n"] >= 14
 
 
 def _fresh_cuda_backend(monkeypatch):
@@ -279,3 +307,6 @@ def test_backend_cuda_unavailable_without_numba_cuda(monkeypatch):
 if __name__ == "__main__":
     if "--worker" in sys.argv:
         print(json.dumps(worker(sys.argv[sys.argv.index("--worker") + 1:] or None)))
+    elif "--ptx" in sys.argv:
+        sys.path.insert(0, str(ROOT))
+        print(json.dumps(ptx_report()))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -101,18 +100,32 @@ def worker(names):
     return res
 
 
-def run_worker(script, names, timeout=900):
-    """Run `script --worker names...` under the CUDA simulator; its JSON verdicts."""
+def worker_job(script, names, timeout=900):
+    """`script --worker names...` under the CUDA simulator, as a background job (tests/background.py); None
+    without numba-cuda."""
+    import background  # tests/ (not on the path of a --worker run)
+    if importlib.util.find_spec("numba_cuda") is None:
+        return None
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", NUMBA_NUM_THREADS="2", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, str(script), "--worker", *names], env=env, capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT)
+    return background.Job(f"cuda-sim:{Path(script).name}", [sys.executable, str(script), "--worker", *names],
+                          env=env, timeout=timeout)
+
+
+def run_worker(script, names, timeout=900):
+    """The JSON verdicts of `script --worker names...` under the CUDA simulator (started with the session)."""
+    import background
+    proc = background.result(worker_job(script, names, timeout))
     assert proc.returncode == 0, f"cuda worker failed:\n{proc.stderr[-3000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+FAST = [n for n, c in CASES.items() if not c[2]]
+BACKGROUND = [lambda: worker_job(__file__, FAST)]
+
+
 @pytest.fixture(scope="module")
 def results():
-    return run_worker(__file__, [n for n, c in CASES.items() if not c[2]])
+    return run_worker(__file__, FAST)
 
 
 @needs_numba_cuda

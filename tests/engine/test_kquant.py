@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -208,14 +207,28 @@ print(json.dumps(res))
 """
 
 
+def _generic_job():
+    """GENERIC in a subprocess with NINFER_CPU_GENERIC=1 and a cold numba cache of its own, started with the
+    session (tests/background.py)."""
+    import tempfile
+
+    import background  # tests/ (not on the path of the GENERIC subprocess, which imports this module)
+    cache = Path(tempfile.gettempdir()) / f"ninfer-generic-kquant-{os.getpid()}"  # numba makes it
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests' / 'engine'}", NUMBA_NUM_THREADS="2",
+               NINFER_CPU_GENERIC="1", NUMBA_CACHE_DIR=str(cache))
+    return background.Job("generic:test_kquant.py", [sys.executable, "-c", GENERIC],
+                          env=env, timeout=900, cleanup=[cache])
+
+
+BACKGROUND = [_generic_job]
+
+
 def test_generic_fallback_equals_avx2(tmp_path):
     """NINFER_CPU_GENERIC=1 (a host without AVX2) gives the AVX2 path's matmul results bit for bit."""
     if not kquant.HAVE_AVX2:
         pytest.skip("host without AVX2: the generic kernels are the only ones")
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests' / 'engine'}", NUMBA_NUM_THREADS="2",
-               NINFER_CPU_GENERIC="1", NUMBA_CACHE_DIR=str(tmp_path / "numba"))
-    p = subprocess.run([sys.executable, "-c", GENERIC], check=False, capture_output=True, text=True, env=env,
-                       cwd=str(ROOT), timeout=900)
+    import background
+    p = background.result(_generic_job())
     assert p.returncode == 0, p.stderr[-3000:]
     generic = json.loads(p.stdout.strip().splitlines()[-1])
     assert generic["avx2"] is False

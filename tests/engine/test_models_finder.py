@@ -215,6 +215,23 @@ def test_download_mocked(monkeypatch, machine, tiny_models):
     assert hub.calls == []
 
 
+def test_download_reports_its_bytes_and_draws_nothing(monkeypatch, tiny_models, capsys):
+    import huggingface_hub
+    seen = []
+
+    def fake(repo, filename, *, tqdm_class=None, **kw):  # as huggingface_hub drives its bar
+        bar = tqdm_class(total=3_000_000, initial=0, unit="B", unit_scale=True, desc=filename,
+                         name="huggingface_hub.http_get")
+        bar.update(1_000_000)
+        bar.update(2_000_000)
+        bar.close()
+        return str(tiny_models["qwen3"])
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake)
+    assert download("Org/Repo/x.gguf", quiet=True, progress=lambda d, t: seen.append((d, t))) == tiny_models["qwen3"]
+    assert seen[0] == (0, 3_000_000) and (1_000_000, 3_000_000) in seen and seen[-1] == (3_000_000, 3_000_000)
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("error_name, expected", [
     ("LocalEntryNotFoundError", "offline (the Hugging Face Hub cannot be reached, or HF_HUB_OFFLINE is set)"),
     ("RepositoryNotFoundError", "no repository Org/Repo on the Hugging Face Hub"),

@@ -162,6 +162,14 @@ def sim_results():
     return run_worker(__file__, list(SIM_CASES))
 
 
+def _sim_job():
+    from test_cuda_model import worker_job
+    return worker_job(__file__, list(SIM_CASES))
+
+
+BACKGROUND = [_sim_job]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("numba_cuda") is None, reason="numba-cuda not installed")
 @pytest.mark.parametrize("name", list(SIM_CASES))
 def test_tp2_cuda_one_device_each_transport(sim_results, name):

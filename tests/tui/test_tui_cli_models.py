@@ -86,3 +86,22 @@ def test_plain_mode_records_the_model_and_its_sha256(machine, monkeypatch):
     conv = st.list_conversations()[0]
     assert conv.model_path == str(model.resolve())
     assert conv.model_sha256 == hashlib.sha256(model.read_bytes()).hexdigest()
+
+
+def test_ninfer_and_ninfer_serve_take_the_same_names(machine, monkeypatch, capsys):
+    """`ninfer NAME` and `ninfer-serve NAME` resolve a listed name as ninfer-chat does; an unknown name is one
+    line. (The one-shot run is real: the tiny model on the reference backend.)"""
+    from engine import oneshot
+    from engine.serve import main as serve
+    d, cfg = machine
+    base = ["--config", str(cfg), "--backend", "ref", "--greedy", "--max-new", "3", "--prompt", "hi", "--quiet"]
+    assert oneshot.main(["tiny-qwen3", *base]) == 0
+    assert oneshot.main(["nothing-like-it", *base]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ninfer: error: no model named 'nothing-like-it' among the "), err
+
+    loaded = []
+    monkeypatch.setattr("engine.api.Engine.load", classmethod(lambda cls, a, **kw: loaded.append(a.model)))
+    a = serve.build_parser().parse_args(["tiny-llama"])
+    serve.load_engine(a, {"model_dirs": [str(d)]})
+    assert loaded == [str(d / "tiny-llama.gguf")]

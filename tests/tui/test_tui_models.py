@@ -230,11 +230,19 @@ async def test_a_hub_name_typed_in_the_screen_is_downloaded_then_loaded(make_app
     import huggingface_hub
     calls = []
 
-    def fake_download(repo, filename, **kw):  # no network in tests
+    import threading
+    half = threading.Event()
+
+    def fake_download(repo, filename, tqdm_class=None, **kw):  # no network in tests
         calls.append((repo, filename))
         if repo == "Org/Offline":
             from engine.models.download import _error
             raise _error("LocalEntryNotFoundError")("no connection")
+        bar = tqdm_class(total=8_000_000, unit="B", desc=filename, name="huggingface_hub.http_get")
+        bar.update(2_000_000)  # a quarter of the file: the status line shows it while the rest "arrives"
+        half.wait(10)
+        bar.update(6_000_000)
+        bar.close()
         return str(tiny_models["qwen2"])
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
     app = _app(make_app, model_dir)
@@ -254,6 +262,10 @@ async def test_a_hub_name_typed_in_the_screen_is_downloaded_then_loaded(make_app
         screen.query_one("#models-filter").value = "Org/Tiny-GGUF/tiny-qwen2.gguf"
         await pilot.pause()
         await pilot.press("enter")
+        status = lambda: str(app.query_one("#status").render())  # noqa: E731
+        await wait_for(pilot, lambda: "2.0 of 8.0 MB (25%)" in status())
+        assert status().startswith("downloading Org/Tiny-GGUF/tiny-qwen2.gguf from the Hugging Face Hub... 2.0 of")
+        half.set()
         await wait_for(pilot, lambda: app.session is not None and app.session is not first, timeout=30)
         assert calls[-1] == ("Org/Tiny-GGUF", "tiny-qwen2.gguf")
         assert app.model_name == "Org/Tiny-GGUF/tiny-qwen2.gguf" and app.engine_args.model == str(tiny_models["qwen2"])

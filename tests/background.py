@@ -1,0 +1,100 @@
+"""Long subprocess checks that start with the session, on the core the main pytest process leaves idle.
+
+The main process is mostly single-threaded (numba compiles, TUI pilots, numpy on small shapes), and a few
+checks are whole subprocesses that spend a minute or more on one core: the CUDA simulator workers, the
+generic-kernel runs with their own cold numba cache. A module lists its jobs in `BACKGROUND` (functions that
+return a `Job`); conftest.py queues the jobs of every collected module when collection ends, and one thread
+runs them one at a time. A test asks for its job with `result(job)`: it waits for a running one, and a job
+that was never queued (a single test file run) or has not started yet runs at once in the asking thread.
+
+    def _worker_job():
+        return background.Job("cuda-kernels", [sys.executable, __file__, "--worker"], env=..., timeout=600)
+    BACKGROUND = [_worker_job]
+    ...
+    proc = background.result(_worker_job())   # a subprocess.CompletedProcess
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Job:
+    key: str
+    argv: list[str]
+    env: dict | None = None
+    timeout: float = 900
+    cwd: Path = ROOT
+    cleanup: list[Path] = field(default_factory=list)  # folders removed once the job has run
+    started: bool = False
+    proc: subprocess.CompletedProcess | None = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        try:
+            self.proc = subprocess.run(self.argv, env=self.env, cwd=self.cwd, capture_output=True, text=True,
+                                       timeout=self.timeout)
+        except BaseException as e:  # a timeout, or the interpreter missing: the test reports it
+            self.error = e
+        finally:
+            for d in self.cleanup:
+                shutil.rmtree(d, ignore_errors=True)
+            self.done.set()
+
+
+_lock = threading.Lock()
+_jobs: dict[str, Job] = {}
+_queue: list[Job] = []
+_thread: threading.Thread | None = None
+
+
+def _claim(job: Job) -> bool:
+    with _lock:
+        if job.started:
+            return False
+        job.started = True
+        return True
+
+
+def _drain() -> None:
+    global _thread
+    while True:
+        with _lock:
+            job = next((j for j in _queue if not j.started), None)
+            if job is None:
+                _thread = None
+                return
+            job.started = True
+        job.run()
+
+
+def start(jobs: list[Job]) -> None:
+    """Queue `jobs` (a key already known is kept as it is) and start the runner thread if it is idle."""
+    global _thread
+    with _lock:
+        for job in jobs:
+            if job.key not in _jobs:
+                _jobs[job.key] = job
+                _queue.append(job)
+        if _thread is None:
+            _thread = threading.Thread(target=_drain, name="background-checks", daemon=True)
+            _thread.start()
+
+
+def result(job: Job) -> subprocess.CompletedProcess:
+    """The finished process of `job` (or of the queued job with its key)."""
+    with _lock:
+        job = _jobs.setdefault(job.key, job)
+    if _claim(job):
+        job.run()
+    job.done.wait()
+    if job.error is not None:
+        raise job.error
+    return job.proc
