@@ -137,23 +137,20 @@ def q4km_path(smollm2_path):
 
 def test_fused_step_on_a_real_q4_k_m_file(q4km_path):
     """SmolLM2's Q4_K_M (llama.cpp's mix: Q5_0 where rows are not a multiple of 256, Q4_K, Q6_K, Q8_0): the
-    fused step takes it; one-token steps give the plain walk's bits, a prompt's pass the kernel-by-kernel
-    tier's. (Some rows of a multi-row pass of SmolLM2's weights differ from the plain walk, in the Q4_1 file
-    too, before this step took K-quants: not a matter of the weight layouts; bench/results-kquant.md.)"""
+    fused step takes it and gives the plain walk's bits (real weights: a swiglu an ulp off shows here, where
+    the int8 quantization after it hides it in the tiny models)."""
     from engine.gguf import load_gguf
     from engine.backends.cpu.step_mm import Q4, Q5, Q6, Q8
-    from engine.backends.cpu.tier import TieredForward
     model, ff = _model(load_gguf(q4km_path), 16)
     assert ff is not None
     kinds = {int(k) for t in ff.roles.values() for k in t[2]}
     assert len(kinds) >= 3 and kinds <= {Q4, Q8, Q5, Q6}
-    c1, c2 = model.new_cache(32), model.new_cache(32)
-    for i, t in enumerate(PROMPT[:6]):
-        np.testing.assert_array_equal(ff([t], i, c2), model.forward([t], i, c1))
+    want = _passes(lambda t, p, c, all_: model.forward(t, p, c, all_logits=all_), model.new_cache(64))
+    got = _passes(lambda t, p, c, all_: ff(t, p, c, all_logits=all_), model.new_cache(64))
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(g, w)
 
-    class Never:
-        failure = None
-        fused_done = type("E", (), {"is_set": staticmethod(lambda: False)})()
-    tiered = TieredForward(ff, ff.kv_tuple(model.new_cache(4)), Never())
-    np.testing.assert_array_equal(tiered(PROMPT, 0, model.new_cache(32), all_logits=True),
-                                  ff(PROMPT, 0, model.new_cache(32), all_logits=True))
+
+def test_plain_walk_and_fused_step_share_swiglu():
+    from engine.backends.cpu import fast, step
+    assert step.swiglu_fast is fast.swiglu
