@@ -28,7 +28,7 @@ from .adaptive import AdaptiveLength
 from .base import Features
 from .dflash_taps import Taps, check_taps, kv_rows
 from .drafter_file import DrafterFile, DrafterFileError, find, load
-from .mtp import _f32, _q8, _serial_kernels
+from .mtp import _draft_kernels, _f32, _q8
 
 FORMAT, VERSION = "ninfer-dflash", 1
 LAYER = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
@@ -88,7 +88,7 @@ class DFlashNet:
             for k, gguf_name in _GGUF_NAMES.items():
                 arr = w[f"l{i}.{k}"]
                 tensors[f"blk.{i}.{gguf_name}"] = _f32(k, arr) if arr.ndim == 1 else _q8(k, arr)
-        self.model = Model(margs, tensors, _serial_kernels(), max_batch=max(MAX_ROWS, self.block))
+        self.model = Model(margs, tensors, _draft_kernels(), max_batch=max(MAX_ROWS, self.block))
         self.fc = self.model.be.prepare_weight(_q8("fc", w["fc"]))  # (d, width)
         # the model's scratch covers inputs up to max(d, q_dim, d_ff) wide; a feature row may be wider
         self.fc_scratch = self.model.be.new_scratch(MAX_ROWS, self.taps.width)

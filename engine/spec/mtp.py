@@ -39,6 +39,19 @@ MAX_ROWS = 64  # rows of one block pass (an observe of more positions runs in ch
 _BLOCKS: dict = {}  # (drafter file, model, head, capacity) -> (MTPBlock, last layer): one reply at a time
 
 
+def _draft_kernels():
+    """The kernels a drafter's block runs: the cpu set (its matmuls and attention share out over numba's
+    threads), or with NINFER_DRAFT_SERIAL=1 the calling thread's (_serial_kernels). Measured on a quiet
+    2-core machine (bench/results-verify.md): an MTP hot-head draft step 1.42 -> 0.59 ms, a 4-row observe
+    1.20 -> 0.75 ms, the same logits bit for bit."""
+    import os
+    if os.environ.get("NINFER_DRAFT_SERIAL") == "1":
+        return _serial_kernels()
+    from ..backends.cpu import fast
+    from ..backends.kernels import Kernels
+    return Kernels("cpu", fast)
+
+
 def _serial_kernels():
     """The cpu kernel set with its matmuls and attention on the calling thread: a draft step is too small to
     share out, and a parallel region per kernel waits for the second core each time (measured under load:
@@ -115,7 +128,7 @@ class MTPBlock:
         for k, gguf_name in _GGUF_NAMES.items():
             arr = w[k]
             tensors[f"blk.0.{gguf_name}"] = _f32(k, arr) if arr.ndim == 1 else _q8(k, arr)
-        self.model = Model(margs, tensors, _serial_kernels(), max_batch=MAX_ROWS)  # head = the rows (tied)
+        self.model = Model(margs, tensors, _draft_kernels(), max_batch=MAX_ROWS)  # head = the rows (tied)
         self.w_eh = self.model.be.prepare_weight(_q8("w_eh", w["w_eh"]))  # (d, 2d)
         self.enorm = np.asarray(w["enorm"], np.float32)
         self.hnorm = np.asarray(w["hnorm"], np.float32)
