@@ -88,6 +88,21 @@ def start(jobs: list[Job]) -> None:
             _thread.start()
 
 
+def python_job(key: str, script: str, env: dict, timeout: float = 900, cold_numba: bool = False) -> Job:
+    """`python -c script` with `env` over this environment and tests/engine on its path; `cold_numba`: a numba
+    cache folder of its own (made by numba, removed after the run), so every kernel compiles afresh."""
+    import os
+    import sys
+    import tempfile
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests' / 'engine'}", **env)
+    cleanup = []
+    if cold_numba:
+        cache = Path(tempfile.gettempdir()) / f"ninfer-{key.replace(':', '-')}-{os.getpid()}"
+        env["NUMBA_CACHE_DIR"] = str(cache)
+        cleanup.append(cache)
+    return Job(key, [sys.executable, "-c", script], env=env, timeout=timeout, cleanup=cleanup)
+
+
 def result(job: Job) -> subprocess.CompletedProcess:
     """The finished process of `job` (or of the queued job with its key)."""
     with _lock:

@@ -47,9 +47,8 @@ def _draft_kernels():
     import os
     if os.environ.get("NINFER_DRAFT_SERIAL") == "1":
         return _serial_kernels()
-    from ..backends.cpu import fast
-    from ..backends.kernels import Kernels
-    return Kernels("cpu", fast)
+    from ..backends.kernels import get_kernels
+    return get_kernels("cpu")
 
 
 def _serial_kernels():

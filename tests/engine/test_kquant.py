@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 os.environ.setdefault("NUMBA_NUM_THREADS", "2")
@@ -208,16 +207,11 @@ print(json.dumps(res))
 
 
 def _generic_job():
-    """GENERIC in a subprocess with NINFER_CPU_GENERIC=1 and a cold numba cache of its own, started with the
-    session (tests/background.py)."""
-    import tempfile
-
-    import background  # tests/ (not on the path of the GENERIC subprocess, which imports this module)
-    cache = Path(tempfile.gettempdir()) / f"ninfer-generic-kquant-{os.getpid()}"  # numba makes it
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests' / 'engine'}", NUMBA_NUM_THREADS="2",
-               NINFER_CPU_GENERIC="1", NUMBA_CACHE_DIR=str(cache))
-    return background.Job("generic:test_kquant.py", [sys.executable, "-c", GENERIC],
-                          env=env, timeout=900, cleanup=[cache])
+    """GENERIC with NINFER_CPU_GENERIC=1 and a cold numba cache, started with the session (tests/background.py;
+    imported here: tests/ is not on the path of the GENERIC subprocess, which imports this module)."""
+    import background
+    return background.python_job("generic:kquant", GENERIC, {"NUMBA_NUM_THREADS": "2", "NINFER_CPU_GENERIC": "1"},
+                                 timeout=900, cold_numba=True)
 
 
 BACKGROUND = [_generic_job]
