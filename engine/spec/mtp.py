@@ -14,13 +14,16 @@ position and to the chain's own steps, as it was trained (train/mtp_train.py). W
 is the trained hot vocabulary's rows only (a few thousand of 49,152: the draft costs a small share of a target
 step); the target always verifies over the full vocabulary, so the output stays lossless.
 
-The block runs on the cpu backend's kernels as a one-layer `engine.model.Model` (its weights quantized to
-Q8_0 at load) walked phase by phase: the same layer walk as every runner (engine.forward), with z in place of
-the embedding. Weights: a drafter file (engine.spec.drafter_file) keyed by the base model's sha256.
+The block is a one-layer `engine.model.Model` on the cpu backend's kernels (its matrices quantized to Q4_1 at
+load, W_eh to Q8_0), with z in place of the embedding: run by the cpu backend's fused step in one call
+where the target's step is compiled, else walked phase by phase (engine.forward's layer walk; the same bits).
+A round's block passes are its k draft steps: the pairs the target was fed are run with the first one
+(MTPDrafter). Weights: a drafter file (engine.spec.drafter_file) keyed by the base model's sha256.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Sequence
 
 import numpy as np
@@ -36,6 +39,7 @@ _GGUF_NAMES = {"attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "at
                "wv": "attn_v.weight", "wo": "attn_output.weight", "ffn_norm": "ffn_norm.weight",
                "w_gate": "ffn_gate.weight", "w_up": "ffn_up.weight", "w_down": "ffn_down.weight"}
 MAX_ROWS = 64  # rows of one block pass (an observe of more positions runs in chunks)
+ROW_CACHE = 16384  # normed embedding rows an MTPBlock keeps (36 MB at SmolLM2's width; emptied when full)
 _BLOCKS: dict = {}  # (drafter file, model, head, capacity) -> (MTPBlock, last layer): one reply at a time
 
 
@@ -44,7 +48,6 @@ def _draft_kernels():
     threads), or with NINFER_DRAFT_SERIAL=1 the calling thread's (_serial_kernels). Measured on a quiet
     2-core machine (bench/results-verify.md): an MTP hot-head draft step 1.42 -> 0.59 ms, a 4-row observe
     1.20 -> 0.75 ms, the same logits bit for bit."""
-    import os
     if os.environ.get("NINFER_DRAFT_SERIAL") == "1":
         return _serial_kernels()
     from ..backends.kernels import get_kernels
@@ -97,6 +100,16 @@ def _q8(name: str, w: np.ndarray):
     return QTensor(name, QT.Q8_0, tuple(w.shape), quantize(w, QT.Q8_0))
 
 
+def _q4(name: str, w: np.ndarray):
+    """A float matrix (rows, cols) as a Q4_1 QTensor (the block's layer matrices: the fused step's type)."""
+    from gguf import GGMLQuantizationType as QT
+    from gguf.quants import quantize
+
+    from ..quant import QTensor
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    return QTensor(name, QT.Q4_1, tuple(w.shape), quantize(w, QT.Q4_1))
+
+
 def _f32(name: str, v: np.ndarray):
     from gguf import GGMLQuantizationType as QT
 
@@ -106,13 +119,21 @@ def _f32(name: str, v: np.ndarray):
 
 
 class MTPBlock:
-    """The drafter's network: `run(tokens, g, pos0) -> (logits, hidden)` over T pairs at cache positions pos0..
+    """The drafter's network: `run(tokens, g, pos0, rows_out) -> (logits, hidden)` over T pairs at cache
+    positions pos0..
 
     target: the target's model file (engine.gguf.ModelFile: its embedding, head and output norm);
-    hot: the head over the drafter's hot vocabulary (logit j is token hot_ids[j]) instead of all rows."""
+    hot: the head over the drafter's hot vocabulary (logit j is token hot_ids[j]) instead of all rows.
+
+    The block's matrices are quantized to Q4_1 at load and laid out as the target's layers are
+    (fast.prepare_layers), so the block is a one-layer model the cpu backend's fused step runs in ONE call
+    (step.FusedForward, with the input rows given instead of an embedding): the same compiled function as the
+    target's step (the same argument types), never compiled for the drafter. Until the target's step is
+    compiled (a cold start's first minutes, tier.py), or where the target has none, the block runs the plain
+    walk of the same weights: the same bits (tests/engine/test_mtp.py)."""
 
     def __init__(self, df: DrafterFile, target, capacity: int, hot: bool):
-        from ..model import Model
+        from ..model import STACKED_ROLES, Model
         from ..quant import QTensor
         a, w, t = target.args, df.arrays, target.tensors
         self.eps = float(a.rms_eps)
@@ -126,30 +147,74 @@ class MTPBlock:
         tensors = {"token_embd.weight": rows, "output_norm.weight": t["output_norm.weight"]}
         for k, gguf_name in _GGUF_NAMES.items():
             arr = w[k]
-            tensors[f"blk.0.{gguf_name}"] = _f32(k, arr) if arr.ndim == 1 else _q8(k, arr)
-        self.model = Model(margs, tensors, _draft_kernels(), max_batch=MAX_ROWS)  # head = the rows (tied)
+            name = f"blk.0.{gguf_name}"
+            tensors[name] = _f32(name, arr) if arr.ndim == 1 else _q4(name, arr)
+        kernels = _draft_kernels()
+        stacked = {}
+        if kernels.name == "cpu":
+            from ..backends.cpu import fast
+            # laid out as two layers (the same weights twice; the step reads the first): one layer's stack
+            # would be a C-contiguous array, another numba type than a model's stacks (non-contiguous), and
+            # the step would compile a second time for the drafter (~1-2 minutes)
+            stacked = fast.prepare_layers({r: [tensors[f"blk.0.{r}.weight"]] * 2 for r in STACKED_ROLES})
+        self.model = Model(margs, tensors, kernels, max_batch=MAX_ROWS, stacked=stacked)  # head = the rows (tied)
         self.w_eh = self.model.be.prepare_weight(_q8("w_eh", w["w_eh"]))  # (d, 2d)
         self.enorm = np.asarray(w["enorm"], np.float32)
         self.hnorm = np.asarray(w["hnorm"], np.float32)
         self.cache = self.model.new_cache(capacity, "f16")
         self.cat = np.zeros((MAX_ROWS, 2 * a.d_model), np.float32)  # (T, 2d) [norm(E[y]); norm(g)]
+        self.gn = np.zeros((MAX_ROWS, a.d_model), np.float32)  # (T, d) norm(g)
+        self.erows: dict[int, np.ndarray] = {}  # token -> norm(E[y]) (_erow)
+        fused = stacked and os.environ.get("NINFER_MTP_FUSED") != "0"  # 0: the plain walk (A-B comparisons)
+        self.ff = _fused_step(self.model) if fused else None
+        self._sig = None  # the fused step's argument types (checked against what is compiled)
+        self.fused_ok = False  # the fused step is compiled in this process: the block runs it
 
-    def _norm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
+    def _erow(self, y: int) -> np.ndarray:
+        """rmsnorm(E[y], enorm) (d,), kept per token (a draft step's Python is a large share of its time)."""
+        row = self.erows.get(y)
+        if row is None:
+            from ..quant import dequantize_rows
+            if len(self.erows) >= ROW_CACHE:
+                self.erows.clear()
+            e = dequantize_rows(self.emb, y, y + 1)[:1].astype(np.float32)
+            row = self.erows[y] = np.zeros_like(e)
+            self.model.be.rmsnorm(row, e, self.enorm, self.eps)
+            row = self.erows[y] = row[0]
+        return row
+
+    def fused_ready(self) -> bool:
+        """True when the block can run the fused step without compiling it (the target's step is compiled
+        for the same types in this process). Checked until it is."""
+        if self.fused_ok or self.ff is None:
+            return self.fused_ok
+        from ..backends.cpu.step import fused_forward
+        if self._sig is None:
+            from ..backends.cpu.tier import fused_signature
+            self._sig = fused_signature(self.ff, self.ff.kv_tuple(self.cache))
+        self.fused_ok = self._sig in fused_forward.overloads
+        return self.fused_ok
 
     def run(self, tokens: Sequence[int], g: np.ndarray, pos0: int,
-            head: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
+            rows_out: int = 1) -> tuple[np.ndarray | None, np.ndarray]:
         """T <= MAX_ROWS pairs (tokens[i], g[i]) at cache positions pos0..pos0+T-1 (the cache must hold pos0):
-        logits (T, head rows) (None without `head`: the cache's pairs need no prediction) and output
-        hidden states (T, d), host copies."""
-        from ..quant import dequantize_rows
+        logits (rows_out, head rows) of the last rows_out pairs (None for rows_out 0: pairs that need no
+        prediction) and the output hidden states (T, d), host copies."""
         m = self.model
         toks = np.asarray(tokens, np.int32)
         t_n, d = toks.shape[0], self.enorm.shape[0]
-        e = np.stack([dequantize_rows(self.emb, int(y), int(y) + 1)[0] for y in toks])  # (T, d) E[y]
         cat = self.cat[:t_n]
-        cat[:, :d] = self._norm(e, self.enorm)
-        cat[:, d:] = self._norm(np.asarray(g, np.float32).reshape(t_n, d), self.hnorm)
+        for i, y in enumerate(toks.tolist()):
+            cat[i, :d] = self._erow(y)
+        gn = self.gn[:t_n]
+        m.be.rmsnorm(gn, np.ascontiguousarray(g, np.float32).reshape(t_n, d), self.hnorm, self.eps)
+        cat[:, d:] = gn
+        if self.fused_ready():
+            ff = self.ff
+            ff._alloc(t_n, max(rows_out, 1))  # (grows only) before x is written: run() must not reallocate it
+            m.be.matmul(ff.bufs[0][:t_n], cat, self.w_eh, m.state.scratch)  # z: the pass's input rows
+            logits = ff.run(toks, pos0, self.cache, max(rows_out, 1))  # (a pass with no head row runs one)
+            return (logits.copy() if rows_out else None), ff.bufs[0][:t_n].copy()
         m.begin(toks, pos0, self.cache)
         s = m.state
         m.be.matmul(s.x[:t_n], cat, self.w_eh, s.scratch)  # z: in place of the embedding
@@ -159,16 +224,49 @@ class MTPBlock:
             m.tail(ph, 0)
         self.cache.length = pos0 + t_n
         hidden = m.be.to_host(s.x[:t_n])
-        return (m.head(t_n) if head else None), hidden
+        return (m.head(rows_out) if rows_out else None), hidden
 
     def token(self, j: int) -> int:
         """The token of head row j."""
         return int(j) if self.hot_ids is None else int(self.hot_ids[j])
 
 
+def _fused_step(model):
+    """The cpu fused step over the block's one-layer model, its input rows given (no embedding); None where
+    the step does not take these weights."""
+    from ..backends.cpu.step import build
+    ff = build(model)
+    if ff is not None:
+        ff.emb = (2,) + tuple(ff.emb[1:])  # step._embed's kind 2: the caller writes the rows into x
+        ff.guard = _FollowTarget()
+    return ff
+
+
+class _FollowTarget:
+    """The drafter's guard (step.FusedForward's `guard`): its passes run on the thread count the target's
+    step left. A ContentionGuard of its own set numba's thread count behind the target's guard, which keeps
+    its own record of the mode it set: the target's verify passes then ran on one thread."""
+
+    def before(self) -> None:
+        pass
+
+    def after(self, steps: int = 1) -> None:
+        pass
+
+    def full_threads(self) -> None:
+        pass
+
+    def block_limit(self) -> int:
+        return 1 << 30
+
+
 class MTPDrafter:
     """engine.spec.base.Drafter over an MTPBlock. Keeps the block's cache of first-step pairs in step with
-    what the target was fed (`observe`), drafts by recursive steps from the last fed position (`propose`)."""
+    what the target was fed (`observe`), drafts by recursive steps from the last fed position (`propose`).
+
+    The pairs `observe` learns are run with the next proposal's first step, in one pass (the last row's
+    logits are the first draft): the first step's pair (h of the last fed position, the last context token)
+    is itself a true pair, kept in the cache, so a round's block passes are its k drafts and nothing else."""
 
     name = "mtp"
 
@@ -187,8 +285,11 @@ class MTPDrafter:
             self.ngram.reset()
         self.block.cache.truncate(0)
         self.n = 0  # block cache positions holding true first-step pairs
+        self.feed_g: list[np.ndarray] = []  # true pairs known, not yet run (the next proposal runs them)
+        self.feed_y: list[int] = []
         self.pending: np.ndarray | None = None  # (d,) target hidden of the last fed position (its pair needs
         #                                         the token after it: known at the next observe / propose)
+        self.done_y: int | None = None  # the last proposal ran the pair (pending, done_y) at position n - 1
 
     def observe(self, tokens: Sequence[int], features: Features | None) -> None:
         if not tokens:
@@ -198,19 +299,42 @@ class MTPDrafter:
             return
         h = np.asarray(features[self.last], np.float32)  # (len(tokens), d)
         toks = [int(t) for t in tokens]
-        if self.pending is not None:
-            gs, ys = np.concatenate([self.pending[None], h[:-1]]), toks
-        else:
+        if self.pending is not None and self.done_y == toks[0]:  # that pair is in the cache already
             gs, ys = h[:-1], toks[1:]
-        cap = self.block.cache.capacity
-        if self.n + len(ys) + 1 > cap:  # the target's context is full: nothing more to draft for
+        else:
+            if self.done_y is not None:  # (another token was fed after the proposal: run the pair again)
+                self.n -= 1
+            gs, ys = (np.concatenate([self.pending[None], h[:-1]]), toks) if self.pending is not None \
+                else (h[:-1], toks[1:])
+        self.done_y = None
+        if self.n + len(self.feed_y) + len(ys) + 1 > self.block.cache.capacity:  # the target's context is full
             self.reset()
             return
-        self.block.cache.truncate(self.n)  # drop the last proposal's speculative steps
-        for i in range(0, len(ys), MAX_ROWS):
-            self.block.run(ys[i:i + MAX_ROWS], gs[i:i + MAX_ROWS], self.n, head=False)
-            self.n += len(ys[i:i + MAX_ROWS])
+        self.feed_g.append(gs)
+        self.feed_y.extend(ys)
         self.pending = h[-1]
+        if len(self.feed_y) >= MAX_ROWS:  # a long prompt: run whole chunks now (memory stays bounded)
+            self._run_feed(len(self.feed_y) // MAX_ROWS * MAX_ROWS)
+
+    def _run_feed(self, n_rows: int, head: tuple[np.ndarray, int] | None = None):
+        """Run the first n_rows pairs of the feed (whole MAX_ROWS chunks but the last), then `head` (g (d,),
+        y) as the last row of the last pass; its (logits row, hidden row), or None without it."""
+        gs = np.concatenate(self.feed_g) if self.feed_g else np.zeros((0, self.block.enorm.shape[0]), np.float32)
+        ys = self.feed_y
+        rest_g, rest_y = gs[n_rows:], ys[n_rows:]
+        gs, ys = gs[:n_rows], ys[:n_rows]
+        if head is not None:
+            gs, ys = np.concatenate([gs, head[0][None]]), ys + [head[1]]
+        self.block.cache.truncate(self.n)  # drop the last proposal's speculative steps
+        out = None
+        for i in range(0, len(ys), MAX_ROWS):
+            last = head is not None and i + MAX_ROWS >= len(ys)
+            logits, hidden = self.block.run(ys[i:i + MAX_ROWS], gs[i:i + MAX_ROWS], self.n, 1 if last else 0)
+            self.n += len(ys[i:i + MAX_ROWS])
+            if last:
+                out = (logits[0], hidden[-1:])
+        self.feed_g, self.feed_y = ([rest_g] if len(rest_y) else []), list(rest_y)
+        return out
 
     def propose(self, context_tokens: Sequence[int], k: int, features: Features | None) -> list[int]:
         if self.ngram is not None and k > 0:
@@ -219,11 +343,19 @@ class MTPDrafter:
                 return drafts
         if self.pending is None or k <= 0 or not context_tokens:
             return []
-        k = min(k, self.block.cache.capacity - self.n)
-        self.block.cache.truncate(self.n)
-        g, y, out = self.pending[None], int(context_tokens[-1]), []
-        for s in range(k):
-            logits, g = self.block.run([y], g, self.n + s)
+        if self.done_y is not None:  # proposed again without an observe between: run that pair again
+            self.n -= 1
+            self.done_y = None
+        k = min(k, self.block.cache.capacity - self.n - len(self.feed_y))
+        if k <= 0:
+            return []
+        y0 = int(context_tokens[-1])
+        logits, g = self._run_feed(len(self.feed_y), (self.pending, y0))
+        self.done_y = y0
+        y = self.block.token(int(np.argmax(logits)))
+        out = [y]
+        for s in range(1, k):
+            logits, g = self.block.run([y], g, self.n + s - 1)
             y = self.block.token(int(np.argmax(logits[0])))
             out.append(y)
         return out

@@ -71,14 +71,15 @@ def _rope(x, pos, base):  # x (H, hd) at one position, adjacent pairs (llama)
 
 
 class NumpyMTP:
-    """The MTP step as the module docstring writes it, over the weights the runtime uses (dequantized Q8_0)."""
+    """The MTP step as the module docstring writes it, over the weights the runtime uses (dequantized: W_eh
+    Q8_0, the block's matrices Q4_1)."""
 
     def __init__(self, arrays, mf):
         from engine.quant import dequantize
-        from engine.spec.mtp import _q8
-        self.a, w = mf.args, {}
-        for k in ("w_eh", "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
-            w[k] = dequantize(_q8(k, arrays[k]))
+        from engine.spec.mtp import _q4, _q8
+        self.a, w = mf.args, {"w_eh": dequantize(_q8("w_eh", arrays["w_eh"]))}
+        for k in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+            w[k] = dequantize(_q4(k, arrays[k]))
         for k in ("enorm", "hnorm", "attn_norm", "ffn_norm"):
             w[k] = arrays[k].astype(np.float32)
         self.w = w
@@ -118,7 +119,7 @@ def test_block_step_is_the_math(tiny):
     ref = NumpyMTP(df.arrays, mf)
     rng = np.random.default_rng(1)
     ys, gs = rng.integers(0, mf.args.vocab_size, 6), rng.normal(0, 1, (6, mf.args.d_model)).astype(np.float32)
-    logits, hidden = block.run(ys, gs, 0)  # six first-step pairs in one pass
+    logits, hidden = block.run(ys, gs, 0, rows_out=6)  # six first-step pairs in one pass
     want = [ref.step(int(y), g, i) for i, (y, g) in enumerate(zip(ys, gs))]
     y, g, want_o = int(np.argmax(logits[-1])), hidden[-1:], want[-1][1]
     for i in range(2):  # a recursive chain after them, one step at a time
@@ -130,7 +131,7 @@ def test_block_step_is_the_math(tiny):
         np.testing.assert_allclose(go, wo, atol=5e-2 * np.abs(wo).max())
         np.testing.assert_allclose(gl, wl, atol=5e-2 * np.abs(wl).max())
     hot = mtp.MTPBlock(df, mf, capacity=64, hot=True)
-    hl, _ = hot.run(ys, gs, 0)
+    hl, _ = hot.run(ys, gs, 0, rows_out=6)
     np.testing.assert_array_equal(hl, logits[:, df.arrays["hot_ids"]])  # the hot head: the same rows
 
 
@@ -195,3 +196,108 @@ def test_cli_spec_mtp_with_the_hot_head(tiny, tmp_path):
     assert out == plain and stats["spec_mode"] == "mtp" and stats["drafted"] > 0
     code, out, err = run("--spec", "mtp", dirs=str(tmp_path / "none"))
     assert code == 1 and "--spec mtp: no" in err and "drafter for this model" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------- the block on the target's fused step
+
+@pytest.fixture(scope="module")
+def tiny_q4(make_tiny, tmp_path_factory, monkeypatch_module):
+    """A tiny llama whose layers the cpu fused step takes (Q4_0 / Q4_1, the default model's types), its
+    fused step compiled in this process (numba's cache: one compile for every model of these types), and a
+    random drafter file."""
+    from gguf import GGMLQuantizationType as QT
+
+    from engine.backends.cpu import build_model
+    from engine.backends.cpu.step import build
+    from engine.gguf import load_gguf
+    d = tmp_path_factory.mktemp("fused_mtp")
+    q4 = dict(attn_q=QT.Q4_1, attn_k=QT.Q4_1, attn_v=QT.Q4_0, attn_output=QT.Q4_1, ffn_gate=QT.Q4_0,
+              ffn_up=QT.Q4_1, ffn_down=[QT.Q4_1])
+    path = make_tiny(d / "tiny-q4.gguf", "llama", seed=7, qtypes=q4)
+    mf = load_gguf(path)
+    model = build_model(mf, 16)
+    ff = build(model)
+    assert ff is not None
+    ff(np.array([1, 2, 3], np.int32), 0, model.new_cache(8))  # the target's step: compiled / loaded here
+    write_drafter(d / "tiny-q4.mtp.npz", path, mf.args, seed=3)
+    monkeypatch_module.setenv("NINFER_DRAFTER_DIRS", f"{tmp_path_factory.getbasetemp()}/drafters0:{d}")
+    return path, mf
+
+
+@pytest.mark.parametrize("hot", [False, True])
+def test_block_runs_the_targets_fused_step_with_the_plain_walks_bits(tiny_q4, hot, monkeypatch):
+    """The block's passes on the cpu fused step (one call; the target's compiled function, the same argument
+    types: nothing compiled for the drafter) equal its plain walk bit for bit: a batch of pairs, then a
+    recursive chain."""
+    from engine.spec import mtp
+    path, mf = tiny_q4
+    found, _ = dfile.find(mtp.FORMAT, mtp.VERSION, str(path))
+    df = dfile.load(found, mtp.FORMAT, mtp.VERSION, str(path), mtp.WEIGHTS)
+    fused = mtp.MTPBlock(df, mf, capacity=64, hot=hot)
+    monkeypatch.setenv("NINFER_MTP_FUSED", "0")
+    plain = mtp.MTPBlock(df, mf, capacity=64, hot=hot)
+    assert fused.fused_ready() and not plain.fused_ready()
+    rng = np.random.default_rng(2)
+    ys, gs = rng.integers(0, mf.args.vocab_size, 9), rng.normal(0, 1, (9, mf.args.d_model)).astype(np.float32)
+    runs = []
+    for block in (fused, plain):
+        out = [block.run(ys[:5], gs[:5], 0, rows_out=0), block.run(ys[5:], gs[5:], 5, rows_out=2)]
+        y, g = int(np.argmax(out[-1][0][-1])), out[-1][1][-1:]
+        for i in range(3):
+            lg, g = block.run([block.token(y)], g, 9 + i)
+            out.append((lg, g))
+            y = int(np.argmax(lg[0]))
+        runs.append(out)
+    assert runs[0][0][0] is None and runs[1][0][0] is None
+    for (lf, hf), (lp, hp) in zip(*runs):
+        np.testing.assert_array_equal(hf, hp)
+        if lf is not None:
+            np.testing.assert_array_equal(lf, lp)
+
+
+def test_fused_drafter_is_lossless_and_leaves_the_thread_count(tiny_q4, monkeypatch):
+    """Speculation with the fused block: greedy and seeded sampling give plain decode's tokens, and the block
+    ran the fused step. Its passes never set numba's thread count: the target's ContentionGuard chooses it
+    and keeps its own record of what it set (a guard of the drafter's own once left the target's verify
+    passes on one thread)."""
+    import numba
+
+    from engine.api import Engine
+    from engine.spec import mtp
+    path, _ = tiny_q4
+    eng = Engine.load(EngineArgs(model=str(path), max_context=256, prefix_reuse=False, lm_head_draft=False))
+    for sp in ({}, {"greedy": False, "temperature": 0.8, "top_k": 20, "seed": 5}):
+        want, got = _final(eng, "off", **sp), _final(eng, "mtp", **sp)
+        assert got.token_ids == want.token_ids and got.spec_mode == "mtp" and got.drafted > 0
+    block = next(iter(mtp._BLOCKS.values()))[0]
+    assert block.ff is not None and block.fused_ok
+    calls = []
+    monkeypatch.setattr(numba, "set_num_threads", lambda n: calls.append(n))
+    g = np.zeros((1, block.enorm.shape[0]), np.float32)
+    block.cache.truncate(0)
+    for i in range(40):  # the guard's first step, its probe period (32) and a probe window
+        block.run([i % 7], g, i)
+    assert calls == []
+
+
+def test_smollm2_with_the_committed_drafter_is_lossless(smollm2_path, monkeypatch):
+    """The packaged MTP drafter of the default model: greedy (chat and counting; full head and hot head, 3
+    drafts) and seeded sampling with penalties give plain decode's tokens."""
+    from engine.api import Engine
+    monkeypatch.delenv("NINFER_DRAFTER_DIRS", raising=False)
+    for hot in (False, True):
+        eng = Engine.load(EngineArgs(model=str(smollm2_path), max_context=1024, prefix_reuse=False,
+                                     lm_head_draft=hot))
+        if eng.spec_modes()["mtp"] is not None:
+            pytest.skip(f"no packaged MTP drafter: {eng.spec_modes()['mtp']}")
+        for prompt in ("What is the capital of France?", "Count from 1 to 300."):
+            msgs = [{"role": "user", "content": prompt}]
+            want = list(eng.session().generate(msgs, GenerateRequest(SamplingParams(greedy=True, max_new=48))))[-1]
+            req = GenerateRequest(SamplingParams(greedy=True, max_new=48), spec="mtp", draft_tokens=3)
+            got = list(eng.session().generate(msgs, req))[-1]
+            assert got.token_ids == want.token_ids and got.drafted > 0, (prompt, hot)
+    sp = dict(greedy=False, temperature=0.7, top_p=0.8, top_k=20, presence_penalty=1.5, seed=42, max_new=48)
+    msgs = [{"role": "user", "content": "List three colours, then count to five."}]
+    outs = [list(eng.session().generate(msgs, GenerateRequest(SamplingParams(**sp), spec=spec, draft_tokens=3)))[-1]
+            for spec in ("off", "mtp")]
+    assert outs[1].token_ids == outs[0].token_ids

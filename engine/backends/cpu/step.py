@@ -47,10 +47,12 @@ AHEAD = 512  # cache lines of its next items a waiting thread asks for (_ahead):
 # ------------------------------------------------------------------------------------------- fused step
 @njit(cache=True, nogil=True, inline="always")
 def _embed(x, tokens, emb):
-    # emb = (kind 0: q4 | 1: q8, the blocks if q4, the blocks if q8)
+    # emb = (kind 0: q4 | 1: q8 | 2: none, the blocks if q4, the blocks if q8). Kind 2: the caller wrote the
+    # pass's input rows into x (the MTP drafter's input projection, engine/spec/mtp.py): the tokens only
+    # count the rows. The same argument types as a model's, so no second compile of the step.
     if emb[0] == 0:
         embed_q4(x, emb[1], tokens)
-    else:
+    elif emb[0] == 1:
         embed_q8(x, emb[2], tokens)
 
 
