@@ -3,7 +3,7 @@
 Speculation is lossless whatever is drafted, but not free: a verify pass over T = k+1 tokens costs c(T), more
 than a plain step c(1) on a CPU. With a_j the conditional acceptance of draft j (given d_1..d_{j-1} were
 accepted), a round with k drafts yields E(k) = 1 + a_1 + a_1 a_2 + ... + a_1..a_k tokens on average, so the
-best k maximises E(k) / (c(k+1) + k * draft cost) and may be 0 (a plain step) on text the drafter cannot
+best k maximises E(k) / (c(k+1) + d(k)), d(k) the drafting of k tokens, and may be 0 (a plain step) on text the drafter cannot
 predict. Everything is measured online by the wrapper itself, from the calls the round already makes:
 `propose` (drafts, draft time) then `observe` (the kept tokens: accepted = len(tokens) - 1; the time since
 `propose` returned = the verify pass). Estimates are exponential moving averages, so they follow the text
@@ -38,7 +38,11 @@ class AdaptiveLength:
     """Wraps any drafter; implements the same protocol (engine.spec.base.Drafter)."""
 
     def __init__(self, inner: Drafter, decay: float = 0.9, probe_every: int = 8,
-                 clock: Callable[[], float] = time.perf_counter, cost_table: dict[int, float] | None = None):
+                 clock: Callable[[], float] = time.perf_counter, cost_table: dict[int, float] | None = None,
+                 draft_fixed: float = 0.0):
+        """draft_fixed: a round's drafting costs about (k + draft_fixed) draft steps (MTP: 1, its first step
+        also runs the pairs fed since the last round; DFlash: 2, its block forward against the head's rows):
+        how a k not yet drafted is scaled from the nearest one measured (draft_cost)."""
         self.inner = inner
         self.name = inner.name
         self.features_needed = inner.features_needed
@@ -46,7 +50,9 @@ class AdaptiveLength:
         self.hits: list[float] = []  # per draft position j: decayed count of accepted | tried
         self.tries: list[float] = []  # per draft position j: decayed count of tried (d_1..d_{j-1} accepted)
         self.cost_ms = cost_table if cost_table is not None else {}  # T -> EMA ms of a verify pass over T
-        self.draft_ms = 0.0  # EMA of drafting time per drafted token
+        self.draft_ms = 0.0  # drafting time per drafted token (of the last k drafted)
+        self.draft_by_k: dict[int, float] = {}  # k -> EMA ms of a round's drafting
+        self.draft_fixed = draft_fixed
         self._pending: tuple[int, float] | None = None  # (n drafts, time propose returned)
         self._rounds = 0  # rounds decided on estimates (every probe_every-th explores one draft deeper)
 
@@ -81,6 +87,16 @@ class AdaptiveLength:
         slope = (self.cost_ms[hi] - self.cost_ms[lo]) / (hi - lo)
         return max(self.cost_ms[lo] + slope * (t - lo), 1e-6)
 
+    def draft_cost(self, k: int) -> float:
+        """Estimated ms of a round's drafting with k drafts: measured, else scaled from the nearest k measured
+        as (k + draft_fixed) / (k0 + draft_fixed); 0 before any."""
+        if k in self.draft_by_k:
+            return self.draft_by_k[k]
+        if not self.draft_by_k:
+            return 0.0
+        k0 = min(self.draft_by_k, key=lambda j: abs(j - k))
+        return self.draft_by_k[k0] * (k + self.draft_fixed) / (k0 + self.draft_fixed)
+
     def choose_k(self, k_max: int) -> int:
         """The draft length with the most expected tokens per ms (k_max until costs are known)."""
         if k_max <= 0:
@@ -96,7 +112,7 @@ class AdaptiveLength:
         for k in range(1, k_max + 1):
             p *= self.acceptance(k - 1)
             expected += p
-            rate = expected / (self.cost(k + 1) + k * self.draft_ms)
+            rate = expected / (self.cost(k + 1) + self.draft_cost(k))
             if rate > best:
                 best_k, best = k, rate
         self._rounds += 1
@@ -111,7 +127,9 @@ class AdaptiveLength:
         drafts = list(self.inner.propose(context_tokens, k_use, features)[:k_use]) if k_use > 0 else []
         t1 = self.clock()
         if drafts:
-            self.draft_ms = self._ema(self.draft_ms, (t1 - t0) * 1e3 / len(drafts), self.draft_ms == 0.0)
+            n = len(drafts)
+            self.draft_by_k[n] = self._ema(self.draft_by_k.get(n, 0.0), (t1 - t0) * 1e3, n not in self.draft_by_k)
+            self.draft_ms = self.draft_by_k[n] / n
         self._pending = (len(drafts), t1)
         return drafts
 

@@ -236,53 +236,15 @@ class DFlashDrafter:
 
 
 class DFlashAdaptive(AdaptiveLength):
-    """AdaptiveLength with DFlash's cost model: a round's draft time is one block forward (fixed) plus the
-    head over the k rows asked for, kept per k (EMA; a k not yet drafted is scaled from the nearest one
-    as (k + 2) / (k0 + 2): the block costs about two head rows); and the target's cache handed through."""
+    """AdaptiveLength with DFlash's cost model (a round's draft time is one block forward, fixed, plus the
+    head over the k rows asked for: a k not yet drafted is scaled from the nearest one as (k + 2) / (k0 + 2),
+    the block costs about two head rows) and the target's cache handed through."""
 
     def __init__(self, inner, **kw):
-        super().__init__(inner, **kw)
-        self.draft_by_k: dict[int, float] = {}  # k -> EMA ms of a round's drafting
+        super().__init__(inner, draft_fixed=2.0, **kw)
 
     def bind_target(self, model, cache) -> None:
         self.inner.bind_target(model, cache)
-
-    def draft_cost(self, k: int) -> float:
-        if k in self.draft_by_k:
-            return self.draft_by_k[k]
-        if not self.draft_by_k:
-            return 0.0
-        k0 = min(self.draft_by_k, key=lambda j: abs(j - k))
-        return self.draft_by_k[k0] * (k + 2) / (k0 + 2)
-
-    def choose_k(self, k_max: int) -> int:
-        if k_max <= 0 or len(self.cost_ms) < 2 or 1 not in self.cost_ms:
-            return super().choose_k(k_max)  # exploring: the cost line's two ends first
-        best_k, best = 0, 1.0 / self.cost_ms[1]
-        expected, p = 1.0, 1.0
-        for k in range(1, k_max + 1):
-            p *= self.acceptance(k - 1)
-            expected += p
-            rate = expected / (self.cost(k + 1) + self.draft_cost(k))
-            if rate > best:
-                best_k, best = k, rate
-        self._rounds += 1
-        if best_k < k_max and self._rounds % self.probe_every == 0:
-            return best_k + 1
-        return best_k
-
-    def propose(self, context_tokens: Sequence[int], k: int, features: Features | None) -> list[int]:
-        """AdaptiveLength.propose, keeping a round's draft time per k (draft_by_k)."""
-        k_use = self.choose_k(k)
-        t0 = self.clock()
-        drafts = list(self.inner.propose(context_tokens, k_use, features)[:k_use]) if k_use > 0 else []
-        t1 = self.clock()
-        if drafts:
-            n = len(drafts)
-            self.draft_by_k[n] = self._ema(self.draft_by_k.get(n, 0.0), (t1 - t0) * 1e3, n not in self.draft_by_k)
-            self.draft_ms = self.draft_by_k[n] / n
-        self._pending = (len(drafts), t1)
-        return drafts
 
 
 def unavailable_reason(model_path: str | None) -> str | None:

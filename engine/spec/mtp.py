@@ -388,4 +388,4 @@ def make_drafter(model=None, model_path: str | None = None, *, lm_head_draft: bo
     if not adaptive:
         return drafter
     from .adaptive import AdaptiveLength, shared_cost_table
-    return AdaptiveLength(drafter, cost_table=shared_cost_table(model))
+    return AdaptiveLength(drafter, cost_table=shared_cost_table(model), draft_fixed=1.0)

@@ -388,6 +388,21 @@ def test_adaptive_probes_one_deeper_now_and_then():
     assert [a.choose_k(5) for _ in range(6)] == [1, 1, 2, 1, 1, 2]
 
 
+def test_adaptive_draft_cost_per_k():
+    """A round's drafting is kept per k; a k not drafted yet is scaled from the nearest as (k + fixed) /
+    (k0 + fixed), and the choice weighs it: an expensive fixed part favours longer drafts."""
+    a = adaptive_with({1: 10.0, 2: 11.0, 4: 13.0, 8: 17.0}, 0.6)
+    a.draft_fixed, a.draft_by_k = 1.0, {3: 4.0}
+    assert a.draft_cost(3) == 4.0 and a.draft_cost(1) == pytest.approx(2.0) and a.draft_cost(7) == pytest.approx(8.0)
+    a.draft_fixed = 0.0
+    assert a.draft_cost(1) == pytest.approx(4.0 / 3)
+    cheap_steps = adaptive_with({1: 10.0, 2: 11.0, 4: 13.0, 8: 17.0}, 0.6)
+    cheap_steps.draft_by_k = {1: 0.5, 2: 1.0, 3: 1.5, 4: 2.0, 5: 2.5}
+    fixed_part = adaptive_with({1: 10.0, 2: 11.0, 4: 13.0, 8: 17.0}, 0.6)
+    fixed_part.draft_by_k = {1: 6.0, 2: 6.5, 3: 7.0, 4: 7.5, 5: 8.0}
+    assert fixed_part.choose_k(5) > cheap_steps.choose_k(5) >= 1
+
+
 def test_adaptive_unseen_positions_inherit_acceptance():
     a = adaptive_with({1: 10.0, 8: 17.0}, 0.9, n_pos=1)
     assert a.acceptance(3) == pytest.approx(a.acceptance(0)) and a.acceptance(0) > 0.88
