@@ -237,7 +237,8 @@ def _fused_step(model):
     from ..backends.cpu.step import build
     ff = build(model)
     if ff is not None:
-        ff.emb = (2,) + tuple(ff.emb[1:])  # step._embed's kind 2: the caller writes the rows into x
+        from ..backends.cpu.step_mm import GIVEN
+        ff.emb = (GIVEN,) + tuple(ff.emb[1:])  # the caller writes the pass's input rows into x
         ff.guard = _FollowTarget()
     return ff
 

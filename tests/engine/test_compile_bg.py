@@ -80,6 +80,17 @@ def test_kernel_by_kernel_step_shares_a_prompt_not_a_decode_step(q4_path, monkey
     from engine.backends.cpu.tier import TieredForward
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("needs 2 numba threads")
+    # all threads, whatever an earlier test's fused steps left (their ContentionGuard may have chosen one:
+    # the tier then hands nothing to a second thread; seen after test_cpu_sync.py in one process)
+    before = numba.get_num_threads()
+    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    try:
+        _shares_a_prompt(q4_path, monkeypatch, compile_tier, TieredForward)
+    finally:
+        numba.set_num_threads(before)
+
+
+def _shares_a_prompt(q4_path, monkeypatch, compile_tier, TieredForward):
     model, ff = fast_model(q4_path)
     submitted = []
 

@@ -5,7 +5,9 @@
     fast.py        the kernel set this backend runs: int8-dot matmuls over that layout (avx2.py)
     attn*.py       attention: split decode items, prompt row tiles, int8 cache variants, softmax
     step.py        the fused step: the whole forward in ONE parallel region, generated from engine.forward's
-                   phase list; sync.py its phase counters, guard.py its decode thread guard
+                   phase list; step_mm.py its matmul phases, step_weights.py its per-layout weight tables
+                   (any mix of fast.py's and kquant.py's layouts), sync.py its phase counters, guard.py its
+                   decode thread guard
     runner.py      CpuRunner: the fused step, or the plain walk (engine.model.Model) where it does not apply
     tier.py, compile_bg.py   the cold start: kernels one by one while a helper process compiles the fused step
     repack.py, weight_store.py   the interleaved layout, and its on-disk cache of repacked weights
@@ -31,7 +33,7 @@ class Backend:
         self.store = _weight_store(path) if args.tp <= 1 else None
 
     def build(self, model_file, max_batch: int):
-        """A CpuRunner over build_model's weights; the fused step when every matrix took the interleaved layout."""
+        """A CpuRunner over build_model's weights; the fused step when every matrix took a fast layout."""
         prepare_numba()
         from .runner import CpuRunner
         from .step import build

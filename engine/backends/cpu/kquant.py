@@ -16,8 +16,8 @@ error they add to a matmul ~0.1 of the activations'; KL divergence of SmolLM2's 
 Why planes rather than a byte per value: the bytes (5.5-7 bits a value, the file's) are what a decode step
 streams; a byte layout (8 bits + scales, 9-10) measured ~1.6-2x slower per matrix streamed on the 2-core dev
 VM and caps the GGUF-bytes roofline at 60-70%; merging the bits costs 2-3 vector ops per 32 values.
-Weights of the q5 / q6 layouts are KWeight, not fast.FastWeight: the fused step (step.py) takes Q4_0 / Q4_1 /
-Q8_0 layouts only, so a model with them runs engine.model's plain walk over these kernels.
+Weights of the q5 / q6 layouts are KWeight, not fast.FastWeight; the fused step takes them as stacks of their
+own (step_weights.py) and runs `group` per row group (step_mm.py), as the plain walk's `mm` does.
 """
 from __future__ import annotations
 
@@ -371,6 +371,13 @@ def mm(out, qa, sa, xs, blk, bits):
     (fast.quantize_rows). One parallel region over the row groups."""
     for g in prange(blk.shape[0]):
         group(out, qa, sa, xs, blk, np.int64(g), bits)
+
+
+@njit(cache=True, nogil=True)
+def mm_part(lo, hi, out, qa, sa, xs, blk, bits):
+    """Row groups lo..hi of mm on the calling thread (the cold start's kernel-by-kernel step: tier.py)."""
+    for g in range(lo, hi):
+        group(out, qa, sa, xs, blk, g, bits)
 
 
 def matmul(out, qa, sa, xs, w: KWeight) -> None:

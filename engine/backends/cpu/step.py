@@ -12,9 +12,11 @@ phase loop runs over `forward.N_LAYER_PHASES` with the phase kinds `forward.QKV 
 phase's tail of `forward.LAYER_PHASES`, and the weight stacks come in `forward.MATRIX_ROLES` order. The
 attention kernel, `exp_fast` and the f16 store live in attn.py.
 
-Supported: llama / qwen2 / qwen3 shapes where every layer's matrices are in the interleaved layout
-(`fast.FastWeight`) and the head too; anything else returns None from `build()` and the runner keeps the
-plain walk. Every pass equals `Model.forward`'s bits (tests/engine/test_runners.py).
+Supported: llama / qwen2 / qwen3 shapes where every matrix (layers, embedding, head) is in one of the fast
+layouts, any mix per role and per layer (fast's 4-bit and Q8_0 blocks, kquant's 5- and 6-bit ones: a
+Q4_K_M file's mix): step_weights.py stacks them by layout, step_mm.py runs the matmul phases over those
+stacks. Anything else returns None from `build()` and the runner keeps the plain walk. Every pass equals
+`Model.forward`'s bits (tests/engine/test_runners.py, test_step_mixed.py).
 """
 from __future__ import annotations
 
@@ -32,33 +34,21 @@ from . import attn as A
 from . import attn_int8 as A8
 from . import attn_prefill as AP
 from .attn import SPLITS, store_f16
-from .fast import swiglu as swiglu_fast  # noqa: F401  (tier, probes: the step's name; the plain walk's too)
-from .fast import (BATCHED_MIN_T, FastWeight, _q4, _q8, embed_q4, embed_q8, q8_group_batched,
-                       quantize_rows)
+from .fast import quantize_rows, swiglu as swiglu_fast  # noqa: F401  (tier, probes: the step's name)
 from ...sampling_fast import argmax_choice, block_choice
 from .guard import ContentionGuard
+from .step_mm import AHEAD, _embed, _n_layers, _head_ahead, _head_groups, _head_phase, _mm_ahead, _mm_phase
+from .step_weights import layout, plain, role_stacks as _role_stacks, role_tables, table  # noqa: F401  (tests)
 from .sync import finish, grab, is_open, new_sync, open_phase, reset_rows, wait_fetching, wait_open
 
 F32 = np.float32
 BLOCK = 8  # the most tokens one call chooses (FusedForward.block): the UI gets them 8 at a time
-AHEAD = 512  # cache lines of its next items a waiting thread asks for (_ahead): 32 KiB (64 KiB measured the same)
 
 
 # ------------------------------------------------------------------------------------------- fused step
-@njit(cache=True, nogil=True, inline="always")
-def _embed(x, tokens, emb):
-    # emb = (kind 0: q4 | 1: q8 | 2: none, the blocks if q4, the blocks if q8). Kind 2: the caller wrote the
-    # pass's input rows into x (the MTP drafter's input projection, engine/spec/mtp.py): the tokens only
-    # count the rows. The same argument types as a model's, so no second compile of the step.
-    if emb[0] == 0:
-        embed_q4(x, emb[1], tokens)
-    elif emb[0] == 1:
-        embed_q8(x, emb[2], tokens)
-
-
 # The whole forward pass runs in ONE parallel region (sync: phases, claimed chunks, the finisher does
 # the serial tail). Each item is computed by the same kernel, on the same inputs, as the per-kernel form
-# (mm_q4x3's groups, mm_q8's groups, attention_*_split's items; tier.LeafForward calls those), so the
+# (the matmuls' row groups: step_mm; attention_*_split's items; tier.LeafForward calls those), so the
 # results are bit-identical whichever thread runs it. Helpers are inlined into _step_thread (numba IR);
 # the kernels they call are not, and keep their own flags (attention's fastmath: attn.attn_item_f16).
 @njit(cache=True, nogil=True, inline="always")
@@ -72,78 +62,6 @@ def _quant_at(qa, sa, xs, xin, lo):
 @njit(cache=True, nogil=True, inline="always")
 def _quant(qa, sa, xs, xin):
     _quant_at(qa, sa, xs, xin, 0)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _mm_groups(w1, w2, w3, nw):
-    """(groups per part of w1, of w2, of the nw matmuls together; parts): a matmul phase's items are part 0
-    of each matmul in turn, then part 1 of each, ... (fast.prepare_layers: thread p's part of a phase
-    is its matmuls' parts p, one after another in memory)."""
-    h1 = w1[0].shape[2]
-    h2 = w2[0].shape[2] if nw >= 2 else 0
-    return h1, h2, h1 + h2 + (w3[0].shape[2] if nw >= 3 else 0), w1[0].shape[1]
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _mm_phase(sync, ph, tid, nt, o1, o2, o3, n_in, qa, sa, xs, w1, w2, w3, l, nw):
-    """Phase ph: the row groups of up to three matmuls of the quantized input (qa, sa, xs; n_in columns)
-    with layer l of the role stacks w1..w3 (nw of them used; items as _mm_groups says). True for the
-    finisher."""
-    t_n = o1.shape[0]
-    nb = n_in // QK
-    qa_, sa_, xs_ = qa[:t_n, :n_in], sa[:t_n, :nb], xs[:t_n, :nb]
-    h1, h2, h, parts = _mm_groups(w1, w2, w3, nw)
-    n = h * parts
-    done = 0
-    k = 0
-    while True:
-        k, lo, hi = grab(sync, ph, tid, nt, n, k)
-        if lo >= hi:
-            break
-        for i in range(lo, hi):
-            p, j = i // h, i % h
-            if j < h1:
-                _q4(o1, qa_, sa_, xs_, w1[0][l, p], w1[1][p * h1 + j], j, p * h1 + j)
-            elif j < h1 + h2:
-                j -= h1
-                _q4(o2, qa_, sa_, xs_, w2[0][l, p], w2[1][p * h2 + j], j, p * h2 + j)
-            else:
-                j -= h1 + h2
-                h3 = h - h1 - h2
-                _q4(o3, qa_, sa_, xs_, w3[0][l, p], w3[1][p * h3 + j], j, p * h3 + j)
-        done += hi - lo
-    return finish(sync, ph, done, n)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _head_groups(h):
-    """The head's row groups (the head phase's items); h as FusedForward._table builds it."""
-    return h[1].shape[0] if h[0] == 0 else h[2].shape[0]
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _head_phase(sync, ph, tid, nt, logits, n_in, qa, sa, xs, h):
-    """Phase ph: the head's row groups; h = (kind 0: q4 | 1: q8, blocks if q4, blocks if q8, acc16, acc32) as
-    FusedForward._table builds it, input n_in columns. True for the finisher."""
-    t_n = logits.shape[0]
-    nb = n_in // QK
-    qa_, sa_, xs_ = qa[:t_n, :n_in], sa[:t_n, :nb], xs[:t_n, :nb]
-    n = _head_groups(h)
-    done = 0
-    k = 0
-    while True:
-        k, lo, hi = grab(sync, ph, tid, nt, n, k)
-        if lo >= hi:
-            break
-        for g in range(lo, hi):
-            if h[0] == 0:
-                _q4(logits, qa_, sa_, xs_, h[1], h[3][g], g, g)
-            elif t_n >= BATCHED_MIN_T:
-                q8_group_batched(logits, qa_, sa_, h[2], g)
-            else:
-                _q8(logits, qa_, sa_, h[2], h[4][g], g)
-        done += hi - lo
-    return finish(sync, ph, done, n)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -186,33 +104,9 @@ def _ahead(tid, nt, kind, l, wq, wk, wv, wo, wg, wu, wd, head, kv, pos0, t_n):
         return _mm_ahead(tid, nt, wg, wu, wu, l, 2)
     if kind == GATE_UP:
         return _mm_ahead(tid, nt, wd, wd, wd, l, 1)
-    if l + 1 < wq[0].shape[0]:
+    if l + 1 < _n_layers(wq):
         return _mm_ahead(tid, nt, wq, wk, wv, l + 1, 3)
-    g = tid * _head_groups(head) // nt
-    if head[0] == 0:
-        return _blocks_ahead(head[1], g)
-    return _blocks_ahead(head[2], g)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _mm_ahead(tid, nt, w1, w2, w3, l, nw):
-    """_ahead of a phase of the matmuls w1..w3 of layer l (nw used; _mm_phase's items): thread tid's part
-    starts at item tid * n // nt."""
-    h1, h2, h, parts = _mm_groups(w1, w2, w3, nw)
-    i = tid * h * parts // nt
-    p, j = i // h, i % h
-    if j < h1:
-        return _blocks_ahead(w1[0][l, p], j)
-    if j < h1 + h2:
-        return _blocks_ahead(w2[0][l, p], j - h1)
-    return _blocks_ahead(w3[0][l, p], j - h1 - h2)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _blocks_ahead(blk, g):
-    """_ahead of row groups blk[g:] (one stream: the scales are in the blocks)."""
-    q0 = blk.strides[0] * g
-    return np.int64(blk.ctypes.data) + q0, min(AHEAD, (blk.nbytes - q0) // 64), np.int64(0)
+    return _head_ahead(head, tid * _head_groups(head) // nt)
 
 
 def _kv_values(kv):
@@ -523,8 +417,8 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
     bufs = (x, xb, q, k, v, att, proj, gate, up, hb (max_t, ...) f32, qa int8, sa, xs, logits (max_t, vocab),
     cs (max_t, hd / 2, 2) f64: rope's cos and sin for the pass, rope_table);
     norms = (attn_norm (L, d), ffn_norm (L, d), out_norm (d,), eps); rope_p = (inv_freq, neox, n_head,
-    n_kv, hd, attn_scale); w* = per role (blocks (L, P, ng / P, nb, BLK4): fast.prepare_layers' parts,
-    acc16);
+    n_kv, hd, attn_scale); w* = per role its table of per-layout stacks (step_weights.role_tables, step_mm's
+    docstring); emb, head = step_weights.table's;
     bias = (has, bq (L, q_dim), bk, bv); qk_norm = (has, qn (L, hd), kn (L, hd)); kv = (k16, v16) (L, cap,
     n_kv, hd) uint16 f16 bits, or (k_q, k_s, v_q, v_s) for an int8 cache; attn_scr = (sbuf (threads, n_head,
     chunk_cap(cap)), part) attention scratch; sync = sync.new_sync(n, threads) with n the larger
@@ -560,23 +454,6 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
 _ROLES = MATRIX_ROLES  # the layer matrices, in the phase list's order (engine.forward)
 
 
-def _role_stacks(layers) -> dict:
-    """Per role, the layers' blocks as one (L, P, ng / P, nb, BLK4) array of P parts: the view that
-    fast.prepare_layers made (no copy of the weights at load) when every role has one with the same P,
-    else stacked copies of one part (P = 1). The layers' FastWeights then view their slots."""
-    stacks = {r: getattr(layers[0], r).stack for r in _ROLES}
-    if any(st is None or any(getattr(lw, r).stack is not st for lw in layers) for r, st in stacks.items()) \
-            or len({st.shape[1] for st in stacks.values()}) != 1:
-        stacks = {}
-        for r in _ROLES:
-            ws = [getattr(lw, r) for lw in layers]
-            stacks[r] = np.stack([w.blocks.reshape((-1,) + w.blocks.shape[-2:]) for w in ws])[:, None]
-            for i, w in enumerate(ws):
-                w.set_blocks(stacks[r][i])
-                w.stack = stacks[r]
-    return stacks
-
-
 def _z(dtype, ndim):
     return np.zeros((1,) * ndim, dtype)
 
@@ -588,11 +465,12 @@ class FusedForward:
         a = model.args
         self.model, self.args = model, a
         layers = model.layers
-        # per role: the layers' blocks as one array (a tuple of per-layer arrays made numba compile a 30-way
-        # switch per access: 10x the compile time and ~500 MB more memory)
-        self.roles = {r: (st, getattr(layers[0], r).acc16) for r, st in _role_stacks(layers).items()}
-        self.emb = self._table(model.tok_embd)[:3]
-        self.head = self._table(model.output)
+        # per role: its layers' blocks as one table of per-layout stacks (step_weights; a tuple of per-layer
+        # arrays made numba compile a 30-way switch per access: 10x the compile time and ~500 MB more memory)
+        self.mixed = not plain(model)  # step_mm: the plain argument types, or the mixed ones
+        self.roles = role_tables(layers, self.mixed)
+        self.emb = table(model.tok_embd, self.mixed)[:3] + ((True,) if self.mixed else ())
+        self.head = table(model.output, self.mixed)
         f32 = np.float32
         self.norms = (np.stack([np.asarray(lw.attn_norm, f32) for lw in layers]),
                       np.stack([np.asarray(lw.ffn_norm, f32) for lw in layers]),
@@ -625,12 +503,6 @@ class FusedForward:
         self._stops = (frozenset(), np.zeros(0, np.int32))  # the last stop set and its array
         self.argmax = tuple(argmax_choice())  # a block's choice when the caller gives none (plain argmax)
         self._alloc(max(1, model.state.max_t), 1)
-
-    @staticmethod
-    def _table(w):
-        if w.kind == "q4":
-            return (0, w.blocks, _z(np.int8, 3), w.acc16, w.acc32)
-        return (1, _z(np.uint8, 3), w.blocks, w.acc16, w.acc32)
 
     def _alloc(self, max_t: int, logit_rows: int):
         """(Re)allocate the run buffers for up to max_t tokens and logit_rows output rows (grow only)."""
@@ -720,10 +592,9 @@ class FusedForward:
 
 
 def build(model):
-    """A FusedForward for `model` if all its matrices use the interleaved layout, else None."""
+    """A FusedForward for `model` if all its matrices are in layouts the step takes (step_weights.layout),
+    else None."""
     ws = [getattr(lw, role) for lw in model.layers for role in _ROLES] + [model.tok_embd, model.output]
-    if not all(isinstance(w, FastWeight) for w in ws):
-        return None
-    if any(getattr(lw, r).kind != "q4" for lw in model.layers for r in _ROLES):
+    if any(layout(w) is None for w in ws):
         return None
     return FusedForward(model)

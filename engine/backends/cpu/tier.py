@@ -36,7 +36,9 @@ from . import kernels as cpu
 from .attn import SPLITS, attention_f16_part, merge_parts, store_f16
 from .attn_prefill import attention_tiles_part, n_tiles, prompt_pass
 from .fast import BATCHED_MIN_T, G, embed_q4, embed_q8, mm_q4x3_part, mm_q8_batched, mm_q8_part, quantize_rows
+from .kquant import embed_rows, mm_part
 from .step import swiglu_fast
+from .step_mm import GIVEN, Q4, Q5, Q8
 
 # kernels the helper process compiles (the rest, and the sampling chain, are compiled here meanwhile): about
 # half the work each after the helper's own start-up. Measured in a fresh cache: this process's kernels 7.6 s
@@ -134,10 +136,12 @@ class LeafForward:
     def embed(self) -> None:
         ff, c, t_n = self.ff, self._call, self.t_n
         x, xb, cs, emb = ff.bufs[0][:t_n], ff.bufs[1][:t_n], ff.bufs[14][:t_n], ff.emb
-        if emb[0] == 0:
+        if emb[0] == Q4:
             c("embed_q4", embed_q4, (x, emb[1], self.tokens))
-        else:
+        elif emb[0] == Q8:
             c("embed_q8", embed_q8, (x, emb[2], self.tokens))
+        elif emb[0] != GIVEN:
+            c("embed_k", embed_rows, (x, emb[1], self.tokens, 5 if emb[0] == Q5 else 6))
         c("rope_table", cpu.rope_table, (cs, self.pos0, ff.rope[0]))
         c("norm1", cpu.rmsnorm, (xb, x, ff.norms[0][0], ff.norms[3]))
 
@@ -219,28 +223,46 @@ class LeafForward:
         return args
 
     def _mm(self, site, o1, o2, o3, xin, w1, w2, w3, l):
-        """Up to three matmuls of xin as one mm_q4x3 call (a matmul phase of the fused step)."""
+        """Up to three matmuls of xin (a matmul phase of the fused step): those of layer l in 4-bit blocks as
+        one mm_q4x3 call, the others one by one (step_mm's role tables)."""
         qa, sa, xs = self._quant(site, xin)
         used = [(w, o) for w, o in ((w1, o1), (w2, o2), (w3, o3)) if w is not None]
-        for p in range(w1[0].shape[1]):  # the weights' parts in turn (step._mm_groups' order)
+        q4 = [(w, o) for w, o in used if _kind_at(w, l)[0] == Q4]
+        if q4:
+            self._mm_q4("mm_" + site + "".join(f":{id(w)}" for w, _ in q4), q4, qa, sa, xs, l)  # a site per table mix
+        for i, (w, o) in enumerate(used):
+            kind, at = _kind_at(w, l)
+            if kind == Q8:
+                self._split(f"mm_{site}{i}_q8", mm_q8_part, w[4][at].shape[0], (o, qa, sa, w[4][at], w[5]), (1, 2))
+            elif kind != Q4:
+                blk = w[6][at] if kind == Q5 else w[7][at]
+                self._split(f"mm_{site}{i}_k", mm_part, blk.shape[0], (o, qa, sa, xs, blk, 5 if kind == Q5 else 6),
+                            (1, 2, 3))
+
+    def _mm_q4(self, site, used, qa, sa, xs, l):
+        """The 4-bit matmuls of a phase as one mm_q4x3 call per part (step_mm._mm_groups' order)."""
+        for p in range(used[0][0][0].shape[1]):
             ws, os_ = [], []
             for w, o in used:
                 h = w[0].shape[2]
-                ws.append((w[0][l, p], w[1][p * h:]))
+                ws.append((w[0][_kind_at(w, l)[1], p], w[1][p * h:]))
                 os_.append(o[:, p * h * G:])
             while len(ws) < 3:  # empty weights, as in _mm / _mm2
                 ws.append(tuple(a[:0] for a in ws[-1]))
                 os_.append(os_[-1])
             n = sum(w[0].shape[0] for w in ws)
-            self._split("mm_" + site, mm_q4x3_part, n, (*os_, qa, sa, xs, *ws[0], *ws[1], *ws[2]), (0, 1, 2, 3, 4, 5))
+            self._split(site, mm_q4x3_part, n, (*os_, qa, sa, xs, *ws[0], *ws[1], *ws[2]), (0, 1, 2, 3, 4, 5))
 
     def _head(self, logits, xin, h):
         qa, sa, xs = self._quant("head", xin)
-        if h[0] == 0:
+        if h[0] == Q4:
             w = (h[1], h[3])
             e = tuple(a[:0] for a in w)
             self._split("mm_head", mm_q4x3_part, w[0].shape[0], (logits, logits, logits, qa, sa, xs, *w, *e, *e),
                         (3, 4, 5))
+        elif h[0] != Q8:
+            self._split("head_k", mm_part, h[1].shape[0], (logits, qa, sa, xs, h[1], 5 if h[0] == Q5 else 6),
+                        (1, 2, 3))
         elif logits.shape[0] >= BATCHED_MIN_T:  # a verify pass's logits: compiled at its first use
             self._call("head_q8_batched", mm_q8_batched, (logits, qa, sa, h[2]), (1, 2))
         else:
@@ -384,3 +406,11 @@ def start(ff, kv_dtype: str, report=None, argv=None):
         report(f"background compile unavailable ({helper.failure}); compiling the rest here")
     leaf.compile(kv)  # the helper's kernels: loaded from the cache (or compiled here if it failed)
     return tiered
+
+
+def _kind_at(w, l: int) -> tuple[int, int]:
+    """(layout, slot in its stack) of layer l of a role table (step_mm: a plain model's (q4 stack, acc16)
+    pairs hold every layer in 4-bit blocks, in layer order)."""
+    if len(w) == 2:
+        return Q4, l
+    return int(w[2][l]), int(w[3][l])

@@ -163,7 +163,7 @@ class WeightStore:
 
     def release(self) -> None:
         """Drop the references to the arrays handed out or put (after save): the model's weights own them now
-        and this store holds no second reference to them."""
+        and may be restacked (the fused step's per-layout stacks: step_weights.py) without a second copy."""
         self._served, self._new = {}, {}
 
     def save(self) -> None:

@@ -1,0 +1,172 @@
+"""The fused CPU step on models whose matrices mix the fast layouts per role and per layer (a Q4_K_M file's
+mix: Q4_0 / Q4_1 / Q4_K, Q8_0, Q5_0 / Q5_1, Q6_K; step_weights.py, step_mm.py): the fused step, its decode
+blocks and the start-up tier give the plain walk's bits; the role tables view the weights (no copy); and
+on a real Q4_K_M copy of the default model made by llama.cpp's quantizer (skipped when it cannot be made).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+PROMPT = np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32)
+VERIFY = np.array([12, 40, 7, 7, 201], np.int32)
+DIMS = dict(n_layer=4, d_model=256, n_head=4, n_kv_head=2, head_dim=64, d_ff=512)  # rows K-quants take
+# no role all in 4-bit blocks (all stacked here, as in SmolLM2's Q4_K_M); ffn_down one layout per layer
+MIXED = dict(token_embd=QT.Q6_K, output=QT.Q5_0, attn_q=QT.Q5_0, attn_k=QT.Q8_0, attn_v=QT.Q6_K,
+             attn_output=QT.Q5_1, ffn_gate=QT.Q6_K, ffn_up=QT.Q5_0,
+             ffn_down=[QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.Q4_1])
+# with roles all in 4-bit blocks (fast.prepare_layers' per-thread parts) beside stacked ones: a Qwen3 Q4_K_M
+PARTS = MIXED | dict(token_embd=QT.Q4_K, attn_q=QT.Q4_K, ffn_gate=QT.Q4_1, ffn_up=QT.Q4_K,
+                     ffn_down=[QT.Q6_K, QT.Q4_K, QT.Q4_K, QT.Q5_0])
+
+
+def _load(tmp_path_factory, make_tiny, arch, qtypes, seed=3):
+    from engine.gguf import load_gguf
+    path = make_tiny(tmp_path_factory.mktemp("mixed") / f"mixed-{arch}.gguf", arch, seed=seed, qtypes=qtypes,
+                     **DIMS)
+    return load_gguf(path)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+def mixed_file(request, tmp_path_factory, make_tiny):
+    return _load(tmp_path_factory, make_tiny, request.param, MIXED)
+
+
+def _model(model_file, max_batch=16):
+    from engine.backends.cpu import build_model
+    from engine.backends.cpu.step import build
+    model = build_model(model_file, max_batch)
+    return model, build(model)
+
+
+def _passes(fwd, cache):
+    """Logits of a prompt chunk, a verify block (all rows) and a decode step through fwd."""
+    out = [fwd(PROMPT, 0, cache, True)]
+    out.append(fwd(VERIFY, len(PROMPT), cache, True))
+    out.append(fwd(VERIFY[:1], len(PROMPT) + len(VERIFY), cache, False))
+    return out
+
+
+def _equal_to_plain_walk(model, ff):
+    from engine.backends.cpu.tier import TieredForward
+    want = _passes(lambda t, p, c, all_: model.forward(t, p, c, all_logits=all_), model.new_cache(64))
+    got = _passes(lambda t, p, c, all_: ff(t, p, c, all_logits=all_), model.new_cache(64))
+
+    class Never:  # a helper that never finishes: the tier stays on its kernel-by-kernel walk
+        failure = None
+        fused_done = type("E", (), {"is_set": staticmethod(lambda: False)})()
+    tiered = TieredForward(ff, ff.kv_tuple(model.new_cache(4)), Never())
+    leaf = _passes(lambda t, p, c, all_: tiered(t, p, c, all_logits=all_), model.new_cache(64))
+    assert tiered.steps["fused"] == 0
+    for w, g, lf in zip(want, got, leaf):
+        np.testing.assert_array_equal(g, w)
+        np.testing.assert_array_equal(lf, w)
+
+
+def _block_equals_plain_greedy(model, ff, n=6):
+    """A decode block (one call, each token the argmax of the pass before) == n plain forwards + argmax."""
+    c1, c2 = model.new_cache(64), model.new_cache(64)
+    tok = int(model.forward(PROMPT, 0, c1)[0].argmax())
+    ff(PROMPT, 0, c2)
+    want, t = [], tok
+    for i in range(n):
+        t = int(model.forward([t], len(PROMPT) + i, c1)[0].argmax())
+        want.append(t)
+    assert ff.block(tok, len(PROMPT), c2, n, frozenset()) == want
+    assert c2.length == len(PROMPT) + n
+
+
+def test_fused_step_on_mixed_layouts_is_the_plain_walk(mixed_file):
+    model, ff = _model(mixed_file)
+    assert ff is not None
+    _equal_to_plain_walk(model, ff)
+    _block_equals_plain_greedy(model, ff)
+
+
+def test_plain_and_mixed_models_have_argument_types_of_their_own(mixed_file, tmp_path_factory, make_tiny):
+    """A model all in 4-bit blocks with a Q4 / Q8 embedding and head (the default model) passes (stack, acc16)
+    pairs and 3- / 5-tuple tables: the step it compiles has no other layout's kernels (step_mm's overloads
+    pick by these types); a mixed model passes 8-tuple role tables and 4- / 6-tuple ones."""
+    from engine.backends.cpu.tier import fused_signature
+    q4 = dict(attn_q=QT.Q4_1, attn_k=QT.Q4_1, attn_v=QT.Q4_0, attn_output=QT.Q4_1, ffn_gate=QT.Q4_0,
+              ffn_up=QT.Q4_1, ffn_down=[QT.Q4_1], token_embd=QT.Q8_0)
+    plain_model, plain = _model(_load(tmp_path_factory, make_tiny, "llama", q4))
+    model, mixed = _model(mixed_file)
+    assert not plain.mixed and mixed.mixed
+    assert {len(t) for t in plain.roles.values()} == {2} and len(plain.emb) == 3 and len(plain.head) == 5
+    assert {len(t) for t in mixed.roles.values()} == {8} and len(mixed.emb) == 4 and len(mixed.head) == 6
+    sig = fused_signature(plain, plain.kv_tuple(plain_model.new_cache(4)))
+    assert "int8, 4d" not in str(sig[8:15])  # no Q8 / K-quant stacks in a plain model's role arguments
+
+
+def test_role_tables_view_the_weights(mixed_file):
+    """Per role the layer's layout and slot; the weights (which the plain walk reads) view the stacks."""
+    from engine.backends.cpu.step_mm import Q4, Q5, Q6, Q8
+    model, ff = _model(mixed_file)
+    down = ff.roles["w_down"]
+    assert down[2].tolist() == [Q4, Q6, Q8, Q4] and down[3].tolist() == [0, 0, 0, 1]
+    layers = model.layers
+    assert np.shares_memory(layers[0].w_down.blocks, down[0][0]) and np.shares_memory(layers[3].w_down.blocks,
+                                                                                      down[0][1])
+    assert np.shares_memory(layers[1].w_down.blocks, down[7][0]) and np.shares_memory(layers[2].w_down.blocks,
+                                                                                      down[4][0])
+    assert ff.roles["wq"][2].tolist() == [Q5] * 4 and ff.roles["wv"][6].shape[0] == 0
+    assert all(np.shares_memory(lw.wv.blocks, ff.roles["wv"][7][i]) for i, lw in enumerate(layers))
+    assert ff.emb[0] == Q6 and ff.head[0] == (Q5 if mixed_file.args.arch == "qwen2" else Q6)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_parts_beside_stacked_roles(tmp_path_factory, make_tiny, threads):
+    """Roles in prepare_layers' per-thread parts keep them (no copy) and the stacked roles take the same part
+    count; one thread or two, the plain walk's bits."""
+    import numba
+    if threads > numba.config.NUMBA_NUM_THREADS:
+        pytest.skip("one thread only")
+    old = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        model, ff = _model(_load(tmp_path_factory, make_tiny, "qwen3", PARTS, seed=4))
+        wq, down = ff.roles["wq"], ff.roles["w_down"]
+        assert wq[0] is model.layers[0].wq.stack and wq[0].shape[1] == threads  # prepare_layers' view
+        assert down[0].shape[:2] == (2, threads) and down[2].tolist()[0] != down[2].tolist()[1]
+        _equal_to_plain_walk(model, ff)
+        _block_equals_plain_greedy(model, ff)
+    finally:
+        numba.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def q4km_path(smollm2_path):
+    """A Q4_K_M copy of the default model made by llama.cpp's quantizer (scripts/make_q4km.py), in the copies
+    folder; skips when llama-cpp-python is missing or the copy cannot be made."""
+    from engine.bench.quantize import copy_path, ensure_copies
+    from engine.errors import NinferError
+    p = copy_path(smollm2_path, "Q4_K_M")
+    if not p.exists():
+        try:
+            p = ensure_copies(smollm2_path, ["Q4_K_M"], log=lambda s: None)["Q4_K_M"]
+        except (NinferError, OSError) as e:
+            pytest.skip(f"no Q4_K_M copy: {e}")
+    return p
+
+
+def test_fused_step_on_a_real_q4_k_m_file(q4km_path):
+    """SmolLM2's Q4_K_M (llama.cpp's mix: Q5_0 where rows are not a multiple of 256, Q4_K, Q6_K, Q8_0): the
+    fused step takes it and gives the plain walk's bits (real weights: a swiglu an ulp off shows here, where
+    the int8 quantization after it hides it in the tiny models)."""
+    from engine.gguf import load_gguf
+    from engine.backends.cpu.step_mm import Q4, Q5, Q6, Q8
+    model, ff = _model(load_gguf(q4km_path), 16)
+    assert ff is not None
+    kinds = {int(k) for t in ff.roles.values() for k in t[2]}
+    assert len(kinds) >= 3 and kinds <= {Q4, Q8, Q5, Q6}
+    want = _passes(lambda t, p, c, all_: model.forward(t, p, c, all_logits=all_), model.new_cache(64))
+    got = _passes(lambda t, p, c, all_: ff(t, p, c, all_logits=all_), model.new_cache(64))
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_plain_walk_and_fused_step_share_swiglu():
+    from engine.backends.cpu import fast, step
+    assert step.swiglu_fast is fast.swiglu
