@@ -59,6 +59,20 @@ class MTPConfig:
                     w_gate=(f, d), w_up=(f, d), w_down=(d, f))
 
 
+def fake_q4_1(w: torch.Tensor) -> torch.Tensor:
+    """w (rows, cols) quantized to Q4_1 and back, per 32 values of a row (as gguf.quants.quantize: values
+    round((w - min) / scale) clipped to 0..15 with scale (max - min) / 15, stored scale and min f16), with
+    the gradient of the identity (straight-through). engine/spec/mtp.py quantizes the block this way."""
+    r, c = w.shape
+    b = w.detach().reshape(r, c // 32, 32)
+    lo, hi = b.amin(-1, keepdim=True), b.amax(-1, keepdim=True)
+    d = (hi - lo) / 15
+    inv = torch.where(d != 0, 1 / d, torch.zeros_like(d))
+    q = torch.clamp(torch.trunc((b - lo) * inv + 0.5), 0, 15)
+    deq = (q * d.half().float() + lo.half().float()).reshape(r, c)  # the stored scale and min are f16
+    return w + (deq - w).detach()
+
+
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
@@ -85,9 +99,12 @@ class MTPDrafter(nn.Module):
     output_norm (d,). `init` maps PARAM_NAMES to float32 arrays (see `init_from_target`)."""
 
     def __init__(self, cfg: MTPConfig, embed: np.ndarray, head_hot: np.ndarray, output_norm: np.ndarray,
-                 init: dict[str, np.ndarray]):
+                 init: dict[str, np.ndarray], qat: bool = False):
+        """qat: the block's matrices (wq .. w_down) enter the forward as the runtime runs them, Q4_1
+        (fake_q4_1: quantized and dequantized, the gradient passed straight through)."""
         super().__init__()
         self.cfg = cfg
+        self.qat = qat
         for name, shape in cfg.shapes().items():
             w = np.asarray(init[name], np.float32)
             assert w.shape == shape, f"{name}: {w.shape} != {shape}"
@@ -98,6 +115,11 @@ class MTPDrafter(nn.Module):
                              persistent=False)
 
     # ------------------------------------------------------------------------------------------ pieces
+    def m(self, name: str) -> torch.Tensor:
+        """A block matrix as the forward uses it: fake_q4_1 of it under qat, else as it is."""
+        w = getattr(self, name)
+        return fake_q4_1(w) if self.qat else w
+
     def combine(self, g: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """z (B, P, d) from g (B, P, d) and tokens y (B, P)."""
         eps = self.cfg.rms_eps
@@ -109,9 +131,9 @@ class MTPDrafter(nn.Module):
         c = self.cfg
         b, p, _ = z.shape
         n1 = rmsnorm(z, self.attn_norm, c.rms_eps)
-        q = (n1 @ self.wq.T).view(b, p, c.n_head, c.head_dim).transpose(1, 2)
-        k = (n1 @ self.wk.T).view(b, p, c.n_kv_head, c.head_dim).transpose(1, 2)
-        v = (n1 @ self.wv.T).view(b, p, c.n_kv_head, c.head_dim).transpose(1, 2)
+        q = (n1 @ self.m("wq").T).view(b, p, c.n_head, c.head_dim).transpose(1, 2)
+        k = (n1 @ self.m("wk").T).view(b, p, c.n_kv_head, c.head_dim).transpose(1, 2)
+        v = (n1 @ self.m("wv").T).view(b, p, c.n_kv_head, c.head_dim).transpose(1, 2)
         group = c.n_head // c.n_kv_head
         q, k = rope(q, cos, sin, c.rope_neox), rope(k, cos, sin, c.rope_neox)
         return q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
@@ -119,9 +141,9 @@ class MTPDrafter(nn.Module):
     def finish(self, z: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
         """o (B, P, d) from z and the attention output att (B, H, P, hd)."""
         b, _, p, _ = att.shape
-        u = z + att.transpose(1, 2).reshape(b, p, -1) @ self.wo.T
+        u = z + att.transpose(1, 2).reshape(b, p, -1) @ self.m("wo").T
         n2 = rmsnorm(u, self.ffn_norm, self.cfg.rms_eps)
-        return u + (F.silu(n2 @ self.w_gate.T) * (n2 @ self.w_up.T)) @ self.w_down.T
+        return u + (F.silu(n2 @ self.m("w_gate").T) * (n2 @ self.m("w_up").T)) @ self.m("w_down").T
 
     def logits(self, o: torch.Tensor) -> torch.Tensor:
         """(..., n_hot) over the hot vocabulary."""

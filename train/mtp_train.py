@@ -218,7 +218,7 @@ def save_ckpt(model, opt, state: dict) -> None:
     os.replace(tmp, CKPT)
 
 
-def build(resume: bool, n_hot: int, train: Shards, seed: int, steps: int, rehot: bool):
+def build(resume: bool, n_hot: int, train: Shards, seed: int, steps: int, rehot: bool, qat: bool = False):
     """(model, optimizer state or None, run state): from the checkpoint or the target's last layer. The hot
     vocabulary comes from the checkpoint unless rehot; it selects frozen head rows, so changing it keeps
     every trained weight valid."""
@@ -239,7 +239,7 @@ def build(resume: bool, n_hot: int, train: Shards, seed: int, steps: int, rehot:
         state = dict(hot_ids=hot_ids, steps=steps, step=0, tokens_seen=0, train_s=0.0, epoch=0, last_eval=None,
                      base_sha256=sha256_of(model_path()))
         log(f"new run: hot vocab {len(hot_ids)} from {len(train.seqs)} sequences, h rms {h_rms:.3f}")
-    model = MTPDrafter(cfg, parts["embed"], parts["head"][hot_ids], parts["output_norm"], init)
+    model = MTPDrafter(cfg, parts["embed"], parts["head"][hot_ids], parts["output_norm"], init, qat=qat)
     return model, (ck["opt"] if ck else None), state
 
 
@@ -249,7 +249,7 @@ def train(a) -> None:
     train_set.refresh(), held.refresh()
     if not train_set.seqs or not held.seqs:
         raise SystemExit(f"no shards under {DATA}/train or {DATA}/heldout: run `python -m train.distill` first")
-    model, opt_state, st = build(a.resume, a.n_hot, train_set, a.seed, a.steps, a.rehot)
+    model, opt_state, st = build(a.resume, a.n_hot, train_set, a.seed, a.steps, a.rehot, not a.no_qat)
     hot_ids = st["hot_ids"]
     hot_index = np.full(model.embed.shape[0], -1, np.int64)
     hot_index[hot_ids] = np.arange(len(hot_ids))
@@ -370,6 +370,8 @@ def main() -> None:
     ap.add_argument("--export", action="store_true", help="only export the checkpoint")
     ap.add_argument("--steps", type=int, default=3, help="unrolled MTP steps")
     ap.add_argument("--weights", default="1,0.7,0.5", help="loss weight of each step")
+    ap.add_argument("--no-qat", action="store_true", help="train the block's matrices in float (default: "
+                    "as the runtime runs them, Q4_1, fake-quantized with a straight-through gradient)")
     ap.add_argument("--lr", type=float, default=7e-4)
     ap.add_argument("--wd", type=float, default=0.05)
     ap.add_argument("--warmup", type=int, default=50, help="optimizer steps of linear warm-up per run")

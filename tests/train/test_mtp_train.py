@@ -133,3 +133,20 @@ def test_export_writes_every_field(tmp_path):
                 "rope_base", "rope_neox", "hot_vocab_size", "steps_trained", "training"):
         assert key in meta, key
     assert meta["hot_vocab_size"] == N_HOT and meta["steps_trained"] == STEPS and meta["rope_neox"] is False
+
+
+def test_fake_q4_1_is_the_runtime_quantization():
+    """train's fake quantization (qat) gives the values the runtime's Q4_1 block holds (engine/spec/mtp.py
+    quantizes with gguf), and passes the gradient through."""
+    from engine.quant import dequantize
+    from engine.spec.mtp import _q4
+    from train.mtp_model import fake_q4_1
+    rng = np.random.default_rng(4)
+    w = (rng.normal(0, 0.05, (48, 96)) * rng.uniform(0.2, 3, (48, 1))).astype(np.float32)
+    w[3, :32] = 0.25  # a constant block: scale 0
+    want = dequantize(_q4("w", w)).reshape(w.shape)
+    t = torch.tensor(w, requires_grad=True)
+    got = fake_q4_1(t)
+    np.testing.assert_allclose(got.detach().numpy(), want, rtol=0, atol=1e-6)
+    got.sum().backward()
+    assert torch.equal(t.grad, torch.ones_like(t))
