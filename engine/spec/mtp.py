@@ -149,15 +149,12 @@ class MTPBlock:
             arr = w[k]
             name = f"blk.0.{gguf_name}"
             tensors[name] = _f32(name, arr) if arr.ndim == 1 else _q4(name, arr)
-        kernels = _draft_kernels()
-        stacked = {}
-        if kernels.name == "cpu":
-            from ..backends.cpu import fast
-            # laid out as two layers (the same weights twice; the step reads the first): one layer's stack
-            # would be a C-contiguous array, another numba type than a model's stacks (non-contiguous), and
-            # the step would compile a second time for the drafter (~1-2 minutes)
-            stacked = fast.prepare_layers({r: [tensors[f"blk.0.{r}.weight"]] * 2 for r in STACKED_ROLES})
-        self.model = Model(margs, tensors, kernels, max_batch=MAX_ROWS, stacked=stacked)  # head = the rows (tied)
+        from ..backends.cpu import fast
+        # laid out as two layers (the same weights twice; the step reads the first): one layer's stack would
+        # be a C-contiguous array, another numba type than a model's stacks (non-contiguous), and the step
+        # would compile a second time for the drafter (~1-2 minutes)
+        stacked = fast.prepare_layers({r: [tensors[f"blk.0.{r}.weight"]] * 2 for r in STACKED_ROLES})
+        self.model = Model(margs, tensors, _draft_kernels(), max_batch=MAX_ROWS, stacked=stacked)  # tied head
         self.w_eh = self.model.be.prepare_weight(_q8("w_eh", w["w_eh"]))  # (d, 2d)
         self.enorm = np.asarray(w["enorm"], np.float32)
         self.hnorm = np.asarray(w["hnorm"], np.float32)
@@ -178,9 +175,8 @@ class MTPBlock:
             if len(self.erows) >= ROW_CACHE:
                 self.erows.clear()
             e = dequantize_rows(self.emb, y, y + 1)[:1].astype(np.float32)
-            row = self.erows[y] = np.zeros_like(e)
-            self.model.be.rmsnorm(row, e, self.enorm, self.eps)
-            row = self.erows[y] = row[0]
+            self.model.be.rmsnorm(e, e, self.enorm, self.eps)  # (in place, as the kernels' callers do)
+            row = self.erows[y] = e[0]
         return row
 
     def fused_ready(self) -> bool:

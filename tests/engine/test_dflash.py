@@ -310,21 +310,11 @@ def test_adaptive_length_prices_a_round_per_k():
 def test_smollm2_with_the_committed_drafter_is_lossless(smollm2_path, monkeypatch):
     """The packaged drafter of the default model: greedy (chat and counting; full head with 3 drafts, hot head
     with 7) and seeded sampling with penalties and a thinking budget give plain decode's tokens."""
-    from engine.api import Engine
+    from packaged_drafters import greedy_lossless
+
     from engine.config import ThinkingParams
     monkeypatch.delenv("NINFER_DRAFTER_DIRS", raising=False)
-    for hot in (False, True):
-        eng = Engine.load(EngineArgs(model=str(smollm2_path), max_context=1024, prefix_reuse=False,
-                                     lm_head_draft=hot))
-        if eng.spec_modes()["dflash"] is not None:
-            pytest.skip(f"no packaged DFlash drafter: {eng.spec_modes()['dflash']}")
-        for prompt in ("What is the capital of France?", "Count from 1 to 300."):
-            msgs = [{"role": "user", "content": prompt}]
-            want = list(eng.session().generate(msgs, GenerateRequest(SamplingParams(greedy=True, max_new=48))))[-1]
-            k = 7 if hot else 3
-            req = GenerateRequest(SamplingParams(greedy=True, max_new=48), spec="dflash", draft_tokens=k)
-            got = list(eng.session().generate(msgs, req))[-1]
-            assert got.token_ids == want.token_ids and got.drafted > 0, (prompt, k, hot)
+    eng = greedy_lossless(smollm2_path, "dflash", lambda hot: 7 if hot else 3)
     sp = SamplingParams(temperature=0.7, top_p=0.8, top_k=20, presence_penalty=1.5, frequency_penalty=0.2,
                         seed=42, max_new=48)
     msgs = [{"role": "user", "content": "List three colours, then count to five."}]

@@ -283,19 +283,9 @@ def test_fused_drafter_is_lossless_and_leaves_the_thread_count(tiny_q4, monkeypa
 def test_smollm2_with_the_committed_drafter_is_lossless(smollm2_path, monkeypatch):
     """The packaged MTP drafter of the default model: greedy (chat and counting; full head and hot head, 3
     drafts) and seeded sampling with penalties give plain decode's tokens."""
-    from engine.api import Engine
+    from packaged_drafters import greedy_lossless
     monkeypatch.delenv("NINFER_DRAFTER_DIRS", raising=False)
-    for hot in (False, True):
-        eng = Engine.load(EngineArgs(model=str(smollm2_path), max_context=1024, prefix_reuse=False,
-                                     lm_head_draft=hot))
-        if eng.spec_modes()["mtp"] is not None:
-            pytest.skip(f"no packaged MTP drafter: {eng.spec_modes()['mtp']}")
-        for prompt in ("What is the capital of France?", "Count from 1 to 300."):
-            msgs = [{"role": "user", "content": prompt}]
-            want = list(eng.session().generate(msgs, GenerateRequest(SamplingParams(greedy=True, max_new=48))))[-1]
-            req = GenerateRequest(SamplingParams(greedy=True, max_new=48), spec="mtp", draft_tokens=3)
-            got = list(eng.session().generate(msgs, req))[-1]
-            assert got.token_ids == want.token_ids and got.drafted > 0, (prompt, hot)
+    eng = greedy_lossless(smollm2_path, "mtp", lambda hot: 3)
     sp = dict(greedy=False, temperature=0.7, top_p=0.8, top_k=20, presence_penalty=1.5, seed=42, max_new=48)
     msgs = [{"role": "user", "content": "List three colours, then count to five."}]
     outs = [list(eng.session().generate(msgs, GenerateRequest(SamplingParams(**sp), spec=spec, draft_tokens=3)))[-1]

@@ -58,7 +58,7 @@ def role_tables(layers, mixed: bool = True) -> dict:
     """{role: its table} for the layers' matrices (MATRIX_ROLES), each of a layout step_mm takes; without
     `mixed` (a plain model) the (q4 stack, acc16) pairs."""
     if not mixed:
-        return {r: (st, getattr(layers[0], r).acc16) for r, st in _q4_stacks(layers).items()}
+        return {r: (st, getattr(layers[0], r).acc16) for r, st in role_stacks(layers).items()}
     roles = {r: [getattr(lw, r) for lw in layers] for r in MATRIX_ROLES}
     views = {r: ws[0].stack for r, ws in roles.items() if _viewed(ws)}
     ps = {st.shape[1] for st in views.values()}
@@ -123,8 +123,9 @@ def table(w, mixed: bool = True) -> tuple:
     return t + (True,) if mixed else t
 
 
-def _q4_stacks(layers) -> dict:
-    """Per role, the layers' blocks as one (L, P, ng / P, nb, BLK4) array of P parts: the view that
+def role_stacks(layers) -> dict:
+    """Per role (layers all in 4-bit blocks: a plain model's role tables' first arrays), the layers' blocks as
+    one (L, P, ng / P, nb, BLK4) array of P parts: the view that
     fast.prepare_layers made (no copy of the weights at load) when every role has one with the same P,
     else stacked copies of one part (P = 1). The layers' FastWeights then view their slots."""
     stacks = {r: getattr(layers[0], r).stack for r in MATRIX_ROLES}
@@ -138,9 +139,3 @@ def _q4_stacks(layers) -> dict:
                 w.set_blocks(stacks[r][i])
                 w.stack = stacks[r]
     return stacks
-
-
-def role_stacks(layers) -> dict:
-    """Per role its 4-bit stack (L, P, h, nb, BLK4) for layers all in 4-bit blocks (a plain model's role
-    tables' first arrays)."""
-    return _q4_stacks(layers)
