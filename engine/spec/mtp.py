@@ -207,10 +207,10 @@ class MTPBlock:
         cat[:, d:] = gn
         if self.fused_ready():
             ff = self.ff
-            ff._alloc(t_n, max(rows_out, 1))  # (grows only) before x is written: run() must not reallocate it
-            m.be.matmul(ff.bufs[0][:t_n], cat, self.w_eh, m.state.scratch)  # z: the pass's input rows
-            logits = ff.run(toks, pos0, self.cache, max(rows_out, 1))  # (a pass with no head row runs one)
-            return (logits.copy() if rows_out else None), ff.bufs[0][:t_n].copy()
+            rows = max(rows_out, 1)  # (a pass with no head row runs one)
+            m.be.matmul(ff.input_rows(t_n, rows), cat, self.w_eh, m.state.scratch)  # z: the pass's input rows
+            logits = ff.run(toks, pos0, self.cache, rows)
+            return (logits.copy() if rows_out else None), ff.hidden(t_n).copy()
         m.begin(toks, pos0, self.cache)
         s = m.state
         m.be.matmul(s.x[:t_n], cat, self.w_eh, s.scratch)  # z: in place of the embedding

@@ -37,7 +37,7 @@ class CpuRunner(OverModel):
         t_n = tokens.shape[0]
         logits = self.step.run(tokens, pos0, cache, t_n if all_logits else 1).copy()
         fused = getattr(self.step, "ff", self.step)  # a TieredForward runs over its FusedForward's buffers
-        self.model.captured = {last: fused.bufs[0][:t_n].copy()} if capture else {}  # x (T, d) after the pass
+        self.model.captured = {last: fused.hidden(t_n).copy()} if capture else {}  # x (T, d) after the pass
         return logits
 
     def decode_block(self, token: int, pos0: int, cache, n: int, stop_ids: frozenset,

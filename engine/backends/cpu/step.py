@@ -521,6 +521,16 @@ class FusedForward:
                      np.zeros((max_t, a.head_dim // 2, 2), np.float64))  # cs: rope's cos and sin
         self.max_t, self.logit_rows = max_t, logit_rows
 
+    def input_rows(self, t_n: int, rows_out: int = 1) -> np.ndarray:
+        """The next pass's input rows x (t_n, d), for a caller that gives them (embedding kind GIVEN: the MTP
+        block): written before run(), which then reallocates nothing (the buffers are sized here)."""
+        self._alloc(t_n, rows_out)
+        return self.bufs[0][:t_n]
+
+    def hidden(self, t_n: int) -> np.ndarray:
+        """The last pass's output rows x (t_n, d) before the final norm (a view: copy to keep)."""
+        return self.bufs[0][:t_n]
+
     def _attn_scratch(self, capacity: int):
         """(sbuf (threads, n_head, A.chunk_cap(capacity)), part (max_t, n_kv, SPLITS, group, hd + 2))."""
         if capacity > self.attn_cap or self.attn_scr[1].shape[0] < self.max_t:
