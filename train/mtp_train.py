@@ -251,6 +251,7 @@ def train(a) -> None:
         raise SystemExit(f"no shards under {DATA}/train or {DATA}/heldout: run `python -m train.distill` first")
     model, opt_state, st = build(a.resume, a.n_hot, train_set, a.seed, a.steps, a.rehot, not a.no_qat)
     hot_ids = st["hot_ids"]
+    st["qat"] = not a.no_qat  # how this run's forward ran the block (a resumed run may switch; the last one is kept)
     hot_index = np.full(model.embed.shape[0], -1, np.int64)
     hot_index[hot_ids] = np.arange(len(hot_ids))
     decay = [getattr(model, k) for k in PARAM_NAMES if getattr(model, k).ndim == 2]
@@ -334,6 +335,7 @@ def export(steps: int) -> Path:
                     heldout_tok_per_round=ev.get("chat", {}).get("tok_per_round"),
                     heldout_predictable=ev.get("predictable"),
                     hot_vocab_coverage=ev.get("chat", {}).get("coverage"),
+                    quantization_aware=ck.get("qat"),
                     date=datetime.now(UTC).strftime("%Y-%m-%d"))
     out = EXPORT_DIR / (path.name.split(".")[0].lower() + ".mtp.npz")
     params = {k: v.numpy() for k, v in ck["model"].items()}
