@@ -118,53 +118,83 @@ class DFlashNet:
         self.cache.length = pos0 + t_n
 
     def draft(self, token: int, pos: int, k: int | None = None) -> np.ndarray:
-        """Logits (k, head rows) of block rows 1..k (drafts of x_{pos+1}..x_{pos+k}; k <= B-1, default B-1):
-        the whole block runs, the head (most of a round's cost: 7 rows x 7.5K hot rows) only over the rows
-        asked for. The block's own K/V go to cache positions pos.., which the caller truncates away after."""
+        """Logits (k, head rows) of block rows 1..k (drafts of x_{pos+1}..x_{pos+k}; k <= B-1, default B-1).
+        Every layer's keys and values cover the whole block (its attention is bidirectional), but only rows
+        1..k of the last layer are read: their queries, attention, projections, MLP and head run, the rest of
+        that layer's rows do not (each row's result is its own, so the logits are the same bits as the
+        full block's rows). The block's own K/V go to cache positions pos.., which the caller truncates."""
         from ..forward import ATTENTION, LAYER_PHASES
         from ..quant import dequantize_rows
         m, b = self.model, self.block
         s = m.state
+        k = b - 1 if k is None else max(1, min(k, b - 1))
         m.begin(np.zeros(b, np.int32), pos, self.cache)
         s.x[0] = dequantize_rows(self.emb, int(token), int(token) + 1)[0]
         s.x[1:b] = self.mask
-        for i in range(self.n_layers):
+        last = self.n_layers - 1
+        for i in range(last):
             m.be.rmsnorm(s.xb[:b], s.x[:b], m.layers[i].attn_norm, self.eps)
             for ph in LAYER_PHASES:
                 if ph.kind == ATTENTION:
-                    self._attention(i, pos)
+                    self._attention(i, pos, 0, b)
                     continue
                 m.phase(ph, i)
                 m.tail(ph, i)  # QKV's tail: rope at pos.. and the block's K/V into the cache
-        k = b - 1 if k is None else max(1, min(k, b - 1))
+        self._last_layer(last, pos, k)
         if s.logits is None or s.logits.shape[0] < k:
             s.logits = m.be.zeros((b, m.args.vocab_size), "float32")
-        m.be.rmsnorm(s.xb[:k], s.x[1:1 + k], m.output_norm, self.eps)  # Model.head_device over rows 1..k
-        m.be.matmul(s.logits[:k], s.xb[:k], m.output, s.scratch)
+        m.be.rmsnorm(s.xb[1:1 + k], s.x[1:1 + k], m.output_norm, self.eps)  # Model.head_device over rows 1..k
+        m.be.matmul(s.logits[:k], s.xb[1:1 + k], m.output, s.scratch)
         return m.be.to_host(s.logits[:k])
 
-    def _attention(self, layer: int, pos: int) -> None:
-        """att (B, H, hd) <- every block row over cache positions 0..pos+B-1 (the context and the whole block):
-        the cpu kernel's one-row form, the B rows of a KV head's group laid side by side as one row's heads."""
+    def _last_layer(self, i: int, pos: int, k: int) -> None:
+        """Layer i over the block with only rows 1..k carried past the keys and values (Model.phase/tail's
+        kernels and order, on row slices)."""
+        m, b = self.model, self.block
+        a, be, s, lw = m.args, m.be, m.state, m.layers[i]
+        rows = slice(1, 1 + k)
+        be.rmsnorm(s.xb[:b], s.x[:b], lw.attn_norm, self.eps)
+        be.matmul(s.q[rows], s.xb[rows], lw.wq, s.scratch)
+        be.matmul(s.k[:b], s.xb[:b], lw.wk, s.scratch)
+        be.matmul(s.v[:b], s.xb[:b], lw.wv, s.scratch)
+        be.rope(s.q[rows].reshape(k, a.n_head, a.head_dim), pos + 1, m.inv_freq, self.neox)
+        k3, v3 = s.k[:b].reshape(b, a.n_kv_head, a.head_dim), s.v[:b].reshape(b, a.n_kv_head, a.head_dim)
+        be.rope(k3, pos, m.inv_freq, self.neox)
+        be.kv_store_f16(*self.cache.layer(i), k3, v3, pos)
+        self._attention(i, pos, 1, 1 + k)
+        x, xb = s.x[rows], s.xb[rows]
+        be.matmul(s.proj[rows], s.att[rows], lw.wo, s.scratch)
+        be.residual_add(x, s.proj[rows])
+        be.rmsnorm(xb, x, lw.ffn_norm, self.eps)
+        be.matmul(s.gate[rows], xb, lw.w_gate, s.scratch)
+        be.matmul(s.up[rows], xb, lw.w_up, s.scratch)
+        be.swiglu(s.hb[rows], s.gate[rows], s.up[rows])
+        be.matmul(s.proj[rows], s.hb[rows], lw.w_down, s.scratch)
+        be.residual_add(x, s.proj[rows])
+
+    def _attention(self, layer: int, pos: int, lo: int, hi: int) -> None:
+        """att[lo:hi] (rows, H, hd) <- block rows lo..hi-1 over cache positions 0..pos+B-1 (the context and the
+        whole block): the cpu kernel's one-row form, the rows of a KV head's group laid side by side as one
+        row's heads."""
         from ..backends.cpu.attn import (
             SPLITS,
             attention_f16_part,
             chunk_cap,
             merge_parts,
         )
-        m, b = self.model, self.block
+        m, n = self.model, hi - lo
         a, s = m.args, m.state
         g = a.n_head // a.n_kv_head
-        q = s.q[:b].reshape(b, a.n_kv_head, g, a.head_dim).transpose(1, 0, 2, 3)  # (n_kv, B, g, hd)
-        q1 = np.ascontiguousarray(q).reshape(1, a.n_kv_head * b * g, a.head_dim)  # head (kh, t, j) reads kh
+        q = s.q[lo:hi].reshape(n, a.n_kv_head, g, a.head_dim).transpose(1, 0, 2, 3)  # (n_kv, n, g, hd)
+        q1 = np.ascontiguousarray(q).reshape(1, a.n_kv_head * n * g, a.head_dim)  # head (kh, t, j) reads kh
         k, v = self.cache.layer(layer)
         sc = np.zeros((q1.shape[1], chunk_cap(self.cache.capacity)), np.float32)
-        part = np.zeros((1, a.n_kv_head, SPLITS, b * g, a.head_dim + 2), np.float32)
-        attention_f16_part(0, SPLITS, part, sc, q1, k.view(np.uint16), v.view(np.uint16), pos + b - 1,
+        part = np.zeros((1, a.n_kv_head, SPLITS, n * g, a.head_dim + 2), np.float32)
+        attention_f16_part(0, SPLITS, part, sc, q1, k.view(np.uint16), v.view(np.uint16), pos + self.block - 1,
                            np.float32(m.attn_scale))
         out = np.zeros_like(q1)
         merge_parts(out, part)
-        s.att[:b] = out.reshape(a.n_kv_head, b, g, a.head_dim).transpose(1, 0, 2, 3).reshape(b, -1)
+        s.att[lo:hi] = out.reshape(a.n_kv_head, n, g, a.head_dim).transpose(1, 0, 2, 3).reshape(n, -1)
 
     def token(self, j: int) -> int:
         """The token of head row j."""

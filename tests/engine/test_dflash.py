@@ -154,6 +154,9 @@ def test_block_forward_is_the_math(tiny):
     hot = dflash.DFlashNet(df, mf, capacity=64, hot=True)
     hot.add_context(feats, 0)
     np.testing.assert_array_equal(hot.draft(7, 9), logits[:, df.arrays["hot_ids"]])  # the hot head: the same rows
+    for k in range(1, BLOCK - 1):  # fewer drafts: the last layer carries rows 1..k only, the same bits
+        net.cache.truncate(9)
+        np.testing.assert_array_equal(net.draft(7, 9, k), logits[:k])
 
 
 def test_unrope_inverts_rope_and_int8_taps_match():
