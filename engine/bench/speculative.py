@@ -6,7 +6,8 @@
     ninfer-bench speculative --variants off ngram:3 mtp:3:hot dflash:7:hot --heldout train/heldout.json
     python -m engine.bench.speculative ...        # the same from a checkout without an install
     (MODE:K = adaptive draft length up to K, what users get; :fixed = always up to K drafts; :hot = the MTP or
-    DFlash drafter's hot-vocabulary head (--lm-head-draft); :hybrid = n-gram drafts where the last 3 tokens matched)
+    DFlash drafter's hot-vocabulary head (--lm-head-draft); :hybrid = n-gram drafts where the last 3 tokens matched;
+    :noconf = the adaptive length without the drafter's per-round confidence, as before 2026-12-05)
 
 Part 1, verify cost: one forward over T = 1, 4, 8 tokens at a realistic context position (the cost a round
 pays for k = 0, 3, 7 drafts), interleaved and repeated; median ms and the ratio to T=1 (goal: T=8 <= 1.5x).
@@ -39,7 +40,7 @@ CHAT_PROMPTS = ("Write a short story about a robot who learns to paint.",
                 "Explain how a bicycle works, step by step.")
 
 
-VARIANT_FLAGS = ("fixed", "hot", "hybrid")
+VARIANT_FLAGS = ("fixed", "hot", "hybrid", "noconf")
 
 
 def parse_variant(text: str) -> tuple[str, int, frozenset]:
@@ -59,11 +60,14 @@ def variant_name(mode: str, k: int, flags: frozenset) -> str:
 
 def variant_round(engine: Engine, mode: str, k: int, flags: frozenset):
     """The round function of a variant: the SpecRound users get, with the variant's drafter options (fixed:
-    always up to k drafts, no adaptive length; hot: the MTP hot-vocabulary head; hybrid: n-gram first)."""
+    always up to k drafts, no adaptive length; hot: the MTP hot-vocabulary head; hybrid: n-gram first; noconf:
+    the adaptive length without the confidence cut)."""
     from ..spec import SpecRound, make_drafter
     drafter = make_drafter(mode, engine.model, engine.model_path, adaptive="fixed" not in flags,
                            lm_head_draft="hot" in flags, hybrid=3 if "hybrid" in flags else 0,
                            capacity=engine.capacity)
+    if "noconf" in flags and hasattr(drafter, "gate"):
+        drafter.gate = False
     return SpecRound(drafter, k, engine.capacity)
 
 

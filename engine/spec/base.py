@@ -46,7 +46,15 @@ class Drafter(Protocol):
 
     def propose(self, context_tokens: Sequence[int], k: int, features: Features | None) -> list[int]:
         """Up to `k` draft tokens that continue `context_tokens` (prompt + reply so far, the last one not yet
-        fed to the target). May return fewer, or none (the round then is a plain decode step)."""
+        fed to the target). May return fewer, or none (the round then is a plain decode step). A drafter
+        with a model of its own may also set `confidence`: its probability of each draft returned."""
+
+
+def top_probability(logits: np.ndarray) -> float:
+    """The softmax probability of the top logit of one row: a trained drafter's confidence in its draft
+    (published as `drafter.confidence`, one per draft of the last propose; engine.spec.adaptive uses it)."""
+    x = np.asarray(logits, np.float32).reshape(-1)
+    return float(1.0 / np.exp(x - x.max()).sum(dtype=np.float64))
 
 
 # mode -> module implementing it (relative to this package). "off" has no drafter.

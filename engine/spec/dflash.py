@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .adaptive import AdaptiveLength
-from .base import Features
+from .base import Features, top_probability
 from .dflash_taps import Taps, check_taps, kv_rows
 from .drafter_file import DrafterFile, DrafterFileError, find, load
 from .mtp import _draft_kernels, _f32, _q8
@@ -219,6 +219,7 @@ class DFlashDrafter:
         self.target_cache = cache
 
     def reset(self) -> None:
+        self.confidence: list[float] = []
         self.net.cache.truncate(0)
         self.n = 0  # positions whose context rows are in the draft cache
         self.n_obs = 0  # hidden rows observed since reset (the last n_obs fed positions)
@@ -257,11 +258,13 @@ class DFlashDrafter:
     def propose(self, context_tokens: Sequence[int], k: int, features: Features | None) -> list[int]:
         pos = len(context_tokens) - 1
         k = min(k, self.net.block - 1, self.net.cache.capacity - pos - self.net.block)
+        self.confidence: list[float] = []  # the drafter's probability of each draft (engine.spec.adaptive)
         if k <= 0 or pos < 0 or not self._catch_up(pos):
             return []
         self.net.cache.truncate(pos)
         logits = self.net.draft(int(context_tokens[-1]), pos, k)
         self.net.cache.truncate(pos)  # the block's rows are speculative
+        self.confidence = [top_probability(row) for row in logits]
         return [self.net.token(j) for j in np.argmax(logits, axis=-1)]
 
 

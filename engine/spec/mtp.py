@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from ..forward import LAYER_PHASES
-from .base import Features
+from .base import Features, top_probability
 from .drafter_file import DrafterFile, find, load
 
 FORMAT, VERSION = "ninfer-mtp", 1
@@ -278,6 +278,8 @@ class MTPDrafter:
         self.reset()
 
     def reset(self) -> None:
+        self.confidence: list[float] = []  # the drafter's probability of each draft of the last propose
+        self.stop_below = 0.0  # stop drafting once the product of the confidences is below (set by adaptive)
         if self.ngram is not None:
             self.ngram.reset()
         self.block.cache.truncate(0)
@@ -334,6 +336,7 @@ class MTPDrafter:
         return out
 
     def propose(self, context_tokens: Sequence[int], k: int, features: Features | None) -> list[int]:
+        self.confidence: list[float] = []
         if self.ngram is not None and k > 0:
             drafts = self.ngram.propose(context_tokens, k)
             if drafts:
@@ -350,11 +353,16 @@ class MTPDrafter:
         logits, g = self._run_feed(len(self.feed_y), (self.pending, y0))
         self.done_y = y0
         y = self.block.token(int(np.argmax(logits)))
-        out = [y]
+        out, self.confidence = [y], [top_probability(logits)]
+        sure = self.confidence[0]  # the chance that every draft so far is right, by the drafter's own account
         for s in range(1, k):
+            if sure < self.stop_below:  # the next drafts would not be verified (engine.spec.adaptive)
+                break
             logits, g = self.block.run([y], g, self.n + s - 1)
             y = self.block.token(int(np.argmax(logits[0])))
             out.append(y)
+            self.confidence.append(top_probability(logits[0]))
+            sure *= self.confidence[-1]
         return out
 
 

@@ -153,6 +153,29 @@ def test_mtp_speculation_is_lossless(tiny, hot):
         assert got.drafted > 0 and got.rounds < got.output_tokens + 1
 
 
+def test_drafter_reports_confidence_and_stops_when_unsure(tiny):
+    """Each draft's confidence is the softmax top of its step's logits; stop_below (set by the adaptive
+    length) ends a round's drafting once the running product of the confidences falls below it."""
+    from engine.api import Engine
+    from engine.spec import mtp
+    from engine.spec.base import top_probability
+    path, _ = tiny
+    eng = Engine.load(EngineArgs(model=str(path), max_context=256, prefix_reuse=False))
+    d, m = mtp.make_drafter(eng.model, str(path), adaptive=False, capacity=256), eng.model
+    toks = list(range(5, 25))
+    cache = m.new_cache(64)
+    m.forward(np.asarray(toks[:-1], np.int32), 0, cache, capture=d.features_needed)
+    d.observe(toks[:-1], {i: m.captured[i] for i in d.features_needed})
+    drafts = d.propose(toks, 3, None)
+    assert len(drafts) == 3 and len(d.confidence) == 3 and all(0 < c <= 1 for c in d.confidence)
+    lg, g = d.block.run(drafts[:1], d.block.run([toks[-1]], d.pending[None], d.n - 1)[1], d.n)
+    assert d.confidence[1] == pytest.approx(top_probability(lg[0]), rel=1e-5)
+    d.stop_below = 1.01  # nothing is that sure: one draft, the one the pairs' pass gives anyway
+    assert d.propose(toks, 3, None) == drafts[:1] and len(d.confidence) == 1
+    d.stop_below = d.confidence[0] * 0.99
+    assert d.propose(toks, 3, None) == drafts[:2]  # the second draft's confidence takes the product under
+
+
 def test_wrong_version_base_or_damage_is_one_line(tiny, tmp_path, monkeypatch):
     from engine.spec import available_modes, mtp
     path, mf = tiny

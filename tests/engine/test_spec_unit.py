@@ -3,6 +3,7 @@ and the round against a tiny fake model whose logits are a pure function of the 
 be exactly lossless)."""
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections import Counter
@@ -443,3 +444,52 @@ def test_adaptive_end_to_end_lossless_and_adapts(good_drafts):
         assert late.count(6) >= 15 and accepted(rounds) > 80, late
     else:
         assert sum(t > 1 for t in late) <= 4, late
+
+
+def test_confidence_keeps_the_drafts_that_pay():
+    """A round keeps the first n drafts that maximise expected tokens per ms given the drafter's own
+    confidences: an unsure first draft makes the round a plain step, a sure run is kept whole."""
+    a = adaptive_with({1: 10.0, 2: 12.0, 4: 16.0, 8: 24.0}, 0.5)
+    assert a.keep([0.95, 0.95, 0.95], draft_ms=1.0) == 3
+    assert a.keep([0.95, 0.9, 0.05], draft_ms=1.0) == 2
+    assert a.keep([0.05, 0.99, 0.99], draft_ms=1.0) == 0  # 1 + 0.05 (1 + ...) tokens never pay for the rows
+    assert adaptive_with({}, 0.5).keep([0.01], draft_ms=1.0) == 1  # costs unknown: verify everything
+
+
+def test_confidence_calibration_is_learned():
+    """A drafter sure of drafts the target keeps rejecting: the calibrated chance of its confidence falls."""
+    a = adaptive_with({1: 10.0, 2: 12.0, 4: 16.0, 8: 24.0}, 0.5)
+    assert a.chance(0.95) == pytest.approx(0.95)  # no evidence yet: the confidence itself
+    for _ in range(40):
+        a._conf, a._pending = [0.95, 0.95], (2, a.clock())
+        a.observe([5], None)  # the last token only: the first draft was rejected
+    assert a.chance(0.95) < 0.2 and a.chance(0.35) == pytest.approx(0.35)
+    assert a.conf_tries[9] > 0 and a.conf_tries[3] == 0  # the second draft was never tried
+
+
+class ConfidentDrafter(ListDrafter):
+    """ListDrafter that knows which of its drafts it corrupted (confidence 0.05) and which not (0.95)."""
+
+    def propose(self, context, k, features):
+        out = self.script[len(context):len(context) + k]
+        bad = [self.rng.random() < self.corrupt for _ in out]
+        self.confidence = [0.05 if b else 0.95 for b in bad]
+        return [(t + 1) % self.vocab if b else t for t, b in zip(out, bad)]
+
+
+@pytest.mark.parametrize("with_confidence", [True, False])
+def test_confidence_gated_rounds_are_lossless_and_verify_fewer_wrong_rows(with_confidence):
+    sim = SimClock(FakeModel(noise=0.2), base=10.0, slope=2.0)
+    want = plain_decode(sim, PROMPT, FakeChooser(), 120)
+    inner = ConfidentDrafter(PROMPT + want, corrupt=0.3, seed=1)
+    if not with_confidence:
+        inner.propose = functools.partial(ListDrafter.propose, inner)  # the same drafts, no confidence
+        inner.corrupt = 0.3
+    drafter = AdaptiveLength(inner, clock=sim)
+    got, rounds = spec_decode(sim, PROMPT, FakeChooser(), 120, drafter, 4)
+    assert got == want
+    wasted = sum(r.drafted - r.accepted for r in rounds)  # verify rows of rejected drafts
+    if with_confidence:
+        assert wasted <= 12 and accepted(rounds) >= 50, (wasted, accepted(rounds))
+    else:
+        assert wasted > 20, wasted
