@@ -493,3 +493,23 @@ def test_confidence_gated_rounds_are_lossless_and_verify_fewer_wrong_rows(with_c
         assert wasted <= 12 and accepted(rounds) >= 50, (wasted, accepted(rounds))
     else:
         assert wasted > 20, wasted
+
+
+def test_first_round_of_a_reply_does_not_price_drafting():
+    """The first propose of a reply also runs the prompt's rest through a trained drafter: it is not what a
+    round's drafting costs, and it must not be kept as the price of that k."""
+    now = [0.0]
+
+    class Slow(ListDrafter):
+        def propose(self, context, k, features):
+            now[0] += 0.025 if not self.observed[len(PROMPT):] else 0.001  # 25 ms once, then 1 ms
+            return super().propose(context, k, features)
+
+    a = AdaptiveLength(Slow(list(range(40))), clock=lambda: now[0], cost_table={1: 10.0, 2: 10.1, 4: 10.3})
+    a.reset()
+    a.observe(PROMPT, None)
+    a.propose(PROMPT, 3, None)
+    a.observe(PROMPT[-1:], None)
+    assert a.draft_by_k == {}
+    assert len(a.propose(PROMPT + [0], 3, None)) == 3
+    assert a.draft_by_k == {3: pytest.approx(1.0)}
