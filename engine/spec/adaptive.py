@@ -35,6 +35,22 @@ CONF_DECAY = 0.98  # per update of a bin: calibration is the drafter's, it chang
 _COST_TABLES: "weakref.WeakKeyDictionary[Any, dict[int, float]]" = weakref.WeakKeyDictionary()
 
 
+# How a drafter's confidence maps to acceptance is a property of the drafter (its weights and head), not of
+# a reply: adaptive wrappers of the same network (`inner.calibration_key`) share their bins across replies.
+_CALIBRATIONS: weakref.WeakKeyDictionary[Any, tuple[list[float], list[float]]] = weakref.WeakKeyDictionary()
+
+
+def shared_calibration(key: Any) -> tuple[list[float], list[float]]:
+    """(hits, tries) per confidence bin, shared by every adaptive wrapper of the drafter network `key`."""
+    fresh = ([0.0] * CONF_BINS, [0.0] * CONF_BINS)
+    if key is None:
+        return fresh
+    try:
+        return _CALIBRATIONS.setdefault(key, fresh)
+    except TypeError:  # not weak-referenceable
+        return fresh
+
+
 def shared_cost_table(model: Any) -> dict[int, float]:
     """The verify-cost table (T -> EMA ms) shared by every adaptive drafter of `model`."""
     if model is None:
@@ -67,13 +83,14 @@ class AdaptiveLength:
         self._pending: tuple[int, float] | None = None  # (n drafts, time propose returned)
         self._conf: list[float] = []  # the kept drafts' confidences (inner.confidence), for observe
         self._cut = 0  # rounds whose drafts the confidences cut short (every probe_every-th keeps one more)
+        self._probe = False  # this round explores one position deeper (choose_k): no cut
         self.gate = True  # cut rounds by the drafter's confidence (False: by the acceptance history only)
         # the first round of a reply also runs what the drafter has not yet of the prompt (MTP: its pairs
         # since the last whole chunk): not a round's drafting cost. Kept, it priced that k at ~8x (24.6 ms
         # for 3 drafts against ~3) in the per-k table, which then steered rounds away from it.
         self._first = True
-        self.conf_hits = [0.0] * CONF_BINS  # per confidence bin: decayed count of accepted | tried
-        self.conf_tries = [0.0] * CONF_BINS
+        # per confidence bin: decayed counts of accepted | tried, and of tried (shared: shared_calibration)
+        self.conf_hits, self.conf_tries = shared_calibration(getattr(inner, "calibration_key", None))
         self._rounds = 0  # rounds decided on estimates (every probe_every-th explores one draft deeper)
 
     def reset(self) -> None:
@@ -168,11 +185,13 @@ class AdaptiveLength:
                 best_k, best = k, rate
         self._rounds += 1
         if best_k < k_max and self._rounds % self.probe_every == 0:
+            self._probe = True  # (propose verifies it whatever the drafter's confidence)
             return best_k + 1  # explore one position deeper: its acceptance may have changed
         return best_k
 
     # -- the drafter protocol ------------------------------------------------------------------------------
     def propose(self, context_tokens: Sequence[int], k: int, features: Features | None) -> list[int]:
+        self._probe = False
         k_use = self.choose_k(k)
         if self.gate and hasattr(self.inner, "stop_below"):
             self.inner.stop_below = self.stop_chance()
@@ -185,7 +204,7 @@ class AdaptiveLength:
             n = len(drafts)
             self.draft_by_k[n] = self._ema(self.draft_by_k.get(n, 0.0), (t1 - t0) * 1e3, n not in self.draft_by_k)
             self.draft_ms = self.draft_by_k[n] / n
-        if self.gate and conf and len(conf) == len(drafts):
+        if self.gate and conf and len(conf) == len(drafts) and not self._probe:
             n = self.keep(conf, (t1 - t0) * 1e3)
             if n < len(drafts):
                 self._cut += 1

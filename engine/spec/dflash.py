@@ -208,6 +208,11 @@ class DFlashDrafter:
 
     name = "dflash"
 
+    @property
+    def calibration_key(self):
+        """The network whose confidences these are (engine.spec.adaptive.shared_calibration)."""
+        return self.net
+
     def __init__(self, net: DFlashNet):
         self.net = net
         self.features_needed = (net.taps.hidden_layer,)

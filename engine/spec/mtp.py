@@ -267,6 +267,11 @@ class MTPDrafter:
 
     name = "mtp"
 
+    @property
+    def calibration_key(self):
+        """The network whose confidences these are (engine.spec.adaptive.shared_calibration)."""
+        return self.block
+
     def __init__(self, block: MTPBlock, last_layer: int, hybrid: int = 0):
         """hybrid n > 0: where the context's last n tokens occurred before (an n-gram match), draft what
         followed them (engine.spec.ngram) instead: MTP wins the first position, n-gram long continuations."""

@@ -513,3 +513,19 @@ def test_first_round_of_a_reply_does_not_price_drafting():
     assert a.draft_by_k == {}
     assert len(a.propose(PROMPT + [0], 3, None)) == 3
     assert a.draft_by_k == {3: pytest.approx(1.0)}
+
+
+def test_calibration_is_shared_by_the_drafters_of_one_network():
+    class Keyed(ListDrafter):
+        def __init__(self, key):
+            super().__init__([])
+            self.calibration_key = key
+
+    class Net:
+        pass
+    net, other = Net(), Net()
+    a, b, c = AdaptiveLength(Keyed(net)), AdaptiveLength(Keyed(net)), AdaptiveLength(Keyed(other))
+    a._conf, a._pending = [0.95], (1, a.clock())
+    a.observe([5], None)  # a reply learnt that its 0.95 drafts fail
+    assert b.conf_tries[9] == 1.0 and b.chance(0.95) < 0.95  # the next reply of the same drafter knows it
+    assert c.conf_tries[9] == 0.0 and AdaptiveLength(NgramDrafter()).conf_tries[9] == 0.0
