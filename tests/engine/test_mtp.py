@@ -314,3 +314,14 @@ def test_smollm2_with_the_committed_drafter_is_lossless(smollm2_path, monkeypatc
     outs = [list(eng.session().generate(msgs, GenerateRequest(SamplingParams(**sp), spec=spec, draft_tokens=3)))[-1]
             for spec in ("off", "mtp")]
     assert outs[1].token_ids == outs[0].token_ids
+
+
+def test_bench_noconf_variant_turns_the_confidence_cut_off(tiny):
+    from engine.api import Engine
+    from engine.bench.speculative import parse_variant, variant_name, variant_round
+    path, _ = tiny
+    eng = Engine.load(EngineArgs(model=str(path), max_context=256, prefix_reuse=False))
+    mode, k, flags = parse_variant("mtp:3:hot:noconf")
+    assert (mode, k, flags) == ("mtp", 3, frozenset({"hot", "noconf"})) and variant_name(mode, k, flags) == "mtp:3:hot:noconf"
+    assert variant_round(eng, mode, k, flags).drafter.gate is False
+    assert variant_round(eng, "mtp", 3, frozenset({"hot"})).drafter.gate is True
