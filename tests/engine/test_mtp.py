@@ -153,13 +153,15 @@ def test_mtp_speculation_is_lossless(tiny, hot):
         assert got.drafted > 0 and got.rounds < got.output_tokens + 1
 
 
-def test_drafter_reports_confidence_and_stops_when_unsure(tiny):
+def test_drafter_reports_confidence_and_stops_when_unsure(tiny, tmp_path, monkeypatch):
     """Each draft's confidence is the softmax top of its step's logits; stop_below (set by the adaptive
     length) ends a round's drafting once the running product of the confidences falls below it."""
     from engine.api import Engine
     from engine.spec import mtp
     from engine.spec.base import top_probability
-    path, _ = tiny
+    path, mf = tiny
+    write_drafter(tmp_path / "tiny.mtp.npz", path, mf.args)  # this test's own drafter dir, whatever ran before
+    monkeypatch.setenv("NINFER_DRAFTER_DIRS", str(tmp_path))
     eng = Engine.load(EngineArgs(model=str(path), max_context=256, prefix_reuse=False))
     d, m = mtp.make_drafter(eng.model, str(path), adaptive=False, capacity=256), eng.model
     toks = list(range(5, 25))
@@ -316,10 +318,12 @@ def test_smollm2_with_the_committed_drafter_is_lossless(smollm2_path, monkeypatc
     assert outs[1].token_ids == outs[0].token_ids
 
 
-def test_bench_noconf_variant_turns_the_confidence_cut_off(tiny):
+def test_bench_noconf_variant_turns_the_confidence_cut_off(tiny, tmp_path, monkeypatch):
     from engine.api import Engine
     from engine.bench.speculative import parse_variant, variant_name, variant_round
-    path, _ = tiny
+    path, mf = tiny
+    write_drafter(tmp_path / "tiny.mtp.npz", path, mf.args)  # (a later fixture of this module points the
+    monkeypatch.setenv("NINFER_DRAFTER_DIRS", str(tmp_path))  # drafter dirs at its own model's file)
     eng = Engine.load(EngineArgs(model=str(path), max_context=256, prefix_reuse=False))
     mode, k, flags = parse_variant("mtp:3:hot:noconf")
     assert (mode, k, flags) == ("mtp", 3, frozenset({"hot", "noconf"})) and variant_name(mode, k, flags) == "mtp:3:hot:noconf"
