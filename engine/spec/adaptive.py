@@ -198,7 +198,7 @@ class AdaptiveLength:
         t0 = self.clock()
         drafts = list(self.inner.propose(context_tokens, k_use, features)[:k_use]) if k_use > 0 else []
         t1 = self.clock()
-        conf = list(getattr(self.inner, "confidence", None) or [])[:len(drafts)] if drafts else []
+        conf = list(getattr(self.inner, "confidence", None) or [])[:len(drafts)] if drafts and self.gate else []
         first, self._first = self._first, False
         if drafts and not first:
             n = len(drafts)

@@ -223,8 +223,14 @@ class DFlashDrafter:
         """The target's KV cache of this reply (the taps of the fed positions are read from it)."""
         self.target_cache = cache
 
+    @property
+    def confidence(self) -> list[float]:
+        """The drafter's probability of each draft of the last propose, computed when read (DFlash's adaptive
+        length does not cut by it: a round need not pay the softmax over k x the head's rows)."""
+        return [top_probability(row) for row in self._logits]
+
     def reset(self) -> None:
-        self.confidence: list[float] = []
+        self._logits: np.ndarray | list = []  # the last propose's draft logits (k, head rows)
         self.net.cache.truncate(0)
         self.n = 0  # positions whose context rows are in the draft cache
         self.n_obs = 0  # hidden rows observed since reset (the last n_obs fed positions)
@@ -263,13 +269,13 @@ class DFlashDrafter:
     def propose(self, context_tokens: Sequence[int], k: int, features: Features | None) -> list[int]:
         pos = len(context_tokens) - 1
         k = min(k, self.net.block - 1, self.net.cache.capacity - pos - self.net.block)
-        self.confidence: list[float] = []  # the drafter's probability of each draft (engine.spec.adaptive)
+        self._logits = []
         if k <= 0 or pos < 0 or not self._catch_up(pos):
             return []
         self.net.cache.truncate(pos)
         logits = self.net.draft(int(context_tokens[-1]), pos, k)
         self.net.cache.truncate(pos)  # the block's rows are speculative
-        self.confidence = [top_probability(row) for row in logits]
+        self._logits = logits
         return [self.net.token(j) for j in np.argmax(logits, axis=-1)]
 
 
