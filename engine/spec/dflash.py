@@ -97,6 +97,7 @@ class DFlashNet:
         self.cache = self.model.new_cache(capacity, "f16")  # each draft layer's context K/V (+ the block's)
         self.inv_freq = np.asarray(self.model.inv_freq, np.float32)
         self.neox = bool(a.rope_neox)
+        self._att_bufs: dict[int, tuple] = {}  # rows -> _attention's buffers
 
     def add_context(self, feats: np.ndarray, pos0: int) -> None:
         """Context rows of positions pos0..pos0+T-1 (T <= MAX_ROWS) from their features (T, width); the draft
@@ -174,26 +175,29 @@ class DFlashNet:
 
     def _attention(self, layer: int, pos: int, lo: int, hi: int) -> None:
         """att[lo:hi] (rows, H, hd) <- block rows lo..hi-1 over cache positions 0..pos+B-1 (the context and the
-        whole block): the cpu kernel's one-row form, the rows of a KV head's group laid side by side as one
-        row's heads."""
-        from ..backends.cpu.attn import (
-            SPLITS,
-            attention_f16_part,
-            chunk_cap,
-            merge_parts,
-        )
+        whole block): the cpu kernel's one-row form (attention_f16_split, its work items shared over the
+        threads), the rows of a KV head's group laid side by side as one row's heads. Its buffers are made
+        once per row count (the scores scratch spans the cache's capacity: zeroing it every round was waste)."""
+        import numba
+
+        from ..backends.cpu.attn import SPLITS, attention_f16_split, chunk_cap
         m, n = self.model, hi - lo
         a, s = m.args, m.state
         g = a.n_head // a.n_kv_head
-        q = s.q[lo:hi].reshape(n, a.n_kv_head, g, a.head_dim).transpose(1, 0, 2, 3)  # (n_kv, n, g, hd)
-        q1 = np.ascontiguousarray(q).reshape(1, a.n_kv_head * n * g, a.head_dim)  # head (kh, t, j) reads kh
+        bufs = self._att_bufs.get(n)
+        if bufs is None:  # the kernels write every value they read back: never cleared
+            bufs = self._att_bufs[n] = (
+                np.empty((1, a.n_kv_head * n * g, a.head_dim), np.float32),  # q1: head (kh, t, j) reads kh
+                np.empty((numba.config.NUMBA_NUM_THREADS, a.n_kv_head * n * g, chunk_cap(self.cache.capacity)),
+                         np.float32),  # each thread's scores
+                np.empty((1, a.n_kv_head, SPLITS, n * g, a.head_dim + 2), np.float32),  # the chunks' parts
+                np.empty((1, a.n_kv_head * n * g, a.head_dim), np.float32))  # merged
+        q1, sc, part, out = bufs
+        q1.reshape(a.n_kv_head, n, g, a.head_dim)[:] = (  # (n_kv, n, g, hd)
+            s.q[lo:hi].reshape(n, a.n_kv_head, g, a.head_dim).transpose(1, 0, 2, 3))
         k, v = self.cache.layer(layer)
-        sc = np.zeros((q1.shape[1], chunk_cap(self.cache.capacity)), np.float32)
-        part = np.zeros((1, a.n_kv_head, SPLITS, n * g, a.head_dim + 2), np.float32)
-        attention_f16_part(0, SPLITS, part, sc, q1, k.view(np.uint16), v.view(np.uint16), pos + self.block - 1,
-                           np.float32(m.attn_scale))
-        out = np.zeros_like(q1)
-        merge_parts(out, part)
+        attention_f16_split(out, q1, k.view(np.uint16), v.view(np.uint16), pos + self.block - 1,
+                            np.float32(m.attn_scale), sc, part)  # its SPLITS work items over the threads
         s.att[lo:hi] = out.reshape(a.n_kv_head, n, g, a.head_dim).transpose(1, 0, 2, 3).reshape(n, -1)
 
     def token(self, j: int) -> int:

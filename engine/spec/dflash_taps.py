@@ -101,10 +101,41 @@ def _layer_kv(cache, j: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
             v_q.astype(np.float32) * np.repeat(v_s, g, axis=-1))
 
 
+_TABLES: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}  # inv_freq's bytes -> (cos, sin) of positions 0..
+
+
+def _rope_table(inv_freq: np.ndarray, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
+    """backends/cpu/kv_taps.rope_table for at least n_pos positions, kept (grown by doubling)."""
+    from ..backends.cpu.kv_taps import rope_table
+    key = np.asarray(inv_freq, np.float64).tobytes()
+    cs = _TABLES.get(key)
+    if cs is None or cs[0].shape[0] < n_pos:
+        if len(_TABLES) > 4:
+            _TABLES.clear()
+        cs = _TABLES[key] = rope_table(max(n_pos, 2 * (0 if cs is None else cs[0].shape[0]), 256), inv_freq)
+    return cs
+
+
 def kv_rows(cache, taps: Taps, lo: int, hi: int, inv_freq: np.ndarray, neox: bool) -> np.ndarray:
     """The KV part of the feature rows of positions lo..hi-1 (the cache must hold them):
-    (hi - lo, 2 kv_dim len(kv_layers)) float32, per layer [K unroped | V]."""
+    (hi - lo, 2 kv_dim len(kv_layers)) float32, per layer [K unroped | V]. An f16 cache in host memory is
+    read by one jitted call per layer (backends/cpu/kv_taps: the same bits as the numpy form below)."""
     out = np.empty((hi - lo, 2 * taps.kv_dim * len(taps.kv_layers)), np.float32)
+    if cache.kv_dtype == "f16" and isinstance(cache.layer(taps.kv_layers[0])[0], np.ndarray):
+        from ..backends.cpu.kv_taps import kv_taps_f16
+        cos, sin = _rope_table(inv_freq, hi)
+        for i, j in enumerate(taps.kv_layers):
+            k, v = cache.layer(j)
+            kv_taps_f16(out, 2 * taps.kv_dim * i, k.view(np.uint16), v.view(np.uint16), lo, cos, sin, bool(neox))
+        return out
+    return kv_rows_numpy(cache, taps, lo, hi, inv_freq, neox, out)
+
+
+def kv_rows_numpy(cache, taps: Taps, lo: int, hi: int, inv_freq: np.ndarray, neox: bool,
+                  out: np.ndarray | None = None) -> np.ndarray:
+    """kv_rows for any cache (f16 or int8, host or device) in numpy: the reference of the jitted form."""
+    if out is None:
+        out = np.empty((hi - lo, 2 * taps.kv_dim * len(taps.kv_layers)), np.float32)
     for i, j in enumerate(taps.kv_layers):
         k, v = _layer_kv(cache, j, lo, hi)
         c = 2 * taps.kv_dim * i

@@ -325,3 +325,25 @@ def test_smollm2_with_the_committed_drafter_is_lossless(smollm2_path, monkeypatc
                                                               spec=spec, draft_tokens=7)))[-1]
             for spec in ("off", "dflash")]
     assert outs[1].token_ids == outs[0].token_ids and outs[1].thinking_forced == outs[0].thinking_forced
+
+
+def test_jitted_kv_taps_equal_the_numpy_form():
+    """backends/cpu/kv_taps (one jitted call per tapped layer, cos / sin from a kept table) gives the numpy
+    reference's features bit for bit: both RoPE layouts, rows at the start, the middle and the end of a cache
+    the table has to grow for."""
+    from engine.backends.kernels import get_kernels
+    from engine.kv_cache import KVCache
+    from engine.spec.dflash_taps import Taps, kv_rows, kv_rows_numpy
+    rng = np.random.default_rng(5)
+    cache = KVCache(get_kernels("cpu"), n_layer=4, capacity=700, n_kv_head=2, head_dim=16)
+    for j in range(4):
+        k, v = cache.layer(j)
+        k[:] = rng.normal(0, 3, k.shape)
+        v[:] = rng.normal(0, 1, v.shape)
+    taps = Taps((0, 2), 3, 24, 32)
+    inv = (1.0 / 10000 ** (np.arange(0, 16, 2) / 16)).astype(np.float32)
+    for neox in (False, True):
+        for lo, hi in ((0, 64), (200, 202), (5, 6), (630, 700)):
+            fast, ref = kv_rows(cache, taps, lo, hi, inv, neox), kv_rows_numpy(cache, taps, lo, hi, inv, neox)
+            assert fast.shape == (hi - lo, 2 * 32 * 2)
+            np.testing.assert_array_equal(fast, ref)
