@@ -78,6 +78,11 @@ class FinalStats:
     backend: str = "cpu"
     kv_dtype: str = "f16"
     context_capacity: int = 0
+    # decode blocks a speculative reply ran where its drafter would have drafted nothing (SpecRound): their
+    # rounds, tokens and ms are in the totals above; the per-round figures below leave them out
+    block_rounds: int = 0
+    block_tokens: int = 0
+    block_ms: float = 0.0
 
     @property
     def acceptance(self) -> float:
@@ -85,11 +90,16 @@ class FinalStats:
 
     @property
     def tokens_per_round(self) -> float:
-        return self.output_tokens / self.rounds if self.rounds else 0.0
+        """Tokens per round (per speculative round where the reply also ran decode blocks)."""
+        n = self.rounds - self.block_rounds
+        return (self.output_tokens - self.block_tokens) / n if n > 0 else (
+            self.output_tokens / self.rounds if self.rounds else 0.0)
 
     @property
     def ms_per_round(self) -> float:
-        return (self.draft_ms + self.verify_ms) / self.rounds if self.rounds else 0.0
+        n = self.rounds - self.block_rounds
+        return (self.draft_ms + self.verify_ms - self.block_ms) / n if n > 0 else (
+            (self.draft_ms + self.verify_ms) / self.rounds if self.rounds else 0.0)
 
 
 Event = TextDelta | ReasoningDelta | ThinkingForced | Progress | StepStats | FinalStats

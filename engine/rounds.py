@@ -10,7 +10,8 @@ holds exactly `seq[:-1]` (the newest token is pending; it is the first input of 
 - a speculative round (`engine.spec.SpecRound`): propose drafts d1..dk (k <= ctx.max_tokens - 1), forward
   [seq[-1], d1..dk] with `all_logits=True`, then per position i in order: y = choose(row i), accept(y),
   emit y; continue while y == d_i and y not in ctx.stop_ids; finally `cache.truncate(len(seq_before) +
-  n_returned - 1)` so the invariant holds, and return Round([y...], drafted=k, accepted=n-1, ms...).
+  n_returned - 1)` so the invariant holds, and return Round([y...], drafted=k, accepted=n-1, ms...); where its
+  drafter would draft nothing, a decode block instead, as plain_round's (Round(block=True)).
 A round never returns more than `ctx.max_tokens` tokens. The loop handles stop tokens, stop strings, max_new
 and cancel on the returned tokens; if it stops in the middle of a round it truncates the cache itself.
 Pass a round function for one reply with `Session.generate(..., round_fn=...)`; by default the session
@@ -49,6 +50,7 @@ class Round:
     accepted: int = 0
     draft_ms: float = 0.0
     verify_ms: float = 0.0
+    block: bool = False  # a decode block a speculative round ran instead of verifying no drafts (SpecRound)
 
 
 class RoundFn(Protocol):

@@ -228,11 +228,10 @@ def summarise(runs) -> dict:
     """Aggregate FinalStats of repeated runs of one (workload, variant)."""
     tps = [r.decode_tok_s for r in runs]
     st = runs[-1]  # greedy: every repeat has the same tokens; take counts from the last
-    rounds = max(st.rounds, 1)
     return dict(tok_s=statistics.mean(tps), tok_s_min=min(tps), tok_s_max=max(tps), out_tokens=st.output_tokens,
-                tokens_per_round=st.output_tokens / rounds, acceptance=st.acceptance,
-                draft_ms=statistics.mean(r.draft_ms / max(r.rounds, 1) for r in runs),
-                verify_ms=statistics.mean(r.verify_ms / max(r.rounds, 1) for r in runs),
+                tokens_per_round=st.tokens_per_round, acceptance=st.acceptance, block_tokens=st.block_tokens,
+                draft_ms=statistics.mean(r.draft_ms / max(r.rounds - r.block_rounds, 1) for r in runs),
+                verify_ms=statistics.mean((r.verify_ms - r.block_ms) / max(r.rounds - r.block_rounds, 1) for r in runs),
                 per_position=[round(x, 3) for x in st.per_position_accept], sha=st.output_sha256,
                 same_tokens=len({r.token_ids for r in runs}) == 1)
 
@@ -358,7 +357,8 @@ def main(argv=None) -> int:
             name = variant_name(mode, k, flags)
             rs = [st for (w, v), sts in runs.items() if w.startswith("heldout") and v == name for st in sts]
             plain = [st for (w, v), sts in runs.items() if w.startswith("heldout") and v == "off" for st in sts]
-            tpr = sum(r.output_tokens for r in rs) / max(sum(r.rounds for r in rs), 1)
+            # tokens over speculative rounds (a reply's decode blocks where nothing was drafted left out)
+            tpr = sum(r.output_tokens - r.block_tokens for r in rs) / max(sum(r.rounds - r.block_rounds for r in rs), 1)
             acc = sum(r.accepted for r in rs) / max(sum(r.drafted for r in rs), 1)
             speed = (sum(r.output_tokens for r in rs) / sum(r.output_tokens / max(r.decode_tok_s, 1e-9) for r in rs)) / \
                 (sum(r.output_tokens for r in plain) / sum(r.output_tokens / max(r.decode_tok_s, 1e-9) for r in plain))

@@ -91,12 +91,15 @@ class AdaptiveLength:
         self._first = True
         # per confidence bin: decayed counts of accepted | tried, and of tried (shared: shared_calibration)
         self.conf_hits, self.conf_tries = shared_calibration(getattr(inner, "calibration_key", None))
-        self._rounds = 0  # rounds decided on estimates (every probe_every-th explores one draft deeper)
+        self._rounds = 0  # rounds decided on estimates, and tokens of the blocks run instead of rounds
+        self._last_probe = 0  # the decision at which choose_k last explored one draft deeper
+        self._planned: int | None = None  # the next propose's length, decided ahead (block_instead)
 
     def reset(self) -> None:
         """A new reply. Costs are the machine's and acceptance follows the text: both are kept (decayed)."""
         self.inner.reset()
         self._pending = None
+        self._planned = None
         self._first = True
 
     # -- estimates -----------------------------------------------------------------------------------------
@@ -184,15 +187,36 @@ class AdaptiveLength:
             if rate > best:
                 best_k, best = k, rate
         self._rounds += 1
-        if best_k < k_max and self._rounds % self.probe_every == 0:
+        if best_k < k_max and self._rounds - self._last_probe >= self.probe_every:
+            self._last_probe = self._rounds
             self._probe = True  # (propose verifies it whatever the drafter's confidence)
             return best_k + 1  # explore one position deeper: its acceptance may have changed
         return best_k
 
+    # -- a round that drafts nothing: a decode block instead (engine.spec.round.SpecRound) -----------------
+    def block_instead(self, k_max: int) -> bool:
+        """Decide the next round's draft length now (choose_k; the next propose drafts that many): True when
+        it is 0 on measured costs, so the round may emit plain tokens in a decode block rather than verify no
+        drafts (a one-token round costs ~1.1x a token of a block: bench/results-verify.md). Not while the
+        costs are still being measured (the first one-token round measures c(1))."""
+        self._probe = False
+        self._planned = self.choose_k(k_max)
+        return self._planned == 0 and 1 in self.cost_ms and len(self.cost_ms) >= 2
+
+    def blocked(self, n: int) -> None:
+        """The round ran a decode block of n tokens instead (after block_instead): they count as n decisions
+        toward the next probe, so a run of blocks explores as often per token as one-token rounds did."""
+        self._planned = None
+        self._rounds += max(n - 1, 0)
+
     # -- the drafter protocol ------------------------------------------------------------------------------
     def propose(self, context_tokens: Sequence[int], k: int, features: Features | None) -> list[int]:
-        self._probe = False
-        k_use = self.choose_k(k)
+        planned, self._planned = self._planned, None
+        if planned is None:
+            self._probe = False
+            k_use = self.choose_k(k)
+        else:  # decided by block_instead (its probe flag stands)
+            k_use = min(planned, k)
         if self.gate and hasattr(self.inner, "stop_below"):
             self.inner.stop_below = self.stop_chance()
         t0 = self.clock()

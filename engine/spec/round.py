@@ -7,6 +7,13 @@ for all k+1 rows), verify with the reply's chooser (`spec.verify`), roll the KV 
 Cache invariant, same as plain decode: before and after a round the cache holds every context token but the
 last one (the last emitted token is fed by the next round). A round that emits e_1..e_m keeps
 [last, e_1..e_{m-1}] = [last, d_1..d_{m-1}] (those are accepted drafts), i.e. truncates to pos + m.
+
+A round whose drafter would draft nothing (an adaptive length that finds no draft worth its verify row:
+`block_instead`) runs a decode block instead, as a plain reply does (rounds.plain_round): a one-token round
+costs ~1.1x a token of a block on the CPU (bench/results-verify.md), and on chat about half the rounds
+drafted nothing. The block hands out each pass's last hidden row (Runner.decode_block's capture), which the
+drafter observes as it would a round's kept positions; the same tokens either way (a block chooses what
+single rounds would).
 """
 from __future__ import annotations
 
@@ -15,7 +22,7 @@ from typing import Any, Collection, Sequence
 
 import numpy as np
 
-from ..rounds import Round, RoundContext
+from ..rounds import Round, RoundContext, block_size
 from .base import Drafter, Features
 from .verify import Chooser, verify
 
@@ -94,7 +101,43 @@ class SpecRound:
         self.features = features
 
     def __call__(self, ctx: RoundContext) -> Round:
+        rnd = self._block(ctx)
+        if rnd is not None:
+            return rnd
         rnd, self.features = spec_round(ctx.model, ctx.cache, ctx.chooser, self.drafter, ctx.seq, self.k,
                                         stop_ids=ctx.stop_ids, max_tokens=ctx.max_tokens,
                                         capacity=self.capacity, features=self.features)
         return rnd
+
+    def _block(self, ctx: RoundContext) -> Round | None:
+        """A decode block in place of a round that would draft nothing, or None: the drafter has no say
+        (not adaptive), it wants drafts, the model or the chooser cannot block (plain_round's conditions:
+        not the reply's first token, no forced insert, room for 2+ tokens), or the block chose nothing."""
+        want = getattr(self.drafter, "block_instead", None)
+        block = getattr(ctx.model, "decode_block", None)
+        if want is None or block is None or block_size() < 2 or len(ctx.seq) == ctx.reply_start:
+            return None
+        pos = len(ctx.seq) - 1
+        k = min(self.k, ctx.max_tokens - 1, (self.capacity or 1 << 30) - pos - 1)  # as spec_round clips it
+        if ctx.chooser.forced_run() or not want(k):
+            return None
+        n = ctx.chooser.block_room(min(ctx.max_tokens, block_size()))
+        choice = ctx.chooser.block(n) if n > 1 else None
+        if choice is None:
+            return None
+        t0 = time.perf_counter()
+        toks = block(ctx.seq[-1], pos, ctx.cache, n, ctx.stop_ids, choice, capture=self.capture) or []
+        taken = ctx.chooser.accepted(toks)  # [] for none: rewinds the generator, nothing taken
+        if len(taken) < len(toks):  # a stop token given back: its position is chosen again
+            ctx.cache.truncate(ctx.cache.length - (len(toks) - len(taken)))
+        if not taken:
+            return None  # (the round drafts its planned nothing and verifies one token)
+        feats = None
+        if self.capture:  # the passes' hidden rows of the fed tokens [last, taken[:-1]]
+            got = {layer: ctx.model.captured.get(layer) for layer in self.capture}
+            if all(h is not None and len(h) >= len(taken) for h in got.values()):
+                feats = {layer: h[:len(taken)] for layer, h in got.items()}
+        self.drafter.observe([int(ctx.seq[-1]), *taken[:-1]], feats)  # no features: the drafter starts over
+        self.drafter.blocked(len(taken))
+        self.features = feats
+        return Round(taken, verify_ms=(time.perf_counter() - t0) * 1e3, block=True)

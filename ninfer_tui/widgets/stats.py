@@ -218,12 +218,15 @@ class StatsPanel(VerticalScroll):
             lines.append(row("unavailable", ", ".join(unavailable)))  # F2 says why
         ran = f.spec_mode if f is not None else (mode if self.live else "off")
         if f is not None and f.spec_mode != "off" and f.rounds:
+            n = max(f.rounds - f.block_rounds, 1)  # speculative rounds (decode blocks counted apart)
             lines += [f"last reply    {f.spec_mode}",
                       f"acceptance    {f.acceptance:8.0%}",
                       f"tok/round     {f.tokens_per_round:8.2f}",
                       f"ms/round      {f.ms_per_round:8.2f}",
-                      f"  draft       {f.draft_ms / f.rounds:8.2f}",
-                      f"  verify      {f.verify_ms / f.rounds:8.2f}"]
+                      f"  draft       {f.draft_ms / n:8.2f}",
+                      f"  verify      {(f.verify_ms - f.block_ms) / n:8.2f}"]
+            if f.block_rounds:  # where drafting did not pay, plain decode blocks
+                lines.append(f"no-draft tok  {f.block_tokens:8d}")
             if acc := [f"{a:.0%}" for a in f.per_position_accept]:
                 lines.append("per position")
                 lines += ["  " + " ".join(acc[i:i + 5]) for i in range(0, len(acc), 5)]

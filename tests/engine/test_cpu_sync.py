@@ -222,6 +222,26 @@ def test_greedy_block_chooses_what_single_steps_choose(q4_tiny):
     assert c2.length == c1.length == len(toks) + len(got)
 
 
+def test_block_hands_out_each_pass_hidden_row(q4_tiny):
+    """decode_block(capture=(last layer,)) sets captured to each pass's last hidden row: the rows single
+    forwards with capture give for the same tokens, bit for bit (a speculative round that falls back to a
+    block feeds them to its drafter); another layer it cannot capture: None, nothing run."""
+    model, ff = fast_model(q4_tiny)
+    last = model.args.n_layer - 1
+    toks = np.array([3, 17, 42, 5, 99, 7, 1], np.int32)
+    c1, c2 = model.new_cache(64), model.new_cache(64)
+    first = int(np.argmax(model.forward(toks, 0, c1)[0]))
+    model.forward(toks, 0, c2)
+    assert model.decode_block(first, len(toks), c2, 6, frozenset(), capture=(0,)) is None
+    assert c2.length == len(toks)
+    got = model.decode_block(first, len(toks), c2, 6, frozenset(), capture=(last,))
+    rows = model.captured[last]
+    assert len(got) == 6 and rows.shape == (6, model.args.d_model)
+    for i, tok in enumerate([first, *got[:-1]]):
+        model.forward(np.array([tok], np.int32), len(toks) + i, c1, capture=(last,))
+        np.testing.assert_array_equal(rows[i], model.captured[last][0])
+
+
 def test_greedy_block_threads_in_sequence_match_the_region(q4_tiny):
     """The block's per-thread function run one thread after another (a runtime with fewer threads) chooses
     the same tokens as the region: the choice phase never waits for a particular thread."""

@@ -305,6 +305,39 @@ def test_fused_drafter_is_lossless_and_leaves_the_thread_count(tiny_q4, monkeypa
     assert calls == []
 
 
+def test_rounds_that_draft_nothing_run_decode_blocks_and_feed_the_drafter(tiny_q4):
+    """A drafter that is never right (random weights): once the adaptive length has measured its costs it
+    plans no drafts, and the round runs a decode block instead (Round.block, FinalStats.block_rounds), still
+    plain decode's tokens (greedy and seeded sampling). The drafter observes every fed position once, in
+    order, with the target's last hidden rows: those a forward over the whole reply computes."""
+    from engine.api import Engine
+    from engine.spec import SpecRound, make_drafter
+    path, mf = tiny_q4
+    eng = Engine.load(EngineArgs(model=str(path), max_context=256, prefix_reuse=False, lm_head_draft=False))
+    msgs = [{"role": "user", "content": "Count from one to twenty: one, two, three"}]
+    last = mf.args.n_layer - 1
+    for sp in ({"greedy": True}, {"greedy": False, "temperature": 0.8, "top_k": 20, "seed": 5}):
+        req = GenerateRequest(SamplingParams(**{"max_new": 80, **sp}), spec="mtp", draft_tokens=3)
+        want = list(eng.session().generate(msgs, GenerateRequest(req.sampling, spec="off")))[-1]
+        drafter = make_drafter("mtp", eng.model, str(path), adaptive=True, capacity=eng.capacity)
+        seen: list[tuple[list[int], np.ndarray | None]] = []
+        observe = drafter.inner.observe
+        drafter.inner.observe = lambda toks, feats: (seen.append((list(toks), None if feats is None else
+                                                                  feats[last].copy())), observe(toks, feats))
+        got = list(eng.session().generate(msgs, req, round_fn=SpecRound(drafter, 3, eng.capacity)))[-1]
+        assert got.token_ids == want.token_ids
+        assert got.block_rounds > 0 and got.block_tokens >= 2 * got.block_rounds, got
+        assert got.tokens_per_round < got.output_tokens / got.rounds  # per speculative round: blocks left out
+        fed = [t for toks, _ in seen for t in toks]
+        prompt_len = len(fed) - len(got.token_ids) + 1  # fed = prompt + reply but its last token
+        assert fed[prompt_len:] == list(got.token_ids[:-1])
+        assert all(h is not None and h.shape == (len(toks), mf.args.d_model) for toks, h in seen)
+        rows = np.concatenate([h for _, h in seen])
+        cache = eng.model.new_cache(len(fed))
+        eng.model.forward(np.asarray(fed, np.int32), 0, cache, capture=(last,))
+        np.testing.assert_allclose(rows, eng.model.captured[last], rtol=1e-4, atol=1e-4)
+
+
 def test_smollm2_with_the_committed_drafter_is_lossless(smollm2_path, monkeypatch):
     """The packaged MTP drafter of the default model: greedy (chat and counting; full head and hot head, 3
     drafts) and seeded sampling with penalties give plain decode's tokens."""

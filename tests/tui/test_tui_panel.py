@@ -81,6 +81,24 @@ async def test_no_panel_line_wraps(make_app):
                 assert static.size.height == len(lines), (static.id, lines)  # no line took two rows
 
 
+async def test_spec_panel_counts_a_replys_decode_blocks_apart(make_app):
+    """A speculative reply that ran decode blocks where drafting did not pay: tok/round and ms/round are per
+    speculative round, and the blocks' tokens get a line of their own (none without blocks)."""
+    app = make_app(Script(answer="ok"))
+    async with app.run_test(size=(130, 40)) as pilot:
+        await ready(pilot)
+        panel = app.query_one(StatsPanel)
+        panel.start_reply()
+        panel.on_final(final(spec_mode="mtp", output_tokens=40, rounds=10, drafted=6, accepted=3, draft_ms=6.0,
+                             verify_ms=60.0, block_rounds=4, block_tokens=28, block_ms=24.0))
+        spec = panel_text(app, "spec")
+        assert "tok/round         2.00" in spec and "ms/round          7.00" in spec, spec
+        assert "  draft           1.00" in spec and "  verify          6.00" in spec and "no-draft tok        28" in spec
+        panel.on_final(final(spec_mode="mtp", output_tokens=40, rounds=10, drafted=6, accepted=3))
+        spec = panel_text(app, "spec")
+        assert "tok/round         4.00" in spec and "no-draft" not in spec
+
+
 async def test_a_fully_cached_prompt_says_cached_not_zero_speed(make_app):
     app = make_app(Script(answer="ok"))
     async with app.run_test(size=(130, 40)) as pilot:

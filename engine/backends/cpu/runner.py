@@ -41,14 +41,21 @@ class CpuRunner(OverModel):
         return logits
 
     def decode_block(self, token: int, pos0: int, cache, n: int, stop_ids: frozenset,
-                     choice=None) -> list[int] | None:
+                     choice=None, capture: tuple[int, ...] = ()) -> list[int] | None:
         """Up to n tokens after `token` (forwarded at pos0) in one call (step.FusedForward.block): each
         chosen from the previous one's logits by `choice` (TokenChooser.block; None: the argmax) and
         forwarded next, as n forward + choose rounds would; stops after a token in stop_ids (returned last).
-        The cache then holds pos0 + len(result). None when the step cannot, or not yet (the tiered start's
-        first steps): the caller runs single forwards."""
-        if self.step is None:
+        The cache then holds pos0 + len(result). capture: (n_layer - 1,) also sets captured to the passes'
+        last hidden rows (len(result), d), as forward over [token, result[:-1]] would. None when the step
+        cannot, or not yet (the tiered start's first steps), or for any other layer: the caller runs single
+        forwards."""
+        last = self.args.n_layer - 1
+        if self.step is None or any(layer != last for layer in capture):
             return None
         check_forward_args([token], pos0, cache, self.args.vocab_size)
         cache.check_room(pos0 + n)
-        return self.step.block(int(token), pos0, cache, n, stop_ids, choice)
+        out = self.step.block(int(token), pos0, cache, n, stop_ids, choice)
+        if out is not None and capture:
+            fused = getattr(self.step, "ff", self.step)  # a TieredForward runs over its FusedForward's buffers
+            self.model.captured = {last: fused.block_hidden(len(out)).copy()}
+        return out

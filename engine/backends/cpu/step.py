@@ -375,7 +375,9 @@ def _passes(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, rope_
             bias, qk_norm, kv, attn_scr, chain, stops, choice):
     """Thread tid's share of fused_forward: one pass over tokens, or (chain holding n > 0 tokens after the
     first) a block of passes, each followed by a one-item phase on one thread that appends the pass's
-    chosen token to the chain; all threads stop after a token in stops (or -1: nothing to choose)."""
+    chosen token to the chain and keeps the pass's last hidden row (x[0], before the final norm) in x[1 + s]
+    (rows a one-token pass leaves alone; FusedForward sizes x for them): a drafter is fed those rows
+    (FusedForward.block_hidden); all threads stop after a token in stops (or -1: nothing to choose)."""
     n = chain.shape[0] - 1
     if n == 0:
         _step_thread(tid, nt, sync, np.int64(0), tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv,
@@ -389,6 +391,8 @@ def _passes(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, rope_
         h, lo, hi = grab(sync, ph, tid, nt, 1, 0)
         if lo < hi:
             chain[s + 1] = _choose(bufs[13][0], choice, s)
+            if s + 1 < bufs[0].shape[0]:
+                bufs[0][s + 1] = bufs[0][0]
             open_phase(sync, ph)
         _wait_next(sync, ph, tid, nt, np.int64(DOWN), np.int64(-1), wq, wk, wv, wo, wg, wu, wd, head, kv, pos0,
                    np.int64(1))
@@ -502,7 +506,7 @@ class FusedForward:
         self.chain = np.zeros(BLOCK + 1, np.int32)  # a decode block's tokens (fused_forward)
         self._stops = (frozenset(), np.zeros(0, np.int32))  # the last stop set and its array
         self.argmax = tuple(argmax_choice())  # a block's choice when the caller gives none (plain argmax)
-        self._alloc(max(1, model.state.max_t), 1)
+        self._alloc(max(BLOCK + 1, model.state.max_t), 1)  # x has a row per pass of a block (_passes)
 
     def _alloc(self, max_t: int, logit_rows: int):
         """(Re)allocate the run buffers for up to max_t tokens and logit_rows output rows (grow only)."""
@@ -530,6 +534,11 @@ class FusedForward:
     def hidden(self, t_n: int) -> np.ndarray:
         """The last pass's output rows x (t_n, d) before the final norm (a view: copy to keep)."""
         return self.bufs[0][:t_n]
+
+    def block_hidden(self, n: int) -> np.ndarray:
+        """The last decode block's first n passes' output rows (n, d) before the final norm, as hidden(1) after
+        each of them (a view: copy to keep)."""
+        return self.bufs[0][1:1 + n]
 
     def _attn_scratch(self, capacity: int):
         """(sbuf (threads, n_head, A.chunk_cap(capacity)), part (max_t, n_kv, SPLITS, group, hd + 2))."""
