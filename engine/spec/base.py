@@ -53,8 +53,8 @@ class Drafter(Protocol):
 def top_probability(logits: np.ndarray) -> float:
     """The softmax probability of the top logit of one row: a trained drafter's confidence in its draft
     (published as `drafter.confidence`, one per draft of the last propose; engine.spec.adaptive uses it)."""
-    x = np.asarray(logits, np.float32).reshape(-1)
-    return float(1.0 / np.exp(x - x.max()).sum(dtype=np.float64))
+    from ..sampling_fast import softmax_top
+    return float(softmax_top(np.ascontiguousarray(logits, np.float32).reshape(-1)))
 
 
 # mode -> module implementing it (relative to this package). "off" has no drafter.

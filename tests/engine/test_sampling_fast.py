@@ -215,3 +215,16 @@ def test_lanes_max_is_the_max_of_the_penalised_row_ignoring_nan(n):
             seg = v[lo:hi][~np.isnan(v[lo:hi])]
             assert got == (seg.max() if seg.size else -np.inf), (lo, hi)
     assert lanes(np.full(9, np.nan, np.float32), pen[:0], 0, 9) == -np.inf
+
+
+def test_softmax_top_matches_numpy():
+    """softmax_top (a drafter's confidence: engine.spec.base.top_probability) against numpy's float64 form,
+    over flat and peaked rows, lengths that are and are not a multiple of its 8 lanes, the maximum anywhere."""
+    from engine.sampling_fast import softmax_top
+    rng = np.random.default_rng(4)
+    for n in (1, 7, 8, 8192, 8193):
+        for scale in (0.1, 3.0, 40.0):
+            x = (rng.standard_normal(n) * scale).astype(np.float32)
+            x[rng.integers(n)] += scale
+            want = 1.0 / np.exp((x - x.max()).astype(np.float64)).sum()
+            assert softmax_top(x) == pytest.approx(want, rel=2e-6), (n, scale)
