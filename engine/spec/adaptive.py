@@ -204,9 +204,12 @@ class AdaptiveLength:
         return self._planned == 0 and 1 in self.cost_ms and len(self.cost_ms) >= 2
 
     def blocked(self, n: int) -> None:
-        """The round ran a decode block of n tokens instead (after block_instead): they count as n decisions
-        toward the next probe, so a run of blocks explores as often per token as one-token rounds did."""
+        """The round ran a decode block of n tokens instead (after block_instead, or after a propose that kept
+        no drafts): they count as n decisions toward the next probe, so a run of blocks explores as often per
+        token as one-token rounds did; no verify pass to time."""
         self._planned = None
+        self._pending = None  # (a propose that kept no drafts: its one-token verify did not run)
+        self._conf = []
         self._rounds += max(n - 1, 0)
 
     # -- the drafter protocol ------------------------------------------------------------------------------

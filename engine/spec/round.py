@@ -18,7 +18,7 @@ single rounds would).
 from __future__ import annotations
 
 import time
-from typing import Any, Collection, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 
@@ -38,13 +38,17 @@ def target_forward(model: Any, tokens: np.ndarray, pos: int, cache: Any, layers:
 
 def spec_round(model: Any, cache: Any, chooser: Chooser, drafter: Drafter, context: Sequence[int], k: int, *,
                stop_ids: Collection[int] = (), max_tokens: int | None = None, capacity: int | None = None,
-               features: Features | None = None) -> tuple[Round, Features | None]:
+               features: Features | None = None,
+               no_drafts: Callable[[], tuple[Round, Features | None] | None] | None = None
+               ) -> tuple[Round, Features | None]:
     """Run one speculative round.
 
     context: every token so far (prompt + reply); the cache holds all but the last (len(context) - 1).
     k: draft length asked of the drafter; clipped so the round emits at most `max_tokens` tokens and the
         cache (`capacity` positions) never overflows.
     features: the drafter's features of the previously kept positions (returned by the last round).
+    no_drafts: where the drafter proposes nothing (e.g. its confidences cut every draft), what runs instead
+        of verifying one token (SpecRound: a decode block), or None for the plain one-token pass.
     Returns the round and the features of the positions kept this round (for the next round's drafter).
     """
     pos = len(context) - 1
@@ -63,6 +67,11 @@ def spec_round(model: Any, cache: Any, chooser: Chooser, drafter: Drafter, conte
         bad = next((i for i, t in enumerate(drafts) if not 0 <= t < vocab), None)
         drafts = drafts if bad is None else drafts[:bad]
     t1 = time.perf_counter()
+    if not drafts and no_drafts is not None:
+        out = no_drafts()
+        if out is not None:
+            out[0].draft_ms += (t1 - t0) * 1e3
+            return out
     fed = np.array([last, *drafts], dtype=np.int32)  # (k+1,)
     logits, feats = target_forward(model, fed, pos, cache, drafter.features_needed)
     logits = np.asarray(logits).reshape(len(fed), -1)  # (k+1, vocab)
@@ -101,43 +110,52 @@ class SpecRound:
         self.features = features
 
     def __call__(self, ctx: RoundContext) -> Round:
-        rnd = self._block(ctx)
-        if rnd is not None:
-            return rnd
+        can_block = self._can_block(ctx)
+        if can_block and self.drafter.block_instead(self._k(ctx)):  # decided ahead: nothing worth drafting
+            out = self._run_block(ctx)
+            if out is not None:
+                rnd, self.features = out
+                return rnd
         rnd, self.features = spec_round(ctx.model, ctx.cache, ctx.chooser, self.drafter, ctx.seq, self.k,
                                         stop_ids=ctx.stop_ids, max_tokens=ctx.max_tokens,
-                                        capacity=self.capacity, features=self.features)
+                                        capacity=self.capacity, features=self.features,
+                                        no_drafts=(lambda: self._run_block(ctx)) if can_block else None)
         return rnd
 
-    def _block(self, ctx: RoundContext) -> Round | None:
-        """A decode block in place of a round that would draft nothing, or None: the drafter has no say
-        (not adaptive), it wants drafts, the model or the chooser cannot block (plain_round's conditions:
-        not the reply's first token, no forced insert, room for 2+ tokens), or the block chose nothing."""
-        want = getattr(self.drafter, "block_instead", None)
-        block = getattr(ctx.model, "decode_block", None)
-        if want is None or block is None or block_size() < 2 or len(ctx.seq) == ctx.reply_start:
-            return None
+    def _k(self, ctx: RoundContext) -> int:
+        """The draft length this round may ask for (spec_round's clipping)."""
         pos = len(ctx.seq) - 1
-        k = min(self.k, ctx.max_tokens - 1, (self.capacity or 1 << 30) - pos - 1)  # as spec_round clips it
-        if ctx.chooser.forced_run() or not want(k):
-            return None
+        return min(self.k, ctx.max_tokens - 1, (self.capacity or 1 << 30) - pos - 1)
+
+    def _can_block(self, ctx: RoundContext) -> bool:
+        """Whether this round may emit plain tokens in a decode block where it has no drafts: the drafter can
+        decide so (an adaptive length) and plain_round would block here (the model blocks; not the reply's
+        first token, which goes out alone; no forced insert pending)."""
+        return (hasattr(self.drafter, "block_instead") and getattr(ctx.model, "decode_block", None) is not None
+                and block_size() > 1 and len(ctx.seq) != ctx.reply_start and not ctx.chooser.forced_run())
+
+    def _run_block(self, ctx: RoundContext) -> tuple[Round, Features | None] | None:
+        """A decode block in place of a round with no drafts: (the round, the features of its fed positions),
+        or None where the chooser cannot hand its choice over, there is room for one token only, or the block
+        chose nothing (the round then verifies one token)."""
         n = ctx.chooser.block_room(min(ctx.max_tokens, block_size()))
         choice = ctx.chooser.block(n) if n > 1 else None
         if choice is None:
             return None
         t0 = time.perf_counter()
-        toks = block(ctx.seq[-1], pos, ctx.cache, n, ctx.stop_ids, choice, capture=self.capture) or []
+        pos = len(ctx.seq) - 1
+        toks = ctx.model.decode_block(ctx.seq[-1], pos, ctx.cache, n, ctx.stop_ids, choice, capture=self.capture)
+        toks = toks or []
         taken = ctx.chooser.accepted(toks)  # [] for none: rewinds the generator, nothing taken
         if len(taken) < len(toks):  # a stop token given back: its position is chosen again
             ctx.cache.truncate(ctx.cache.length - (len(toks) - len(taken)))
         if not taken:
-            return None  # (the round drafts its planned nothing and verifies one token)
+            return None
         feats = None
         if self.capture:  # the passes' hidden rows of the fed tokens [last, taken[:-1]]
             got = {layer: ctx.model.captured.get(layer) for layer in self.capture}
             if all(h is not None and len(h) >= len(taken) for h in got.values()):
                 feats = {layer: h[:len(taken)] for layer, h in got.items()}
+        self.drafter.blocked(len(taken))  # (first: what it observes next is no verify pass of its drafts)
         self.drafter.observe([int(ctx.seq[-1]), *taken[:-1]], feats)  # no features: the drafter starts over
-        self.drafter.blocked(len(taken))
-        self.features = feats
-        return Round(taken, verify_ms=(time.perf_counter() - t0) * 1e3, block=True)
+        return Round(taken, verify_ms=(time.perf_counter() - t0) * 1e3, block=True), feats

@@ -529,3 +529,82 @@ def test_calibration_is_shared_by_the_drafters_of_one_network():
     a.observe([5], None)  # a reply learnt that its 0.95 drafts fail
     assert b.conf_tries[9] == 1.0 and b.chance(0.95) < 0.95  # the next reply of the same drafter knows it
     assert c.conf_tries[9] == 0.0 and AdaptiveLength(NgramDrafter()).conf_tries[9] == 0.0
+
+
+class _BlockModel:
+    """A model whose decode block emits 10, 11, ... and hands out hidden rows; a forward would be a failure."""
+
+    def __init__(self):
+        self.captured, self.blocks = {}, []
+
+    def decode_block(self, token, pos0, cache, n, stop_ids, choice, capture=()):
+        self.blocks.append((token, pos0, n, capture))
+        cache.length = pos0 + n
+        self.captured = {layer: np.full((n, 4), float(layer)) for layer in capture}
+        return list(range(10, 10 + n))
+
+    def forward(self, *a, **kw):
+        raise AssertionError("no verify pass expected")
+
+
+class _BlockChooser:
+    def forced_run(self):
+        return ()
+
+    def block_room(self, n):
+        return n
+
+    def block(self, n):
+        return ("choice", n)
+
+    def accepted(self, toks):
+        return list(toks)
+
+
+class _NoDrafts:
+    """An adaptive-like drafter: block_instead says `ahead`; propose proposes nothing."""
+    name, features_needed = "stub", (3,)
+
+    def __init__(self, ahead):
+        self.ahead, self.calls = ahead, []
+
+    def reset(self):
+        pass
+
+    def block_instead(self, k):
+        self.calls.append(("block_instead", k))
+        return self.ahead
+
+    def propose(self, context, k, features):
+        self.calls.append(("propose", k))
+        return []
+
+    def blocked(self, n):
+        self.calls.append(("blocked", n))
+
+    def observe(self, tokens, features):
+        self.calls.append(("observe", list(tokens), None if features is None else features[3].shape))
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_a_round_without_drafts_runs_a_decode_block(ahead):
+    """Decided ahead (block_instead) or after a propose that kept nothing: the round is a decode block of the
+    model's, the drafter told so first (blocked) and then shown the block's fed positions with their hidden
+    rows; no verify pass. The reply's first token goes out alone (a plain one-token round)."""
+    from engine.rounds import RoundContext
+    from engine.spec.round import SpecRound
+
+    class Cache:
+        length = 3
+
+        def truncate(self, n):
+            self.length = n
+
+    model, drafter = _BlockModel(), _NoDrafts(ahead)
+    rnd = SpecRound(drafter, 3)(RoundContext(model, Cache(), [1, 2, 3], _BlockChooser(), 20, frozenset(), 2))
+    assert rnd.block and rnd.tokens == list(range(10, 18)) and rnd.drafted == 0
+    assert model.blocks == [(3, 2, 8, (3,))]
+    assert drafter.calls == [("block_instead", 3)] + ([] if ahead else [("propose", 3)]) + [
+        ("blocked", 8), ("observe", [3, *range(10, 17)], (8, 4))]
+    with pytest.raises(AssertionError, match="no verify pass"):  # the reply's first token: no block
+        SpecRound(_NoDrafts(ahead), 3)(RoundContext(model, Cache(), [1, 2, 3], _BlockChooser(), 20, frozenset(), 3))
