@@ -201,7 +201,13 @@ class AdaptiveLength:
         costs are still being measured (the first one-token round measures c(1))."""
         self._probe = False
         self._planned = self.choose_k(k_max)
-        return self._planned == 0 and 1 in self.cost_ms and len(self.cost_ms) >= 2
+        return self._planned == 0 and self.may_block()
+
+    def may_block(self) -> bool:
+        """Whether a round without drafts may be a decode block: once the verify costs are measured (until
+        then a round without drafts is the one-token pass that measures c(1); a block in its place would
+        leave it unmeasured, and the length would plan no drafts ever after)."""
+        return 1 in self.cost_ms and len(self.cost_ms) >= 2
 
     def blocked(self, n: int) -> None:
         """The round ran a decode block of n tokens instead (after block_instead, or after a propose that kept

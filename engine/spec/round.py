@@ -119,7 +119,8 @@ class SpecRound:
         rnd, self.features = spec_round(ctx.model, ctx.cache, ctx.chooser, self.drafter, ctx.seq, self.k,
                                         stop_ids=ctx.stop_ids, max_tokens=ctx.max_tokens,
                                         capacity=self.capacity, features=self.features,
-                                        no_drafts=(lambda: self._run_block(ctx)) if can_block else None)
+                                        no_drafts=(lambda: self._run_block(ctx))
+                                        if can_block and self.drafter.may_block() else None)
         return rnd
 
     def _k(self, ctx: RoundContext) -> int:

@@ -582,6 +582,9 @@ class _NoDrafts:
     def blocked(self, n):
         self.calls.append(("blocked", n))
 
+    def may_block(self):
+        return True
+
     def observe(self, tokens, features):
         self.calls.append(("observe", list(tokens), None if features is None else features[3].shape))
 
@@ -608,3 +611,19 @@ def test_a_round_without_drafts_runs_a_decode_block(ahead):
         ("blocked", 8), ("observe", [3, *range(10, 17)], (8, 4))]
     with pytest.raises(AssertionError, match="no verify pass"):  # the reply's first token: no block
         SpecRound(_NoDrafts(ahead), 3)(RoundContext(model, Cache(), [1, 2, 3], _BlockChooser(), 20, frozenset(), 3))
+
+
+def test_adaptive_blocks_only_once_its_costs_are_measured():
+    """A fresh length explores a full-length round, then a one-token round to measure c(1): neither may be
+    replaced by a decode block (a block in place of the second left c(1) unmeasured, and the length then
+    planned no drafts for the rest of the reply: counting fell from 1.6x to 1.0x). Once measured, a plan of
+    no drafts is a block, and the block's tokens advance the probe count."""
+    a = adaptive_with({}, 0.01)
+    assert not a.block_instead(3) and a._planned == 3  # explore: full length
+    a.cost_ms[4] = 20.0
+    assert not a.block_instead(3) and a._planned == 0 and not a.may_block()  # measure c(1): a real round
+    a.cost_ms.update({1: 10.0, 2: 14.0})
+    assert a.may_block() and a.block_instead(3)
+    before = a._rounds
+    a.blocked(8)
+    assert a._rounds == before + 7 and a._planned is None
