@@ -8,10 +8,11 @@ Cache invariant, same as plain decode: before and after a round the cache holds 
 last one (the last emitted token is fed by the next round). A round that emits e_1..e_m keeps
 [last, e_1..e_{m-1}] = [last, d_1..d_{m-1}] (those are accepted drafts), i.e. truncates to pos + m.
 
-A round whose drafter would draft nothing (an adaptive length that finds no draft worth its verify row:
-`block_instead`) runs a decode block instead, as a plain reply does (rounds.plain_round): a one-token round
-costs ~1.1x a token of a block on the CPU (bench/results-verify.md), and on chat about half the rounds
-drafted nothing. The block hands out each pass's last hidden row (Runner.decode_block's capture), which the
+A round without drafts (an adaptive length that finds no draft worth its verify row, decided ahead:
+`block_instead`; or a propose that kept none: confidences that cut every draft, an n-gram without a match)
+runs a decode block instead, as a plain reply does (rounds.plain_round), once the length's verify costs are
+measured (`may_block`): a one-token round costs ~1.1x a token of a block on the CPU
+(bench/results-verify.md), and on chat about half the rounds drafted nothing. The block hands out each pass's last hidden row (Runner.decode_block's capture), which the
 drafter observes as it would a round's kept positions; the same tokens either way (a block chooses what
 single rounds would).
 """
