@@ -180,8 +180,10 @@ def format_report(st: FinalStats) -> str:
     if st.spec_mode != "off" and not st.rounds:  # a remote server that reports drafts but not rounds
         spec = f"\n[ninfer] spec {st.spec_mode}: {st.drafted} drafted, acceptance {st.acceptance:.1%}"
     elif st.spec_mode != "off":
-        spec = (f"\n[ninfer] spec {st.spec_mode}: {st.rounds} rounds, {st.tokens_per_round:.2f} tok/round, "
-                f"acceptance {st.acceptance:.1%}, {st.ms_per_round:.1f} ms/round")
+        blocks = (f" (+ {st.block_rounds} decode blocks, {st.block_tokens} tok, where drafting did not pay)"
+                  if st.block_rounds else "")
+        spec = (f"\n[ninfer] spec {st.spec_mode}: {st.rounds - st.block_rounds} rounds, {st.tokens_per_round:.2f} "
+                f"tok/round, acceptance {st.acceptance:.1%}, {st.ms_per_round:.1f} ms/round{blocks}")
     detail = f" ({st.stop_reason_detail})" if st.stop_reason_detail else ""
     return (f"[ninfer] prompt {st.prompt_tokens} tok (cached {st.cached_prompt_tokens}) | output {st.output_tokens} "
             f"tok{think} | ttft {st.ttft_s:.3f} s | prefill {st.prefill_tok_s:.1f} tok/s | decode "

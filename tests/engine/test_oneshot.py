@@ -324,3 +324,18 @@ def test_config_values_out_of_range_are_one_line(capsys, tmp_path, text, want):
     cfg.write_text(text, encoding="utf-8")
     code = main(["--prompt", "hi", "--config", str(cfg)], fake_factory(script_policy("x")))
     assert_one_line_error(code, capsys.readouterr().err, want)
+
+
+def test_report_counts_a_replys_decode_blocks_apart():
+    """The one-shot report's spec line: speculative rounds and their figures, the decode blocks run where
+    drafting did not pay on a note of their own (none without them)."""
+    from engine.events import FinalStats
+    from engine.oneshot import format_report
+    base = dict(finish_reason="stop", prompt_tokens=5, output_tokens=40, reasoning_tokens=0, answer_tokens=40,
+                cached_prompt_tokens=0, ttft_s=0.1, prefill_tok_s=50.0, decode_tok_s=100.0, wall_s=0.5,
+                output_sha256="0" * 64, spec_mode="mtp", rounds=10, drafted=6, accepted=3, draft_ms=6.0,
+                verify_ms=60.0)
+    line = format_report(FinalStats(**base, block_rounds=4, block_tokens=28, block_ms=24.0)).splitlines()[1]
+    assert "spec mtp: 6 rounds, 2.00 tok/round" in line and "7.0 ms/round" in line
+    assert "(+ 4 decode blocks, 28 tok, where drafting did not pay)" in line
+    assert "decode blocks" not in format_report(FinalStats(**base))
