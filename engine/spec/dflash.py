@@ -176,8 +176,9 @@ class DFlashNet:
     def _attention(self, layer: int, pos: int, lo: int, hi: int) -> None:
         """att[lo:hi] (rows, H, hd) <- block rows lo..hi-1 over cache positions 0..pos+B-1 (the context and the
         whole block): the cpu kernel's one-row form (attention_f16_split, its work items shared over the
-        threads), the rows of a KV head's group laid side by side as one row's heads. Its buffers are made
-        once per row count (the scores scratch spans the cache's capacity: zeroing it every round was waste)."""
+        threads), the rows of a KV head's group laid side by side as one row's heads. Its buffers are kept per
+        row count, the scores scratch (a row per head and thread) grown by doubling to the context's longest
+        chunk, not the cache's capacity."""
         import numba
 
         from ..backends.cpu.attn import SPLITS, attention_f16_split, chunk_cap
@@ -185,11 +186,12 @@ class DFlashNet:
         a, s = m.args, m.state
         g = a.n_head // a.n_kv_head
         bufs = self._att_bufs.get(n)
-        if bufs is None:  # the kernels write every value they read back: never cleared
+        need = chunk_cap(pos + self.block)  # the longest chunk of positions a work item scores
+        if bufs is None or bufs[1].shape[2] < need:  # the kernels write every value they read back: never cleared
+            width = min(max(need, 2 * (0 if bufs is None else bufs[1].shape[2]), 64), chunk_cap(self.cache.capacity))
             bufs = self._att_bufs[n] = (
                 np.empty((1, a.n_kv_head * n * g, a.head_dim), np.float32),  # q1: head (kh, t, j) reads kh
-                np.empty((numba.config.NUMBA_NUM_THREADS, a.n_kv_head * n * g, chunk_cap(self.cache.capacity)),
-                         np.float32),  # each thread's scores
+                np.empty((numba.config.NUMBA_NUM_THREADS, a.n_kv_head * n * g, width), np.float32),  # scores
                 np.empty((1, a.n_kv_head, SPLITS, n * g, a.head_dim + 2), np.float32),  # the chunks' parts
                 np.empty((1, a.n_kv_head * n * g, a.head_dim), np.float32))  # merged
         q1, sc, part, out = bufs
