@@ -23,7 +23,7 @@ from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 
-from ..rounds import Round, RoundContext, block_size
+from ..rounds import Round, RoundContext, block_size, decode_block
 from .base import Drafter, Features
 from .verify import Chooser, verify
 
@@ -35,6 +35,16 @@ def target_forward(model: Any, tokens: np.ndarray, pos: int, cache: Any, layers:
         return model.forward(tokens, pos, cache, all_logits=True), None
     logits = model.forward(tokens, pos, cache, all_logits=True, capture=layers)
     return logits, {layer: model.captured[layer] for layer in layers}
+
+
+def clip_drafts(k: int, pos: int, max_tokens: int | None, capacity: int | None) -> int:
+    """k drafts at most, so that a round emits at most max_tokens tokens and the cache (capacity positions)
+    never overflows; pos = the position the round's first token is fed at."""
+    if max_tokens is not None:
+        k = min(k, max_tokens - 1)
+    if capacity is not None:
+        k = min(k, capacity - pos - 1)
+    return k
 
 
 def spec_round(model: Any, cache: Any, chooser: Chooser, drafter: Drafter, context: Sequence[int], k: int, *,
@@ -54,10 +64,7 @@ def spec_round(model: Any, cache: Any, chooser: Chooser, drafter: Drafter, conte
     """
     pos = len(context) - 1
     last = int(context[-1])
-    if max_tokens is not None:
-        k = min(k, max_tokens - 1)
-    if capacity is not None:
-        k = min(k, capacity - pos - 1)
+    k = clip_drafts(k, pos, max_tokens, capacity)
     t0 = time.perf_counter()
     bind = getattr(drafter, "bind_target", None)  # a drafter that reads the target's cache (dflash: KV taps)
     if bind is not None:
@@ -112,7 +119,8 @@ class SpecRound:
 
     def __call__(self, ctx: RoundContext) -> Round:
         can_block = self._can_block(ctx)
-        if can_block and self.drafter.block_instead(self._k(ctx)):  # decided ahead: nothing worth drafting
+        if can_block and self.drafter.block_instead(
+                clip_drafts(self.k, len(ctx.seq) - 1, ctx.max_tokens, self.capacity)):  # decided ahead: nothing worth drafting
             out = self._run_block(ctx)
             if out is not None:
                 rnd, self.features = out
@@ -123,11 +131,6 @@ class SpecRound:
                                         no_drafts=(lambda: self._run_block(ctx))
                                         if can_block and self.drafter.may_block() else None)
         return rnd
-
-    def _k(self, ctx: RoundContext) -> int:
-        """The draft length this round may ask for (spec_round's clipping)."""
-        pos = len(ctx.seq) - 1
-        return min(self.k, ctx.max_tokens - 1, (self.capacity or 1 << 30) - pos - 1)
 
     def _can_block(self, ctx: RoundContext) -> bool:
         """Whether this round may emit plain tokens in a decode block where it has no drafts: the drafter can
@@ -140,17 +143,8 @@ class SpecRound:
         """A decode block in place of a round with no drafts: (the round, the features of its fed positions),
         or None where the chooser cannot hand its choice over, there is room for one token only, or the block
         chose nothing (the round then verifies one token)."""
-        n = ctx.chooser.block_room(min(ctx.max_tokens, block_size()))
-        choice = ctx.chooser.block(n) if n > 1 else None
-        if choice is None:
-            return None
         t0 = time.perf_counter()
-        pos = len(ctx.seq) - 1
-        toks = ctx.model.decode_block(ctx.seq[-1], pos, ctx.cache, n, ctx.stop_ids, choice, capture=self.capture)
-        toks = toks or []
-        taken = ctx.chooser.accepted(toks)  # [] for none: rewinds the generator, nothing taken
-        if len(taken) < len(toks):  # a stop token given back: its position is chosen again
-            ctx.cache.truncate(ctx.cache.length - (len(toks) - len(taken)))
+        taken = decode_block(ctx, self.capture)  # rounds.plain_round's block, with the hidden rows
         if not taken:
             return None
         feats = None
