@@ -17,6 +17,13 @@ chance that drafts 1..j are all accepted: a round whose first draft is a guess b
 verify rows cost more than they would win), a confident one keeps its drafts. Measured on held-out chat
 with the MTP drafter (bench/results-verify.md): first drafts under 0.2 confidence were accepted 10% of the
 time, over 0.8 95%.
+
+A round's drafts are scored against the reply as it comes (`_score`): draft j counts as accepted iff the reply's
+token there equals it, which is exactly the verify's rule (the chooser draws the same token either way). So
+a drafter with cheap extra rows (`shadow`: DFlash drafts its whole block) has every row it drafted scored,
+verified or not, and each position's acceptance (and, per position, its confidence calibration) is learnt
+at every round instead of one position deeper per probe. A verify length's first timing in the process is
+left out of the cost table (a cold pass: buffers grown, first calls).
 """
 from __future__ import annotations
 
@@ -40,9 +47,10 @@ _COST_TABLES: "weakref.WeakKeyDictionary[Any, dict[int, float]]" = weakref.WeakK
 _CALIBRATIONS: weakref.WeakKeyDictionary[Any, tuple[list[float], list[float]]] = weakref.WeakKeyDictionary()
 
 
-def shared_calibration(key: Any) -> tuple[list[float], list[float]]:
-    """(hits, tries) per confidence bin, shared by every adaptive wrapper of the drafter network `key`."""
-    fresh = ([0.0] * CONF_BINS, [0.0] * CONF_BINS)
+def shared_calibration(key: Any, positions: int = 1) -> tuple[list[float], list[float]]:
+    """(hits, tries) per confidence bin (per draft position: bin b of position j at j * CONF_BINS + b, where
+    `positions` > 1), shared by every adaptive wrapper of the drafter network `key`."""
+    fresh = ([0.0] * CONF_BINS * positions, [0.0] * CONF_BINS * positions)
     if key is None:
         return fresh
     try:
@@ -66,10 +74,16 @@ class AdaptiveLength:
 
     def __init__(self, inner: Drafter, decay: float = 0.9, probe_every: int = 8,
                  clock: Callable[[], float] = time.perf_counter, cost_table: dict[int, float] | None = None,
-                 draft_fixed: float = 0.0):
+                 draft_fixed: float = 0.0, shadow: int = 0, conf_positions: int = 1):
         """draft_fixed: a round's drafting costs about (k + draft_fixed) draft steps (MTP: 1, its first step
         also runs the pairs fed since the last round; DFlash: 2, its block forward against the head's rows):
-        how a k not yet drafted is scaled from the nearest one measured (draft_cost)."""
+        how a k not yet drafted is scaled from the nearest one measured (draft_cost).
+        shadow: drafts asked beyond the ones a round verifies, only to be scored against the reply as it
+        comes (a drafter whose extra rows are cheap: DFlash's block has them anyway); see `_score`. With the
+        confidence gate, such a drafter's rows are all candidates for the verify (`keep`), not only choose_k's.
+        conf_positions: calibrate confidences per draft position (up to this many; the last bins serve deeper
+        ones) where a row's confidence is its marginal, not given the drafts before it (DFlash's block rows),
+        instead of one table for all positions (MTP's chained drafts)."""
         self.inner = inner
         self.name = inner.name
         self.features_needed = inner.features_needed
@@ -90,10 +104,21 @@ class AdaptiveLength:
         # for 3 drafts against ~3) in the per-k table, which then steered rounds away from it.
         self._first = True
         # per confidence bin: decayed counts of accepted | tried, and of tried (shared: shared_calibration)
-        self.conf_hits, self.conf_tries = shared_calibration(getattr(inner, "calibration_key", None))
+        self.conf_positions = max(conf_positions, 1)
+        self.conf_hits, self.conf_tries = shared_calibration(getattr(inner, "calibration_key", None),
+                                                             self.conf_positions)
         self._rounds = 0  # rounds decided on estimates, and tokens of the blocks run instead of rounds
         self._last_probe = 0  # the decision at which choose_k last explored one draft deeper
         self._planned: int | None = None  # the next propose's length, decided ahead (block_instead)
+        self.shadow = shadow
+        # rounds' drafts not yet scored against the reply: [drafts, the reply's tokens after the round's first
+        # position as observed so far, the position of the first rejected draft if the verify told (or None)]
+        self._shadows: list[list] = []
+        self._this: list | None = None  # the shadow of the round in flight (propose -> observe)
+        # verify lengths whose first timing was left out: a pass over t tokens the table has never seen ran
+        # cold (measured: the first round's 8-token pass priced T=8 ~2 ms over its later passes, and kept
+        # rounds from ever verifying 7 drafts again to correct it)
+        self._cold: set[int] = set()
 
     def reset(self) -> None:
         """A new reply. Costs are the machine's and acceptance follows the text: both are kept (decayed)."""
@@ -101,6 +126,9 @@ class AdaptiveLength:
         self._pending = None
         self._planned = None
         self._first = True
+        for sh in self._shadows:  # what the last reply showed of them (the rest is unknown)
+            self._score(sh, final=True)
+        self._shadows, self._this = [], None
 
     # -- estimates -----------------------------------------------------------------------------------------
     def acceptance(self, j: int) -> float:
@@ -138,10 +166,14 @@ class AdaptiveLength:
         k0 = min(self.draft_by_k, key=lambda j: abs(j - k))
         return self.draft_by_k[k0] * (k + self.draft_fixed) / (k0 + self.draft_fixed)
 
-    def chance(self, conf: float) -> float:
-        """Calibrated chance that a draft of this confidence is accepted (given the drafts before it were)."""
-        b = min(max(int(conf * CONF_BINS), 0), CONF_BINS - 1)
+    def chance(self, conf: float, j: int = 0) -> float:
+        """Calibrated chance that a draft of this confidence at position j is accepted (given the drafts before
+        it were)."""
+        b = self._bin(conf, j)
         return (self.conf_hits[b] + PRIOR_WEIGHT * conf) / (self.conf_tries[b] + PRIOR_WEIGHT)
+
+    def _bin(self, conf: float, j: int) -> int:
+        return min(max(int(conf * CONF_BINS), 0), CONF_BINS - 1) + CONF_BINS * min(j, self.conf_positions - 1)
 
     def keep(self, conf: Sequence[float], draft_ms: float) -> int:
         """How many of a round's drafts (their confidences) to verify: the most expected tokens per ms of the
@@ -151,7 +183,7 @@ class AdaptiveLength:
         best_n, best = 0, 1.0 / (self.cost_ms[1] + draft_ms)
         expected, p = 1.0, 1.0
         for n in range(1, len(conf) + 1):
-            p *= self.chance(conf[n - 1])
+            p *= self.chance(conf[n - 1], n - 1)
             expected += p
             rate = expected / (self.cost(n + 1) + draft_ms)
             if rate > best:
@@ -183,7 +215,7 @@ class AdaptiveLength:
         for k in range(1, k_max + 1):
             p *= self.acceptance(k - 1)
             expected += p
-            rate = expected / (self.cost(k + 1) + self.draft_cost(k))
+            rate = expected / (self.cost(k + 1) + self.draft_cost(self.drafted(k, k_max)))
             if rate > best:
                 best_k, best = k, rate
         self._rounds += 1
@@ -192,6 +224,10 @@ class AdaptiveLength:
             self._probe = True  # (propose verifies it whatever the drafter's confidence)
             return best_k + 1  # explore one position deeper: its acceptance may have changed
         return best_k
+
+    def drafted(self, k: int, k_max: int) -> int:
+        """Drafts asked of the drafter for a round that verifies k: k and the shadow rows beyond it."""
+        return min(k + self.shadow, max(k_max, k)) if k > 0 else 0
 
     # -- a round that drafts nothing: a decode block instead (engine.spec.round.SpecRound) -----------------
     def block_instead(self, k_max: int) -> bool:
@@ -215,7 +251,7 @@ class AdaptiveLength:
         token as one-token rounds did; no verify pass to time."""
         self._planned = None
         self._pending = None  # (a propose that kept no drafts: its one-token verify did not run)
-        self._conf = []
+        self._conf = []  # (self._this stays: a shadow's rows are scored against the block's tokens)
         self._rounds += max(n - 1, 0)
 
     # -- the drafter protocol ------------------------------------------------------------------------------
@@ -228,46 +264,99 @@ class AdaptiveLength:
             k_use = min(planned, k)
         if self.gate and hasattr(self.inner, "stop_below"):
             self.inner.stop_below = self.stop_chance()
+        k_draft = self.drafted(k_use, k)
         t0 = self.clock()
-        drafts = list(self.inner.propose(context_tokens, k_use, features)[:k_use]) if k_use > 0 else []
+        drafted = list(self.inner.propose(context_tokens, k_draft, features)[:k_draft]) if k_draft > 0 else []
         t1 = self.clock()
-        conf = list(getattr(self.inner, "confidence", None) or [])[:len(drafts)] if drafts and self.gate else []
+        conf = list(getattr(self.inner, "confidence", None) or [])[:len(drafted)] if drafted and self.gate else []
         first, self._first = self._first, False
-        if drafts and not first:
-            n = len(drafts)
+        if drafted and not first:
+            n = len(drafted)
             self.draft_by_k[n] = self._ema(self.draft_by_k.get(n, 0.0), (t1 - t0) * 1e3, n not in self.draft_by_k)
             self.draft_ms = self.draft_by_k[n] / n
-        if self.gate and conf and len(conf) == len(drafts) and not self._probe:
-            n = self.keep(conf, (t1 - t0) * 1e3)
-            if n < len(drafts):
-                self._cut += 1
-                if self._cut % self.probe_every == 0:
-                    n += 1  # now and then one more: the calibration of less sure drafts is measured too
-            drafts, conf = drafts[:n], conf[:n]
-        self._conf = conf if len(conf) == len(drafts) else []
+        gated = self.gate and bool(conf) and len(conf) == len(drafted)
+        if gated and self.shadow:  # any of the rows drafted, by their calibrated chances; shadows calibrate
+            drafts = drafted[:self.keep(conf, (t1 - t0) * 1e3)]  # the rest
+            self._conf = []
+        else:
+            drafts, conf = drafted[:k_use], conf[:k_use]
+            if gated and not self._probe:
+                n = self.keep(conf, (t1 - t0) * 1e3)
+                if n < len(drafts):
+                    self._cut += 1
+                    if self._cut % self.probe_every == 0:
+                        n += 1  # now and then one more: the calibration of less sure drafts is measured too
+                drafts, conf = drafts[:n], conf[:n]
+            self._conf = conf if len(conf) == len(drafts) else []
         self._pending = (len(drafts), t1)
+        shadow = drafted if self.shadow else drafts
+        self._this = [shadow, [], None, conf if gated and self.shadow else None] if shadow else None
+        if self._this is not None:
+            self._shadows.append(self._this)
         return drafts
 
     def observe(self, tokens: Sequence[int], features: Features | None) -> None:
         self.inner.observe(tokens, features)
-        if self._pending is None:
-            return  # prefill, not a round
+        if self._pending is None:  # prefill (no shadows yet), a decode block: the reply goes on
+            this, self._this = self._this, None
+            self._observed(tokens, this)
+            return
         n, t1 = self._pending
         self._pending = None
         t = n + 1
-        self.cost_ms[t] = self._ema(self.cost_ms.get(t, 0.0), (self.clock() - t1) * 1e3, t not in self.cost_ms)
+        if t in self.cost_ms or t in self._cold:
+            self.cost_ms[t] = self._ema(self.cost_ms.get(t, 0.0), (self.clock() - t1) * 1e3, t not in self.cost_ms)
+        else:  # the process's first pass over t tokens (buffers grown, first calls): not its cost
+            self._cold.add(t)
         accepted = min(max(len(tokens) - 1, 0), n)
-        while len(self.tries) < n:
-            self.hits.append(0.0)
-            self.tries.append(0.0)
         for j in range(min(accepted + 1, n)):  # positions 0..accepted were tried; 0..accepted-1 hit
-            self.tries[j] = self.tries[j] * self.decay + 1.0
-            self.hits[j] = self.hits[j] * self.decay + (1.0 if j < accepted else 0.0)
             if j < len(self._conf):
-                b = min(max(int(self._conf[j] * CONF_BINS), 0), CONF_BINS - 1)
+                b = self._bin(self._conf[j], j)
                 self.conf_tries[b] = self.conf_tries[b] * CONF_DECAY + 1.0
                 self.conf_hits[b] = self.conf_hits[b] * CONF_DECAY + (1.0 if j < accepted else 0.0)
         self._conf = []
+        this, self._this = self._this, None
+        if this is not None and accepted < n:
+            this[2] = accepted  # the verify told where the first rejected draft was
+        self._observed(tokens, this)
+
+    def _observed(self, tokens: Sequence[int], this: list | None = None) -> None:
+        """More of the reply: the tokens fed by a round (`this` = its own drafts' shadow, whose first fed token
+        is the round's last context token, not a reply token after it), a decode block, a prefill; then score
+        every shadow the reply now decides."""
+        for sh in self._shadows:
+            sh[1].extend(int(t) for t in (tokens[1:] if sh is this else tokens))
+        self._shadows = [sh for sh in self._shadows if not self._score(sh)]
+
+    def _score(self, sh: list, final: bool = False) -> bool:
+        """Score a round's drafts against the reply: the conditional acceptance of position j (d_1..d_j
+        emitted, given d_1..d_{j-1} were) is counted at every position the reply has reached, the verified
+        ones and the shadow rows beyond them alike (a shadow row is accepted exactly when the reply's token
+        there equals it: verification keeps a draft iff the chooser draws it). True when done: a mismatch
+        found, every draft reached, or `final` (what is known so far is counted)."""
+        drafts, seen, rejected, conf = sh
+        n = len(drafts)
+        reach = 0
+        while reach < min(n, len(seen)) and seen[reach] == drafts[reach]:
+            reach += 1
+        if rejected is not None and reach >= rejected:
+            reach, miss = rejected, True
+        else:
+            miss = reach < min(n, len(seen))
+        if not (miss or reach >= n or final):
+            return False
+        tried = min(reach + (1 if miss else 0), n)
+        while len(self.tries) < tried:
+            self.hits.append(0.0)
+            self.tries.append(0.0)
+        for j in range(tried):
+            self.tries[j] = self.tries[j] * self.decay + 1.0
+            self.hits[j] = self.hits[j] * self.decay + (1.0 if j < reach else 0.0)
+            if conf is not None:
+                b = self._bin(conf[j], j)
+                self.conf_tries[b] = self.conf_tries[b] * CONF_DECAY + 1.0
+                self.conf_hits[b] = self.conf_hits[b] * CONF_DECAY + (1.0 if j < reach else 0.0)
+        return True
 
     def _ema(self, old: float, new: float, first: bool) -> float:
         return new if first else old * self.decay + new * (1.0 - self.decay)

@@ -288,14 +288,23 @@ class DFlashDrafter:
 class DFlashAdaptive(AdaptiveLength):
     """AdaptiveLength with DFlash's cost model (a round's draft time is one block forward, fixed, plus the
     head over the k rows asked for: a k not yet drafted is scaled from the nearest one as (k + 2) / (k0 + 2),
-    the block costs about two head rows) and the target's cache handed through."""
+    the block costs about two head rows) and the target's cache handed through.
+
+    A round that drafts drafts the whole block (`shadow`: the rows past those the length planned cost ~0.07
+    ms each against a ~2 ms verify row) and verifies the first rows worth their calibrated chances (`keep`),
+    calibrated per block row (`conf_positions`: a row's confidence is its marginal, not given the rows before
+    it; one table for all rows had cut count300_en 1.57-1.67x to 1.41-1.55x). Every row drafted, verified or
+    not, is scored against the reply as it comes, so each position's acceptance is learnt at every round, not
+    one position deeper per probe: count300_plain_en 1.50-1.54x -> 1.67-1.77x, held-out chat the same
+    (bench/results-spec-dflash.md, "The adaptive length drafts the block")."""
+
+    shadow = 7  # block rows drafted beyond the verified ones, scored against the reply (AdaptiveLength)
+    confidence_gate = True  # verify the rows worth their calibrated confidence
 
     def __init__(self, inner, **kw):
-        super().__init__(inner, draft_fixed=2.0, **kw)
-        # No cut by confidence: a block row's confidence is its marginal (the rows are drafted together, not
-        # each given the ones before), and with the cut the A-B read count300_en 1.41 / 1.55x against 1.57 /
-        # 1.67x without it, held-out chat the same (bench/results-verify.md, 2026-12-05)
-        self.gate = False
+        rows = max(getattr(getattr(inner, "net", None), "block", 8) - 1, 1)
+        super().__init__(inner, draft_fixed=2.0, shadow=self.shadow, conf_positions=rows, **kw)
+        self.gate = self.confidence_gate
 
     def bind_target(self, model, cache) -> None:
         self.inner.bind_target(model, cache)

@@ -627,3 +627,77 @@ def test_adaptive_blocks_only_once_its_costs_are_measured():
     before = a._rounds
     a.blocked(8)
     assert a._rounds == before + 7 and a._planned is None
+
+
+class SureDrafter(ListDrafter):
+    """ListDrafter with a confidence per draft (given per position) and a count of rows asked."""
+
+    def __init__(self, script, conf):
+        super().__init__(script)
+        self.conf, self.asked = conf, []
+
+    def propose(self, context, k, features):
+        self.asked.append(k)
+        out = super().propose(context, k, features)
+        self.confidence = list(self.conf[:len(out)])
+        return out
+
+
+def test_shadow_rows_are_scored_against_the_reply():
+    """A drafter with cheap extra rows (`shadow`) drafts past what a round verifies; each row is counted as
+    accepted or not when the reply reaches it (a later round, a decode block), up to the first miss only."""
+    script = PROMPT + [1, 2, 3, 4, 5, 6]
+    for shadow, tried, hits in ((0, [1.0], [1.0]), (3, [1.0, 1.0, 1.0], [1.0, 1.0, 0.0])):
+        inner = SureDrafter(script, [0.5] * 8)
+        a = AdaptiveLength(inner, cost_table={1: 10.0, 2: 11.0}, shadow=shadow)
+        a.gate = False
+        a._planned = 1  # (block_instead decided this round verifies one draft)
+        assert a.propose(PROMPT, 4, None) == [1] and inner.asked == [1 + shadow]
+        a.observe([PROMPT[-1], 1], None)  # d1 accepted; the round's bonus token 2 goes out as the next last
+        a.blocked(3)
+        a.observe([2, 9, 4], None)  # a decode block: 2 (= d2), then 9 where the drafter said 3
+        assert (a.tries, a.hits) == (tried, hits)
+        assert a._shadows == []  # scored once, then gone
+    a = AdaptiveLength(SureDrafter(script, [0.5] * 8), cost_table={1: 10.0, 2: 11.0}, shadow=3)
+    a.gate, a._planned = False, 2
+    a.propose(PROMPT, 4, None)
+    a.observe([PROMPT[-1]], None)  # the verify rejected d1: known at once, the shadow is done
+    assert (a.tries, a.hits, a._shadows) == ([1.0], [0.0], [])
+
+
+def test_confidence_is_calibrated_per_position_for_marginal_rows():
+    """conf_positions > 1 (DFlash's block rows: each row's confidence is a marginal): a position whose sure
+    drafts keep failing gets its own low chance; the first position's bins are untouched."""
+    script = PROMPT + [1, 2, 3, 4]
+    a = AdaptiveLength(SureDrafter(script, [0.95, 0.95, 0.95]), cost_table={1: 10.0, 2: 10.1, 4: 10.3},
+                       shadow=3, conf_positions=3)
+    for _ in range(30):
+        a.reset()
+        a._planned = 3
+        drafts = a.propose(PROMPT, 3, None)
+        assert drafts == [1, 2, 3]  # sure and cheap: every row drafted is verified
+        a.observe([PROMPT[-1], 1, 2], None)  # the third draft rejected
+    assert a.chance(0.95, 0) > 0.9 and a.chance(0.95, 1) > 0.9 and a.chance(0.95, 2) < 0.2
+    a.cost_ms = {1: 10.0, 2: 12.0, 4: 16.0}  # verify rows that cost: the third row is not worth its chance
+    assert a.keep([0.95, 0.95, 0.95], draft_ms=1.0) == 2
+    assert AdaptiveLength(SureDrafter(script, []), cost_table=a.cost_ms).keep([0.95] * 3, draft_ms=1.0) == 3
+
+
+def test_a_verify_length_first_timing_is_left_out():
+    """The process's first pass over t tokens runs cold: its time is not t's cost; the next one is, and a
+    drafter of the same model (a later reply) records its own first pass."""
+    now = [0.0]
+    table: dict[int, float] = {}
+    a = AdaptiveLength(ListDrafter(PROMPT + list(range(10))), clock=lambda: now[0], cost_table=table)
+    for ms in (50.0, 10.0, 12.0):
+        a.propose(PROMPT, 3, None)
+        now[0] += ms / 1e3
+        a.observe([PROMPT[-1], *PROMPT[len(PROMPT):]], None)
+    # 3 drafts (T=4) explored twice: the first pass left out; then the one-token pass, T=1's first: left out
+    assert table == {4: pytest.approx(10.0)}
+    b = AdaptiveLength(ListDrafter(PROMPT + list(range(10))), clock=lambda: now[0], cost_table=table)
+    b._planned = 3
+    b.propose(PROMPT, 3, None)
+    now[0] += 0.030
+    b.observe([PROMPT[-1]], None)
+    assert table == {4: pytest.approx(10.0 * 0.9 + 30.0 * 0.1)}  # counted: the table had seen T=4
