@@ -72,6 +72,12 @@ def shared_cost_table(model: Any) -> dict[int, float]:
 class AdaptiveLength:
     """Wraps any drafter; implements the same protocol (engine.spec.base.Drafter)."""
 
+    # keep(): price a verify row at the rounds' measured rate (tokens per ms: maximise E(n) - rate x c(n+1), a
+    # row verified when its chance beats its cost in tokens) instead of maximising each round's own E(n) /
+    # c(n+1), which stops a sure round early and runs an unsure one long. DFlash's rows: count300 +0.1x
+    # (bench/results-spec-dflash.md); MTP's counting read 0.05x lower with it, within its spread: left off.
+    rate_keep = False
+
     def __init__(self, inner: Drafter, decay: float = 0.9, probe_every: int = 8,
                  clock: Callable[[], float] = time.perf_counter, cost_table: dict[int, float] | None = None,
                  draft_fixed: float = 0.0, shadow: int = 0, conf_positions: int = 1):
@@ -119,6 +125,7 @@ class AdaptiveLength:
         # cold (measured: the first round's 8-token pass priced T=8 ~2 ms over its later passes, and kept
         # rounds from ever verifying 7 drafts again to correct it)
         self._cold: set[int] = set()
+        self._tok = self._ms = 0.0  # decayed tokens and ms of the rounds (rate)
 
     def reset(self) -> None:
         """A new reply. Costs are the machine's and acceptance follows the text: both are kept (decayed)."""
@@ -177,18 +184,28 @@ class AdaptiveLength:
 
     def keep(self, conf: Sequence[float], draft_ms: float) -> int:
         """How many of a round's drafts (their confidences) to verify: the most expected tokens per ms of the
-        round (its drafting, already spent, plus the verify pass); all of them while costs are unknown."""
+        round (its drafting, already spent, plus the verify pass), or with `rate_keep` the most expected
+        tokens less the verify's ms at the rounds' rate; all of them while costs are unknown."""
         if 1 not in self.cost_ms or len(self.cost_ms) < 2:
             return len(conf)
-        best_n, best = 0, 1.0 / (self.cost_ms[1] + draft_ms)
+        lam = self.rate() if self.rate_keep else None
+        if lam is not None:  # E(n) - lam c(n+1): a row is verified when its chance beats the rate's price
+            lam = max(lam, 1.0 / self.cost_ms[1])
+            best_n, best = 0, 1.0 - lam * self.cost_ms[1]
+        else:
+            best_n, best = 0, 1.0 / (self.cost_ms[1] + draft_ms)
         expected, p = 1.0, 1.0
         for n in range(1, len(conf) + 1):
             p *= self.chance(conf[n - 1], n - 1)
             expected += p
-            rate = expected / (self.cost(n + 1) + draft_ms)
-            if rate > best:
-                best_n, best = n, rate
+            value = expected - lam * self.cost(n + 1) if lam is not None else expected / (self.cost(n + 1) + draft_ms)
+            if value > best:
+                best_n, best = n, value
         return best_n
+
+    def rate(self) -> float | None:
+        """Tokens per ms of the rounds so far (decayed): what a ms of verify is worth."""
+        return self._tok / self._ms if self._ms > 0 else None
 
     def stop_chance(self) -> float:
         """A drafter that can stop mid-round (`inner.stop_below`) stops once the product of its drafts'
@@ -288,7 +305,7 @@ class AdaptiveLength:
                         n += 1  # now and then one more: the calibration of less sure drafts is measured too
                 drafts, conf = drafts[:n], conf[:n]
             self._conf = conf if len(conf) == len(drafts) else []
-        self._pending = (len(drafts), t1)
+        self._pending = (len(drafts), t1, t0)
         shadow = drafted if self.shadow else drafts
         self._this = [shadow, [], None, conf if gated and self.shadow else None] if shadow else None
         if self._this is not None:
@@ -301,9 +318,11 @@ class AdaptiveLength:
             this, self._this = self._this, None
             self._observed(tokens, this)
             return
-        n, t1 = self._pending
+        n, t1, t0 = self._pending
         self._pending = None
         t = n + 1
+        self._tok = self._tok * self.decay + len(tokens)
+        self._ms = self._ms * self.decay + (self.clock() - t0) * 1e3
         if t in self.cost_ms or t in self._cold:
             self.cost_ms[t] = self._ema(self.cost_ms.get(t, 0.0), (self.clock() - t1) * 1e3, t not in self.cost_ms)
         else:  # the process's first pass over t tokens (buffers grown, first calls): not its cost

@@ -300,6 +300,7 @@ class DFlashAdaptive(AdaptiveLength):
 
     shadow = 7  # block rows drafted beyond the verified ones, scored against the reply (AdaptiveLength)
     confidence_gate = True  # verify the rows worth their calibrated confidence
+    rate_keep = True  # ... priced at the rounds' own rate (AdaptiveLength.keep)
 
     def __init__(self, inner, **kw):
         rows = max(getattr(getattr(inner, "net", None), "block", 8) - 1, 1)

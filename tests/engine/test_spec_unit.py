@@ -461,7 +461,7 @@ def test_confidence_calibration_is_learned():
     a = adaptive_with({1: 10.0, 2: 12.0, 4: 16.0, 8: 24.0}, 0.5)
     assert a.chance(0.95) == pytest.approx(0.95)  # no evidence yet: the confidence itself
     for _ in range(40):
-        a._conf, a._pending = [0.95, 0.95], (2, a.clock())
+        a._conf, a._pending = [0.95, 0.95], (2, a.clock(), a.clock())
         a.observe([5], None)  # the last token only: the first draft was rejected
     assert a.chance(0.95) < 0.2 and a.chance(0.35) == pytest.approx(0.35)
     assert a.conf_tries[9] > 0 and a.conf_tries[3] == 0  # the second draft was never tried
@@ -525,7 +525,7 @@ def test_calibration_is_shared_by_the_drafters_of_one_network():
         pass
     net, other = Net(), Net()
     a, b, c = AdaptiveLength(Keyed(net)), AdaptiveLength(Keyed(net)), AdaptiveLength(Keyed(other))
-    a._conf, a._pending = [0.95], (1, a.clock())
+    a._conf, a._pending = [0.95], (1, a.clock(), a.clock())
     a.observe([5], None)  # a reply learnt that its 0.95 drafts fail
     assert b.conf_tries[9] == 1.0 and b.chance(0.95) < 0.95  # the next reply of the same drafter knows it
     assert c.conf_tries[9] == 0.0 and AdaptiveLength(NgramDrafter()).conf_tries[9] == 0.0
@@ -701,3 +701,19 @@ def test_a_verify_length_first_timing_is_left_out():
     now[0] += 0.030
     b.observe([PROMPT[-1]], None)
     assert table == {4: pytest.approx(10.0 * 0.9 + 30.0 * 0.1)}  # counted: the table had seen T=4
+
+
+def test_rate_priced_keep_verifies_a_row_when_its_chance_beats_its_cost():
+    """rate_keep: a row is worth verifying when its chance of being reached beats the rounds' rate x its
+    verify cost; the per-round ratio runs the same unsure round one row longer."""
+    a = AdaptiveLength(SureDrafter([], []), cost_table={1: 10.0, 2: 12.0, 4: 16.0})
+    conf = [0.9, 0.75, 0.75]  # reached with 0.9, 0.675, 0.506; a row costs 2 ms
+    assert a.keep(conf, draft_ms=1.0) == 3
+    a.rate_keep = True
+    assert a.keep(conf, draft_ms=1.0) == 3  # no rate measured yet: the ratio
+    a._tok, a._ms = 3.0, 10.0  # 0.3 tokens a ms: a row must be reached with >= 0.6
+    assert a.rate() == pytest.approx(0.3) and a.keep(conf, draft_ms=1.0) == 2
+    a._tok = 0.5  # rounds slower than plain steps: priced at 1 / c(1) = 0.1, every row pays
+    assert a.keep(conf, draft_ms=1.0) == 3
+    a._tok = 10.0  # 1 token a ms: none pays, a plain step
+    assert a.keep(conf, draft_ms=1.0) == 0
