@@ -376,6 +376,7 @@ def export_file(out: Path, cfg: DFlashConfig, taps: Taps, params: dict[str, np.n
 
 
 def main() -> None:
+    global CKPT
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--minutes", type=float, default=60.0, help="training time of this run")
     ap.add_argument("--resume", action="store_true", help=f"continue from {CKPT.relative_to(HERE.parent)}")
@@ -394,7 +395,12 @@ def main() -> None:
     ap.add_argument("--ckpt-min", type=float, default=4.0)
     ap.add_argument("--log-every", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ckpt", default=None, metavar="PATH",
+                    help=f"checkpoint of this run (default {CKPT.relative_to(HERE.parent)}): a second design "
+                         "trained beside the first, e.g. --layers 2 --ckpt train/ckpt/dflash_l2.pt")
     a = ap.parse_args()
+    if a.ckpt:
+        CKPT = Path(a.ckpt).resolve()
     torch.set_num_threads(a.threads)
     if a.export:
         export()
