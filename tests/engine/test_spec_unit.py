@@ -717,3 +717,31 @@ def test_rate_priced_keep_verifies_a_row_when_its_chance_beats_its_cost():
     assert a.keep(conf, draft_ms=1.0) == 3
     a._tok = 10.0  # 1 token a ms: none pays, a plain step
     assert a.keep(conf, draft_ms=1.0) == 0
+
+
+def test_a_drafter_that_stops_by_itself_drafts_to_the_maximum():
+    """A drafter with `stop_below` (MTP) is asked for --draft-tokens whenever the plan drafts at all (it stops
+    where its confidences say the rest would not be verified; keep cuts the rest); a plan of no drafts asks
+    nothing, and a probe asks the one position deeper it explores."""
+    class Stopping(SureDrafter):
+        stop_below = 0.0
+
+    script = PROMPT + [1, 2, 3, 4, 5]
+    costs = {1: 10.0, 2: 10.1, 4: 10.3}
+    inner = Stopping(script, [0.99] * 5)
+    a = AdaptiveLength(inner, cost_table=dict(costs))
+    a._planned = 1
+    assert a.propose(PROMPT, 4, None) == [1, 2, 3, 4] and inner.asked == [4]
+    assert a.stop_chance() > 0 and inner.stop_below == a.stop_chance()
+    a.observe([PROMPT[-1], 1, 2, 3, 4], None)
+    a._planned = 0
+    assert a.propose(PROMPT, 4, None) == [] and inner.asked == [4]
+    a.observe([PROMPT[-1]], None)
+    a._planned, a._probe = 2, True  # (block_instead's probe one deeper: its flag stands)
+    a.propose(PROMPT, 4, None)
+    assert inner.asked[-1] == 2
+    plain = SureDrafter(script, [0.99] * 5)  # no stop_below: drafts what the plan says
+    b = AdaptiveLength(plain, cost_table=dict(costs))
+    b._planned = 1
+    b.propose(PROMPT, 4, None)
+    assert plain.asked == [1]
