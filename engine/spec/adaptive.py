@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from .base import Drafter, Features
@@ -67,6 +68,16 @@ def shared_cost_table(model: Any) -> dict[int, float]:
         return _COST_TABLES.setdefault(model, {})
     except TypeError:  # not weak-referenceable
         return {}
+
+
+@dataclass(eq=False)
+class Shadow:
+    """A round's drafted rows waiting to be scored against the reply (`AdaptiveLength._score`)."""
+
+    drafts: list[int]
+    conf: list[float] | None  # their confidences, to calibrate (None: not calibrated here)
+    seen: list[int] = field(default_factory=list)  # the reply's tokens after the round's first position so far
+    rejected: int | None = None  # the first rejected draft's position, where the round's verify told
 
 
 class AdaptiveLength:
@@ -122,10 +133,8 @@ class AdaptiveLength:
         self._last_probe = 0  # the decision at which choose_k last explored one draft deeper
         self._planned: int | None = None  # the next propose's length, decided ahead (block_instead)
         self.shadow = shadow
-        # rounds' drafts not yet scored against the reply: [drafts, the reply's tokens after the round's first
-        # position as observed so far, the position of the first rejected draft if the verify told (or None)]
-        self._shadows: list[list] = []
-        self._this: list | None = None  # the shadow of the round in flight (propose -> observe)
+        self._shadows: list[Shadow] = []  # rounds' drafts not yet scored against the reply
+        self._this: Shadow | None = None  # the shadow of the round in flight (propose -> observe)
         # verify lengths whose first timing was left out: a pass over t tokens the table has never seen ran
         # cold (measured: the first round's 8-token pass priced T=8 ~2 ms over its later passes, and kept
         # rounds from ever verifying 7 drafts again to correct it)
@@ -314,7 +323,7 @@ class AdaptiveLength:
             self._conf = conf if len(conf) == len(drafts) else []
         self._pending = (len(drafts), t1, t0)
         shadow = drafted if self.shadow else drafts
-        self._this = [shadow, [], None, conf if gated and self.shadow else None] if shadow else None
+        self._this = Shadow(shadow, conf if gated and self.shadow else None) if shadow else None
         if self._this is not None:
             self._shadows.append(self._this)
         return drafts
@@ -343,24 +352,24 @@ class AdaptiveLength:
         self._conf = []
         this, self._this = self._this, None
         if this is not None and accepted < n:
-            this[2] = accepted  # the verify told where the first rejected draft was
+            this.rejected = accepted  # the verify told where the first rejected draft was
         self._observed(tokens, this)
 
-    def _observed(self, tokens: Sequence[int], this: list | None = None) -> None:
+    def _observed(self, tokens: Sequence[int], this: Shadow | None = None) -> None:
         """More of the reply: the tokens fed by a round (`this` = its own drafts' shadow, whose first fed token
         is the round's last context token, not a reply token after it), a decode block, a prefill; then score
         every shadow the reply now decides."""
         for sh in self._shadows:
-            sh[1].extend(int(t) for t in (tokens[1:] if sh is this else tokens))
+            sh.seen.extend(int(t) for t in (tokens[1:] if sh is this else tokens))
         self._shadows = [sh for sh in self._shadows if not self._score(sh)]
 
-    def _score(self, sh: list, final: bool = False) -> bool:
+    def _score(self, sh: Shadow, final: bool = False) -> bool:
         """Score a round's drafts against the reply: the conditional acceptance of position j (d_1..d_j
         emitted, given d_1..d_{j-1} were) is counted at every position the reply has reached, the verified
         ones and the shadow rows beyond them alike (a shadow row is accepted exactly when the reply's token
         there equals it: verification keeps a draft iff the chooser draws it). True when done: a mismatch
         found, every draft reached, or `final` (what is known so far is counted)."""
-        drafts, seen, rejected, conf = sh
+        drafts, seen, rejected, conf = sh.drafts, sh.seen, sh.rejected, sh.conf
         n = len(drafts)
         reach = 0
         while reach < min(n, len(seen)) and seen[reach] == drafts[reach]:
