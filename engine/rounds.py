@@ -117,8 +117,7 @@ def decode_block(ctx: RoundContext, capture: tuple[int, ...] = ()) -> list[int] 
     choice = ctx.chooser.block(n) if block is not None else None
     if choice is None:
         return None
-    kw = {"capture": capture} if capture else {}
-    toks = block(ctx.seq[-1], len(ctx.seq) - 1, ctx.cache, n, ctx.stop_ids, choice, **kw) or []  # None: not yet
+    toks = block(ctx.seq[-1], len(ctx.seq) - 1, ctx.cache, n, ctx.stop_ids, choice, capture=capture) or []  # None: not yet
     taken = ctx.chooser.accepted(toks)  # [] for none: rewinds the generator, nothing taken
     if len(taken) < len(toks):  # a stop token given back: its position is chosen again
         ctx.cache.truncate(ctx.cache.length - (len(toks) - len(taken)))

@@ -88,6 +88,7 @@ class AdaptiveLength:
     # c(n+1), which stops a sure round early and runs an unsure one long. DFlash's rows: count300 +0.1x
     # (bench/results-spec-dflash.md); MTP's counting read 0.05x lower with it, within its spread: left off.
     rate_keep = False
+    gate = True  # cut rounds by the drafter's confidence (False: by the acceptance history only)
     # A drafter that stops mid-round by its own confidences (`inner.stop_below`: MTP) drafts up to k_max in a
     # round the plan drafts at all, and `keep` cuts what is not worth its verify row: the plan (choose_k, on the
     # acceptance history) then only decides draft or block. MTP3, four A-B rounds: count300_en 2.44-2.84 ->
@@ -117,10 +118,8 @@ class AdaptiveLength:
         self.draft_by_k: dict[int, float] = {}  # k -> EMA ms of a round's drafting
         self.draft_fixed = draft_fixed
         self._pending: tuple[int, float] | None = None  # (n drafts, time propose returned)
-        self._conf: list[float] = []  # the kept drafts' confidences (inner.confidence), for observe
         self._cut = 0  # rounds whose drafts the confidences cut short (every probe_every-th keeps one more)
         self._probe = False  # this round explores one position deeper (choose_k): no cut
-        self.gate = True  # cut rounds by the drafter's confidence (False: by the acceptance history only)
         # the first round of a reply also runs what the drafter has not yet of the prompt (MTP: its pairs
         # since the last whole chunk): not a round's drafting cost. Kept, it priced that k at ~8x (24.6 ms
         # for 3 drafts against ~3) in the per-k table, which then steered rounds away from it.
@@ -258,7 +257,7 @@ class AdaptiveLength:
 
     def drafted(self, k: int, k_max: int) -> int:
         """Drafts asked of the drafter for a round that verifies k: k and the shadow rows beyond it."""
-        return min(k + self.shadow, max(k_max, k)) if k > 0 else 0
+        return min(k + self.shadow, k_max) if k > 0 else 0
 
     # -- a round that drafts nothing: a decode block instead (engine.spec.round.SpecRound) -----------------
     def block_instead(self, k_max: int) -> bool:
@@ -282,7 +281,7 @@ class AdaptiveLength:
         token as one-token rounds did; no verify pass to time."""
         self._planned = None
         self._pending = None  # (a propose that kept no drafts: its one-token verify did not run)
-        self._conf = []  # (self._this stays: a shadow's rows are scored against the block's tokens)
+        # (self._this stays: the rows the propose drafted are scored against the block's tokens)
         self._rounds += max(n - 1, 0)
 
     # -- the drafter protocol ------------------------------------------------------------------------------
@@ -308,9 +307,8 @@ class AdaptiveLength:
             self.draft_by_k[n] = self._ema(self.draft_by_k.get(n, 0.0), (t1 - t0) * 1e3, n not in self.draft_by_k)
             self.draft_ms = self.draft_by_k[n] / n
         gated = self.gate and bool(conf) and len(conf) == len(drafted)
-        if gated and self.shadow:  # any of the rows drafted, by their calibrated chances; shadows calibrate
-            drafts = drafted[:self.keep(conf, (t1 - t0) * 1e3)]  # the rest
-            self._conf = []
+        if gated and self.shadow:  # any of the rows drafted, by their calibrated chances
+            drafts = drafted[:self.keep(conf, (t1 - t0) * 1e3)]
         else:
             drafts, conf = drafted[:k_use], conf[:k_use]
             if gated and not self._probe:
@@ -320,10 +318,11 @@ class AdaptiveLength:
                     if self._cut % self.probe_every == 0:
                         n += 1  # now and then one more: the calibration of less sure drafts is measured too
                 drafts, conf = drafts[:n], conf[:n]
-            self._conf = conf if len(conf) == len(drafts) else []
         self._pending = (len(drafts), t1, t0)
-        shadow = drafted if self.shadow else drafts
-        self._this = Shadow(shadow, conf if gated and self.shadow else None) if shadow else None
+        # scored against the reply, with the confidences to calibrate: every row drafted (a shadow drafter), or
+        # the drafts verified (the rest were cut: the acceptance history is of the kept ones)
+        shadow, conf = (drafted, conf) if self.shadow else (drafts, conf[:len(drafts)])
+        self._this = Shadow(shadow, conf if gated else None) if shadow else None
         if self._this is not None:
             self._shadows.append(self._this)
         return drafts
@@ -337,19 +336,14 @@ class AdaptiveLength:
         n, t1, t0 = self._pending
         self._pending = None
         t = n + 1
+        now = self.clock()
         self._tok = self._tok * self.decay + len(tokens)
-        self._ms = self._ms * self.decay + (self.clock() - t0) * 1e3
+        self._ms = self._ms * self.decay + (now - t0) * 1e3
         if t in self.cost_ms or t in self._cold:
-            self.cost_ms[t] = self._ema(self.cost_ms.get(t, 0.0), (self.clock() - t1) * 1e3, t not in self.cost_ms)
+            self.cost_ms[t] = self._ema(self.cost_ms.get(t, 0.0), (now - t1) * 1e3, t not in self.cost_ms)
         else:  # the process's first pass over t tokens (buffers grown, first calls): not its cost
             self._cold.add(t)
         accepted = min(max(len(tokens) - 1, 0), n)
-        for j in range(min(accepted + 1, n)):  # positions 0..accepted were tried; 0..accepted-1 hit
-            if j < len(self._conf):
-                b = self._bin(self._conf[j], j)
-                self.conf_tries[b] = self.conf_tries[b] * CONF_DECAY + 1.0
-                self.conf_hits[b] = self.conf_hits[b] * CONF_DECAY + (1.0 if j < accepted else 0.0)
-        self._conf = []
         this, self._this = self._this, None
         if this is not None and accepted < n:
             this.rejected = accepted  # the verify told where the first rejected draft was

@@ -298,14 +298,11 @@ class DFlashAdaptive(AdaptiveLength):
     one position deeper per probe: count300_plain_en 1.50-1.54x -> 1.67-1.77x, held-out chat the same
     (bench/results-spec-dflash.md, "The adaptive length drafts the block")."""
 
-    shadow = 7  # block rows drafted beyond the verified ones, scored against the reply (AdaptiveLength)
-    confidence_gate = True  # verify the rows worth their calibrated confidence
-    rate_keep = True  # ... priced at the rounds' own rate (AdaptiveLength.keep)
+    rate_keep = True  # the rows worth their calibrated confidence, priced at the rounds' own rate (keep)
 
     def __init__(self, inner, **kw):
-        rows = max(getattr(getattr(inner, "net", None), "block", 8) - 1, 1)
-        super().__init__(inner, draft_fixed=2.0, shadow=self.shadow, conf_positions=rows, **kw)
-        self.gate = self.confidence_gate
+        rows = max(getattr(getattr(inner, "net", None), "block", 8) - 1, 1)  # the block's draft rows
+        super().__init__(inner, draft_fixed=2.0, shadow=rows, conf_positions=rows, **kw)
 
     def bind_target(self, model, cache) -> None:
         self.inner.bind_target(model, cache)

@@ -229,7 +229,7 @@ def test_dflash_speculation_is_lossless(tiny, hot, gate, monkeypatch):
     none, so drafts are asserted without the gate)"""
     from engine.api import Engine
     from engine.spec.dflash import DFlashAdaptive
-    monkeypatch.setattr(DFlashAdaptive, "confidence_gate", gate)
+    monkeypatch.setattr(DFlashAdaptive, "gate", gate)
     path, _ = tiny
     eng = Engine.load(EngineArgs(model=str(path), max_context=256, prefix_reuse=False, lm_head_draft=hot))
     assert eng.spec_modes()["dflash"] is None

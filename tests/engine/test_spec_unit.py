@@ -456,12 +456,20 @@ def test_confidence_keeps_the_drafts_that_pay():
     assert adaptive_with({}, 0.5).keep([0.01], draft_ms=1.0) == 1  # costs unknown: verify everything
 
 
+def _verifying(a, conf):
+    """Put `a` where a propose of len(conf) drafts with these confidences leaves it (its verify pending)."""
+    from engine.spec.adaptive import Shadow
+    a._this = Shadow(list(range(1, len(conf) + 1)), list(conf))
+    a._shadows.append(a._this)
+    a._pending = (len(conf), a.clock(), a.clock())
+
+
 def test_confidence_calibration_is_learned():
     """A drafter sure of drafts the target keeps rejecting: the calibrated chance of its confidence falls."""
     a = adaptive_with({1: 10.0, 2: 12.0, 4: 16.0, 8: 24.0}, 0.5)
     assert a.chance(0.95) == pytest.approx(0.95)  # no evidence yet: the confidence itself
     for _ in range(40):
-        a._conf, a._pending = [0.95, 0.95], (2, a.clock(), a.clock())
+        _verifying(a, [0.95, 0.95])
         a.observe([5], None)  # the last token only: the first draft was rejected
     assert a.chance(0.95) < 0.2 and a.chance(0.35) == pytest.approx(0.35)
     assert a.conf_tries[9] > 0 and a.conf_tries[3] == 0  # the second draft was never tried
@@ -525,7 +533,7 @@ def test_calibration_is_shared_by_the_drafters_of_one_network():
         pass
     net, other = Net(), Net()
     a, b, c = AdaptiveLength(Keyed(net)), AdaptiveLength(Keyed(net)), AdaptiveLength(Keyed(other))
-    a._conf, a._pending = [0.95], (1, a.clock(), a.clock())
+    _verifying(a, [0.95])
     a.observe([5], None)  # a reply learnt that its 0.95 drafts fail
     assert b.conf_tries[9] == 1.0 and b.chance(0.95) < 0.95  # the next reply of the same drafter knows it
     assert c.conf_tries[9] == 0.0 and AdaptiveLength(NgramDrafter()).conf_tries[9] == 0.0
