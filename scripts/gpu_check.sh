@@ -10,6 +10,7 @@
 #   python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl gguf==0.19.0 numba-cuda==0.30.4
 #
+# The environment set-up (python, the carried wheels) is scripts/device_env.sh, shared with device_model.sh.
 # Steps (each under its own timeout; a failing step is reported and the next one still runs):
 #   1. environment: GPU, driver, python, numba / numba-cuda / cuda-core versions (carried wheels fill gaps)
 #   2. every kernel vs kernels/ref.py on the real device (tests/engine/test_cuda_kernels.py --worker)
@@ -32,50 +33,10 @@ BENCH_ARGS=${GPU_CHECK_BENCH_ARGS:---tokens 128 --prompt 64 --long 1024}
 T0=$(date +%s)
 say() { echo "[gpu_check +$(( $(date +%s) - T0 ))s] $*"; }
 
-PY=${PYTHON:-}
-if [ -z "$PY" ]; then
-  for c in python3 /opt/torch/.venv/bin/python3 .venv/bin/python; do
-    if command -v "$c" >/dev/null 2>&1 && "$c" -c "import numpy" 2>/dev/null; then PY=$c; break; fi
-  done
-fi
-[ -n "$PY" ] || { echo "gpu_check: no python with numpy found"; exit 2; }
-
 say "1/5 environment"
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader \
   || [ "${GPU_CHECK_DRY:-0}" = 1 ] || { echo "gpu_check: nvidia-smi failed: no GPU here"; exit 2; }
-SITE=/tmp/ninfer-site
-mkdir -p "$SITE"
-if ! "$PY" -c "import gguf" 2>/dev/null; then
-  ls .whl/gguf-*.whl >/dev/null 2>&1 && "$PY" -m pip install -q --no-index --no-deps --no-compile \
-    --target "$SITE" .whl/gguf-*.whl || "$PY" -m pip install -q --retries 0 --timeout 5 --target "$SITE" gguf || true
-fi
-# numba-cuda >= 0.30.4 launches into cuda.core graph builders; an older one gets the carried wheel
-if ! "$PY" - <<'EOF' 2>/dev/null
-import importlib.metadata as m, sys
-v = tuple(int(x) for x in m.version("numba-cuda").split(".")[:3] if x.isdigit())
-sys.exit(0 if v >= (0, 30, 4) else 1)
-EOF
-then
-  ls .whl/numba_cuda-*.whl >/dev/null 2>&1 && "$PY" -m pip install -q --no-index --no-deps --no-compile \
-    --target "$SITE" .whl/numba_cuda-*.whl || "$PY" -m pip install -q --retries 0 --timeout 5 --target "$SITE" 'numba-cuda>=0.30.4,<0.31' || true
-  # its .pth redirector (numba.cuda -> numba_cuda) only runs from a site dir: make $SITE one
-  printf 'import os, site\nsite.addsitedir(os.path.dirname(os.path.abspath(__file__)))\n' > "$SITE/sitecustomize.py"
-  # the carried numba-cuda must work with the image's numba / cuda-core; else keep the image's (plain launches)
-  if ! PYTHONPATH="$SITE" "$PY" -c "from numba import cuda; assert cuda.is_available()" 2>/dev/null; then
-    echo "gpu_check: carried numba-cuda does not start with this image; using the image's numba-cuda"
-    rm -rf "$SITE"/numba_cuda* "$SITE"/_numba_cuda_redirector* "$SITE/sitecustomize.py"
-  fi
-fi
-# numba-cuda 0.30 registers an overload for np.row_stack, which numpy 2.5 removed: alias it before numba loads
-cat >> "$SITE/sitecustomize.py" <<'PYEOF'
-try:
-    import numpy as _np
-    if not hasattr(_np, "row_stack"):
-        _np.row_stack = _np.vstack
-except Exception:
-    pass
-PYEOF
-export PYTHONPATH="$SITE:$PWD:$PWD/tests/engine${PYTHONPATH:+:$PYTHONPATH}"
+. scripts/device_env.sh
 "$PY" - <<'EOF' | tee "$RES/env.txt"
 import importlib.metadata as m, platform
 print("python", platform.python_version())
