@@ -10,6 +10,9 @@ calls made back to back, and the last call joins them and checks the file's sha2
     python -m engine.bench.real_model join --parts-dir DIR --manifest .devmodel/manifest.json --out FILE
     python -m engine.bench.real_model check --model FILE --expected bench/gpu_expected.json --backend cuda
                                              [--tp 2] [--plain] [--json out.json]
+    ncu --profile-from-start off --csv --metrics gpu__time_duration.sum \
+        python -m engine.bench.real_model profile --model FILE > ncu.csv      # one decode step, plain launches
+    python -m engine.bench.real_model ncu-summary ncu.csv                     # us and launches per kernel name
 
 `expected` records, per prompt (the shared workloads and held-out chat prompts, rendered by the model's chat
 template; token ids, so the device needs no tokenizer), the greedy tokens of the cpu backend (int8
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -195,6 +199,69 @@ def check(model_path: Path, rec: dict, backend: str, tp: int = 1, plain: bool = 
     return res
 
 
+def profile(model_path: Path, steps: int = 1, prompt_len: int = 64) -> dict:
+    """Decode steps of the cuda runner with plain launches (fused kernels, no graph) inside
+    cuda.profile_start/stop, for `ncu --profile-from-start off` to time each kernel of one step; the prefill
+    and two warm steps stay outside the profiled range."""
+    from numba import cuda
+    r = runner(model_path, "cuda", prompt_len)
+    r.enabled, r.fallback_reason = False, "profiling"  # GraphDecoder: plain launches, so ncu sees kernels
+    rec = json.loads(EXPECTED.read_text())
+    vocab = r.args.vocab_size
+    ids = [t % vocab for t in (rec["prompts"][0]["ids"] * 8)[:prompt_len]]
+    cache = r.new_cache(prompt_len + steps + 4)
+    logits = r.forward(np.asarray(ids, np.int32), 0, cache)
+    pos = len(ids)
+    for i in range(2 + steps):
+        if i == 2:
+            cuda.synchronize()
+            getattr(cuda, "profile_start", lambda: None)()  # (the CUDA simulator has no profiler calls)
+        logits = r.forward(np.array([int(np.argmax(logits[-1]))], np.int32), pos, cache)
+        pos += 1
+    cuda.synchronize()
+    getattr(cuda, "profile_stop", lambda: None)()
+    return {"profiled_steps": steps, "context": pos, "runner": r.describe()}
+
+
+def kernel_name(full: str) -> str:
+    """The function's own name from ncu's kernel name: demangled ("cudapy::engine::...::matmul_q4[abi:..](..)")
+    or Itanium-mangled ("_ZN6cudapy6engine...9matmul_q4B..." as numba emits it)."""
+    if full.startswith("_ZN"):
+        i, parts = 3, []
+        while i < len(full) and full[i].isdigit():
+            j = i
+            while full[j].isdigit():
+                j += 1
+            n = int(full[i:j])
+            parts.append(full[j:j + n])
+            i = j + n
+        return parts[-1] if parts else full
+    return re.split(r"[\[(<]", full)[0].split("::")[-1].strip()
+
+
+def ncu_summary(csv_text: str, steps: int = 1) -> dict:
+    """ncu --csv --metrics gpu__time_duration.sum output -> per kernel name: launches a step, us a step, share."""
+    import csv
+    import io
+    lines = csv_text[csv_text.find('"ID"'):] if '"ID"' in csv_text else ""
+    per: dict[str, list] = {}
+    for row in csv.DictReader(io.StringIO(lines)):
+        if row.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        unit = row.get("Metric Unit", "nsecond")
+        v = float(row["Metric Value"].replace(",", "")) * {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(unit, 1e-3)
+        name = kernel_name(row["Kernel Name"])
+        e = per.setdefault(name, [0, 0.0])
+        e[0] += 1
+        e[1] += v
+    total = sum(v for _, v in per.values())
+    kernels = {k: {"launches": n // steps, "us": round(v / steps, 1), "mean_us": round(v / n, 2),
+                   "share": round(v / total, 3) if total else 0.0}
+               for k, (n, v) in sorted(per.items(), key=lambda kv: -kv[1][1])}
+    return {"us_per_step": round(total / steps, 1), "launches_per_step": sum(n for n, _ in per.values()) // steps,
+            "kernels": kernels}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine.bench.real_model", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -219,6 +286,13 @@ def main(argv=None) -> int:
     c.add_argument("--plain", action="store_true", help="engine.model.Model over the backend's kernels instead "
                    "of the backend's runner (cuda: no fused kernels, no graph)")
     c.add_argument("--json")
+    f = sub.add_parser("profile", help="one decode step on the cuda runner, for ncu (scripts/device_model.sh)")
+    f.add_argument("--model", required=True)
+    f.add_argument("--steps", type=int, default=1)
+    n = sub.add_parser("ncu-summary", help="per-kernel GPU time of ncu's --csv output")
+    n.add_argument("csv")
+    n.add_argument("--steps", type=int, default=1)
+    n.add_argument("--json")
     o = ap.parse_args(argv)
 
     if o.cmd in ("split", "expected"):
@@ -234,6 +308,13 @@ def main(argv=None) -> int:
         Path(o.out).write_text(json.dumps(rec) + "\n")
         print(f"wrote {o.out}: {len(rec['prompts'])} prompts, cpu == ref on "
               f"{sum(p['cpu'] == p['ref'] for p in rec['prompts'])}")
+    elif o.cmd == "profile":
+        print(json.dumps(profile(Path(o.model), o.steps)))
+    elif o.cmd == "ncu-summary":
+        res = ncu_summary(Path(o.csv).read_text(errors="replace"), o.steps)
+        print(json.dumps(res))
+        if o.json:
+            Path(o.json).write_text(json.dumps(res) + "\n")
     elif o.cmd == "join":
         join(Path(o.parts_dir), json.loads(Path(o.manifest).read_text()), Path(o.out))
         print(f"joined {o.out}")

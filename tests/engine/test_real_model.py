@@ -61,3 +61,21 @@ def test_committed_record_matches_the_default_model(smollm2_path):
     assert rec["sha256"] == rm.sha256(Path(smollm2_path))
     res = rm.check(Path(smollm2_path), rec, "cpu")
     assert res["same_as_cpu"] == res["n_prompts"] == len(rec["prompts"]) >= 6
+
+
+NCU_CSV = '''==PROF== Connected to process 4242 (/usr/bin/python3.12)
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","4242","python3","127.0.0.1","cudapy::engine::backends::cuda::quant::matmul_q4[abi:v1,cw51cXTLSUwv1sDUaKthqqNgqKmjgOR3W3CwAkMXLaJtQYkOIgxJU0gCqOkEJoHkbttqdVhoqlspQGNFHSgJ5BnXagIA](Array<float, (int)2, C, mutable, aligned>)","1","7","(32, 4, 1)","(144, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","nsecond","3,000"
+"1","4242","python3","127.0.0.1","_ZN6cudapy6engine8backends4cuda3ops7rmsnormB2v1E5ArrayIfLi2E1C7mutable7alignedE","1","7","(128, 1, 1)","(1, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","nsecond","1,000"
+"2","4242","python3","127.0.0.1","cudapy::engine::backends::cuda::quant::matmul_q4[abi:v1,x](Array<float, (int)2, C, mutable, aligned>)","1","7","(32, 4, 1)","(144, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","5"
+==PROF== Disconnected from process 4242
+'''
+
+
+def test_ncu_summary_groups_kernels_by_name():
+    res = rm.ncu_summary(NCU_CSV)
+    assert res["us_per_step"] == 9.0 and res["launches_per_step"] == 3
+    assert res["kernels"]["matmul_q4"] == {"launches": 2, "us": 8.0, "mean_us": 4.0, "share": 0.889}
+    assert res["kernels"]["rmsnorm"]["us"] == 1.0
+    assert list(res["kernels"]) == ["matmul_q4", "rmsnorm"]
+    assert rm.ncu_summary("no kernels were profiled") == {"us_per_step": 0.0, "launches_per_step": 0, "kernels": {}}
