@@ -216,16 +216,16 @@ def evaluate(model: DFlashDrafter, held: Shards, hot_ids: np.ndarray, hot_index:
 
 
 # -------------------------------------------------------------------------------------------- training
-def save_ckpt(model: DFlashDrafter, opt, state: dict) -> None:
-    CKPT.parent.mkdir(parents=True, exist_ok=True)
-    tmp = CKPT.with_suffix(".tmp")
+def save_ckpt(ckpt: Path, model: DFlashDrafter, opt, state: dict) -> None:
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    tmp = ckpt.with_suffix(".tmp")
     torch.save(dict(state, model=model.state_arrays(), opt=opt.state_dict()), tmp)
-    os.replace(tmp, CKPT)
+    os.replace(tmp, ckpt)
 
 
 def build(a, taps: Taps, train: Shards):
     """(model, optimizer state or None, run state) from the checkpoint or the target."""
-    ck = torch.load(CKPT, weights_only=False) if a.resume else None
+    ck = torch.load(a.ckpt, weights_only=False) if a.resume else None
     n_layers, block = (ck["n_layers"], ck["block"]) if ck else (a.layers, a.block)
     cfg, tg = load_target(model_path(), n_layers, taps, block)
     if ck is not None:
@@ -309,7 +309,7 @@ def train(a) -> None:
                 last_eval = time.time()
             if now - last_ckpt > 60 * a.ckpt_min:
                 st["train_s"] += now - last_ckpt
-                save_ckpt(model, opt, st)
+                save_ckpt(a.ckpt, model, opt, st)
                 last_ckpt = now
         else:
             st["epoch"] += 1
@@ -320,8 +320,8 @@ def train(a) -> None:
     log(f"eval step {st['step']}: {json.dumps(st['last_eval'])}")
     st["train_tokens"] = int(sum(len(s[0]) - s[2] for s in train_set.seqs))
     st["train_sequences"] = len(train_set.seqs)
-    save_ckpt(model, opt, st)
-    log(f"checkpoint {CKPT.relative_to(HERE.parent)}: step {st['step']}, {st['train_s'] / 60:.1f} min trained in all")
+    save_ckpt(a.ckpt, model, opt, st)
+    log(f"checkpoint {_rel(a.ckpt)}: step {st['step']}, {st['train_s'] / 60:.1f} min trained in all")
 
 
 def current_taps() -> Taps:
@@ -332,9 +332,9 @@ def current_taps() -> Taps:
 
 
 # ---------------------------------------------------------------------------------------------- export
-def export() -> Path:
+def export(ckpt: Path = CKPT) -> Path:
     """Write the runtime's drafter file from the checkpoint (format ninfer-dflash v1, see train/README.md)."""
-    ck = torch.load(CKPT, weights_only=False)
+    ck = torch.load(ckpt, weights_only=False)
     path = model_path()
     sha = sha256_of(path)
     if ck["base_sha256"] != sha:
@@ -375,11 +375,14 @@ def export_file(out: Path, cfg: DFlashConfig, taps: Taps, params: dict[str, np.n
     os.replace(tmp, out)
 
 
+def _rel(p: Path) -> str:
+    return str(p.relative_to(HERE.parent)) if p.is_relative_to(HERE.parent) else str(p)
+
+
 def main() -> None:
-    global CKPT
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--minutes", type=float, default=60.0, help="training time of this run")
-    ap.add_argument("--resume", action="store_true", help=f"continue from {CKPT.relative_to(HERE.parent)}")
+    ap.add_argument("--resume", action="store_true", help="continue from the checkpoint (--ckpt)")
     ap.add_argument("--export", action="store_true", help="only export the checkpoint")
     ap.add_argument("--layers", type=int, default=1, help="draft decoder layers (a fresh run)")
     ap.add_argument("--block", type=int, default=8, help="block size B: the bonus token + B-1 drafts (a fresh run)")
@@ -396,17 +399,16 @@ def main() -> None:
     ap.add_argument("--log-every", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ckpt", default=None, metavar="PATH",
-                    help=f"checkpoint of this run (default {CKPT.relative_to(HERE.parent)}): a second design "
+                    help=f"checkpoint of this run (default {_rel(CKPT)}): a second design "
                          "trained beside the first, e.g. --layers 2 --ckpt train/ckpt/dflash_l2.pt")
     a = ap.parse_args()
-    if a.ckpt:
-        CKPT = Path(a.ckpt).resolve()
+    a.ckpt = Path(a.ckpt).resolve() if a.ckpt else CKPT
     torch.set_num_threads(a.threads)
     if a.export:
-        export()
+        export(a.ckpt)
         return
-    if a.resume and not CKPT.exists():
-        raise SystemExit(f"--resume: no checkpoint at {CKPT}")
+    if a.resume and not a.ckpt.exists():
+        raise SystemExit(f"--resume: no checkpoint at {a.ckpt}")
     train(a)
 
 
