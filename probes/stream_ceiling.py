@@ -90,7 +90,7 @@ def role_major(ws):
 
 def _acts(n, rng):
     x = rng.standard_normal((1, n)).astype(np.float32)
-    qa, sa, xs = np.zeros((1, n), np.int8), np.zeros((1, n // 32), np.float32), np.zeros((1, n // 32), np.float32)
+    qa, sa, xs = np.zeros((1, n), np.int8), np.zeros((1, n // 32), np.float32), np.zeros((1, 2 * (n // 32)), np.float32)
     quantize_rows(qa, sa, xs, x)
     return qa, sa, xs
 

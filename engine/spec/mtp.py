@@ -73,7 +73,7 @@ def _matmul_serial(out, x, w, scratch):
         matmul(out, x, w, scratch)
         return
     t_n, n = x.shape
-    qa, sa, xs = scratch.qa[:t_n, :n], scratch.sa[:t_n, :n // QK], scratch.xs[:t_n, :n // QK]
+    qa, sa, xs = scratch.qa[:t_n, :n], scratch.sa[:t_n, :n // QK], scratch.xs[:t_n, :2 * (n // QK)]
     quantize_rows(qa, sa, xs, x)
     mm_q8_part(0, w.blocks.shape[0], out, qa, sa, w.blocks, w.acc32)
 

@@ -288,11 +288,12 @@ import numpy as np
 from engine.backends.cpu import fast as F
 G, ng, nb, t = F.G, 2, 3, 2
 out = np.zeros((t, ng * G), np.float32); qa = np.zeros((t, nb * 32), np.int8); sa = np.zeros((t, nb), np.float32)
+xs = np.zeros((t, 2 * nb), np.float32)  # per block: scaled and integer sums
 blk = np.zeros((ng, nb, F.avx2.BLK4), np.uint8)  # 4-bit blocks: nibbles, scales, mins
-F.q4_group(out, qa, sa, sa, blk, np.zeros(G, np.int16), 0)
-F.q4_group_batched(out, qa, sa, sa, blk, 0)
+F.q4_group(out, qa, sa, xs, blk, np.zeros(G, np.int16), 0)
+F.q4_group_batched(out, qa, sa, xs, blk, 0)
 F.q8_group(out, qa, sa, np.zeros((ng, nb, F.avx2.BLK8), np.int8), np.zeros(G, np.int32), 0)
-F.quantize_rows(qa, sa, sa.copy(), np.ones((t, nb * 32), np.float32))
+F.quantize_rows(qa, sa, xs, np.ones((t, nb * 32), np.float32))
 from engine.backends.cpu.attn import store_f16
 store_f16(np.zeros((4, 3, 64), np.uint16), np.ones((1, 3, 64), np.float32), 2)
 from engine.backends.cpu import avx2 as cpu_avx2

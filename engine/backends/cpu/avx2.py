@@ -168,18 +168,37 @@ def _dm8(builder, d, m):
     return dv, builder.fadd(_halves(builder, m), builder.fmul(_const(V32F, 8.0), dv))
 
 
-def _block_term(builder, isum, a, dv, m8, sb, xsb):
-    """(d * sb) * (S - 8 A) + (m + 8 d) * xsb over the 32 rows (<32 x float>); a = the block's activations
-    (i8*, A = their sum), dv, m8 the rows' d and m + 8 d (_dm8); the generic kernels' expression and order
-    (fast._q4_term). Mathematically d sb S + m xs (llama.cpp's Q4_1 x Q8_1 formula), but xs is an f16
-    rounding of sb A: written with (m + 8 d), which is small for most blocks, the rounding error of xs
-    nearly cancels (6x smaller rms error than m * xs on SmolLM2's weights, measured against the exact dot
-    product with the quantized activations). d * sb is exact (f16 x f16)."""
+def _block_sum_times(builder, a_sum, k):
+    """k A as i32 from A, the block's integer activation sum as the quantizer stored it (an exact f32)."""
+    return builder.mul(builder.fptosi(a_sum, I32), ir.Constant(I32, k))
+
+
+def _asum8(builder, a):
+    """8 A as i32 summed from the block's activations (a: i8*): the decode form's way (one row: the sum
+    costs about what loading the stored one does, and the loads of a are already there)."""
     madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8])
     pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
     radd = _fn(builder, "llvm.vector.reduce.add.v8i32", I32, [V8I32])
     s8 = builder.call(madd, [_const(V32I8, 8), _vload(builder, a, V32I8)])  # pair sums of 8 a (|.| <= 2048)
-    asum8 = builder.call(radd, [builder.call(pmaddwd, [s8, _const(V16I16, 1)])])
+    return builder.call(radd, [builder.call(pmaddwd, [s8, _const(V16I16, 1)])])
+
+
+def _xs_at(builder, xp, b):
+    """(xsb, A) of block b from a row's xs (float*): the scaled sum at 2b, the integer sum at 2b + 1
+    (fast.quantize_rows)."""
+    i = builder.mul(b, ir.Constant(b.type, 2))
+    return builder.load(builder.gep(xp, [i])), builder.load(builder.gep(xp, [builder.add(i, ir.Constant(b.type, 1))]))
+
+
+def _block_term(builder, isum, asum8, dv, m8, sb, xsb):
+    """(d * sb) * (S - 8 A) + (m + 8 d) * xsb over the 32 rows (<32 x float>); asum8 = 8 A (i32), A the sum of
+    the block's int8 activations (the multi-row forms read it where the quantizer stored it beside xsb,
+    _xs_at, instead of summing the block again for every row group: ~4-6% of a T = 4-8 pass; the decode
+    form sums it, _asum8), dv, m8 the rows' d and m + 8 d (_dm8); the generic kernels' expression and order
+    (fast._q4_term). Mathematically d sb S + m xs (llama.cpp's Q4_1 x Q8_1 formula), but xs is an f16
+    rounding of sb A: written with (m + 8 d), which is small for most blocks, the rounding error of xs
+    nearly cancels (6x smaller rms error than m * xs on SmolLM2's weights, measured against the exact dot
+    product with the quantized activations). d * sb is exact (f16 x f16)."""
     signed = builder.sub(isum, _splat(builder, asum8, V32I32))
     t = builder.fmul(builder.fmul(dv, _splat(builder, sb, V32F)), builder.sitofp(signed, V32F))
     u = builder.fmul(m8, _splat(builder, xsb, V32F))
@@ -200,8 +219,9 @@ def _make_grp_q4(vnni):
     def grp_q4(typingctx, o, o_off, blk, blk_off, qa, qa_off, sa, xs, s_off, x_off, nb):
         """o[o_off : o_off + 32] <- the 32 rows' dot products with one activation row over nb blocks:
         blk[blk_off:] the group's blocks (BLK4 bytes each: nibbles, scales, mins), qa[qa_off:] the int8
-        activations (32 per block), sa[s_off:] / xs[x_off:] their block scales and scaled sums (f32, one per
-        block). The outputs stay in registers across blocks; summed in block order."""
+        activations (32 per block), sa[s_off:] their block scales (f32, one per block), xs[x_off:] their scaled
+        and integer sums (f32, two per block: _xs_at). The outputs stay in registers across blocks; summed in
+        block order."""
         if not _check_blocks(blk):
             return None
         sig = types.void(o, o_off, blk, blk_off, qa, qa_off, sa, xs, s_off, x_off, nb)
@@ -223,8 +243,9 @@ def _make_grp_q4(vnni):
                 ab = builder.gep(a0, [builder.mul(b, ir.Constant(b.type, 32))])
                 isum = _isum(builder, nib_of, ab, vnni)
                 dv, m8 = _dm8(builder, *_scales_at(builder, q))
-                term = _block_term(builder, isum, ab, dv, m8, builder.load(builder.gep(sp, [b])),
-                                   builder.load(builder.gep(xp, [b])))
+                xsb = _xs_at(builder, xp, b)[0]
+                term = _block_term(builder, isum, _asum8(builder, ab), dv, m8, builder.load(builder.gep(sp, [b])),
+                                   xsb)
                 builder.store(builder.fadd(builder.load(accp), term), accp)
             op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
             builder.store(builder.load(accp), op, align=4)
@@ -282,8 +303,9 @@ def _make_grp_q4_rows(nt):
                 dv, m8 = _dm8(builder, *_scales_at(builder, q))
                 for i in range(nt):
                     isum = _rows32(builder, [builder.call(pmaddwd, [x, _const(V16I16, 1)]) for x in acc[i]])
-                    term = _block_term(builder, isum, ab[i], dv, m8, builder.load(builder.gep(sp[i], [b])),
-                                       builder.load(builder.gep(xp[i], [b])))
+                    xsb, a_sum = _xs_at(builder, xp[i], b)
+                    term = _block_term(builder, isum, _block_sum_times(builder, a_sum, 8), dv, m8,
+                                       builder.load(builder.gep(sp[i], [b])), xsb)
                     builder.store(builder.fadd(builder.load(accp[i]), term), accp[i])
             for i in range(nt):
                 off = builder.add(oo, builder.mul(ost, ir.Constant(ost.type, i)))
@@ -328,13 +350,14 @@ def unpack_q4(typingctx, buf, blk, blk_off):
 
 
 @intrinsic
-def blk_q4u(typingctx, o, o_off, buf, qa, qa_off, sb, xsb):
+def blk_q4u(typingctx, o, o_off, buf, qa, qa_off, sb, xsb, a_sum):
     """o[o_off : o_off + 32] += one block's term (_block_term) for 32 rows, from a block unpacked by unpack_q4
-    into buf; qa[qa_off:] the block's 32 int8 activations."""
-    sig = types.void(o, o_off, buf, qa, qa_off, sb, xsb)
+    into buf; qa[qa_off:] the block's 32 int8 activations, sb / xsb / a_sum their scale, scaled and integer
+    sums."""
+    sig = types.void(o, o_off, buf, qa, qa_off, sb, xsb, a_sum)
 
     def codegen(context, builder, signature, args):
-        o_, oo, buf_, qa_, ao, sb_, xsb_ = args
+        o_, oo, buf_, qa_, ao, sb_, xsb_, asum_ = args
         ty = signature.args
         b = _ptr(context, builder, ty[2], buf_, ir.Constant(I64, 0))
 
@@ -342,7 +365,8 @@ def blk_q4u(typingctx, o, o_off, buf, qa, qa_off, sb, xsb):
             return [_vload(builder, builder.gep(b, [ir.Constant(I64, 64 * v + 32 * i)]), V32I8) for i in range(2)]
         a = _ptr(context, builder, ty[3], qa_, ao)
         dv, m8 = (builder.load(_unpacked_scales(builder, b, i), align=1) for i in range(2))
-        term = _block_term(builder, _isum(builder, nib_of, a), a, dv, m8, sb_, xsb_)
+        term = _block_term(builder, _isum(builder, nib_of, a), _block_sum_times(builder, asum_, 8), dv, m8, sb_,
+                           xsb_)
         op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
         builder.store(builder.fadd(builder.load(op, align=4), term), op, align=4)
         return context.get_dummy_value()

@@ -105,7 +105,7 @@ class FastScratch:
         nb = (max_n + QK - 1) // QK
         self.qa = np.zeros((max_t, nb * QK), np.int8)  # (T, n) int8 quantized activations
         self.sa = np.zeros((max_t, nb), np.float32)  # (T, nb) their scales
-        self.xs = np.zeros((max_t, nb), np.float32)  # (T, nb) block sums of the quantized rows (scaled)
+        self.xs = np.zeros((max_t, 2 * nb), np.float32)  # (T, 2 nb) per block: scaled and integer sum (quantize_rows)
         self.cpu = cpu.new_scratch(max_t, max_n)  # for weights that stay in cpu.py's layout
 
 
@@ -286,9 +286,11 @@ def _f16_round(v):
 
 @njit(cache=True, nogil=True)
 def quantize_rows(qa, sa, xs, x):
-    """qa (T, n) int8, sa (T, nb) f32 scales, xs (T, nb) f32 <- x (T, n) f32 in 32-blocks, the way llama.cpp
+    """qa (T, n) int8, sa (T, nb) f32 scales, xs (T, 2 nb) f32 <- x (T, n) f32 in 32-blocks, the way llama.cpp
     quantizes activations (Q8_1): d = amax / 127, q = round-half-even(x * 127 / amax), the scale kept as
-    f16, and xs = f16(d * sum(q)), the block sum of the *quantized* row. With these the 4-bit dot
+    f16, and xs[:, 2b] = f16(d * sum(q)), the block sum of the *quantized* row; xs[:, 2b + 1] = sum(q)
+    itself (exact in f32: |.| <= 32 * 127), which the AVX2 kernels' - 8 A term reads instead of summing the
+    block again for every row group. With these the 4-bit dot
     d_w * d * sum((q_w - 8) q) + (m + 8 d_w) * xs equals llama.cpp's Q4_1 x Q8_1 dot, so greedy tokens
     follow llama.cpp's (measured by scripts/oracle_agreement.py)."""
     t_n, n = x.shape
@@ -305,7 +307,8 @@ def quantize_rows(qa, sa, xs, x):
                 qa[t, b * QK + j] = q
                 isum += np.int32(q)
             sa[t, b] = _f16_round(d)
-            xs[t, b] = _f16_round(d * F32(isum))
+            xs[t, 2 * b] = _f16_round(d * F32(isum))
+            xs[t, 2 * b + 1] = F32(isum)
 
 
 _quantize_rows_loop = quantize_rows  # the name quantize_rows_avx2 calls (quantize_rows is rebound below)
@@ -331,13 +334,14 @@ def quantize_rows_avx2(qa, sa, xs, x):
             sa[t, b] = avx2.absmax32(x, xo + b * QK)
         for b in range(nb):
             amax = sa[t, b]
-            xs[t, b] = F32(127.0) / amax if amax > 0 else F32(0.0)
+            xs[t, 2 * b] = F32(127.0) / amax if amax > 0 else F32(0.0)
             sa[t, b] = amax / F32(127.0)
         for b in range(nb):
             d = sa[t, b]
-            isum = avx2.quant32(qa, ao + b * QK, x, xo + b * QK, xs[t, b])
+            isum = avx2.quant32(qa, ao + b * QK, x, xo + b * QK, xs[t, 2 * b])
             sa[t, b] = _f16_round(d)
-            xs[t, b] = _f16_round(d * F32(isum))
+            xs[t, 2 * b] = _f16_round(d * F32(isum))
+            xs[t, 2 * b + 1] = F32(isum)
 
 
 if HAVE_AVX2:  # the generic loop stays as the reference and for other CPUs
@@ -425,7 +429,7 @@ def _q4_rows(o, qa, sa, xs, blk, acc, g, t):
                     acc[16 * h + r] = I16(acc[16 * h + r] + I16(I16(l0 + l1) + I16(l2 + l3)))
                     acc[16 * h + 8 + r] = I16(acc[16 * h + 8 + r] + I16(I16(h0 + h1) + I16(h2 + h3)))
         for r in range(G):
-            o[r] += _q4_block_term(blk, g, b, r, sa[t, b], xs[t, b], acc[r])
+            o[r] += _q4_block_term(blk, g, b, r, sa[t, b], xs[t, 2 * b], acc[r])
 
 
 @njit(cache=True, nogil=True)
@@ -475,7 +479,7 @@ def q4_group_batched(out, qa, sa, xs, blk, g):
                 for r in range(G):
                     o[r] = F32(0.0)
             for r in range(G):
-                o[r] += _q4_block_term(blk, g, b, r, sa[t, b], xs[t, b], acc[r])
+                o[r] += _q4_block_term(blk, g, b, r, sa[t, b], xs[t, 2 * b], acc[r])
     if not full:
         for t in range(t_n):
             _copy_partial(out, part[t], t, g)
@@ -545,9 +549,10 @@ def q4_group_batched_avx2(out, qa, sa, xs, blk, g):
         for t in range(t_n):
             if full:
                 avx2.blk_q4u(out, (t * out.strides[0]) // 4 + g * G, buf, qa, t * qa.strides[0] + b * QK,
-                                 sa[t, b], xs[t, b])
+                             sa[t, b], xs[t, 2 * b], xs[t, 2 * b + 1])
             else:
-                avx2.blk_q4u(part, t * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b], xs[t, b])
+                avx2.blk_q4u(part, t * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b], xs[t, 2 * b],
+                             xs[t, 2 * b + 1])
     if not full:
         for t in range(t_n):
             _copy_partial(out, part[t], t, g)
@@ -775,7 +780,7 @@ def matmul(out, x, w, scratch):
         cpu.matmul(out, x, w, scratch.cpu)
         return
     t_n, n = x.shape
-    qa, sa, xs = scratch.qa[:t_n, :n], scratch.sa[:t_n, :n // QK], scratch.xs[:t_n, :n // QK]
+    qa, sa, xs = scratch.qa[:t_n, :n], scratch.sa[:t_n, :n // QK], scratch.xs[:t_n, :2 * (n // QK)]
     quantize_rows(qa, sa, xs, x)
     if isinstance(w, kquant.KWeight):
         kquant.matmul(out, qa, sa, xs, w)

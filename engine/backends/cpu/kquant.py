@@ -272,7 +272,7 @@ def rows_generic(o, qa, sa, xs, blk, g, t, bits):
             if bits == 5:
                 dv = _h(blk, g, b, Q5_D + 2 * r)
                 m16 = _h(blk, g, b, Q5_M + 2 * r) + F32(16.0) * dv
-                o[r] += (dv * sb) * F32(s[0, r] + s[1, r] - 16 * (a0 + a1)) + m16 * xs[t, b]
+                o[r] += (dv * sb) * F32(s[0, r] + s[1, r] - 16 * (a0 + a1)) + m16 * xs[t, 2 * b]
             else:
                 sc0, sc1 = I32(np.int8(blk[g, b, Q6_SC0 + r])), I32(np.int8(blk[g, b, Q6_SC1 + r]))
                 isum = sc0 * (s[0, r] - 32 * a0) + sc1 * (s[1, r] - 32 * a1)
@@ -357,9 +357,9 @@ def group(out, qa, sa, xs, blk, g, bits):
             kx.unpack6(buf, blk, bo)
         for t in range(t_n):
             if bits == 5:
-                kx.blku5(part, t * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b], xs[t, b])
+                kx.blku5(part, t * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b], xs[t, 2 * b])
             else:
-                kx.blku6(part, t * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b], xs[t, b])
+                kx.blku6(part, t * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b], xs[t, 2 * b])
     for t in range(t_n):
         for r in range(n):
             out[t, g * G + r] = part[t, r]
@@ -367,7 +367,7 @@ def group(out, qa, sa, xs, blk, g, bits):
 
 @njit(cache=True, nogil=True, parallel=True)
 def mm(out, qa, sa, xs, blk, bits):
-    """out (T, rows) f32 <- x @ W^T for a q5 / q6 W (ng, nb, BLK5 | BLK6); x as qa (T, n) int8, sa, xs (T, nb)
+    """out (T, rows) f32 <- x @ W^T for a q5 / q6 W (ng, nb, BLK5 | BLK6); x as qa (T, n) int8, sa (T, nb), xs (T, 2 nb)
     (fast.quantize_rows). One parallel region over the row groups."""
     for g in prange(blk.shape[0]):
         group(out, qa, sa, xs, blk, np.int64(g), bits)

@@ -32,7 +32,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from .avx2 import (I8, I32, I64, PREFETCH, V8I32, V16I16, V32F, V32I8, V32I32, _bytes_at, _const, _fn, _halves,
-                   _i16_at, _prefetch, _ptr, _rows32, _split, _splat, _vload)
+                   _i16_at, _prefetch, _ptr, _rows32, _split, _splat, _vload, _xs_at)
 
 G = 32
 P_OFF = 512  # the high-bit plane, after the 512 bytes of nibbles
@@ -164,7 +164,7 @@ def _make(bits):
     def grp(typingctx, o, o_off, blk, blk_off, qa, qa_off, sa, xs, s_off, x_off, nb):
         """o[o_off : o_off + 32] <- the 32 rows' dot products with one activation row over nb blocks:
         blk[blk_off:] the group's blocks, qa[qa_off:] the int8 activations (32 per block), sa[s_off:] /
-        xs[x_off:] their block scales and scaled sums (f32). Outputs in registers across blocks, summed in
+        xs[x_off:] their block scales and (scaled, integer) sums (avx2._xs_at). Outputs in registers across blocks, summed in
         block order."""
         if not _check_blocks(blk):
             return None
@@ -183,7 +183,7 @@ def _make(bits):
                 _prefetch(builder, _bytes_at(builder, q, PREFETCH), blk_bytes // 64)
                 ab = builder.gep(a0, [builder.mul(b, ir.Constant(b.type, 32))])
                 term = _term(builder, bits, _merged(builder, q, bits), ab, _bytes_at(builder, q, META[bits]),
-                             builder.load(builder.gep(sp, [b])), builder.load(builder.gep(xp, [b])))
+                             builder.load(builder.gep(sp, [b])), _xs_at(builder, xp, b)[0])
                 builder.store(builder.fadd(builder.load(accp), term), accp)
             op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
             builder.store(builder.load(accp), op, align=4)
@@ -265,7 +265,7 @@ def _make_rows(bits, nt):
                 acts = [builder.gep(a, [builder.mul(b, ir.Constant(b.type, 32))]) for a in a0]
                 terms = _terms(builder, bits, _merged(builder, q, bits), acts, _bytes_at(builder, q, META[bits]),
                                [builder.load(builder.gep(p, [b])) for p in sp],
-                               [builder.load(builder.gep(p, [b])) for p in xp])
+                               [_xs_at(builder, p, b)[0] for p in xp])
                 for i in range(nt):
                     builder.store(builder.fadd(builder.load(accp[i]), terms[i]), accp[i])
             for i in range(nt):

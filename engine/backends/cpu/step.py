@@ -56,7 +56,7 @@ def _quant_at(qa, sa, xs, xin, lo):
     """_quant of xin's rows into rows lo.. of the activation buffers."""
     t_n, n = xin.shape
     nb = n // QK
-    quantize_rows(qa[lo:lo + t_n, :n], sa[lo:lo + t_n, :nb], xs[lo:lo + t_n, :nb], xin)
+    quantize_rows(qa[lo:lo + t_n, :n], sa[lo:lo + t_n, :nb], xs[lo:lo + t_n, :2 * nb], xin)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -418,7 +418,8 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
     ONE parallel region (sync): each of the nt threads runs _step_thread; they share each phase's
     items and wait only for phases to complete.
 
-    bufs = (x, xb, q, k, v, att, proj, gate, up, hb (max_t, ...) f32, qa int8, sa, xs, logits (max_t, vocab),
+    bufs = (x, xb, q, k, v, att, proj, gate, up, hb (max_t, ...) f32, qa int8, sa, xs (fast.quantize_rows),
+    logits (max_t, vocab),
     cs (max_t, hd / 2, 2) f64: rope's cos and sin for the pass, rope_table);
     norms = (attn_norm (L, d), ffn_norm (L, d), out_norm (d,), eps); rope_p = (inv_freq, neox, n_head,
     n_kv, hd, attn_scale); w* = per role its table of per-layout stacks (step_weights.role_tables, step_mm's
@@ -521,7 +522,7 @@ class FusedForward:
                      np.zeros((max_t, a.q_dim), f), np.zeros((max_t, a.d_model), f),  # att, proj
                      np.zeros((max_t, a.d_ff), f), np.zeros((max_t, a.d_ff), f), np.zeros((max_t, a.d_ff), f),
                      np.zeros((max_t, max_n), np.int8), np.zeros((max_t, max_n // QK), f),
-                     np.zeros((max_t, max_n // QK), f), np.zeros((logit_rows, a.vocab_size), f),
+                     np.zeros((max_t, 2 * (max_n // QK)), f), np.zeros((logit_rows, a.vocab_size), f),
                      np.zeros((max_t, a.head_dim // 2, 2), np.float64))  # cs: rope's cos and sin
         self.max_t, self.logit_rows = max_t, logit_rows
 

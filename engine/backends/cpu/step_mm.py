@@ -147,7 +147,7 @@ def _mm_phase(sync, ph, tid, nt, o1, o2, o3, n_in, qa, sa, xs, w1, w2, w3, l, nw
     finisher."""
     t_n = o1.shape[0]
     nb = n_in // QK
-    qa_, sa_, xs_ = qa[:t_n, :n_in], sa[:t_n, :nb], xs[:t_n, :nb]
+    qa_, sa_, xs_ = qa[:t_n, :n_in], sa[:t_n, :nb], xs[:t_n, :2 * nb]
     h1, h2, h, parts = _mm_groups(w1, w2, w3, nw)
     n = h * parts
     done = 0
@@ -180,7 +180,7 @@ def _head_phase(sync, ph, tid, nt, logits, n_in, qa, sa, xs, h):
     finisher."""
     t_n = logits.shape[0]
     nb = n_in // QK
-    qa_, sa_, xs_ = qa[:t_n, :n_in], sa[:t_n, :nb], xs[:t_n, :nb]
+    qa_, sa_, xs_ = qa[:t_n, :n_in], sa[:t_n, :nb], xs[:t_n, :2 * nb]
     n = _head_groups(h)
     done = 0
     k = 0

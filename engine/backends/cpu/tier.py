@@ -218,7 +218,7 @@ class LeafForward:
         qa, sa, xs = ff.bufs[10], ff.bufs[11], ff.bufs[12]
         t_n, n = xin.shape
         nb = n // 32
-        args = (qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :nb])
+        args = (qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :2 * nb])
         self._call("quant_" + site, quantize_rows, (*args, xin), (0, 1, 2))
         return args
 
