@@ -113,6 +113,35 @@ def _checks():
     checks["rope_norm"] = rope_check(False)
     checks["rope_neox"] = rope_check(True)
 
+    def rope_qkv(neox, store):
+        """The fused QKV epilogue (cuda/fused.py): bias, RoPE of q and k, v copied, k and v into an f16 cache
+        at pos0 + t when store; == ref's bias_add, rope and the f16 store."""
+        def run():
+            t_n, n_h, n_kv, hd, pos0, cap = 2, 3, 1, 16, 5, 9
+            qkv = rng.standard_normal((t_n, (n_h + 2 * n_kv) * hd)).astype(np.float32)
+            bias = rng.standard_normal(qkv.shape[1]).astype(np.float32)
+            inv = (1.0 / 10000.0 ** (np.arange(0, hd, 2) / hd)).astype(np.float32)
+            full = qkv + bias
+            q = full[:, :n_h * hd].reshape(t_n, n_h, hd).copy()
+            k = full[:, n_h * hd:(n_h + n_kv) * hd].reshape(t_n, n_kv, hd).copy()
+            v = full[:, (n_h + n_kv) * hd:].reshape(t_n, n_kv, hd)
+            ref.rope(q, pos0, inv, neox)
+            ref.rope(k, pos0, inv, neox)
+            oq, okk, ov = (dev(np.zeros(a.shape, np.float32)) for a in (q, k, v))
+            kc, vc = dev(np.zeros((cap, n_kv, hd), np.float16)), dev(np.zeros((cap, n_kv, hd), np.float16))
+            ck._launch("rope_qkv", 1, ck.LAUNCH.elt, oq, okk, ov, dev(qkv), dev(bias), 1, *ck._pos_args(pos0),
+                       dev(inv), int(neox), kc, vc, int(store))
+            for got, want in ((oq, q), (okk, k), (ov, v)):
+                _close(host(got), want, 1e-5, 1e-6)
+            want_k, want_v = np.zeros((cap, n_kv, hd), np.float16), np.zeros((cap, n_kv, hd), np.float16)
+            if store:
+                want_k[pos0:pos0 + t_n], want_v[pos0:pos0 + t_n] = host(okk), host(ov)
+            np.testing.assert_array_equal(host(kc), want_k)
+            np.testing.assert_array_equal(host(vc), want_v)
+        return run
+    checks["rope_qkv_store"] = rope_qkv(False, True)
+    checks["rope_qkv_neox_nostore"] = rope_qkv(True, False)
+
     def attention_check(kv_dtype, hd, split=False):
         def run():
             if split:  # split attention: 4 splits of 8 positions over a 32-slot cache, the last ones empty
@@ -188,8 +217,8 @@ def worker(names: list[str] | None = None) -> dict:
 EXPECTED = (
     [f"matmul_{q}_T{t}" for q in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "F16", "F32", "BF16") for t in (1, 5)]
     + ["matmul_Q4_1_T11"] + [f"embed_{q}" for q in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "F16", "F32")]
-    + ["elementwise", "argmax", "rope_norm", "rope_neox", "attention_f16_hd64", "attention_int8_hd64",
-       "attention_f16_hd16", "attention_split_f16", "attention_split_int8"])
+    + ["elementwise", "argmax", "rope_norm", "rope_neox", "rope_qkv_store", "rope_qkv_neox_nostore",
+       "attention_f16_hd64", "attention_int8_hd64", "attention_f16_hd16", "attention_split_f16", "attention_split_int8"])
 
 
 def _sim_job():

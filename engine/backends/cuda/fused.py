@@ -2,13 +2,15 @@
 
 engine.forward's layer walk with fused kernels: per layer, instead of 15 launches (`engine.model.Model`):
 
-    rmsnorm | matmul Wqkv (Wq, Wk, Wv rows concatenated) | rope_qkv (bias + RoPE of q and k, v copied)
-    | kv_store | attention (split + combine on long caches) | matmul Wo with `x +=` epilogue
-    | rmsnorm | matmul Wgate/up (rows interleaved) with silu(gate) * up epilogue | matmul Wdown with `x +=`
+    rmsnorm | matmul Wqkv (Wq, Wk, Wv rows concatenated) | rope_qkv (bias + RoPE of q and k, v copied; k and
+    v stored into an f16 cache too: an int8 cache adds kv_store) | attention (split + combine on long caches)
+    | matmul Wo with `x +=` epilogue | rmsnorm | matmul Wgate/up (rows interleaved) with silu(gate) * up
+    epilogue | matmul Wdown with `x +=`
 
-= 9 launches (10 with split attention); ~275 per SmolLM2 token instead of ~455. Same arithmetic as the plain
-path except the order of the residual sums, so logits agree to rounding. The concatenated weights are built
-once from the prepared ones (same device format required; otherwise `FusedModel.supported` says why not).
+= 8 launches with an f16 cache (9 with split attention, +1 with int8); ~245 per SmolLM2 token instead of
+~455. Same arithmetic as the plain path except the order of the residual sums, so logits agree to rounding.
+The concatenated weights are built once from the prepared ones (same device format required; otherwise
+`FusedModel.supported` says why not).
 qwen3's per-head q/k RMSNorm has no fused kernel: such models run plainly.
 """
 from __future__ import annotations
@@ -79,6 +81,7 @@ class FusedModel(OverModel):
         self.d_qkv = a.q_dim + 2 * a.kv_dim
         self.qkv = ck.zeros((model.state.max_t, self.d_qkv), "float32")  # (T, q_dim + 2 kv_dim)
         self.no_bias = ck.zeros((1,), "float32")
+        self.no_cache = ck.zeros((1, 1, 1), "float16")  # rope_qkv's cache arguments when it stores none
 
     def forward(self, tokens, pos0: int, cache, *, all_logits: bool = False, capture: tuple[int, ...] = ()):
         """As `Model.forward`."""
@@ -123,11 +126,13 @@ class FusedModel(OverModel):
             v3 = s.v[:t_n].reshape(t_n, a.n_kv_head, a.head_dim)
             fl = self.layers[layer]
             has_bias = fl.bias is not None
+            f16 = self.cache.kv_dtype == "f16"
+            kc, vc = self.cache.layer(layer)[:2] if f16 else (self.no_cache, self.no_cache)
             ck._launch("rope_qkv", ck._elt_grid(t_n * (a.n_head + a.n_kv_head) * a.head_dim // 2), ck.LAUNCH.elt,
                        q3, k3, v3, self.qkv[:t_n], fl.bias if has_bias else self.no_bias, int(has_bias),
-                       *ck._pos_args(self.pos0), m.inv_freq, int(bool(a.rope_neox)))
-            store = ck.kv_store_f16 if self.cache.kv_dtype == "f16" else ck.kv_store_int8
-            store(*self.cache.layer(layer), k3, v3, self.pos0)
+                       *ck._pos_args(self.pos0), m.inv_freq, int(bool(a.rope_neox)), kc, vc, int(f16))
+            if not f16:  # an f16 cache was written by rope_qkv itself
+                ck.kv_store_int8(*self.cache.layer(layer), k3, v3, self.pos0)
         elif ph.kind == O:
             ck.rmsnorm(s.xb[:t_n], s.x[:t_n], m.layers[layer].ffn_norm, a.rms_eps)
         elif ph.kind == DOWN and layer + 1 < self.n_layer:

@@ -96,9 +96,11 @@ def rope(x, pos, pos_base, inv_freq, neox):
         x[t, h, i1] = float32(a * s + b * c)
 
 
-def rope_qkv(q, k, v, qkv, bias, has_bias, pos, pos_base, inv_freq, neox):
+def rope_qkv(q, k, v, qkv, bias, has_bias, pos, pos_base, inv_freq, neox, k_cache, v_cache, store):
     # Fused QKV epilogue (cuda_fused): qkv (T, H*hd + 2*KV*hd) f32 = [q | k | v] columns of one matmul;
-    # (+ bias (Dtot,) when has_bias) -> q (T, H, hd) and k (T, KV, hd) rotated as `rope`, v (T, KV, hd) copied.
+    # (+ bias (Dtot,) when has_bias) -> q (T, H, hd) and k (T, KV, hd) rotated as `rope`, v (T, KV, hd) copied;
+    # store != 0: k and v also go to an f16 cache (cap, KV, hd) at pos0 + t, as kv_store_f16 writes them (the
+    # same f16 values, one launch fewer per layer).
     t_n, n_h, hd = q.shape
     n_kv = k.shape[1]
     half = hd // 2
@@ -128,6 +130,9 @@ def rope_qkv(q, k, v, qkv, bias, has_bias, pos, pos_base, inv_freq, neox):
         else:
             k[t, hh - n_h, i0] = ra
             k[t, hh - n_h, i1] = rb
+            if store:
+                k_cache[pos0 + t, hh - n_h, i0] = float16(ra)
+                k_cache[pos0 + t, hh - n_h, i1] = float16(rb)
     v0 = (n_h + n_kv) * hd
     for i in range(cuda.grid(1), t_n * n_kv * hd, cuda.gridsize(1)):
         d = i % hd
@@ -137,6 +142,8 @@ def rope_qkv(q, k, v, qkv, bias, has_bias, pos, pos_base, inv_freq, neox):
         if has_bias:
             val += bias[v0 + h * hd + d]
         v[t, h, d] = val
+        if store:
+            v_cache[pos0 + t, h, d] = float16(val)
 
 
 # ---------------------------------------------------------------------------------------------- argmax
@@ -373,5 +380,6 @@ KERNELS = {
         (_f3, _f3, float32[:, :, :, :], _f3, int8[:, :, :], _f3, int8[:, :, :], _f3, int32, _pos, int64,
          float64, int64)]),
     "attention_combine": (attention_combine, [(_f3, _f3, _f3, float32[:, :, :, :])]),
-    "rope_qkv": (rope_qkv, [(_f3, _f3, _f3, _f2, float32[:], int32, _pos, int64, float32[:], int32)]),
+    "rope_qkv": (rope_qkv, [(_f3, _f3, _f3, _f2, float32[:], int32, _pos, int64, float32[:], int32,
+                             float16[:, :, :], float16[:, :, :], int32)]),
 }
