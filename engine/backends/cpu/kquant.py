@@ -357,9 +357,11 @@ def group(out, qa, sa, xs, blk, g, bits):
             kx.unpack6(buf, blk, bo)
         for t in range(t_n):
             if bits == 5:
-                kx.blku5(part, t * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b], xs[t, 2 * b])
+                kx.blku5(part, t * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b], xs[t, 2 * b],
+                         xs[t, 2 * b + 1])
             else:
-                kx.blku6(part, t * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b], xs[t, 2 * b])
+                kx.blku6(part, t * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b], xs[t, 2 * b],
+                         xs[t, 2 * b + 1])
     for t in range(t_n):
         for r in range(n):
             out[t, g * G + r] = part[t, r]

@@ -32,7 +32,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from .avx2 import (I8, I32, I64, PREFETCH, V8I32, V16I16, V32F, V32I8, V32I32, _bytes_at, _const, _fn, _halves,
-                   _i16_at, _prefetch, _ptr, _rows32, _split, _splat, _vload, _xs_at)
+                   _i16_at, _prefetch, _ptr, _rows32, _split, _splat, _vload, _xs_at, _block_sum_times)
 
 G = 32
 P_OFF = 512  # the high-bit plane, after the 512 bytes of nibbles
@@ -117,23 +117,28 @@ def _isums(builder, val_of, avs, ks, flush):
     return acc32
 
 
-def _terms(builder, bits, val_of, acts, meta, sbs, xsbs):
+def _terms(builder, bits, val_of, acts, meta, sbs, xsbs, a_sums=None):
     """<32 x float> block terms (module docstring) of the 32 rows, one per activation row: acts i8* to each
     row's 32 activations of the block, sbs / xsbs their scales and scaled sums (float); meta: i8* to the block's
-    128 scale bytes."""
+    128 scale bytes. a_sums (q5 only; the multi-row forms): each row's block sum A as the quantizer stored it
+    (an exact float, avx2._xs_at) instead of summing the block again for every row group; q6 needs the two
+    half sums and sums them itself."""
     avs = [_act_splats(builder, a) for a in acts]
-    sums = [_sums_a(builder, a) for a in acts]
     dv = _halves(builder, _i16_at(builder, meta, 64 if bits == 6 else 0))
     out = []
     if bits == 5:
+        if a_sums is None:
+            a_16 = [builder.mul(builder.add(*_sums_a(builder, a)), ir.Constant(I32, 16)) for a in acts]
+        else:
+            a_16 = [_block_sum_times(builder, s, 16) for s in a_sums]
         m16 = builder.fadd(_halves(builder, _i16_at(builder, meta, 64)), builder.fmul(_const(V32F, 16.0), dv))
-        for acc, (a0, a1), sb, xsb in zip(_isums(builder, val_of, avs, list(range(8)), 4), sums, sbs, xsbs):
-            centred = builder.sub(_rows32(builder, acc),
-                                  _splat(builder, builder.mul(builder.add(a0, a1), ir.Constant(I32, 16)), V32I32))
+        for acc, a16, sb, xsb in zip(_isums(builder, val_of, avs, list(range(8)), 4), a_16, sbs, xsbs):
+            centred = builder.sub(_rows32(builder, acc), _splat(builder, a16, V32I32))
             out.append(builder.fadd(builder.fmul(builder.fmul(dv, _splat(builder, sb, V32F)),
                                                  builder.sitofp(centred, V32F)),
                                     builder.fmul(m16, _splat(builder, xsb, V32F))))
         return out
+    sums = [_sums_a(builder, a) for a in acts]
     scs = [[builder.sext(_vload(builder, _bytes_at(builder, meta, 32 * half + 8 * i), V8I8), V8I32) for i in range(4)]
            for half in range(2)]
     halves = [_isums(builder, val_of, avs, list(range(4 * half, 4 * half + 4)), 2) for half in range(2)]
@@ -148,9 +153,9 @@ def _terms(builder, bits, val_of, acts, meta, sbs, xsbs):
     return out
 
 
-def _term(builder, bits, val_of, a, meta, sb, xsb):
+def _term(builder, bits, val_of, a, meta, sb, xsb, a_sum=None):
     """_terms of one activation row."""
-    return _terms(builder, bits, val_of, [a], meta, [sb], [xsb])[0]
+    return _terms(builder, bits, val_of, [a], meta, [sb], [xsb], None if a_sum is None else [a_sum])[0]
 
 
 def _check_blocks(a):
@@ -164,8 +169,8 @@ def _make(bits):
     def grp(typingctx, o, o_off, blk, blk_off, qa, qa_off, sa, xs, s_off, x_off, nb):
         """o[o_off : o_off + 32] <- the 32 rows' dot products with one activation row over nb blocks:
         blk[blk_off:] the group's blocks, qa[qa_off:] the int8 activations (32 per block), sa[s_off:] /
-        xs[x_off:] their block scales and (scaled, integer) sums (avx2._xs_at). Outputs in registers across blocks, summed in
-        block order."""
+        xs[x_off:] their block scales and (scaled, integer) sums (avx2._xs_at). Outputs in registers across
+        blocks, summed in block order."""
         if not _check_blocks(blk):
             return None
         sig = types.void(o, o_off, blk, blk_off, qa, qa_off, sa, xs, s_off, x_off, nb)
@@ -215,17 +220,17 @@ def _make(bits):
         return sig, codegen
 
     @intrinsic
-    def blku(typingctx, o, o_off, buf, qa, qa_off, sb, xsb):
+    def blku(typingctx, o, o_off, buf, qa, qa_off, sb, xsb, a_sum):
         """o[o_off : o_off + 32] += one block's term for 32 rows from a block unpacked into buf; qa[qa_off:] its
-        32 int8 activations, sb / xsb their scale and scaled sum."""
-        sig = types.void(o, o_off, buf, qa, qa_off, sb, xsb)
+        32 int8 activations, sb / xsb / a_sum their scale, scaled and integer sums (q6 sums its halves)."""
+        sig = types.void(o, o_off, buf, qa, qa_off, sb, xsb, a_sum)
 
         def codegen(context, builder, signature, args):
-            o_, oo, buf_, qa_, ao, sb_, xsb_ = args
+            o_, oo, buf_, qa_, ao, sb_, xsb_, asum_ = args
             ty = signature.args
             b = _ptr(context, builder, ty[2], buf_, ir.Constant(I64, 0))
             term = _term(builder, bits, _stored(builder, b), _ptr(context, builder, ty[3], qa_, ao),
-                         _bytes_at(builder, b, VALS), sb_, xsb_)
+                         _bytes_at(builder, b, VALS), sb_, xsb_, asum_ if bits == 5 else None)
             op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
             builder.store(builder.fadd(builder.load(op, align=4), term), op, align=4)
             return context.get_dummy_value()
@@ -263,9 +268,10 @@ def _make_rows(bits, nt):
                 q = builder.gep(q0, [builder.mul(b, ir.Constant(b.type, blk_bytes))])
                 _prefetch(builder, _bytes_at(builder, q, PREFETCH), blk_bytes // 64)
                 acts = [builder.gep(a, [builder.mul(b, ir.Constant(b.type, 32))]) for a in a0]
+                xsa = [_xs_at(builder, p, b) for p in xp]  # (scaled sum, integer sum) per row
                 terms = _terms(builder, bits, _merged(builder, q, bits), acts, _bytes_at(builder, q, META[bits]),
-                               [builder.load(builder.gep(p, [b])) for p in sp],
-                               [_xs_at(builder, p, b)[0] for p in xp])
+                               [builder.load(builder.gep(p, [b])) for p in sp], [x for x, _ in xsa],
+                               [a for _, a in xsa] if bits == 5 else None)
                 for i in range(nt):
                     builder.store(builder.fadd(builder.load(accp[i]), terms[i]), accp[i])
             for i in range(nt):
