@@ -25,7 +25,6 @@ well under the backends' logit error) is rounding, not a bug.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 import sys
@@ -34,30 +33,21 @@ from pathlib import Path
 
 import numpy as np
 
+from ..models.digest import sha256_file
+
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = ROOT / "bench" / "gpu_expected.json"
-CHUNK = 1 << 20
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(CHUNK):
-            h.update(b)
-    return h.hexdigest()
-
-
 def split(model: Path, out: Path, parts: int) -> dict:
     """model -> out/part1..N (sizes within one byte of each other) + out/manifest.json; the manifest."""
     out.mkdir(parents=True, exist_ok=True)
     size = model.stat().st_size
     step = -(-size // parts)
-    manifest = {"file": model.name, "size": size, "sha256": sha256(model), "parts": []}
+    manifest = {"file": model.name, "size": size, "sha256": sha256_file(model), "parts": []}
     with open(model, "rb") as f:
         for i in range(parts):
             p = out / f"part{i + 1}"
             p.write_bytes(f.read(step))
-            manifest["parts"].append({"name": p.name, "size": p.stat().st_size, "sha256": sha256(p)})
+            manifest["parts"].append({"name": p.name, "size": p.stat().st_size, "sha256": sha256_file(p)})
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
@@ -73,7 +63,7 @@ def join(parts_dir: Path, manifest: dict, out: Path) -> Path:
     with open(tmp, "wb") as f:
         for p in manifest["parts"]:
             f.write((parts_dir / p["name"]).read_bytes())
-    got = sha256(tmp)
+    got = sha256_file(tmp)
     if got != manifest["sha256"]:
         tmp.unlink()
         raise SystemExit(f"join: sha256 {got[:12]} != the manifest's {manifest['sha256'][:12]}: a part is stale "
@@ -114,21 +104,17 @@ def greedy(model, prompt: list[int], n_new: int, kv: str = "f16") -> tuple[list[
 
 def runner(path: Path, backend: str, max_batch: int, tp: int = 1, plain: bool = False,
            devices: tuple[int, ...] | None = None):
-    """What a user of `--backend backend [--tp N]` runs (the cpu fused step, cuda's graph decoder, TP ranks),
-    built and warmed as Engine.load does; `plain`: engine.model.Model over the backend's kernels instead."""
-    from ..backends import select
-    from ..backends.kernels import get_kernels
-    from ..config import EngineArgs
-    from ..gguf import load_gguf
-    from ..model import Model
-    mf = load_gguf(path)
+    """What a user of `--backend backend [--tp N]` runs (the cpu fused step, cuda's graph decoder, TP ranks:
+    Engine.load's runner); `plain`: engine.model.Model over the backend's kernels instead (max_batch rows)."""
     if plain:
+        from ..backends.kernels import get_kernels
+        from ..gguf import load_gguf
+        from ..model import Model
+        mf = load_gguf(path)
         return Model(mf.args, mf.tensors, get_kernels(backend), max_batch=max_batch)
-    args = EngineArgs(model=str(path), backend=backend, tp=tp, devices=devices or (0,) * tp)
-    be = select(args)(args, path)
-    r = be.build(mf, max_batch=max_batch)
-    be.warm_up(r)
-    return r
+    from ..api import Engine
+    from ..config import EngineArgs
+    return Engine.load(EngineArgs(model=str(path), backend=backend, tp=tp, devices=devices or (0,) * tp)).model
 
 
 def expected(model_path: Path, n_new: int, items: list[tuple[str, list[int]]] | None = None) -> dict:
@@ -143,7 +129,7 @@ def expected(model_path: Path, n_new: int, items: list[tuple[str, list[int]]] | 
     longest = max(len(ids) for _, ids in items)
     ref = runner(model_path, "ref", longest)
     cpu = runner(model_path, "cpu", longest)
-    rec = {"model": model_path.name, "sha256": sha256(model_path), "tokens": n_new, "prompts": []}
+    rec = {"model": model_path.name, "sha256": sha256_file(model_path), "tokens": n_new, "prompts": []}
     for name, ids in items:
         r_toks, r_margin = greedy(ref, ids, n_new)
         c_toks, _ = greedy(cpu, ids, n_new)
@@ -177,7 +163,7 @@ def compare(got: list[int], rec: dict) -> dict:
 
 def check(model_path: Path, rec: dict, backend: str, tp: int = 1, plain: bool = False,
           devices: tuple[int, ...] | None = None) -> dict:
-    if rec["sha256"] != sha256(model_path):
+    if rec["sha256"] != sha256_file(model_path):
         raise SystemExit(f"check: {model_path} is not the file the record was made from "
                          f"({rec['model']}, sha256 {rec['sha256'][:12]}): make the record again")
     longest = max(len(p["ids"]) for p in rec["prompts"])
@@ -223,6 +209,9 @@ def profile(model_path: Path, steps: int = 1, prompt_len: int = 64) -> dict:
     return {"profiled_steps": steps, "context": pos, "runner": r.describe()}
 
 
+US_PER = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}  # ncu's time units in microseconds
+
+
 def kernel_name(full: str) -> str:
     """The function's own name from ncu's kernel name: demangled ("cudapy::engine::...::matmul_q4[abi:..](..)")
     or Itanium-mangled ("_ZN6cudapy6engine...9matmul_q4B..." as numba emits it)."""
@@ -248,8 +237,7 @@ def ncu_summary(csv_text: str, steps: int = 1) -> dict:
     for row in csv.DictReader(io.StringIO(lines)):
         if row.get("Metric Name") != "gpu__time_duration.sum":
             continue
-        unit = row.get("Metric Unit", "nsecond")
-        v = float(row["Metric Value"].replace(",", "")) * {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(unit, 1e-3)
+        v = float(row["Metric Value"].replace(",", "")) * US_PER.get(row.get("Metric Unit"), 1e-3)
         name = kernel_name(row["Kernel Name"])
         e = per.setdefault(name, [0, 0.0])
         e[0] += 1

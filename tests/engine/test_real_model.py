@@ -58,7 +58,7 @@ def test_committed_record_matches_the_default_model(smollm2_path):
     """bench/gpu_expected.json is the device check's truth: made from this file, and the cpu backend still gives
     its cpu replies (regenerate with `python -m engine.bench.real_model expected` when either changes)."""
     rec = json.loads(rm.EXPECTED.read_text())
-    assert rec["sha256"] == rm.sha256(Path(smollm2_path))
+    assert rec["sha256"] == rm.sha256_file(Path(smollm2_path))
     res = rm.check(Path(smollm2_path), rec, "cpu")
     assert res["same_as_cpu"] == res["n_prompts"] == len(rec["prompts"]) >= 6
 
