@@ -33,11 +33,11 @@ def main() -> None:
     m = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((1, cols)) * np.exp(rng.standard_normal((1, cols)))).astype(np.float32)
-    qa, sa, xs = np.zeros((1, cols), np.int8), np.zeros((1, cols // 32), np.float32), np.zeros((1, 2 * (cols // 32)), np.float32)
+    qa, sa, xs = np.zeros((1, cols), np.int8), np.zeros((1, cols // 32), np.float32), np.zeros((1, cpu_fast.XS * (cols // 32)), np.float32)
     cpu_fast.quantize_rows(qa, sa, xs, x)
     xq = (qa.astype(np.float64).reshape(-1, 32) * sa[0].astype(np.float64)[:, None]).reshape(-1)
     exact = w @ xq
-    rounding = xs[0, 0::2].astype(np.float64) - sa[0].astype(np.float64) * qa.astype(np.int64).reshape(-1, 32).sum(1)
+    rounding = xs[0, cpu_fast.XS_SCALED::cpu_fast.XS].astype(np.float64) - sa[0].astype(np.float64) * qa.astype(np.int64).reshape(-1, 32).sum(1)
     out = np.zeros((1, rows), np.float32)
     cpu_fast.matmul(out, x, cpu_fast.prepare_weight(qt), cpu_fast.new_scratch(1, cols))
     rms = lambda v: float(np.sqrt(np.mean(v ** 2)))  # noqa: E731

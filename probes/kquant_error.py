@@ -44,7 +44,7 @@ def matmul_errors(tensors) -> None:
         werr.append(np.sqrt(((wr - w) ** 2).mean() / (w ** 2).mean()))
         n = qt.shape[1]
         x = (rng.standard_normal((16, n)) * (1 + 3 * (rng.random(n) < 0.02))).astype(np.float32)
-        qa, sa, xs = np.zeros((16, n), np.int8), np.zeros((16, n // 32), np.float32), np.zeros((16, 2 * (n // 32)), np.float32)
+        qa, sa, xs = np.zeros((16, n), np.int8), np.zeros((16, n // 32), np.float32), np.zeros((16, fast.XS * (n // 32)), np.float32)
         fast.quantize_rows(qa, sa, xs, x)
         xq = (qa.reshape(16, -1, 32) * sa[..., None].astype(np.float64)).reshape(16, n)
         y, yq, yr = x.astype(np.float64) @ w.T, xq @ w.T, xq @ wr.T

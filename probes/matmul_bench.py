@@ -85,9 +85,9 @@ class Bufs:
                                            np.zeros((t_n, D), f))
         self.logits = np.zeros((t_n, VOCAB), f)
         nb = F // 32
-        self.qa, self.sa, self.xs = np.zeros((t_n, F), np.int8), np.zeros((t_n, nb), f), np.zeros((t_n, 2 * nb), f)
+        self.qa, self.sa, self.xs = np.zeros((t_n, F), np.int8), np.zeros((t_n, nb), f), np.zeros((t_n, cpu_fast.XS * nb), f)
         self.qa2, self.sa2, self.xs2 = (np.zeros((t_n, F), np.int8), np.zeros((t_n, nb), f),
-                                        np.zeros((t_n, 2 * nb), f))
+                                        np.zeros((t_n, cpu_fast.XS * nb), f))
 
 
 def stack(layers):
@@ -113,7 +113,7 @@ def make_sweep(m):
 def run_layers(m, sweep, stacked, b):
     """The fused step's matmul calls over all layers (activations quantized once per input, as there)."""
     nd = D // 32
-    qa, sa, xs = b.qa[:, :D], b.sa[:, :nd], b.xs[:, :2 * nd]
+    qa, sa, xs = b.qa[:, :D], b.sa[:, :nd], b.xs[:, :cpu_fast.XS * nd]
     m.quantize_rows(qa, sa, xs, b.x)
     m.quantize_rows(b.qa2, b.sa2, b.xs2, b.h)
     sweep(b.q, b.k, b.v, b.o, b.g, b.u, b.dn, qa, sa, xs, b.qa2, b.sa2, b.xs2, *stacked)

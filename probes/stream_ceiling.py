@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
 from engine.bench.stream_read import stream_sum  # noqa: E402
-from engine.backends.cpu.avx2 import PREFETCH  # noqa: E402
+from engine.backends.cpu.avx2 import PREFETCH, XS  # noqa: E402
 from engine.backends.cpu.fast import _q4, _q8, quantize_rows  # noqa: E402
 from engine.backends.cpu.step import BLOCK  # noqa: E402
 
@@ -90,7 +90,7 @@ def role_major(ws):
 
 def _acts(n, rng):
     x = rng.standard_normal((1, n)).astype(np.float32)
-    qa, sa, xs = np.zeros((1, n), np.int8), np.zeros((1, n // 32), np.float32), np.zeros((1, 2 * (n // 32)), np.float32)
+    qa, sa, xs = np.zeros((1, n), np.int8), np.zeros((1, n // 32), np.float32), np.zeros((1, XS * (n // 32)), np.float32)
     quantize_rows(qa, sa, xs, x)
     return qa, sa, xs
 

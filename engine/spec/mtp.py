@@ -67,13 +67,13 @@ def _serial_kernels():
 
 def _matmul_serial(out, x, w, scratch):
     """backends/cpu/fast.matmul on one thread for Q8_0 weights (the block's; anything else: fast.matmul)."""
-    from ..backends.cpu.fast import FastWeight, matmul, mm_q8_part, quantize_rows
+    from ..backends.cpu.fast import XS, FastWeight, matmul, mm_q8_part, quantize_rows
     from ..quant import QK
     if not isinstance(w, FastWeight) or w.kind != "q8":
         matmul(out, x, w, scratch)
         return
     t_n, n = x.shape
-    qa, sa, xs = scratch.qa[:t_n, :n], scratch.sa[:t_n, :n // QK], scratch.xs[:t_n, :2 * (n // QK)]
+    qa, sa, xs = scratch.qa[:t_n, :n], scratch.sa[:t_n, :n // QK], scratch.xs[:t_n, :XS * (n // QK)]
     quantize_rows(qa, sa, xs, x)
     mm_q8_part(0, w.blocks.shape[0], out, qa, sa, w.blocks, w.acc32)
 

@@ -28,7 +28,7 @@ def _quantized(rng, t_n, cols, extreme):
     if extreme:  # every activation +-127 after quantization: the int16 accumulator bounds
         x = np.sign(x).astype(np.float32)
     nb = cols // 32
-    qa, sa, xs = np.zeros((t_n, cols), np.int8), np.zeros((t_n, nb), np.float32), np.zeros((t_n, 2 * nb), np.float32)
+    qa, sa, xs = np.zeros((t_n, cols), np.int8), np.zeros((t_n, nb), np.float32), np.zeros((t_n, cpu_fast.XS * nb), np.float32)
     cpu_fast.quantize_rows(qa, sa, xs, x)
     return qa, sa, xs
 
@@ -94,9 +94,10 @@ def test_vnni_block_sums_equal_vpmaddubsw_bitwise(extreme):
     if extreme:
         blk[:, :A.D_OFF] = 0xFF
         qa[:] = np.where(rng.random(nb * 32) < 0.5, -128, 127).astype(np.int8)
-    sa, xs = rng.random(nb, dtype=np.float32), np.zeros(2 * nb, np.float32)  # xs: scaled, integer sum per block
-    xs[0::2] = rng.standard_normal(nb)
-    xs[1::2] = qa.reshape(nb, 32).sum(1, dtype=np.int32)
+    sa, xs = rng.random(nb, dtype=np.float32), np.zeros(A.XS * nb, np.float32)  # xs: each block's sums
+    xs[A.XS_SCALED::A.XS] = rng.standard_normal(nb)
+    xs[A.XS_A::A.XS] = qa.reshape(nb, 32).sum(1, dtype=np.int32)
+    xs[A.XS_A0::A.XS] = qa.reshape(nb, 32)[:, :16].sum(1, dtype=np.int32)
     blk[:, A.D_OFF:A.M_OFF] = (rng.random((nb, 32)) * 0.02).astype(np.float16).view(np.uint8)
     blk[:, A.M_OFF:] = (rng.random((nb, 32)) * -0.02).astype(np.float16).view(np.uint8)
     o1, o2 = np.full(32, np.nan, np.float32), np.zeros(32, np.float32)
@@ -122,18 +123,21 @@ def test_avx2_quantize_rows_equals_generic_bitwise():
         x[-1, n - 32:n] = np.sign(x[-1, n - 32:n])
         x[-1, 0] = 3e38
         got = [np.full((t_n, w), 99, dt) for w, dt in ((n + 64, np.int8), (n // 32 + 3, np.float32),
-                                                        (2 * (n // 32) + 3, np.float32))]
+                                                        (F.XS * (n // 32) + 3, np.float32))]
         want = [a.copy() for a in got]
         for f, (qa, sa, xs) in ((F.quantize_rows, got), (F.quantize_rows_generic, want)):
-            f(qa[:, :n], sa[:, :n // 32], xs[:, :2 * (n // 32)], x[:, :n])
+            f(qa[:, :n], sa[:, :n // 32], xs[:, :F.XS * (n // 32)], x[:, :n])
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w)
-        # beside each block's scaled sum, its integer sum (what the AVX2 kernels' - 8 A term reads)
-        np.testing.assert_array_equal(got[2][:, 1:2 * (n // 32):2],
-                                      got[0][:, :n].reshape(t_n, -1, 32).sum(-1, dtype=np.int32))
+        # beside each block's scaled sum, its integer sum and its first half's (what the AVX2 kernels' - 8 A
+        # and Q6_K's - 32 A0, - 32 A1 terms read)
+        blocks = got[0][:, :n].reshape(t_n, -1, 32)
+        np.testing.assert_array_equal(got[2][:, F.XS_A:F.XS * (n // 32):F.XS], blocks.sum(-1, dtype=np.int32))
+        np.testing.assert_array_equal(got[2][:, F.XS_A0:F.XS * (n // 32):F.XS],
+                                      blocks[..., :16].sum(-1, dtype=np.int32))
         np.testing.assert_array_equal(want[0][0, 33:64], np.rint(ties))  # half to even, as numpy rounds
     xt = np.ascontiguousarray(x[:, :64].T)[:, :3].T  # values 3 apart in memory: the generic loop serves them
-    got = [np.zeros((3, 64), np.int8), np.zeros((3, 2), np.float32), np.zeros((3, 4), np.float32)]
+    got = [np.zeros((3, 64), np.int8), np.zeros((3, 2), np.float32), np.zeros((3, 2 * F.XS), np.float32)]
     want = [a.copy() for a in got]
     F.quantize_rows(*got, xt)
     F.quantize_rows_generic(*want, np.ascontiguousarray(xt))

@@ -46,7 +46,7 @@ def _quantized(t_n, cols, seed, extreme=False):
     if extreme:  # every activation +-127 after quantization
         x = np.sign(x).astype(np.float32)
     nb = cols // 32
-    qa, sa, xs = np.zeros((t_n, cols), np.int8), np.zeros((t_n, nb), np.float32), np.zeros((t_n, 2 * nb), np.float32)
+    qa, sa, xs = np.zeros((t_n, cols), np.int8), np.zeros((t_n, nb), np.float32), np.zeros((t_n, fast.XS * nb), np.float32)
     fast.quantize_rows(qa, sa, xs, x)
     return x, qa, sa, xs
 

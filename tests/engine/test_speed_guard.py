@@ -288,7 +288,7 @@ import numpy as np
 from engine.backends.cpu import fast as F
 G, ng, nb, t = F.G, 2, 3, 2
 out = np.zeros((t, ng * G), np.float32); qa = np.zeros((t, nb * 32), np.int8); sa = np.zeros((t, nb), np.float32)
-xs = np.zeros((t, 2 * nb), np.float32)  # per block: scaled and integer sums
+xs = np.zeros((t, F.XS * nb), np.float32)  # per block: its sums (F.quantize_rows)
 blk = np.zeros((ng, nb, F.avx2.BLK4), np.uint8)  # 4-bit blocks: nibbles, scales, mins
 F.q4_group(out, qa, sa, xs, blk, np.zeros(G, np.int16), 0)
 F.q4_group_batched(out, qa, sa, xs, blk, 0)

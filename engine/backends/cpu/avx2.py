@@ -183,11 +183,17 @@ def _asum8(builder, a):
     return builder.call(radd, [builder.call(pmaddwd, [s8, _const(V16I16, 1)])])
 
 
-def _xs_at(builder, xp, b):
-    """(xsb, A) of block b from a row's xs (float*): the scaled sum at 2b, the integer sum at 2b + 1
-    (fast.quantize_rows)."""
-    i = builder.mul(b, ir.Constant(b.type, 2))
-    return builder.load(builder.gep(xp, [i])), builder.load(builder.gep(xp, [builder.add(i, ir.Constant(b.type, 1))]))
+# A row's block sums as fast.quantize_rows stores them in xs: XS floats per block, at XS b + these offsets.
+XS = 3
+XS_SCALED = 0  # f16(d * A): the scaled sum (the min term of Q4_1 / Q5_1 / Q5_K)
+XS_A = 1  # A, the sum of the block's 32 int8 activations (exact in f32)
+XS_A0 = 2  # A0, the sum of its first 16 (Q6_K's scale groups are 16 values: A1 = A - A0)
+
+
+def _xs_at(builder, xp, b, k):
+    """Sum k (XS_SCALED, XS_A or XS_A0) of block b from a row's xs (float*)."""
+    i = builder.add(builder.mul(b, ir.Constant(b.type, XS)), ir.Constant(b.type, k))
+    return builder.load(builder.gep(xp, [i]))
 
 
 def _block_term(builder, isum, asum8, dv, m8, sb, xsb):
@@ -220,7 +226,7 @@ def _make_grp_q4(vnni):
         """o[o_off : o_off + 32] <- the 32 rows' dot products with one activation row over nb blocks:
         blk[blk_off:] the group's blocks (BLK4 bytes each: nibbles, scales, mins), qa[qa_off:] the int8
         activations (32 per block), sa[s_off:] their block scales (f32, one per block), xs[x_off:] their scaled
-        and integer sums (f32, two per block: _xs_at). The outputs stay in registers across blocks; summed in
+        and integer sums (f32, XS per block: _xs_at). The outputs stay in registers across blocks; summed in
         block order."""
         if not _check_blocks(blk):
             return None
@@ -243,9 +249,8 @@ def _make_grp_q4(vnni):
                 ab = builder.gep(a0, [builder.mul(b, ir.Constant(b.type, 32))])
                 isum = _isum(builder, nib_of, ab, vnni)
                 dv, m8 = _dm8(builder, *_scales_at(builder, q))
-                xsb = _xs_at(builder, xp, b)[0]
                 term = _block_term(builder, isum, _asum8(builder, ab), dv, m8, builder.load(builder.gep(sp, [b])),
-                                   xsb)
+                                   _xs_at(builder, xp, b, XS_SCALED))
                 builder.store(builder.fadd(builder.load(accp), term), accp)
             op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
             builder.store(builder.load(accp), op, align=4)
@@ -303,9 +308,9 @@ def _make_grp_q4_rows(nt):
                 dv, m8 = _dm8(builder, *_scales_at(builder, q))
                 for i in range(nt):
                     isum = _rows32(builder, [builder.call(pmaddwd, [x, _const(V16I16, 1)]) for x in acc[i]])
-                    xsb, a_sum = _xs_at(builder, xp[i], b)
+                    a_sum = _xs_at(builder, xp[i], b, XS_A)
                     term = _block_term(builder, isum, _block_sum_times(builder, a_sum, 8), dv, m8,
-                                       builder.load(builder.gep(sp[i], [b])), xsb)
+                                       builder.load(builder.gep(sp[i], [b])), _xs_at(builder, xp[i], b, XS_SCALED))
                     builder.store(builder.fadd(builder.load(accp[i]), term), accp[i])
             for i in range(nt):
                 off = builder.add(oo, builder.mul(ost, ir.Constant(ost.type, i)))
@@ -523,7 +528,7 @@ def blk_q8u(typingctx, o, o_off, buf, qa, qa_off, sb):
 # fast.quantize_rows_avx2 quantizes a 32-block in two calls: absmax32, then (the scale's inverse
 # computed between them in numba, as the generic loop does) quant32. The same operations per value as the
 # generic loop (|x|, a max, one f32 multiply, round half to even, the int8 value and the block's int32
-# sum), as <32 x ...> vectors: the generic loop stayed scalar (~2.7 cycles per value: numba's max() and
+# sums), as <32 x ...> vectors: the generic loop stayed scalar (~2.7 cycles per value: numba's max() and
 # np.rint in it keep LLVM's vectorizer off), these take ~0.3.
 @intrinsic
 def absmax32(typingctx, x, x_off):
@@ -540,9 +545,10 @@ def absmax32(typingctx, x, x_off):
 
 @intrinsic
 def quant32(typingctx, qa, qa_off, x, x_off, inv):
-    """qa[qa_off : qa_off + 32] (int8) <- round-half-even(x[x_off : x_off + 32] * inv); returns their sum
-    (int32). |x * inv| <= 127 by the caller's inv (127 / the block's absmax, or 0)."""
-    sig = types.int32(qa, qa_off, x, x_off, inv)
+    """qa[qa_off : qa_off + 32] (int8) <- round-half-even(x[x_off : x_off + 32] * inv); returns the sums
+    (int32) of the first 16 and of the last 16. |x * inv| <= 127 by the caller's inv (127 / the block's
+    absmax, or 0)."""
+    sig = types.UniTuple(types.int32, 2)(qa, qa_off, x, x_off, inv)
 
     def codegen(context, builder, signature, args):
         qa_, ao, x_, xo, inv_ = args
@@ -552,5 +558,9 @@ def quant32(typingctx, qa, qa_off, x, x_off, inv):
         q = builder.fptosi(r, V32I32)
         p = builder.bitcast(_ptr(context, builder, ty[0], qa_, ao), V32I8.as_pointer())
         builder.store(builder.trunc(q, V32I8), p, align=1)
-        return builder.call(_fn(builder, "llvm.vector.reduce.add.v32i32", I32, [V32I32]), [q])
+        v16 = ir.VectorType(I32, 16)
+        radd = _fn(builder, "llvm.vector.reduce.add.v16i32", I32, [v16])
+        halves = [builder.call(radd, [builder.shuffle_vector(q, q, _const(ir.VectorType(I32, 16), list(range(h, h + 16))))])
+                  for h in (0, 16)]
+        return context.make_tuple(builder, signature.return_type, halves)
     return sig, codegen

@@ -54,6 +54,7 @@ from numba import njit, prange
 from ...quant import QK, QTensor, validate
 from . import kernels as cpu
 from . import avx2
+from .avx2 import XS, XS_A, XS_A0, XS_SCALED  # noqa: F401  (XS re-exported: the scratch width)
 from . import kquant  # Q4_K, Q5_0, Q5_1, Q5_K, Q6_K (KWeight)
 from .attn import GENERIC_FORCED, exp_fast, h2f
 from .layout import D8_OFF, D_OFF, G, M_OFF, nib_at, parts, val8_at  # noqa: F401  (re-exported)
@@ -105,7 +106,7 @@ class FastScratch:
         nb = (max_n + QK - 1) // QK
         self.qa = np.zeros((max_t, nb * QK), np.int8)  # (T, n) int8 quantized activations
         self.sa = np.zeros((max_t, nb), np.float32)  # (T, nb) their scales
-        self.xs = np.zeros((max_t, 2 * nb), np.float32)  # (T, 2 nb) per block: scaled and integer sum (quantize_rows)
+        self.xs = np.zeros((max_t, XS * nb), np.float32)  # (T, XS nb): each block's sums (quantize_rows)
         self.cpu = cpu.new_scratch(max_t, max_n)  # for weights that stay in cpu.py's layout
 
 
@@ -286,11 +287,12 @@ def _f16_round(v):
 
 @njit(cache=True, nogil=True)
 def quantize_rows(qa, sa, xs, x):
-    """qa (T, n) int8, sa (T, nb) f32 scales, xs (T, 2 nb) f32 <- x (T, n) f32 in 32-blocks, the way llama.cpp
-    quantizes activations (Q8_1): d = amax / 127, q = round-half-even(x * 127 / amax), the scale kept as
-    f16, and xs[:, 2b] = f16(d * sum(q)), the block sum of the *quantized* row; xs[:, 2b + 1] = sum(q)
-    itself (exact in f32: |.| <= 32 * 127), which the AVX2 kernels' - 8 A term reads instead of summing the
-    block again for every row group. With these the 4-bit dot
+    """qa (T, n) int8, sa (T, nb) f32 scales, xs (T, XS nb) f32 <- x (T, n) f32 in 32-blocks, the way
+    llama.cpp quantizes activations (Q8_1): d = amax / 127, q = round-half-even(x * 127 / amax), the scale
+    kept as f16, and at xs[:, XS b + XS_SCALED] f16(d * sum(q)), the block sum of the *quantized* row; at
+    XS_A sum(q) itself and at XS_A0 the sum of its first 16 (exact in f32: |.| <= 32 * 127), which the AVX2
+    kernels' - 8 A term (Q6_K's - 32 A0 and - 32 A1) reads instead of summing the block again for every row
+    group. With these the 4-bit dot
     d_w * d * sum((q_w - 8) q) + (m + 8 d_w) * xs equals llama.cpp's Q4_1 x Q8_1 dot, so greedy tokens
     follow llama.cpp's (measured by scripts/oracle_agreement.py)."""
     t_n, n = x.shape
@@ -302,13 +304,17 @@ def quantize_rows(qa, sa, xs, x):
             d = amax / F32(127.0)
             inv = F32(127.0) / amax if amax > 0 else F32(0.0)
             isum = 0
+            half = 0
             for j in range(QK):
                 q = np.int8(np.rint(x[t, b * QK + j] * inv))
                 qa[t, b * QK + j] = q
                 isum += np.int32(q)
+                if j == QK // 2 - 1:
+                    half = isum
             sa[t, b] = _f16_round(d)
-            xs[t, 2 * b] = _f16_round(d * F32(isum))
-            xs[t, 2 * b + 1] = F32(isum)
+            xs[t, XS * b + XS_SCALED] = _f16_round(d * F32(isum))
+            xs[t, XS * b + XS_A] = F32(isum)
+            xs[t, XS * b + XS_A0] = F32(half)
 
 
 _quantize_rows_loop = quantize_rows  # the name quantize_rows_avx2 calls (quantize_rows is rebound below)
@@ -334,14 +340,16 @@ def quantize_rows_avx2(qa, sa, xs, x):
             sa[t, b] = avx2.absmax32(x, xo + b * QK)
         for b in range(nb):
             amax = sa[t, b]
-            xs[t, 2 * b] = F32(127.0) / amax if amax > 0 else F32(0.0)
+            xs[t, XS * b] = F32(127.0) / amax if amax > 0 else F32(0.0)
             sa[t, b] = amax / F32(127.0)
         for b in range(nb):
             d = sa[t, b]
-            isum = avx2.quant32(qa, ao + b * QK, x, xo + b * QK, xs[t, 2 * b])
+            a0, a1 = avx2.quant32(qa, ao + b * QK, x, xo + b * QK, xs[t, XS * b])
+            isum = a0 + a1
             sa[t, b] = _f16_round(d)
-            xs[t, 2 * b] = _f16_round(d * F32(isum))
-            xs[t, 2 * b + 1] = F32(isum)
+            xs[t, XS * b + XS_SCALED] = _f16_round(d * F32(isum))
+            xs[t, XS * b + XS_A] = F32(isum)
+            xs[t, XS * b + XS_A0] = F32(a0)
 
 
 if HAVE_AVX2:  # the generic loop stays as the reference and for other CPUs
@@ -429,7 +437,7 @@ def _q4_rows(o, qa, sa, xs, blk, acc, g, t):
                     acc[16 * h + r] = I16(acc[16 * h + r] + I16(I16(l0 + l1) + I16(l2 + l3)))
                     acc[16 * h + 8 + r] = I16(acc[16 * h + 8 + r] + I16(I16(h0 + h1) + I16(h2 + h3)))
         for r in range(G):
-            o[r] += _q4_block_term(blk, g, b, r, sa[t, b], xs[t, 2 * b], acc[r])
+            o[r] += _q4_block_term(blk, g, b, r, sa[t, b], xs[t, XS * b], acc[r])
 
 
 @njit(cache=True, nogil=True)
@@ -479,7 +487,7 @@ def q4_group_batched(out, qa, sa, xs, blk, g):
                 for r in range(G):
                     o[r] = F32(0.0)
             for r in range(G):
-                o[r] += _q4_block_term(blk, g, b, r, sa[t, b], xs[t, 2 * b], acc[r])
+                o[r] += _q4_block_term(blk, g, b, r, sa[t, b], xs[t, XS * b], acc[r])
     if not full:
         for t in range(t_n):
             _copy_partial(out, part[t], t, g)
@@ -549,10 +557,10 @@ def q4_group_batched_avx2(out, qa, sa, xs, blk, g):
         for t in range(t_n):
             if full:
                 avx2.blk_q4u(out, (t * out.strides[0]) // 4 + g * G, buf, qa, t * qa.strides[0] + b * QK,
-                             sa[t, b], xs[t, 2 * b], xs[t, 2 * b + 1])
+                             sa[t, b], xs[t, XS * b], xs[t, XS * b + XS_A])
             else:
-                avx2.blk_q4u(part, t * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b], xs[t, 2 * b],
-                             xs[t, 2 * b + 1])
+                avx2.blk_q4u(part, t * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b], xs[t, XS * b],
+                             xs[t, XS * b + XS_A])
     if not full:
         for t in range(t_n):
             _copy_partial(out, part[t], t, g)
@@ -780,7 +788,7 @@ def matmul(out, x, w, scratch):
         cpu.matmul(out, x, w, scratch.cpu)
         return
     t_n, n = x.shape
-    qa, sa, xs = scratch.qa[:t_n, :n], scratch.sa[:t_n, :n // QK], scratch.xs[:t_n, :2 * (n // QK)]
+    qa, sa, xs = scratch.qa[:t_n, :n], scratch.sa[:t_n, :n // QK], scratch.xs[:t_n, :XS * (n // QK)]
     quantize_rows(qa, sa, xs, x)
     if isinstance(w, kquant.KWeight):
         kquant.matmul(out, qa, sa, xs, w)

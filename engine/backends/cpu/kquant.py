@@ -29,6 +29,7 @@ from numba import njit, prange
 from ...gguf_types import GGMLQuantizationType as QT
 from ...quant import QK, QTensor, _q4k_scales, _q5_values
 from . import kquant_avx2 as kx
+from .avx2 import XS, XS_A, XS_A0
 from .attn import GENERIC_FORCED, h2f
 from .layout import G, nib_at
 from .target import target_has
@@ -272,7 +273,7 @@ def rows_generic(o, qa, sa, xs, blk, g, t, bits):
             if bits == 5:
                 dv = _h(blk, g, b, Q5_D + 2 * r)
                 m16 = _h(blk, g, b, Q5_M + 2 * r) + F32(16.0) * dv
-                o[r] += (dv * sb) * F32(s[0, r] + s[1, r] - 16 * (a0 + a1)) + m16 * xs[t, 2 * b]
+                o[r] += (dv * sb) * F32(s[0, r] + s[1, r] - 16 * (a0 + a1)) + m16 * xs[t, XS * b]
             else:
                 sc0, sc1 = I32(np.int8(blk[g, b, Q6_SC0 + r])), I32(np.int8(blk[g, b, Q6_SC1 + r]))
                 isum = sc0 * (s[0, r] - 32 * a0) + sc1 * (s[1, r] - 32 * a1)
@@ -357,11 +358,11 @@ def group(out, qa, sa, xs, blk, g, bits):
             kx.unpack6(buf, blk, bo)
         for t in range(t_n):
             if bits == 5:
-                kx.blku5(part, t * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b], xs[t, 2 * b],
-                         xs[t, 2 * b + 1])
+                kx.blku5(part, t * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b], xs[t, XS * b],
+                         xs[t, XS * b + XS_A], xs[t, XS * b + XS_A0])
             else:
-                kx.blku6(part, t * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b], xs[t, 2 * b],
-                         xs[t, 2 * b + 1])
+                kx.blku6(part, t * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b], xs[t, XS * b],
+                         xs[t, XS * b + XS_A], xs[t, XS * b + XS_A0])
     for t in range(t_n):
         for r in range(n):
             out[t, g * G + r] = part[t, r]

@@ -32,7 +32,8 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from .avx2 import (I8, I32, I64, PREFETCH, V8I32, V16I16, V32F, V32I8, V32I32, _bytes_at, _const, _fn, _halves,
-                   _i16_at, _prefetch, _ptr, _rows32, _split, _splat, _vload, _xs_at, _block_sum_times)
+                   _i16_at, _prefetch, _ptr, _rows32, _split, _splat, _vload, _xs_at, _block_sum_times, XS_A, XS_A0,
+                   XS_SCALED)
 
 G = 32
 P_OFF = 512  # the high-bit plane, after the 512 bytes of nibbles
@@ -120,9 +121,9 @@ def _isums(builder, val_of, avs, ks, flush):
 def _terms(builder, bits, val_of, acts, meta, sbs, xsbs, a_sums=None):
     """<32 x float> block terms (module docstring) of the 32 rows, one per activation row: acts i8* to each
     row's 32 activations of the block, sbs / xsbs their scales and scaled sums (float); meta: i8* to the block's
-    128 scale bytes. a_sums (q5 only; the multi-row forms): each row's block sum A as the quantizer stored it
-    (an exact float, avx2._xs_at) instead of summing the block again for every row group; q6 needs the two
-    half sums and sums them itself."""
+    128 scale bytes. a_sums (the multi-row and batched forms): per row (A, A0), the block's sum and its first
+    half's as the quantizer stored them (exact floats, avx2._xs_at), instead of summing the block again for
+    every row group (q5 reads A; q6 A0 and A1 = A - A0); None: the decode form sums them itself."""
     avs = [_act_splats(builder, a) for a in acts]
     dv = _halves(builder, _i16_at(builder, meta, 64 if bits == 6 else 0))
     out = []
@@ -130,7 +131,7 @@ def _terms(builder, bits, val_of, acts, meta, sbs, xsbs, a_sums=None):
         if a_sums is None:
             a_16 = [builder.mul(builder.add(*_sums_a(builder, a)), ir.Constant(I32, 16)) for a in acts]
         else:
-            a_16 = [_block_sum_times(builder, s, 16) for s in a_sums]
+            a_16 = [_block_sum_times(builder, a, 16) for a, _ in a_sums]
         m16 = builder.fadd(_halves(builder, _i16_at(builder, meta, 64)), builder.fmul(_const(V32F, 16.0), dv))
         for acc, a16, sb, xsb in zip(_isums(builder, val_of, avs, list(range(8)), 4), a_16, sbs, xsbs):
             centred = builder.sub(_rows32(builder, acc), _splat(builder, a16, V32I32))
@@ -138,7 +139,13 @@ def _terms(builder, bits, val_of, acts, meta, sbs, xsbs, a_sums=None):
                                                  builder.sitofp(centred, V32F)),
                                     builder.fmul(m16, _splat(builder, xsb, V32F))))
         return out
-    sums = [_sums_a(builder, a) for a in acts]
+    if a_sums is None:
+        sums = [_sums_a(builder, a) for a in acts]
+    else:
+        sums = []
+        for a, a0 in a_sums:
+            h0 = builder.fptosi(a0, I32)
+            sums.append((h0, builder.sub(builder.fptosi(a, I32), h0)))
     scs = [[builder.sext(_vload(builder, _bytes_at(builder, meta, 32 * half + 8 * i), V8I8), V8I32) for i in range(4)]
            for half in range(2)]
     halves = [_isums(builder, val_of, avs, list(range(4 * half, 4 * half + 4)), 2) for half in range(2)]
@@ -153,9 +160,9 @@ def _terms(builder, bits, val_of, acts, meta, sbs, xsbs, a_sums=None):
     return out
 
 
-def _term(builder, bits, val_of, a, meta, sb, xsb, a_sum=None):
-    """_terms of one activation row."""
-    return _terms(builder, bits, val_of, [a], meta, [sb], [xsb], None if a_sum is None else [a_sum])[0]
+def _term(builder, bits, val_of, a, meta, sb, xsb, a_sums=None):
+    """_terms of one activation row (a_sums: its (A, A0), or None)."""
+    return _terms(builder, bits, val_of, [a], meta, [sb], [xsb], None if a_sums is None else [a_sums])[0]
 
 
 def _check_blocks(a):
@@ -169,7 +176,8 @@ def _make(bits):
     def grp(typingctx, o, o_off, blk, blk_off, qa, qa_off, sa, xs, s_off, x_off, nb):
         """o[o_off : o_off + 32] <- the 32 rows' dot products with one activation row over nb blocks:
         blk[blk_off:] the group's blocks, qa[qa_off:] the int8 activations (32 per block), sa[s_off:] /
-        xs[x_off:] their block scales and (scaled, integer) sums (avx2._xs_at). Outputs in registers across
+        xs[x_off:] their block scales and sums (avx2._xs_at: the scaled sum; the decode form sums the
+        integers itself). Outputs in registers across
         blocks, summed in block order."""
         if not _check_blocks(blk):
             return None
@@ -188,7 +196,7 @@ def _make(bits):
                 _prefetch(builder, _bytes_at(builder, q, PREFETCH), blk_bytes // 64)
                 ab = builder.gep(a0, [builder.mul(b, ir.Constant(b.type, 32))])
                 term = _term(builder, bits, _merged(builder, q, bits), ab, _bytes_at(builder, q, META[bits]),
-                             builder.load(builder.gep(sp, [b])), _xs_at(builder, xp, b)[0])
+                             builder.load(builder.gep(sp, [b])), _xs_at(builder, xp, b, XS_SCALED))
                 builder.store(builder.fadd(builder.load(accp), term), accp)
             op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
             builder.store(builder.load(accp), op, align=4)
@@ -220,17 +228,18 @@ def _make(bits):
         return sig, codegen
 
     @intrinsic
-    def blku(typingctx, o, o_off, buf, qa, qa_off, sb, xsb, a_sum):
+    def blku(typingctx, o, o_off, buf, qa, qa_off, sb, xsb, a_sum, a_half):
         """o[o_off : o_off + 32] += one block's term for 32 rows from a block unpacked into buf; qa[qa_off:] its
-        32 int8 activations, sb / xsb / a_sum their scale, scaled and integer sums (q6 sums its halves)."""
-        sig = types.void(o, o_off, buf, qa, qa_off, sb, xsb, a_sum)
+        32 int8 activations, sb / xsb their scale and scaled sum, a_sum / a_half the integer sums of all 32 and
+        of the first 16 (avx2.XS_A, XS_A0)."""
+        sig = types.void(o, o_off, buf, qa, qa_off, sb, xsb, a_sum, a_half)
 
         def codegen(context, builder, signature, args):
-            o_, oo, buf_, qa_, ao, sb_, xsb_, asum_ = args
+            o_, oo, buf_, qa_, ao, sb_, xsb_, asum_, ahalf_ = args
             ty = signature.args
             b = _ptr(context, builder, ty[2], buf_, ir.Constant(I64, 0))
             term = _term(builder, bits, _stored(builder, b), _ptr(context, builder, ty[3], qa_, ao),
-                         _bytes_at(builder, b, VALS), sb_, xsb_, asum_ if bits == 5 else None)
+                         _bytes_at(builder, b, VALS), sb_, xsb_, (asum_, ahalf_))
             op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
             builder.store(builder.fadd(builder.load(op, align=4), term), op, align=4)
             return context.get_dummy_value()
@@ -268,10 +277,10 @@ def _make_rows(bits, nt):
                 q = builder.gep(q0, [builder.mul(b, ir.Constant(b.type, blk_bytes))])
                 _prefetch(builder, _bytes_at(builder, q, PREFETCH), blk_bytes // 64)
                 acts = [builder.gep(a, [builder.mul(b, ir.Constant(b.type, 32))]) for a in a0]
-                xsa = [_xs_at(builder, p, b) for p in xp]  # (scaled sum, integer sum) per row
                 terms = _terms(builder, bits, _merged(builder, q, bits), acts, _bytes_at(builder, q, META[bits]),
-                               [builder.load(builder.gep(p, [b])) for p in sp], [x for x, _ in xsa],
-                               [a for _, a in xsa] if bits == 5 else None)
+                               [builder.load(builder.gep(p, [b])) for p in sp],
+                               [_xs_at(builder, p, b, XS_SCALED) for p in xp],
+                               [(_xs_at(builder, p, b, XS_A), _xs_at(builder, p, b, XS_A0)) for p in xp])
                 for i in range(nt):
                     builder.store(builder.fadd(builder.load(accp[i]), terms[i]), accp[i])
             for i in range(nt):

@@ -34,6 +34,7 @@ from . import attn as A
 from . import attn_int8 as A8
 from . import attn_prefill as AP
 from .attn import SPLITS, store_f16
+from .avx2 import XS
 from .fast import quantize_rows, swiglu as swiglu_fast  # noqa: F401  (tier, probes: the step's name)
 from ...sampling_fast import argmax_choice, block_choice
 from .guard import ContentionGuard
@@ -56,7 +57,7 @@ def _quant_at(qa, sa, xs, xin, lo):
     """_quant of xin's rows into rows lo.. of the activation buffers."""
     t_n, n = xin.shape
     nb = n // QK
-    quantize_rows(qa[lo:lo + t_n, :n], sa[lo:lo + t_n, :nb], xs[lo:lo + t_n, :2 * nb], xin)
+    quantize_rows(qa[lo:lo + t_n, :n], sa[lo:lo + t_n, :nb], xs[lo:lo + t_n, :XS * nb], xin)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -522,7 +523,7 @@ class FusedForward:
                      np.zeros((max_t, a.q_dim), f), np.zeros((max_t, a.d_model), f),  # att, proj
                      np.zeros((max_t, a.d_ff), f), np.zeros((max_t, a.d_ff), f), np.zeros((max_t, a.d_ff), f),
                      np.zeros((max_t, max_n), np.int8), np.zeros((max_t, max_n // QK), f),
-                     np.zeros((max_t, 2 * (max_n // QK)), f), np.zeros((logit_rows, a.vocab_size), f),
+                     np.zeros((max_t, XS * (max_n // QK)), f), np.zeros((logit_rows, a.vocab_size), f),
                      np.zeros((max_t, a.head_dim // 2, 2), np.float64))  # cs: rope's cos and sin
         self.max_t, self.logit_rows = max_t, logit_rows
 

@@ -39,7 +39,7 @@ from numba.extending import overload
 
 from ...quant import QK
 from . import kquant
-from .fast import BATCHED_MIN_T, G, _q4, _q8, embed_q4, embed_q8, q8_group_batched
+from .fast import XS, BATCHED_MIN_T, G, _q4, _q8, embed_q4, embed_q8, q8_group_batched
 from .sync import finish, grab
 
 Q4, Q8, Q5, Q6 = 0, 1, 2, 3  # a matrix's layout (module constants: compiled in as literals)
@@ -147,7 +147,7 @@ def _mm_phase(sync, ph, tid, nt, o1, o2, o3, n_in, qa, sa, xs, w1, w2, w3, l, nw
     finisher."""
     t_n = o1.shape[0]
     nb = n_in // QK
-    qa_, sa_, xs_ = qa[:t_n, :n_in], sa[:t_n, :nb], xs[:t_n, :2 * nb]
+    qa_, sa_, xs_ = qa[:t_n, :n_in], sa[:t_n, :nb], xs[:t_n, :XS * nb]
     h1, h2, h, parts = _mm_groups(w1, w2, w3, nw)
     n = h * parts
     done = 0
@@ -180,7 +180,7 @@ def _head_phase(sync, ph, tid, nt, logits, n_in, qa, sa, xs, h):
     finisher."""
     t_n = logits.shape[0]
     nb = n_in // QK
-    qa_, sa_, xs_ = qa[:t_n, :n_in], sa[:t_n, :nb], xs[:t_n, :2 * nb]
+    qa_, sa_, xs_ = qa[:t_n, :n_in], sa[:t_n, :nb], xs[:t_n, :XS * nb]
     n = _head_groups(h)
     done = 0
     k = 0

@@ -35,7 +35,7 @@ from ...forward import ATTENTION, GATE_UP, O, QKV, walk
 from . import kernels as cpu
 from .attn import SPLITS, attention_f16_part, merge_parts, store_f16
 from .attn_prefill import attention_tiles_part, n_tiles, prompt_pass
-from .fast import BATCHED_MIN_T, G, embed_q4, embed_q8, mm_q4x3_part, mm_q8_batched, mm_q8_part, quantize_rows
+from .fast import XS, BATCHED_MIN_T, G, embed_q4, embed_q8, mm_q4x3_part, mm_q8_batched, mm_q8_part, quantize_rows
 from .kquant import embed_rows, mm_part
 from .step import swiglu_fast
 from .step_mm import GIVEN, Q4, Q5, Q8
@@ -218,7 +218,7 @@ class LeafForward:
         qa, sa, xs = ff.bufs[10], ff.bufs[11], ff.bufs[12]
         t_n, n = xin.shape
         nb = n // 32
-        args = (qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :2 * nb])
+        args = (qa[:t_n, :n], sa[:t_n, :nb], xs[:t_n, :XS * nb])
         self._call("quant_" + site, quantize_rows, (*args, xin), (0, 1, 2))
         return args
 
