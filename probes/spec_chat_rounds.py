@@ -51,8 +51,9 @@ def main() -> int:
         d = tot[v]
         spec_tok, spec_ms = d["tok"] - d["block_tok"], d["draft_ms"] + d["verify_ms"] - d["block_ms"]
         spec_rounds = d["rounds"] - d["block_rounds"]
-        print(f"{v}: speedup {off['s'] / d['s']:.3f}x; decode blocks {int(d['block_rounds'])} ({int(d['block_tok'])} tok) "
-              f"{d['block_ms'] / max(d['block_tok'], 1):.2f} ms/token; drafting rounds {int(spec_rounds)} "
+        print(f"{v}: speedup {off['s'] / d['s']:.3f}x; decode blocks {int(d['block_rounds'])} "
+              f"({int(d['block_tok'])} tok) {d['block_ms'] / max(d['block_tok'], 1):.2f} ms/token; "
+              f"drafting rounds {int(spec_rounds)} "
               f"({int(spec_tok)} tok, {spec_tok / max(spec_rounds, 1):.2f} tok/round, drafting "
               f"{d['draft_ms'] / max(spec_rounds, 1):.2f} ms/round) {spec_ms / max(spec_tok, 1):.2f} ms/token")
     return 0

@@ -28,7 +28,8 @@ def _quantized(rng, t_n, cols, extreme):
     if extreme:  # every activation +-127 after quantization: the int16 accumulator bounds
         x = np.sign(x).astype(np.float32)
     nb = cols // 32
-    qa, sa, xs = np.zeros((t_n, cols), np.int8), np.zeros((t_n, nb), np.float32), np.zeros((t_n, cpu_fast.XS * nb), np.float32)
+    qa, sa = np.zeros((t_n, cols), np.int8), np.zeros((t_n, nb), np.float32)
+    xs = np.zeros((t_n, cpu_fast.XS * nb), np.float32)
     cpu_fast.quantize_rows(qa, sa, xs, x)
     return qa, sa, xs
 

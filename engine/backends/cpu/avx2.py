@@ -560,7 +560,7 @@ def quant32(typingctx, qa, qa_off, x, x_off, inv):
         builder.store(builder.trunc(q, V32I8), p, align=1)
         v16 = ir.VectorType(I32, 16)
         radd = _fn(builder, "llvm.vector.reduce.add.v16i32", I32, [v16])
-        halves = [builder.call(radd, [builder.shuffle_vector(q, q, _const(ir.VectorType(I32, 16), list(range(h, h + 16))))])
+        halves = [builder.call(radd, [builder.shuffle_vector(q, q, _const(v16, list(range(h, h + 16))))])
                   for h in (0, 16)]
         return context.make_tuple(builder, signature.return_type, halves)
     return sig, codegen

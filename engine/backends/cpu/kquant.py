@@ -370,8 +370,8 @@ def group(out, qa, sa, xs, blk, g, bits):
 
 @njit(cache=True, nogil=True, parallel=True)
 def mm(out, qa, sa, xs, blk, bits):
-    """out (T, rows) f32 <- x @ W^T for a q5 / q6 W (ng, nb, BLK5 | BLK6); x as qa (T, n) int8, sa (T, nb), xs (T, XS nb)
-    (fast.quantize_rows). One parallel region over the row groups."""
+    """out (T, rows) f32 <- x @ W^T for a q5 / q6 W (ng, nb, BLK5 | BLK6); x as qa (T, n) int8, sa (T, nb),
+    xs (T, XS nb) (fast.quantize_rows). One parallel region over the row groups."""
     for g in prange(blk.shape[0]):
         group(out, qa, sa, xs, blk, np.int64(g), bits)
 
