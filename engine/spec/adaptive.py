@@ -93,6 +93,8 @@ class AdaptiveLength:
     # round the plan drafts at all, and `keep` cuts what is not worth its verify row: the plan (choose_k, on the
     # acceptance history) then only decides draft or block. MTP3, four A-B rounds: count300_en 2.44-2.84 ->
     # 2.98-3.35 tokens/round, 1.42-1.54x -> 1.53-1.70x; count300_plain_en and held-out chat within the spread.
+    # The plan prices such a round at what rounds drafted to the end measured (round_draft_cost), not at the k
+    # it planned: on chat it drafted one-draft plans at ~0.7 ms that cost ~1.8 (bench/results-spec-mtp.md).
     draft_to_max = True
 
     def __init__(self, inner: Drafter, decay: float = 0.9, probe_every: int = 8,
@@ -117,6 +119,7 @@ class AdaptiveLength:
         self.draft_ms = 0.0  # drafting time per drafted token (of the last k drafted)
         self.draft_by_k: dict[int, float] = {}  # k -> EMA ms of a round's drafting
         self.draft_fixed = draft_fixed
+        self.to_max_ms: float | None = None  # EMA ms of a round's drafting when it drafts to k_max (draft_to_max)
         self._pending: tuple[int, float] | None = None  # (n drafts, time propose returned)
         self._cut = 0  # rounds whose drafts the confidences cut short (every probe_every-th keeps one more)
         self._probe = False  # this round explores one position deeper (choose_k): no cut
@@ -245,7 +248,7 @@ class AdaptiveLength:
         for k in range(1, k_max + 1):
             p *= self.acceptance(k - 1)
             expected += p
-            rate = expected / (self.cost(k + 1) + self.draft_cost(self.drafted(k, k_max)))
+            rate = expected / (self.cost(k + 1) + self.round_draft_cost(k, k_max))
             if rate > best:
                 best_k, best = k, rate
         self._rounds += 1
@@ -254,6 +257,15 @@ class AdaptiveLength:
             self._probe = True  # (propose verifies it whatever the drafter's confidence)
             return best_k + 1  # explore one position deeper: its acceptance may have changed
         return best_k
+
+    def round_draft_cost(self, k: int, k_max: int) -> float:
+        """Estimated ms of the drafting of a round planned at k: what its drafts cost (draft_cost), or where
+        the drafter drafts to k_max once a round drafts at all (draft_to_max), what such rounds measured."""
+        cost = self.draft_cost(self.drafted(k, k_max))
+        return max(cost, self.to_max_ms) if self.to_max_ms is not None and self._drafts_to_max() else cost
+
+    def _drafts_to_max(self) -> bool:
+        return self.draft_to_max and self.gate and hasattr(self.inner, "stop_below")
 
     def drafted(self, k: int, k_max: int) -> int:
         """Drafts asked of the drafter for a round that verifies k: k and the shadow rows beyond it."""
@@ -292,10 +304,11 @@ class AdaptiveLength:
             k_use = self.choose_k(k)
         else:  # decided by block_instead (its probe flag stands)
             k_use = min(planned, k)
+        to_max = False
         if self.gate and hasattr(self.inner, "stop_below"):
             self.inner.stop_below = self.stop_chance()
             if self.draft_to_max and k_use > 0 and not self._probe:
-                k_use = k  # it stops where its confidences say the rest would not be verified
+                k_use, to_max = k, True  # it stops where its confidences say the rest would not be verified
         k_draft = self.drafted(k_use, k)
         t0 = self.clock()
         drafted = list(self.inner.propose(context_tokens, k_draft, features)[:k_draft]) if k_draft > 0 else []
@@ -306,6 +319,8 @@ class AdaptiveLength:
             n = len(drafted)
             self.draft_by_k[n] = self._ema(self.draft_by_k.get(n, 0.0), (t1 - t0) * 1e3, n not in self.draft_by_k)
             self.draft_ms = self.draft_by_k[n] / n
+            if to_max:
+                self.to_max_ms = self._ema(self.to_max_ms or 0.0, (t1 - t0) * 1e3, self.to_max_ms is None)
         gated = self.gate and bool(conf) and len(conf) == len(drafted)
         if gated and self.shadow:  # any of the rows drafted, by their calibrated chances
             drafts = drafted[:self.keep(conf, (t1 - t0) * 1e3)]

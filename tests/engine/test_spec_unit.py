@@ -753,3 +753,39 @@ def test_a_drafter_that_stops_by_itself_drafts_to_the_maximum():
     b._planned = 1
     b.propose(PROMPT, 4, None)
     assert plain.asked == [1]
+
+
+class StoppingDrafter(SureDrafter):
+    """SureDrafter that, like MTP, can stop mid-round (`stop_below`): AdaptiveLength drafts it to k_max."""
+    stop_below = 0.0
+
+
+def test_a_round_drafted_to_max_is_priced_at_what_such_rounds_cost():
+    """Where a drafter drafts to k_max once a round drafts at all (draft_to_max: MTP), the plan's choice
+    between drafting and a plain step prices the round at what such rounds measured, not at the k planned:
+    one draft accepted 35% of the time pays for a 0.7 ms draft (1.35 tokens / 12.9 ms beats 1 / 10 ms) but not
+    for the 1.8 ms the rounds drafting to the end cost (1.35 / 14 ms)."""
+    costs = {1: 10.0, 2: 12.2, 4: 16.0}
+
+    def planner(inner):
+        a = AdaptiveLength(inner, cost_table=dict(costs))
+        a.tries, a.hits, a.draft_by_k = [100.0] * 3, [35.0, 10.0, 10.0], {1: 0.7, 3: 1.8}
+        return a
+    a = planner(StoppingDrafter(PROMPT + list(range(40)), [0.9] * 8))
+    assert a.choose_k(3) == 1  # nothing measured of rounds to the end: the planned k's own cost
+    now = [0.0]
+    a.clock = lambda: now[0]
+    a._first = False  # (a reply's first round also runs its prompt's pairs: not a round's drafting)
+
+    class Timed(StoppingDrafter):
+        def propose(self, context, k, features):
+            now[0] += 1.8e-3  # each round's drafting takes 1.8 ms
+            return super().propose(context, k, features)
+    a.inner = Timed(PROMPT + list(range(40)), [0.9] * 8)
+    a._planned = 1
+    a.propose(PROMPT, 3, None)
+    assert a.inner.asked == [3] and a.to_max_ms == pytest.approx(1.8)  # drafted to k_max, its cost kept
+    assert a.round_draft_cost(1, 3) == pytest.approx(1.8) and a.choose_k(3) == 0
+    plain = planner(SureDrafter(PROMPT + list(range(40)), [0.9] * 8))  # no stop_below: drafts what it plans
+    plain.to_max_ms = 1.8
+    assert plain.round_draft_cost(1, 3) == pytest.approx(0.7) and plain.choose_k(3) == 1
