@@ -240,8 +240,11 @@ def test_dflash_speculation_is_lossless(tiny, hot, gate, monkeypatch):
 
 
 def test_lossless_over_a_reused_prefix(tiny):
-    """A second turn in one session reuses the first's cache: positions without observed hidden rows."""
+    """A second turn in one session reuses the first's cache: positions without observed hidden rows. The
+    second turn's drafter drafts every round (no adaptive length: on a loaded machine its measured costs could
+    plan no drafts at all over 30 tokens of a random-weight drafter, and nothing would be tested)."""
     from engine.api import Engine
+    from engine.spec import SpecRound, make_drafter
     path, _ = tiny
     eng = Engine.load(EngineArgs(model=str(path), max_context=256, prefix_reuse=True))
     turn1 = [{"role": "user", "content": "Say hello"}]
@@ -251,7 +254,9 @@ def test_lossless_over_a_reused_prefix(tiny):
         s = eng.session()
         list(s.generate(turn1, GenerateRequest(SamplingParams(greedy=True, max_new=20), spec=spec)))
         req = GenerateRequest(SamplingParams(greedy=True, max_new=30), spec=spec, draft_tokens=4)
-        outs[spec] = list(s.generate(msgs, req))[-1]
+        fixed = SpecRound(make_drafter("dflash", eng.model, str(path), adaptive=False, capacity=eng.capacity), 4,
+                          eng.capacity) if spec == "dflash" else None
+        outs[spec] = list(s.generate(msgs, req, round_fn=fixed))[-1]
     assert outs["dflash"].token_ids == outs["off"].token_ids and outs["dflash"].drafted > 0
     assert outs["dflash"].cached_prompt_tokens > 0
 
