@@ -32,24 +32,20 @@ KDOT_F32, VSUM_F32 = X._make_kdot(8, f32=True, heads=X.GROUP_HEADS), X._make_vsu
 V_BLOCK = 32
 
 
-@njit
-def _row_f16(sc, q, kc, vc, acc, n, reps):
-    for _ in range(reps):
-        for kh in range(kc.shape[1]):
-            for p in range(0, n, 8):
-                KDOT_F16(sc, p, q, kc, p, kh, np.float32(0.125))
-            for b in range(0, n, V_BLOCK):
-                VSUM_F16(acc, sc, b, V_BLOCK, vc, b, kh)
+def _row_loop(kdot, vsum):
+    """One row's scores and weighted V sums over every KV head, reps times, through these kernels."""
+    @njit
+    def row(sc, q, kc, vc, acc, n, reps):
+        for _ in range(reps):
+            for kh in range(kc.shape[1]):
+                for p in range(0, n, 8):
+                    kdot(sc, p, q, kc, p, kh, np.float32(0.125))
+                for b in range(0, n, V_BLOCK):
+                    vsum(acc, sc, b, V_BLOCK, vc, b, kh)
+    return row
 
 
-@njit
-def _row_f32(sc, q, kc, vc, acc, n, reps):
-    for _ in range(reps):
-        for kh in range(kc.shape[1]):
-            for p in range(0, n, 8):
-                KDOT_F32(sc, p, q, kc, p, kh, np.float32(0.125))
-            for b in range(0, n, V_BLOCK):
-                VSUM_F32(acc, sc, b, V_BLOCK, vc, b, kh)
+_row_f16, _row_f32 = _row_loop(KDOT_F16, VSUM_F16), _row_loop(KDOT_F32, VSUM_F32)
 
 
 def main() -> int:
