@@ -111,7 +111,9 @@ def runner(path: Path, backend: str, max_batch: int, tp: int = 1, plain: bool = 
 
 def expected(model_path: Path, n_new: int, items: list[tuple[str, list[int]]] | None = None) -> dict:
     """The record `check` compares with: per prompt (default: `prompts()` rendered by the file's chat template)
-    its ids, the reference's and the cpu backend's greedy tokens, the reference's margins."""
+    its ids, the reference's and the cpu backend's greedy tokens, the reference's margins; and the instruction
+    set the cpu backend compiled for (cpu_isa: its replies, and numpy's for the reference, differ between
+    AVX2 and AVX-512 hosts in near ties)."""
     tok = None
     if items is None:
         from ..gguf import load_gguf
@@ -121,7 +123,9 @@ def expected(model_path: Path, n_new: int, items: list[tuple[str, list[int]]] | 
     longest = max(len(ids) for _, ids in items)
     ref = runner(model_path, "ref", longest)
     cpu = runner(model_path, "cpu", longest)
-    rec = {"model": model_path.name, "sha256": sha256_file(model_path), "tokens": n_new, "prompts": []}
+    from ..backends.cpu.target import isa
+    rec = {"model": model_path.name, "sha256": sha256_file(model_path), "tokens": n_new, "cpu_isa": isa(),
+           "prompts": []}
     for name, ids in items:
         r_toks, r_margin = greedy(ref, ids, n_new)
         c_toks, _ = greedy(cpu, ids, n_new)

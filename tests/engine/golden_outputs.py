@@ -5,7 +5,10 @@ of what the engine computes. This script records, through the public API only (E
 forward), what one tree computes; tests/engine/test_golden.py checks the current tree against the recorded
 file. Recorded from the tree before the redesign:
 
-    cd OLD_TREE && .venv/bin/python NEW_TREE/tests/engine/golden_outputs.py --write NEW_TREE/tests/engine/golden/smollm2.json
+    cd OLD_TREE && PYTHONPATH=. .venv/bin/python NEW_TREE/tests/engine/golden_outputs.py --write FILE
+
+with FILE NEW_TREE/tests/engine/golden/smollm2.json on an AVX2-only host, smollm2-avx512.json on an AVX-512 +
+AVX512-VNNI one (test_golden.py picks by the host: the bits depend on the instruction set).
 
 Cases: greedy and seeded sampling (with penalties), speculation off and on (n-gram), a second turn over the
 first (prefix reuse), an int8 KV cache, the numpy reference backend, and TP2 over two CPU "devices"; the
