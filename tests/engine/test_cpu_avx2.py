@@ -64,15 +64,18 @@ def test_avx2_kernels_equal_generic_bitwise(qtype, rows, cols, extreme, t_n):
 
 
 def _vnni_and_madd():
-    """cpu_avx2's 4-bit decode kernel in both forms: vpdpbusd (the target's, where it has VNNI) and
-    vpmaddubsw."""
+    """cpu_avx2's 4-bit kernels in both forms: the decode form and the 4-row form with vpdpbusd (the target's,
+    where it has VNNI / AVX512-VNNI) and with vpmaddubsw."""
     import numba
     from engine.backends.cpu import avx2 as A
 
     @numba.njit
-    def run(o1, o2, blk, qa, sa, xs, nb):
+    def run(o1, o2, o4, o4m, blk, qa, sa, xs, nb):
         A.grp_q4(o1, 0, blk, 0, qa, 0, sa, xs, 0, 0, nb)
         A.grp_q4_madd(o2, 0, blk, 0, qa, 0, sa, xs, 0, 0, nb)
+        # four activation rows: the block's row and three shifted copies (qa holds nb + 3 blocks)
+        A.grp_q4_rows4(o4, 0, 32, blk, 0, qa, 0, 32, sa, xs, 0, 1, 0, A.XS, nb)
+        A.grp_q4_rows4_madd(o4m, 0, 32, blk, 0, qa, 0, 32, sa, xs, 0, 1, 0, A.XS, nb)
     return run
 
 
@@ -85,26 +88,29 @@ def test_vnni_block_sums_equal_vpmaddubsw_bitwise(extreme):
     from engine.backends.cpu import fast as F
     if not F.HAVE_AVX2:
         pytest.skip("host without AVX2 (or NINFER_CPU_GENERIC set)")
-    if not A.VNNI:
+    if not (A.VNNI or A.ROWS_VNNI):
         pytest.skip("target without AVX-VNNI (the vpmaddubsw forms are the only ones)")
     rng = np.random.default_rng(7 + extreme)
-    nb = 9
+    nb, na = 9, 12  # blocks of the group; activation blocks (the 4-row form's rows start 0-3 blocks in)
     blk = np.zeros((nb, A.BLK4), np.uint8)  # one row group's blocks: nibbles, scales, mins
     blk[:, :A.D_OFF] = rng.integers(0, 256, (nb, A.D_OFF), dtype=np.uint8)
-    qa = rng.integers(-128, 128, nb * 32, dtype=np.int8)
+    qa = rng.integers(-128, 128, na * 32, dtype=np.int8)
     if extreme:
         blk[:, :A.D_OFF] = 0xFF
-        qa[:] = np.where(rng.random(nb * 32) < 0.5, -128, 127).astype(np.int8)
-    sa, xs = rng.random(nb, dtype=np.float32), np.zeros(A.XS * nb, np.float32)  # xs: each block's sums
-    xs[A.XS_SCALED::A.XS] = rng.standard_normal(nb)
-    xs[A.XS_A::A.XS] = qa.reshape(nb, 32).sum(1, dtype=np.int32)
-    xs[A.XS_A0::A.XS] = qa.reshape(nb, 32)[:, :16].sum(1, dtype=np.int32)
+        qa[:] = np.where(rng.random(na * 32) < 0.5, -128, 127).astype(np.int8)
+    sa, xs = rng.random(na, dtype=np.float32), np.zeros(A.XS * na, np.float32)  # xs: each block's sums
+    xs[A.XS_SCALED::A.XS] = rng.standard_normal(na)
+    xs[A.XS_A::A.XS] = qa.reshape(na, 32).sum(1, dtype=np.int32)
+    xs[A.XS_A0::A.XS] = qa.reshape(na, 32)[:, :16].sum(1, dtype=np.int32)
     blk[:, A.D_OFF:A.M_OFF] = (rng.random((nb, 32)) * 0.02).astype(np.float16).view(np.uint8)
     blk[:, A.M_OFF:] = (rng.random((nb, 32)) * -0.02).astype(np.float16).view(np.uint8)
     o1, o2 = np.full(32, np.nan, np.float32), np.zeros(32, np.float32)
-    _vnni_and_madd()(o1, o2, blk.reshape(-1), qa, sa, xs, nb)
+    o4, o4m = np.full(4 * 32, np.nan, np.float32), np.zeros(4 * 32, np.float32)
+    _vnni_and_madd()(o1, o2, o4, o4m, blk.reshape(-1), qa, sa, xs, nb)
     assert np.isfinite(o1).all() and np.abs(o1).max() > 0
     np.testing.assert_array_equal(o1, o2)
+    np.testing.assert_array_equal(o4, o4m)
+    np.testing.assert_array_equal(o4[:32], o1)  # the 4-row form's first row is the decode form's row
 
 
 def test_avx2_quantize_rows_equals_generic_bitwise():

@@ -293,13 +293,14 @@ blk = np.zeros((ng, nb, F.avx2.BLK4), np.uint8)  # 4-bit blocks: nibbles, scales
 F.q4_group(out, qa, sa, xs, blk, np.zeros(G, np.int16), 0)
 F.q4_group_batched(out, qa, sa, xs, blk, 0)
 F.q8_group(out, qa, sa, np.zeros((ng, nb, F.avx2.BLK8), np.int8), np.zeros(G, np.int32), 0)
+F.q8_group_batched(out, qa, sa, np.zeros((ng, nb, F.avx2.BLK8), np.int8), 0)
 F.quantize_rows(qa, sa, xs, np.ones((t, nb * 32), np.float32))
 from engine.backends.cpu.attn import store_f16
 store_f16(np.zeros((4, 3, 64), np.uint16), np.ones((1, 3, 64), np.float32), 2)
 from engine.backends.cpu import avx2 as cpu_avx2
-res = {{"VNNI": cpu_avx2.VNNI}}
+res = {{"VNNI": cpu_avx2.VNNI, "VNNI512": cpu_avx2.VNNI512}}
 for name, f in (("q4_group", F.q4_group), ("q4_group_batched", F.q4_group_batched), ("q8_group", F.q8_group),
-                ("quantize_rows", F.quantize_rows), ("store_f16", store_f16)):
+                ("q8_group_batched", F.q8_group_batched), ("quantize_rows", F.quantize_rows), ("store_f16", store_f16)):
     asm = "\\n".join(f.inspect_asm().values())
     res[name] = {{"wide": len(re.findall(r"%[yz]mm", asm)),
                        "madd": len(re.findall(r"vpmull[wd]|vpmaddwd|vpmaddubsw|vpdpbusd|vpdpwssd", asm)),
@@ -307,7 +308,8 @@ for name, f in (("q4_group", F.q4_group), ("q4_group_batched", F.q4_group_batche
                        "cvtps2ph": len(re.findall(r"vcvtps2ph", asm)),
                        "round": len(re.findall(r"vroundps|vrndscaleps", asm)),  # (the AVX-512 form)
                        "prefetch": len(re.findall(r"prefetcht0", asm)),
-                       "dpbusd": len(re.findall(r"vpdpbusd", asm))}}
+                       "dpbusd": len(re.findall(r"vpdpbusd", asm)),
+                       "dp512": len(re.findall(r"vpdp(?:busd|wssd)\\s[^\\n]*%zmm", asm))}}
 print(json.dumps(res))
 """
 
@@ -326,9 +328,11 @@ def test_integer_kernels_are_vectorized(tmp_path):
     f16c = " f16c" in Path("/proc/cpuinfo").read_text()
     # the activations' quantization (every matmul's input, the decode step's serial tails) rounds 8 values per
     # instruction; the KV cache's f16 writes convert 8 per vcvtps2ph
-    quant, store, vnni = res.pop("quantize_rows"), res.pop("store_f16"), res.pop("VNNI")
+    quant, store, vnni, vnni512 = res.pop("quantize_rows"), res.pop("store_f16"), res.pop("VNNI"), res.pop("VNNI512")
     if vnni:  # the 4-bit decode kernel's block sums: vpdpbusd where the target has VNNI (cpu_avx2.VNNI)
         assert res["q4_group"]["dpbusd"] >= 16, res["q4_group"]
+    if vnni512:  # 512-bit vpdpbusd / vpdpwssd in the multi-row forms (2 rows here) where the target has them
+        assert res["q4_group_batched"]["dp512"] >= 16 and res["q8_group_batched"]["dp512"] >= 16, res
     assert quant["round"] >= 1 and quant["wide"] >= 8, quant
     if f16c:
         assert store["cvtps2ph"] >= 1, store

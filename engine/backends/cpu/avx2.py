@@ -24,7 +24,12 @@ L1) and every activation row reuses it (blk_q4u). Where the target has AVX-VNNI 
 sums a block with vpdpbusd instead (_isum_vnni: 32 instructions where vpmaddubsw, its adds and vpmaddwd take
 68; the same integers, so the same bits; grp_q4_madd keeps vpmaddubsw for the tests' comparison). Zen 5, one
 thread, ad hoc: a matrix streamed from DRAM 32-35 -> 34-38 GB/s, hot in L2 7.9 -> 6.6 us; the batched form
-measured slower with it (4.9-7.9 -> 6.9-9.9 ns per (row, block)), so it keeps vpmaddubsw.
+measured slower with it (4.9-7.9 -> 6.9-9.9 ns per (row, block)), so it keeps vpmaddubsw. Where the target
+has AVX512-VNNI (VNNI512), the multi-row form (grp_q4_rows: verify blocks, short chunks) sums with 512-bit
+vpdpbusd (_rows_isum_vnni512: one 64-byte load is block vectors 2k and 2k + 1, 16 instructions per row and
+block) and every Q8_0 form with 512-bit vpdpwssd (_q8_isums); on a Xeon with AVX-512 (2026-12-06, one thread)
+a 1536x576 Q4_1 matmul of 4 / 8 rows took 68.2 / 129.0 -> 30.1 / 52.5 us (T = 1: 22.6), the default model's
+verify pass of 4 / 8 rows -25% / -30% (bench/results-verify.md).
 Only used when the host has AVX2 (fast.HAVE_AVX2); fast's generic kernels serve the others.
 """
 from __future__ import annotations
@@ -46,6 +51,7 @@ I8, I16, I32, I64, F = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType
 V32I8, V16I16, V8I32, V16I32 = ir.VectorType(I8, 32), ir.VectorType(I16, 16), ir.VectorType(I32, 8), ir.VectorType(I32, 16)
 V32I32, V32F = ir.VectorType(I32, 32), ir.VectorType(F, 32)
 V32I16, V32H = ir.VectorType(I16, 32), ir.VectorType(ir.HalfType(), 32)
+V64I8 = ir.VectorType(I8, 64)
 NIBBLES = 1024  # bytes of one block's unpacked nibbles: 16 vectors x (low, high nibbles) x 32 bytes
 UNBUF = NIBBLES + 256  # and its 32 rows' d and m + 8 d as f32 (unpack_q4)
 # Software prefetch distance of the decode kernels, in bytes of the weight stream (2 KiB: 4 Q4 / 2 Q8 blocks
@@ -67,6 +73,10 @@ PREFETCH = 8192 if target_has("avx512f") else 2048
 # see it)
 VNNI = ((target_has("avxvnni") or (target_has("avx512vnni") and target_has("avx512vl")))
         and os.environ.get("NINFER_NO_VNNI", "") in ("", "0"))
+# 512-bit vpdpbusd / vpdpwssd where the target has AVX512-VNNI (and BW): the 4-bit multi-row forms
+# (_rows_isum_vnni512) and every Q8_0 form (_q8_isums). NINFER_NO_VNNI=1 keeps vpmaddubsw / vpmaddwd.
+VNNI512 = (target_has("avx512vnni") and target_has("avx512bw")
+           and os.environ.get("NINFER_NO_VNNI", "") in ("", "0"))
 
 
 def _const(vt, vals):
@@ -263,13 +273,63 @@ grp_q4 = _make_grp_q4(VNNI)
 grp_q4_madd = _make_grp_q4(False)  # vpmaddubsw on any AVX2 CPU (tests compare the VNNI form with it)
 
 
-def _make_grp_q4_rows(nt):
+def _rows_isum_madd(builder, q, ab):
+    """The 32 rows' integer sums S (<32 x i32>) of one block (q: its i8*) with each of the activation rows ab
+    (i8* to their block's 32 int8 values): each block vector is loaded and split once for all rows, then
+    vpmaddubsw per row into 16-bit lanes and one vpmaddwd by 1 (_isum's integers)."""
+    madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8])
+    pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
+    acc = [[_const(V16I16, 0)] * 4 for _ in ab]  # per row: rows 0-7, 8-15, 16-23, 24-31
+    for k in range(8):
+        av = [builder.bitcast(_splat(builder, _a4(builder, a, k), V8I32), V32I8) for a in ab]
+        for h in range(2):
+            lo, hi = _split(builder, _vload(builder, builder.gep(q, [ir.Constant(I64, 32 * (2 * k + h))]), V32I8))
+            for i in range(len(ab)):
+                acc[i][2 * h] = builder.add(acc[i][2 * h], builder.call(madd, [lo, av[i]]))
+                acc[i][2 * h + 1] = builder.add(acc[i][2 * h + 1], builder.call(madd, [hi, av[i]]))
+    return [_rows32(builder, [builder.call(pmaddwd, [x, _const(V16I16, 1)]) for x in a]) for a in acc]
+
+
+def _rows_isum_vnni512(builder, q, ab):
+    """_rows_isum_madd's sums with 512-bit vpdpbusd (AVX512-VNNI): one 64-byte load holds block vectors 2k and
+    2k + 1 (values 4k..4k+3 of all 32 rows), and each row's four unsigned nibbles times its four broadcast
+    activations go straight into its int32 lane: 16 instructions per row and block where vpmaddubsw, its
+    16-bit adds and vpmaddwd take 68. Exact integer sums, so the same bits."""
+    dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", V16I32, [V16I32, V16I32, V16I32])
+    mask = _const(V64I8, 15)
+    # per row: [low nibbles: rows 0-7 | 16-23, high nibbles: rows 8-15 | 24-31], in two chains (even / odd k)
+    # when few rows run (vpdpbusd's latency; more rows give the core independent chains anyway)
+    chains = 2 if len(ab) <= 2 else 1
+    acc = [[[_const(V16I32, 0)] * chains for _ in range(2)] for _ in ab]
+    for k in range(8):
+        x = _vload(builder, builder.gep(q, [ir.Constant(I64, 64 * k)]), V64I8)
+        nib = [builder.bitcast(v, V16I32) for v in (builder.and_(x, mask),
+                                                    builder.and_(builder.lshr(x, _const(V64I8, 4)), mask))]
+        for i, a in enumerate(ab):
+            av = _splat(builder, _a4(builder, a, k), V16I32)
+            for n in range(2):
+                acc[i][n][k % chains] = builder.call(dp, [acc[i][n][k % chains], nib[n], av])
+    order = list(range(8)) + list(range(16, 24)) + list(range(8, 16)) + list(range(24, 32))
+    out = []
+    for lo, hi in acc:
+        lo, hi = (c[0] if chains == 1 else builder.add(c[0], c[1]) for c in (lo, hi))
+        out.append(builder.shuffle_vector(lo, hi, _const(ir.VectorType(I32, 32), order)))
+    return out
+
+
+def _a4(builder, a, k):
+    """Activations 4k..4k+3 of a block (a: i8*) as one i32 (to broadcast)."""
+    return builder.load(builder.gep(builder.bitcast(a, I32.as_pointer()), [ir.Constant(I64, k)]), align=1)
+
+
+def _make_grp_q4_rows(nt, vnni):
     @intrinsic
     def grp_q4_rows(typingctx, o, o_off, o_st, blk, blk_off, qa, qa_off, qa_st, sa, xs, s_off, s_st, x_off, x_st, nb):
         """grp_q4 for nt activation rows at once (a verify block, a short prompt chunk): each block vector is
-        loaded and split into its nibbles once, and the nt rows' vpmaddubsw run on it from registers, so the
-        weights stream once with no unpacked copy (unpack_q4 wrote and re-read 1.25 KiB per block, which cost
-        a T = 2 pass 1.7x a decode row's time). Row i's data sit at o_off + i o_st (outputs), qa_off + i qa_st,
+        loaded and split into its nibbles once, and the nt rows' dot products run on it from registers
+        (_rows_isum_madd, or _rows_isum_vnni512 where the target has AVX512-VNNI: VNNI512), so the weights
+        stream once with no unpacked copy (unpack_q4 wrote and re-read 1.25 KiB per block, which cost a
+        T = 2 pass 1.7x a decode row's time). Row i's data sit at o_off + i o_st (outputs), qa_off + i qa_st,
         s_off + i s_st, x_off + i x_st (elements). Per row the same integer sums, the same _block_term and the
         same block-order accumulation from 0 as grp_q4: each row equals a one-row call bit for bit."""
         if not _check_blocks(blk):
@@ -279,8 +339,6 @@ def _make_grp_q4_rows(nt):
         def codegen(context, builder, signature, args):
             o_, oo, ost, blk_, bo, qa_, ao, ast, sa_, xs_, so, sst, xo, xst, nb_ = args
             ty = signature.args
-            madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8])
-            pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
             q0 = _ptr(context, builder, ty[3], blk_, bo)
             a0 = [_ptr(context, builder, ty[5], qa_, builder.add(ao, builder.mul(ast, ir.Constant(ast.type, i))))
                   for i in range(nt)]
@@ -294,22 +352,11 @@ def _make_grp_q4_rows(nt):
                 q = builder.gep(q0, [builder.mul(b, ir.Constant(b.type, BLK4))])
                 _prefetch(builder, _bytes_at(builder, q, PREFETCH), BLK4 // 64)
                 ab = [builder.gep(a, [builder.mul(b, ir.Constant(b.type, 32))]) for a in a0]
-                acc = [[_const(V16I16, 0)] * 4 for _ in range(nt)]  # per row: rows 0-7, 8-15, 16-23, 24-31
-                for k in range(8):
-                    av = [builder.bitcast(_splat(builder, builder.load(builder.gep(builder.bitcast(a, I32.as_pointer()),
-                                                                                   [ir.Constant(I64, k)]), align=1),
-                                                 V8I32), V32I8) for a in ab]
-                    for h in range(2):
-                        lo, hi = _split(builder, _vload(builder, builder.gep(q, [ir.Constant(I64, 32 * (2 * k + h))]),
-                                                        V32I8))
-                        for i in range(nt):
-                            acc[i][2 * h] = builder.add(acc[i][2 * h], builder.call(madd, [lo, av[i]]))
-                            acc[i][2 * h + 1] = builder.add(acc[i][2 * h + 1], builder.call(madd, [hi, av[i]]))
+                isums = (_rows_isum_vnni512 if vnni else _rows_isum_madd)(builder, q, ab)
                 dv, m8 = _dm8(builder, *_scales_at(builder, q))
                 for i in range(nt):
-                    isum = _rows32(builder, [builder.call(pmaddwd, [x, _const(V16I16, 1)]) for x in acc[i]])
                     a_sum = _xs_at(builder, xp[i], b, XS_A)
-                    term = _block_term(builder, isum, _block_sum_times(builder, a_sum, 8), dv, m8,
+                    term = _block_term(builder, isums[i], _block_sum_times(builder, a_sum, 8), dv, m8,
                                        builder.load(builder.gep(sp[i], [b])), _xs_at(builder, xp[i], b, XS_SCALED))
                     builder.store(builder.fadd(builder.load(accp[i]), term), accp[i])
             for i in range(nt):
@@ -322,7 +369,8 @@ def _make_grp_q4_rows(nt):
 
 
 ROWS_MAX = 4  # the most activation rows one grp_q4_rows call takes (registers: 4 int16 accumulators per row)
-grp_q4_rows1, grp_q4_rows2, grp_q4_rows3, grp_q4_rows4 = (_make_grp_q4_rows(n) for n in range(1, 5))
+grp_q4_rows1, grp_q4_rows2, grp_q4_rows3, grp_q4_rows4 = (_make_grp_q4_rows(n, VNNI512) for n in range(1, 5))
+grp_q4_rows4_madd = _make_grp_q4_rows(4, False)  # vpmaddubsw on any AVX2 CPU (tests compare)
 
 
 def _unpacked_scales(builder, b, i):
@@ -383,28 +431,58 @@ def blk_q4u(typingctx, o, o_off, buf, qa, qa_off, sb, xsb, a_sum):
 # 2 jp + i of row r, int8, then the 32 rows' f16 scales (D8_OFF; one stream per thread, as the 4-bit
 # layout: ad hoc, two threads, 42.1-43.5 -> 44.1-45.1 GB/s). Sign-extended to int16, vpmaddwd against the
 # broadcast pair (a[2 jp], a[2 jp + 1]) gives one int32 per row, rows in order.
-V64I8, V64I16 = ir.VectorType(I8, 64), ir.VectorType(I16, 64)
+V64I16 = ir.VectorType(I16, 64)
 BLK8, D8_OFF = 1088, 1024
 VALS8 = 2048  # bytes of one sign-extended Q8_0 block: 16 pairs x 64 int16
 UNBUF8 = VALS8 + 64  # and then its rows' f16 scales (unpack_q8)
 
 
+def _q8_isums(builder, w_of, rows, vnni):
+    """The 32 rows' int32 sums (<32 x i32>, rows in order) of one Q8_0 block with each activation row of
+    `rows` (i8* to the block's 32 int8 values): w_of(jp) -> <64 x i16> weights of pair jp (32 rows x values
+    2 jp, 2 jp + 1), computed once for all rows. vpmaddwd against the broadcast pair, or where the target has
+    AVX512-VNNI (vnni) 512-bit vpdpwssd, which adds the pair products straight into the int32 lanes: 2
+    instructions per row and pair where vpmaddwd and its adds take 8. Exact integers either way."""
+    a16 = ir.VectorType(I16, 2)
+
+    def pair(a, jp):  # values 2 jp, 2 jp + 1 of a row as one i32 of two i16
+        return builder.bitcast(builder.sext(_vload(builder, builder.gep(a, [ir.Constant(I64, 2 * jp)]),
+                                                   ir.VectorType(I8, 2)), a16), I32)
+    if vnni:
+        dp = _fn(builder, "llvm.x86.avx512.vpdpwssd.512", V16I32, [V16I32, V16I32, V16I32])
+        chains = 2 if len(rows) <= 2 else 1  # (vpdpwssd's latency when few rows give independent chains)
+        acc = [[[_const(V16I32, 0)] * chains for _ in range(2)] for _ in rows]  # rows 0-15, 16-31
+        for jp in range(16):
+            w = w_of(jp)
+            parts = [builder.bitcast(builder.shuffle_vector(w, w, _const(ir.VectorType(I32, 32),
+                                                                         list(range(32 * j, 32 * j + 32)))), V16I32)
+                     for j in range(2)]
+            for i, a in enumerate(rows):
+                av = _splat(builder, pair(a, jp), V16I32)
+                for j in range(2):
+                    acc[i][j][jp % chains] = builder.call(dp, [acc[i][j][jp % chains], parts[j], av])
+        out = []
+        for ai in acc:
+            lo, hi = (c[0] if chains == 1 else builder.add(c[0], c[1]) for c in ai)
+            out.append(builder.shuffle_vector(lo, hi, _const(ir.VectorType(I32, 32), list(range(32)))))
+        return out
+    pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
+    acc = [[_const(V8I32, 0)] * 4 for _ in rows]  # per row: rows 0-7, 8-15, 16-23, 24-31
+    for jp in range(16):
+        w = w_of(jp)
+        parts = [builder.shuffle_vector(w, w, _const(ir.VectorType(I32, 16), list(range(16 * j, 16 * j + 16))))
+                 for j in range(4)]
+        for i, a in enumerate(rows):
+            av = builder.bitcast(_splat(builder, pair(a, jp), V8I32), V16I16)
+            for j in range(4):
+                acc[i][j] = builder.add(acc[i][j], builder.call(pmaddwd, [parts[j], av]))
+    return [_rows32(builder, ai) for ai in acc]
+
+
 def _q8_tail(builder, w_of, a, o, d, sb):
     """w_of(jp) -> <64 x i16> weights of pair jp; o += (d * sb) * isum over 32 rows (q8_group's order);
     d i16* to the rows' f16 scale bits."""
-    pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
-    acc = [_const(V8I32, 0)] * 4  # rows 0-7, 8-15, 16-23, 24-31
-    a16 = ir.VectorType(I16, 2)
-    for jp in range(8 * 2):
-        pair = builder.sext(_vload(builder, builder.gep(a, [ir.Constant(I64, 2 * jp)]), ir.VectorType(I8, 2)), a16)
-        av = builder.bitcast(_splat(builder, builder.bitcast(pair, I32), V8I32), V16I16)
-        w = w_of(jp)
-        for i in range(4):
-            part = builder.shuffle_vector(w, w, _const(ir.VectorType(I32, 16), list(range(16 * i, 16 * i + 16))))
-            acc[i] = builder.add(acc[i], builder.call(pmaddwd, [part, av]))
-    isum = builder.shuffle_vector(builder.shuffle_vector(acc[0], acc[1], _const(ir.VectorType(I32, 16), list(range(16)))),
-                                  builder.shuffle_vector(acc[2], acc[3], _const(ir.VectorType(I32, 16), list(range(16)))),
-                                  _const(ir.VectorType(I32, 32), list(range(32))))
+    isum, = _q8_isums(builder, w_of, [a], VNNI512)
     t = builder.fmul(builder.fmul(_halves(builder, d), _splat(builder, sb, V32F)), builder.sitofp(isum, V32F))
     op = builder.bitcast(o, V32F.as_pointer())
     builder.store(builder.fadd(builder.load(op, align=4), t), op, align=4)
@@ -430,7 +508,7 @@ def blk_q8(typingctx, o, o_off, blk, blk_off, qa, qa_off, sb):
     return sig, codegen
 
 
-def _make_grp_q8_rows(nt):
+def _make_grp_q8_rows(nt, vnni):
     @intrinsic
     def grp_q8_rows(typingctx, o, o_off, o_st, blk, blk_off, qa, qa_off, qa_st, sa, s_off, s_st, nb):
         """o[o_off + i o_st : ... + 32] <- the 32 rows' dot products with activation rows i < nt over nb Q8_0
@@ -443,35 +521,25 @@ def _make_grp_q8_rows(nt):
         def codegen(context, builder, signature, args):
             o_, oo, ost, blk_, bo, qa_, ao, ast, sa_, so, sst, nb_ = args
             ty = signature.args
-            pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
             q0 = _ptr(context, builder, ty[3], blk_, bo)
             a0 = [_ptr(context, builder, ty[5], qa_, builder.add(ao, builder.mul(ast, ir.Constant(ast.type, i))))
                   for i in range(nt)]
             sp = [_ptr(context, builder, ty[8], sa_, builder.add(so, builder.mul(sst, ir.Constant(sst.type, i))))
                   for i in range(nt)]
             accp = [cgutils.alloca_once_value(builder, _const(V32F, 0.0)) for _ in range(nt)]
-            a16 = ir.VectorType(I16, 2)
             with cgutils.for_range(builder, nb_) as loop:
                 b = loop.index
                 q = builder.gep(q0, [builder.mul(b, ir.Constant(b.type, BLK8))])
                 _prefetch(builder, _bytes_at(builder, q, PREFETCH), BLK8 // 64)
                 ab = [builder.gep(a, [builder.mul(b, ir.Constant(b.type, 32))]) for a in a0]
-                acc = [[_const(V8I32, 0)] * 4 for _ in range(nt)]  # per row: rows 0-7, 8-15, 16-23, 24-31
-                for jp in range(16):
-                    w = builder.sext(_vload(builder, builder.gep(q, [ir.Constant(I64, 64 * jp)]), V64I8), V64I16)
-                    parts = [builder.shuffle_vector(w, w, _const(ir.VectorType(I32, 16), list(range(16 * j, 16 * j + 16))))
-                             for j in range(4)]
-                    for i in range(nt):
-                        pair = builder.sext(_vload(builder, builder.gep(ab[i], [ir.Constant(I64, 2 * jp)]),
-                                                   ir.VectorType(I8, 2)), a16)
-                        av = builder.bitcast(_splat(builder, builder.bitcast(pair, I32), V8I32), V16I16)
-                        for j in range(4):
-                            acc[i][j] = builder.add(acc[i][j], builder.call(pmaddwd, [parts[j], av]))
+
+                def w_of(jp):
+                    return builder.sext(_vload(builder, builder.gep(q, [ir.Constant(I64, 64 * jp)]), V64I8), V64I16)
+                isums = _q8_isums(builder, w_of, ab, vnni)
                 d = _halves(builder, _i16_at(builder, q, D8_OFF))
                 for i in range(nt):
-                    isum = _rows32(builder, acc[i])
                     t = builder.fmul(builder.fmul(d, _splat(builder, builder.load(builder.gep(sp[i], [b])), V32F)),
-                                     builder.sitofp(isum, V32F))
+                                     builder.sitofp(isums[i], V32F))
                     builder.store(builder.fadd(builder.load(accp[i]), t), accp[i])
             for i in range(nt):
                 off = builder.add(oo, builder.mul(ost, ir.Constant(ost.type, i)))
@@ -482,7 +550,8 @@ def _make_grp_q8_rows(nt):
     return grp_q8_rows
 
 
-grp_q8_rows1, grp_q8_rows2, grp_q8_rows3, grp_q8_rows4 = (_make_grp_q8_rows(n) for n in range(1, 5))
+grp_q8_rows1, grp_q8_rows2, grp_q8_rows3, grp_q8_rows4 = (_make_grp_q8_rows(n, VNNI512) for n in range(1, 5))
+grp_q8_rows4_madd = _make_grp_q8_rows(4, False)  # vpmaddwd on any AVX2 CPU (tests compare)
 
 
 @intrinsic
