@@ -66,6 +66,10 @@ from .kernels import (  # noqa: F401  (the rest of the kernel set is cpu.py's)
 # avx2's vpmaddubsw kernels, else the generic ones below (NINFER_CPU_GENERIC=1 forces those: attn)
 HAVE_AVX2 = target_has("avx2") and not GENERIC_FORCED
 ROWS_UNPACKED = 16  # up to this many rows avx2.grp_q4_rows / grp_q8_rows (no unpacked copy; probes/matmul_bench.py)
+# The 4-bit form's: with 512-bit vpdpbusd (avx2.VNNI512) the multi-row kernel beats the unpacked copy at any T
+# (3072x1024, one thread, an AVX-512 Xeon: T = 32 1322 -> 755 us, T = 64 2088 -> 1385), the Q8_0 one does not
+# (T = 64 2961 -> 3503: its per-row pair broadcasts), so Q8_0 keeps ROWS_UNPACKED.
+ROWS_UNPACKED_Q4 = (1 << 30) if avx2.VNNI512 else ROWS_UNPACKED
 BATCHED_MIN_T = 2  # from this many rows on, matmuls unpack each weight block once (q4_group_batched)
 I16 = np.int16
 I32 = np.int32
@@ -532,13 +536,14 @@ def _grp_q4_rows(o, o0, o_st, qa, sa, xs, blk, g, t, n):
 
 @njit(cache=True, nogil=True)
 def q4_group_batched_avx2(out, qa, sa, xs, blk, g):
-    """q4_group_batched with the AVX2 kernels. Up to ROWS_UNPACKED rows (a verify block, a short chunk):
+    """q4_group_batched with the AVX2 kernels. Up to ROWS_UNPACKED_Q4 rows (a verify block, a short chunk; any T
+    where the target has AVX512-VNNI):
     avx2.grp_q4_rows on ROWS_MAX rows at a time, each block's nibbles split once in registers for them (the
     group's blocks come from L1/L2 again for the next rows). More rows (a prompt chunk): each block's
     nibbles and its rows' scale terms are unpacked once (1.25 KiB, L1) and every activation row runs
     vpmaddubsw on them (avx2.unpack_q4 / blk_q4u). Both bit-identical to q4_group."""
     t_n = out.shape[0]
-    if t_n <= ROWS_UNPACKED:
+    if t_n <= ROWS_UNPACKED_Q4:
         if (g + 1) * G <= out.shape[1]:
             for t in range(0, t_n, avx2.ROWS_MAX):
                 _grp_q4_rows(out, (t * out.strides[0]) // 4 + g * G, out.strides[0] // 4, qa, sa, xs, blk, g, t,

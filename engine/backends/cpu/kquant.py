@@ -319,7 +319,10 @@ def _grp_rows(o, o0, o_st, qa, sa, xs, blk, g, t, n, bits):
         kx.grp6_rows2(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
 
 
-ROWS_MERGED = 16  # up to this many activation rows run the multi-row decode form (no merged copy per block)
+# Up to this many activation rows run the multi-row decode form (no merged copy per block): 16, or any T where
+# the target has AVX512-VNNI (kx.VNNI512: 512-bit vpdpbusd; 3072x1024, one thread, an AVX-512 Xeon, T = 64:
+# see bench/results-kquant.md)
+ROWS_MERGED = (1 << 30) if kx.VNNI512 else 16
 
 
 @njit(cache=True, nogil=True)
