@@ -142,6 +142,11 @@ class AdaptiveLength:
         # rounds from ever verifying 7 drafts again to correct it)
         self._cold: set[int] = set()
         self._tok = self._ms = 0.0  # decayed tokens and ms of the rounds (rate)
+        # EMA ms per token of the decode blocks run in place of rounds (block_timed): what a token costs when
+        # nothing is drafted. A one-token verify round (cost_ms[1]) costs far more than that where a step is
+        # cheap: 4.4 ms against 2.4 on an AVX-512 Xeon (the pass after a drafting round, its logits, the round's
+        # bookkeeping), and priced at it, drafting looked better than blocks on chat where it ran 0.66x.
+        self.block_ms: float | None = None
 
     def reset(self) -> None:
         """A new reply. Costs are the machine's and acceptance follows the text: both are kept (decayed)."""
@@ -162,6 +167,13 @@ class AdaptiveLength:
         if j >= len(self.tries):
             return prior
         return (self.hits[j] + PRIOR_WEIGHT * prior) / (self.tries[j] + PRIOR_WEIGHT)
+
+    def plain_cost(self) -> float:
+        """Estimated ms of a token when a round drafts nothing: a decode block's (measured) where rounds may
+        block, else the one-token verify pass's."""
+        if self.block_ms is not None and self.may_block():
+            return self.block_ms
+        return self.cost_ms[1]
 
     def cost(self, t: int) -> float | None:
         """Estimated ms of a verify pass over t tokens: measured, else linear inter/extrapolation."""
@@ -205,11 +217,12 @@ class AdaptiveLength:
         if 1 not in self.cost_ms or len(self.cost_ms) < 2:
             return len(conf)
         lam = self.rate() if self.rate_keep else None
+        plain = self.plain_cost()  # what keeping no draft runs instead (a decode block, or one-token verify)
         if lam is not None:  # E(n) - lam c(n+1): a row is verified when its chance beats the rate's price
-            lam = max(lam, 1.0 / self.cost_ms[1])
-            best_n, best = 0, 1.0 - lam * self.cost_ms[1]
+            lam = max(lam, 1.0 / plain)
+            best_n, best = 0, 1.0 - lam * plain
         else:
-            best_n, best = 0, 1.0 / (self.cost_ms[1] + draft_ms)
+            best_n, best = 0, 1.0 / (plain + draft_ms)
         expected, p = 1.0, 1.0
         for n in range(1, len(conf) + 1):
             p *= self.chance(conf[n - 1], n - 1)
@@ -231,7 +244,7 @@ class AdaptiveLength:
             return 0.0
         known = sorted(self.cost_ms)
         rows = [(self.cost_ms[b] - self.cost_ms[a]) / (b - a) for a, b in zip(known, known[1:])]
-        return max(0.5 * min(rows) / self.cost_ms[1], 0.0)
+        return max(0.5 * min(rows) / self.plain_cost(), 0.0)
 
     def choose_k(self, k_max: int) -> int:
         """The draft length with the most expected tokens per ms (k_max until costs are known)."""
@@ -243,7 +256,7 @@ class AdaptiveLength:
             return 0  # ... then one plain step, so the two ends of the cost line are measured
         if len(self.cost_ms) < 2:
             return k_max
-        best_k, best = 0, 1.0 / self.cost_ms[1]
+        best_k, best = 0, 1.0 / self.plain_cost()
         expected, p = 1.0, 1.0
         for k in range(1, k_max + 1):
             p *= self.acceptance(k - 1)
@@ -276,8 +289,12 @@ class AdaptiveLength:
         """Decide the next round's draft length now (choose_k; the next propose drafts that many): True when
         it is 0 on measured costs, so the round may emit plain tokens in a decode block rather than verify no
         drafts (a one-token round costs ~1.1x a token of a block: bench/results-verify.md). Not while the
-        costs are still being measured (the first one-token round measures c(1))."""
+        costs are still being measured (the first one-token round measures c(1)); the first round after them
+        is a block, which measures what a token costs in one (block_timed, plain_cost)."""
         self._probe = False
+        if self.block_ms is None and self.may_block():  # once: what a token costs in a block (plain_cost)
+            self._planned = 0
+            return True
         self._planned = self.choose_k(k_max)
         return self._planned == 0 and self.may_block()
 
@@ -295,6 +312,12 @@ class AdaptiveLength:
         self._pending = None  # (a propose that kept no drafts: its one-token verify did not run)
         # (self._this stays: the rows the propose drafted are scored against the block's tokens)
         self._rounds += max(n - 1, 0)
+
+    def block_timed(self, n: int, ms: float) -> None:
+        """A decode block of n tokens took ms, the drafter's following of it included (SpecRound._run_block)."""
+        if n > 0:
+            per = ms / n
+            self.block_ms = per if self.block_ms is None else self._ema(self.block_ms, per, False)
 
     # -- the drafter protocol ------------------------------------------------------------------------------
     def propose(self, context_tokens: Sequence[int], k: int, features: Features | None) -> list[int]:

@@ -154,4 +154,8 @@ class SpecRound:
                 feats = {layer: h[:len(taken)] for layer, h in got.items()}
         self.drafter.blocked(len(taken))  # (first: what it observes next is no verify pass of its drafts)
         self.drafter.observe([int(ctx.seq[-1]), *taken[:-1]], feats)  # no features: the drafter starts over
-        return Round(taken, verify_ms=(time.perf_counter() - t0) * 1e3, block=True), feats
+        ms = (time.perf_counter() - t0) * 1e3
+        timed = getattr(self.drafter, "block_timed", None)
+        if timed is not None:  # what a token costs when nothing is drafted (the adaptive length's plain price)
+            timed(len(taken), ms)
+        return Round(taken, verify_ms=ms, block=True), feats

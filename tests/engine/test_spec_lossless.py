@@ -20,18 +20,19 @@ import pytest
 from engine.api import Engine
 from engine.config import EngineArgs, GenerateRequest, SamplingParams, ThinkingParams
 from engine.sampling import candidates
-from engine.spec import SpecRound
+from engine.spec import SpecRound, make_drafter
 
 PROMPTS = ["Hello there, how are you today?", "def main(args):\n    for item in items:",
            "The capital of France is Paris. The capital of", "Once upon a time there was a little girl"]
 WORKLOADS = Path("/work/shared/workloads")
 
 
-def run(session, prompt, spec="off", k=3, **sampling):
-    """Final stats of one reply (prefix reuse is off in these engines unless asked)."""
+def run(session, prompt, spec="off", k=3, round_fn=None, **sampling):
+    """Final stats of one reply (prefix reuse is off in these engines unless asked); round_fn: a round function
+    in place of the one the request picks."""
     sp = SamplingParams(**{"greedy": True, "max_new": 40, **sampling})
     msgs = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-    return [ev for ev in session.generate(msgs, GenerateRequest(sp, spec=spec, draft_tokens=k))][-1]
+    return [ev for ev in session.generate(msgs, GenerateRequest(sp, spec=spec, draft_tokens=k), round_fn=round_fn)][-1]
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +49,14 @@ def test_tiny_greedy_lossless(tiny_engines, arch):
         want = run(eng.session(), prompt)
         assert want.output_tokens > 0
         for k in (1, 3, 5):
-            got = run(eng.session(), prompt, "ngram", k)
+            got = run(eng.session(), prompt, "ngram", k)  # the adaptive length users get (may block instead)
             assert got.token_ids == want.token_ids, (prompt, k)
             assert got.output_sha256 == want.output_sha256
             assert got.rounds <= got.output_tokens and got.spec_mode == "ngram"
+            fixed = SpecRound(make_drafter("ngram", eng.model, None, adaptive=False, capacity=eng.capacity), k,
+                              eng.capacity)  # every round drafts what it can: the verify paths run
+            got = run(eng.session(), prompt, "ngram", k, round_fn=fixed)
+            assert got.token_ids == want.token_ids, (prompt, k, "fixed")
             accepted += got.accepted
     assert accepted > 0, "no draft was ever accepted: the test would not exercise verification"
 

@@ -380,6 +380,22 @@ def test_adaptive_choice_follows_costs_and_acceptance():
     assert adaptive_with({1: 10.0, 8: 17.0}, 0.9).cost(4) == pytest.approx(13.0)  # interpolated
 
 
+def test_adaptive_prices_no_drafts_at_a_decode_blocks_token():
+    """Where rounds without drafts run decode blocks, the plan weighs drafting against what a block's token
+    costs (measured by the first block after the verify costs), not against the one-token verify pass, which
+    costs far more where a step is cheap (an AVX-512 Xeon: 4.4 ms against 2.4 a block token)."""
+    costs = {1: 4.4, 2: 4.2, 4: 5.5}
+    a = adaptive_with(costs, 0.4)
+    a.hits[0] = 40.0  # 1.4 tokens a round of one draft: 1.4 / 4.2 ms beats 1 / 4.4 ms
+    assert a.block_ms is None and a.choose_k(3) == 1 and a.keep([0.3, 0.3], 1.0) > 0
+    assert a.block_instead(3) and a._planned == 0  # once: a block, to measure a block's token
+    a.block_timed(8, 8 * 2.4)
+    assert a.plain_cost() == pytest.approx(2.4) and a.choose_k(3) == 0  # 1.4 / 4.2 ms < 1 / 2.4 ms
+    assert a.keep([0.3, 0.3], 1.0) == 0  # a round's drafts: verified only where they beat a block's token
+    a.block_timed(4, 4 * 4.0)  # (an EMA over blocks)
+    assert 2.4 < a.block_ms < 4.0
+
+
 def test_adaptive_probes_one_deeper_now_and_then():
     a = adaptive_with({1: 10.0, 2: 14.0, 8: 38.0}, 0.01)
     a.probe_every = 4
