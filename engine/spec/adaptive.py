@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 from .base import Drafter, Features
 
 PRIOR_WEIGHT = 2.0  # pseudo-tries behind each position's prior
+PROBE_GAP_MAX = 64  # the most decisions between probes (AdaptiveLength._gap)
 CONF_BINS = 10  # confidence bins of the online calibration (0-0.1, ..., 0.9-1)
 CONF_DECAY = 0.98  # per update of a bin: calibration is the drafter's, it changes slowly
 
@@ -133,6 +134,10 @@ class AdaptiveLength:
                                                              self.conf_positions)
         self._rounds = 0  # rounds decided on estimates, and tokens of the blocks run instead of rounds
         self._last_probe = 0  # the decision at which choose_k last explored one draft deeper
+        # decisions between such probes: probe_every, doubled (up to PROBE_GAP_MAX) after each probe whose
+        # explored draft was rejected, back to probe_every after one that was accepted (_probed)
+        self._gap: int | None = None  # (None: probe_every)
+        self._probing: int | None = None  # drafts verified by the round in flight when it is a probe
         self._planned: int | None = None  # the next propose's length, decided ahead (block_instead)
         self.shadow = shadow
         self._shadows: list[Shadow] = []  # rounds' drafts not yet scored against the reply
@@ -265,7 +270,7 @@ class AdaptiveLength:
             if rate > best:
                 best_k, best = k, rate
         self._rounds += 1
-        if best_k < k_max and self._rounds - self._last_probe >= self.probe_every:
+        if best_k < k_max and self._rounds - self._last_probe >= (self._gap or self.probe_every):
             self._last_probe = self._rounds
             self._probe = True  # (propose verifies it whatever the drafter's confidence)
             return best_k + 1  # explore one position deeper: its acceptance may have changed
@@ -319,6 +324,13 @@ class AdaptiveLength:
             per = ms / n
             self.block_ms = per if self.block_ms is None else self._ema(self.block_ms, per, False)
 
+    def _probed(self, reached: bool) -> None:
+        """A probe round's outcome (its explored draft accepted or not): the next probe comes after probe_every
+        decisions again, or twice the last gap (on text the drafter cannot predict, chat, probes that keep
+        failing cost a verify row each: ~1.45x a block token on a fast host)."""
+        self._probing = None
+        self._gap = None if reached else min(2 * (self._gap or self.probe_every), PROBE_GAP_MAX)
+
     # -- the drafter protocol ------------------------------------------------------------------------------
     def propose(self, context_tokens: Sequence[int], k: int, features: Features | None) -> list[int]:
         planned, self._planned = self._planned, None
@@ -357,6 +369,7 @@ class AdaptiveLength:
                         n += 1  # now and then one more: the calibration of less sure drafts is measured too
                 drafts, conf = drafts[:n], conf[:n]
         self._pending = (len(drafts), t1, t0)
+        self._probing = len(drafts) if self._probe and drafts else None
         # scored against the reply, with the confidences to calibrate: every row drafted (a shadow drafter), or
         # the drafts verified (the rest were cut: the acceptance history is of the kept ones)
         shadow, conf = (drafted, conf) if self.shadow else (drafts, conf[:len(drafts)])
@@ -382,6 +395,8 @@ class AdaptiveLength:
         else:  # the process's first pass over t tokens (buffers grown, first calls): not its cost
             self._cold.add(t)
         accepted = min(max(len(tokens) - 1, 0), n)
+        if self._probing is not None:
+            self._probed(accepted >= self._probing)
         this, self._this = self._this, None
         if this is not None and accepted < n:
             this.rejected = accepted  # the verify told where the first rejected draft was

@@ -405,6 +405,23 @@ def test_adaptive_probes_one_deeper_now_and_then():
     assert [a.choose_k(5) for _ in range(6)] == [1, 1, 2, 1, 1, 2]
 
 
+def test_adaptive_probes_back_off_while_they_fail():
+    """A probe whose explored draft is rejected doubles the decisions to the next one (up to PROBE_GAP_MAX);
+    an accepted one brings the gap back to probe_every."""
+    from engine.spec.adaptive import PROBE_GAP_MAX
+    a = adaptive_with({1: 10.0, 2: 14.0, 8: 38.0}, 0.01)
+    a.probe_every = 4
+    assert [a.choose_k(5) for _ in range(4)] == [0, 0, 0, 1]
+    a._probed(False)
+    assert [a.choose_k(5) for _ in range(8)] == [0] * 7 + [1]  # 8 decisions to the next probe
+    a._probed(False)
+    a._probed(False)
+    a._probed(False)
+    assert a._gap == PROBE_GAP_MAX == 64
+    a._probed(True)
+    assert [a.choose_k(5) for _ in range(4)] == [0, 0, 0, 1]
+
+
 def test_adaptive_draft_cost_per_k():
     """A round's drafting is kept per k; a k not drafted yet is scaled from the nearest as (k + fixed) /
     (k0 + fixed), and the choice weighs it: an expensive fixed part favours longer drafts."""
