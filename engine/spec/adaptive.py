@@ -158,6 +158,7 @@ class AdaptiveLength:
         self.inner.reset()
         self._pending = None
         self._planned = None
+        self._probing = None
         self._first = True
         for sh in self._shadows:  # what the last reply showed of them (the rest is unknown)
             self._score(sh, final=True)
