@@ -343,7 +343,7 @@ class AdaptiveLength:
         to_max = False
         if self.gate and hasattr(self.inner, "stop_below"):
             self.inner.stop_below = self.stop_chance()
-            if self.draft_to_max and k_use > 0 and not self._probe:
+            if self._drafts_to_max() and k_use > 0 and not self._probe:
                 k_use, to_max = k, True  # it stops where its confidences say the rest would not be verified
         k_draft = self.drafted(k_use, k)
         t0 = self.clock()

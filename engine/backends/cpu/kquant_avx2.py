@@ -32,7 +32,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from .avx2 import (I8, I32, I64, PREFETCH, V8I32, V16I16, V16I32, V32F, V32I8, V32I32, VNNI512, _bytes_at, _const,
-                   _fn, _halves, _i16_at, _prefetch, _ptr, _rows32, _split, _splat, _vload, _xs_at, _block_sum_times,
+                   _a4, _fn, _halves, _i16_at, _prefetch, _ptr, _rows32, _split, _splat, _vload, _xs_at, _block_sum_times,
                    XS_A, XS_A0, XS_SCALED)
 
 G = 32
@@ -80,8 +80,7 @@ def _stored(builder, b):
 def _act_splats(builder, a):
     """The 8 broadcasts of a block's activations a[4k..4k+3] (a: i8* to its 32 int8 values): <32 x i8> for
     vpmaddubsw, <16 x i32> for the 512-bit vpdpbusd (VNNI512)."""
-    a32 = builder.bitcast(a, I32.as_pointer())
-    words = [builder.load(builder.gep(a32, [ir.Constant(I64, k)]), align=1) for k in range(8)]
+    words = [_a4(builder, a, k) for k in range(8)]
     if VNNI512:
         return [_splat(builder, w, V16I32) for w in words]
     return [builder.bitcast(_splat(builder, w, V8I32), V32I8) for w in words]
