@@ -123,7 +123,10 @@ def run_head(m, head, b):
     nd = D // 32
     batched = getattr(m, "mm_q8_batched", None)  # older revisions: mm_q8 chose by itself
     if batched is not None and b.logits.shape[0] >= m.BATCHED_MIN_T:
-        batched(b.logits, b.qa[:, :D], b.sa[:, :nd], head.blocks)
+        try:  # with xs (each block's activation sum: the vpdpbusd form's correction) since 2026-12-06
+            batched(b.logits, b.qa[:, :D], b.sa[:, :nd], b.xs[:, :cpu_fast.XS * nd], head.blocks)
+        except TypeError:
+            batched(b.logits, b.qa[:, :D], b.sa[:, :nd], head.blocks)
     else:
         m.mm_q8(b.logits, b.qa[:, :D], b.sa[:, :nd], head.blocks, head.acc32)
 

@@ -57,7 +57,7 @@ def test_avx2_kernels_equal_generic_bitwise(qtype, rows, cols, extreme, t_n):
         else:
             F.q8_group_generic(want, qa, sa, w.blocks, w.acc32[g], g)
             F.q8_group(got1, qa, sa, w.blocks, w.acc32[g], g)
-            F.q8_group_batched(gotb, qa, sa, w.blocks, g)
+            F.q8_group_batched(gotb, qa, sa, xs, w.blocks, g)
     assert np.isfinite(want).all()
     np.testing.assert_array_equal(got1, want)
     np.testing.assert_array_equal(gotb, want)
@@ -111,6 +111,45 @@ def test_vnni_block_sums_equal_vpmaddubsw_bitwise(extreme):
     np.testing.assert_array_equal(o1, o2)
     np.testing.assert_array_equal(o4, o4m)
     np.testing.assert_array_equal(o4[:32], o1)  # the 4-row form's first row is the decode form's row
+
+
+def _q8_rows_busd_and_madd():
+    import numba
+    from engine.backends.cpu import avx2 as A
+
+    @numba.njit
+    def run(o4, o4m, blk, qa, sa, xs, nb):
+        A.grp_q8_rows4(o4, 0, 32, blk, 0, qa, 0, 32, sa, xs, 0, 1, 0, A.XS, nb)
+        A.grp_q8_rows4_madd(o4m, 0, 32, blk, 0, qa, 0, 32, sa, xs, 0, 1, 0, A.XS, nb)
+    return run
+
+
+@pytest.mark.parametrize("extreme", [False, True])
+def test_q8_rows_busd_equal_vpmaddwd_bitwise(extreme):
+    """Where the target has AVX512-VNNI, the Q8_0 multi-row form sums with vpdpbusd over the weights with their
+    sign bit flipped (w + 128) and takes 128 A off: the same exact integers as the sign-extended pairs'
+    vpmaddwd, so the same bits, also at the bounds (weights -128 and 127, activations -128 and 127)."""
+    from engine.backends.cpu import avx2 as A
+    from engine.backends.cpu import fast as F
+    if not F.HAVE_AVX2:
+        pytest.skip("host without AVX2 (or NINFER_CPU_GENERIC set)")
+    if not A.VNNI512:
+        pytest.skip("target without AVX512-VNNI (vpmaddwd is the only form)")
+    rng = np.random.default_rng(11 + extreme)
+    nb, na = 9, 12  # blocks of the group; activation blocks (the 4-row form's rows start 0-3 blocks in)
+    blk = np.zeros((nb, A.BLK8), np.uint8)  # one row group's blocks: values (pairs of 32 rows), scales
+    blk[:, :A.D8_OFF] = rng.integers(0, 256, (nb, A.D8_OFF), dtype=np.uint8)
+    qa = rng.integers(-128, 128, na * 32, dtype=np.int8)
+    if extreme:
+        blk[:, :A.D8_OFF] = np.where(rng.random((nb, A.D8_OFF)) < 0.5, 0x80, 0x7F).astype(np.uint8)
+        qa[:] = np.where(rng.random(na * 32) < 0.5, -128, 127).astype(np.int8)
+    sa, xs = rng.random(na, dtype=np.float32), np.zeros(A.XS * na, np.float32)
+    xs[A.XS_A::A.XS] = qa.reshape(na, 32).sum(1, dtype=np.int32)
+    blk[:, A.D8_OFF:] = (rng.random((nb, 32)) * 0.02).astype(np.float16).view(np.uint8)
+    o4, o4m = np.full(4 * 32, np.nan, np.float32), np.zeros(4 * 32, np.float32)
+    _q8_rows_busd_and_madd()(o4, o4m, blk.reshape(-1), qa, sa, xs, nb)
+    assert np.isfinite(o4).all() and np.abs(o4).max() > 0
+    np.testing.assert_array_equal(o4, o4m)
 
 
 def test_avx2_quantize_rows_equals_generic_bitwise():

@@ -293,7 +293,7 @@ blk = np.zeros((ng, nb, F.avx2.BLK4), np.uint8)  # 4-bit blocks: nibbles, scales
 F.q4_group(out, qa, sa, xs, blk, np.zeros(G, np.int16), 0)
 F.q4_group_batched(out, qa, sa, xs, blk, 0)
 F.q8_group(out, qa, sa, np.zeros((ng, nb, F.avx2.BLK8), np.int8), np.zeros(G, np.int32), 0)
-F.q8_group_batched(out, qa, sa, np.zeros((ng, nb, F.avx2.BLK8), np.int8), 0)
+F.q8_group_batched(out, qa, sa, xs, np.zeros((ng, nb, F.avx2.BLK8), np.int8), 0)
 F.quantize_rows(qa, sa, xs, np.ones((t, nb * 32), np.float32))
 from engine.backends.cpu.attn import store_f16
 store_f16(np.zeros((4, 3, 64), np.uint16), np.ones((1, 3, 64), np.float32), 2)

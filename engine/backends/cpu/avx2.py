@@ -479,10 +479,59 @@ def _q8_isums(builder, w_of, rows, vnni):
     return [_rows32(builder, ai) for ai in acc]
 
 
-def _q8_tail(builder, w_of, a, o, d, sb):
+# 128-bit lanes of two <32 x i16> vectors interleaved word by word (vpunpcklwd / vpunpckhwd, 512-bit)
+_UNPACK_W = [[8 * lane + j + 32 * v for lane in range(4) for j in range(half, half + 4) for v in (0, 1)]
+             for half in (0, 4)]
+# the rows behind the int32 lanes of (unpacklo, unpackhi) of the pair vectors, back in row order
+_QUAD_ORDER = [(4 * (r // 8) + r % 8) if r % 8 < 4 else (16 + 4 * (r // 8) + r % 8 - 4) for r in range(32)]
+
+
+def _q8_isums_busd(builder, q, rows, a_sums):
+    """_q8_isums' sums with 512-bit vpdpbusd (AVX512-VNNI), which multiplies unsigned by signed bytes four
+    at a time: the block's pair vectors 2k and 2k + 1 (q: i8* to its values) interleaved word by word hold
+    values 4k..4k+3 of 16 rows per vector, and w + 128 (the sign bit flipped) is the unsigned operand, so a
+    row's lanes sum (w + 128) a and 128 A (a_sums: each row's A, the block's activation sum as i32) comes
+    off once. Half the multiply-add instructions of vpdpwssd's pairs, no sign extension; exact integers, so
+    the same sums (products <= 255 * 127, four to an int32 lane: no saturation, vpdpbusd does not
+    saturate)."""
+    dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", V16I32, [V16I32, V16I32, V16I32])
+    flip = _const(V64I8, -128)
+    chains = 2 if len(rows) <= 2 else 1
+    acc = [[[_const(V16I32, 0)] * chains for _ in range(2)] for _ in rows]  # per row: (unpacklo, unpackhi) lanes
+    for k in range(8):
+        p = [builder.bitcast(builder.xor(_vload(builder, builder.gep(q, [ir.Constant(I64, 64 * (2 * k + j))]),
+                                               V64I8), flip), V32I16) for j in range(2)]
+        quads = [builder.bitcast(builder.shuffle_vector(p[0], p[1], _const(ir.VectorType(I32, 32), m)), V16I32)
+                 for m in _UNPACK_W]
+        for i, a in enumerate(rows):
+            av = _splat(builder, _a4(builder, a, k), V16I32)
+            for j in range(2):
+                acc[i][j][k % chains] = builder.call(dp, [acc[i][j][k % chains], quads[j], av])
+    out = []
+    for ai, s in zip(acc, a_sums):
+        c = _splat(builder, builder.shl(s, ir.Constant(I32, 7)), V16I32)
+        lo, hi = (builder.sub(x[0] if chains == 1 else builder.add(x[0], x[1]), c) for x in ai)
+        out.append(builder.shuffle_vector(lo, hi, _const(ir.VectorType(I32, 32), _QUAD_ORDER)))
+    return out
+
+
+def _asum(builder, a):
+    """A as i32 summed from the block's activations (a: i8*; _asum8's way with 1 for 8)."""
+    madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8])
+    pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
+    radd = _fn(builder, "llvm.vector.reduce.add.v8i32", I32, [V8I32])
+    s = builder.call(madd, [_const(V32I8, 1), _vload(builder, a, V32I8)])
+    return builder.call(radd, [builder.call(pmaddwd, [s, _const(V16I16, 1)])])
+
+
+def _q8_tail(builder, w_of, a, o, d, sb, q=None):
     """w_of(jp) -> <64 x i16> weights of pair jp; o += (d * sb) * isum over 32 rows (q8_group's order);
-    d i16* to the rows' f16 scale bits."""
-    isum, = _q8_isums(builder, w_of, [a], VNNI512)
+    d i16* to the rows' f16 scale bits. With q (i8* to the block's values) where the target has
+    AVX512-VNNI: _q8_isums_busd's sums instead (the same integers)."""
+    if q is not None and VNNI512:
+        isum, = _q8_isums_busd(builder, q, [a], [_asum(builder, a)])
+    else:
+        isum, = _q8_isums(builder, w_of, [a], VNNI512)
     t = builder.fmul(builder.fmul(_halves(builder, d), _splat(builder, sb, V32F)), builder.sitofp(isum, V32F))
     op = builder.bitcast(o, V32F.as_pointer())
     builder.store(builder.fadd(builder.load(op, align=4), t), op, align=4)
@@ -503,28 +552,31 @@ def blk_q8(typingctx, o, o_off, blk, blk_off, qa, qa_off, sb):
         def w_of(jp):
             return builder.sext(_vload(builder, builder.gep(q, [ir.Constant(I64, 64 * jp)]), V64I8), V64I16)
         _q8_tail(builder, w_of, _ptr(context, builder, ty[4], qa_, ao), _ptr(context, builder, ty[0], o_, oo),
-                 _i16_at(builder, q, D8_OFF), sb_)
+                 _i16_at(builder, q, D8_OFF), sb_, q)
         return context.get_dummy_value()
     return sig, codegen
 
 
 def _make_grp_q8_rows(nt, vnni):
     @intrinsic
-    def grp_q8_rows(typingctx, o, o_off, o_st, blk, blk_off, qa, qa_off, qa_st, sa, s_off, s_st, nb):
+    def grp_q8_rows(typingctx, o, o_off, o_st, blk, blk_off, qa, qa_off, qa_st, sa, xs, s_off, s_st, x_off, x_st,
+                    nb):
         """o[o_off + i o_st : ... + 32] <- the 32 rows' dot products with activation rows i < nt over nb Q8_0
         blocks of a group (blk[blk_off:]): each block's values are sign-extended once, in registers, for the
         nt rows (grp_q4_rows' reasoning; unpack_q8 stored and re-read 2 KiB per block). Per row the same
         int32 sums and float expression as blk_q8, accumulated from 0 in block order: bit-identical to
-        q8_group."""
-        sig = types.void(o, o_off, o_st, blk, blk_off, qa, qa_off, qa_st, sa, s_off, s_st, nb)
+        q8_group. Where vnni: _q8_isums_busd's sums, with each row's A from xs (row i's at x_off + i x_st)."""
+        sig = types.void(o, o_off, o_st, blk, blk_off, qa, qa_off, qa_st, sa, xs, s_off, s_st, x_off, x_st, nb)
 
         def codegen(context, builder, signature, args):
-            o_, oo, ost, blk_, bo, qa_, ao, ast, sa_, so, sst, nb_ = args
+            o_, oo, ost, blk_, bo, qa_, ao, ast, sa_, xs_, so, sst, xo, xst, nb_ = args
             ty = signature.args
             q0 = _ptr(context, builder, ty[3], blk_, bo)
             a0 = [_ptr(context, builder, ty[5], qa_, builder.add(ao, builder.mul(ast, ir.Constant(ast.type, i))))
                   for i in range(nt)]
             sp = [_ptr(context, builder, ty[8], sa_, builder.add(so, builder.mul(sst, ir.Constant(sst.type, i))))
+                  for i in range(nt)]
+            xp = [_ptr(context, builder, ty[9], xs_, builder.add(xo, builder.mul(xst, ir.Constant(xst.type, i))))
                   for i in range(nt)]
             accp = [cgutils.alloca_once_value(builder, _const(V32F, 0.0)) for _ in range(nt)]
             with cgutils.for_range(builder, nb_) as loop:
@@ -535,7 +587,11 @@ def _make_grp_q8_rows(nt, vnni):
 
                 def w_of(jp):
                     return builder.sext(_vload(builder, builder.gep(q, [ir.Constant(I64, 64 * jp)]), V64I8), V64I16)
-                isums = _q8_isums(builder, w_of, ab, vnni)
+                if vnni:
+                    isums = _q8_isums_busd(builder, q, ab, [builder.fptosi(_xs_at(builder, x, b, XS_A), I32)
+                                                            for x in xp])
+                else:
+                    isums = _q8_isums(builder, w_of, ab, False)
                 d = _halves(builder, _i16_at(builder, q, D8_OFF))
                 for i in range(nt):
                     t = builder.fmul(builder.fmul(d, _splat(builder, builder.load(builder.gep(sp[i], [b])), V32F)),

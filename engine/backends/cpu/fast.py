@@ -66,10 +66,13 @@ from .kernels import (  # noqa: F401  (the rest of the kernel set is cpu.py's)
 # avx2's vpmaddubsw kernels, else the generic ones below (NINFER_CPU_GENERIC=1 forces those: attn)
 HAVE_AVX2 = target_has("avx2") and not GENERIC_FORCED
 ROWS_UNPACKED = 16  # up to this many rows avx2.grp_q4_rows / grp_q8_rows (no unpacked copy; probes/matmul_bench.py)
-# The 4-bit form's: with 512-bit vpdpbusd (avx2.VNNI512) the multi-row kernel beats the unpacked copy at any T
-# (3072x1024, one thread, an AVX-512 Xeon: T = 32 1322 -> 755 us, T = 64 2088 -> 1385), the Q8_0 one does not
-# (T = 64 2961 -> 3503: its per-row pair broadcasts), so Q8_0 keeps ROWS_UNPACKED.
+# With 512-bit vpdpbusd (avx2.VNNI512) the multi-row kernels beat the unpacked copy at any T. The 4-bit form
+# (3072x1024, one thread, an AVX-512 Xeon): T = 32 1322 -> 755 us, T = 64 2088 -> 1385. The Q8_0 form with its
+# sign-extended pairs did not (T = 64 2961 -> 3503); with vpdpbusd over the flipped bytes (avx2._q8_isums_busd)
+# it does: the 576 -> 49152 head, two threads, T = 32 7.9-8.7 -> 3.5-4.6 ms, T = 64 13.5-23.5 -> 6.2-8.8
+# (probes/matmul_bench.py against the tree before, alternated).
 ROWS_UNPACKED_Q4 = (1 << 30) if avx2.VNNI512 else ROWS_UNPACKED
+ROWS_UNPACKED_Q8 = (1 << 30) if avx2.VNNI512 else ROWS_UNPACKED
 BATCHED_MIN_T = 2  # from this many rows on, matmuls unpack each weight block once (q4_group_batched)
 I16 = np.int16
 I32 = np.int32
@@ -701,38 +704,40 @@ def _q8(out, qa, sa, blk, acc, g):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _grp_q8_rows(o, o0, o_st, qa, sa, blk, g, t, n):
+def _grp_q8_rows(o, o0, o_st, qa, sa, xs, blk, g, t, n):
     # rows t .. t + n - 1 (n <= avx2.ROWS_MAX) of o (flat offsets o0 + i o_st) <- all Q8_0 blocks of group g
     a0, ast = t * qa.strides[0], qa.strides[0]
     s0, sst = t * (sa.strides[0] // 4), sa.strides[0] // 4
+    x0, xst = t * (xs.strides[0] // 4), xs.strides[0] // 4
     bo, nb = g * blk.strides[0], blk.shape[1]
     if n == 4:
-        avx2.grp_q8_rows4(o, o0, o_st, blk, bo, qa, a0, ast, sa, s0, sst, nb)
+        avx2.grp_q8_rows4(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
     elif n == 3:
-        avx2.grp_q8_rows3(o, o0, o_st, blk, bo, qa, a0, ast, sa, s0, sst, nb)
+        avx2.grp_q8_rows3(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
     elif n == 2:
-        avx2.grp_q8_rows2(o, o0, o_st, blk, bo, qa, a0, ast, sa, s0, sst, nb)
+        avx2.grp_q8_rows2(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
     else:
-        avx2.grp_q8_rows1(o, o0, o_st, blk, bo, qa, a0, ast, sa, s0, sst, nb)
+        avx2.grp_q8_rows1(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
 
 
 @njit(cache=True, nogil=True)
-def q8_group_batched(out, qa, sa, blk, g):
-    """As q8_group for T > 1 (a verify pass's logits). Up to ROWS_UNPACKED rows: avx2.grp_q8_rows on
-    ROWS_MAX rows at a time (each block sign-extended once in registers for them); more: each block is
+def q8_group_batched(out, qa, sa, xs, blk, g):
+    """As q8_group for T > 1 (a verify pass's logits). Up to ROWS_UNPACKED_Q8 rows: avx2.grp_q8_rows on
+    ROWS_MAX rows at a time (each block sign-extended once in registers for them, or where the target has
+    AVX512-VNNI its bytes flipped and interleaved for vpdpbusd, with xs's block sums: any T); more: each block is
     sign-extended once into a 2 KiB L1 buffer (avx2.unpack_q8) and every row does the pair multiply-adds
     (vpmaddwd) on it. Same int32 block sums and float order as q8_group, so each row equals a one-row call
     bit for bit. AVX2 only."""
     t_n = out.shape[0]
-    if t_n <= ROWS_UNPACKED:
+    if t_n <= ROWS_UNPACKED_Q8:
         if (g + 1) * G <= out.shape[1]:
             for t in range(0, t_n, avx2.ROWS_MAX):
-                _grp_q8_rows(out, (t * out.strides[0]) // 4 + g * G, out.strides[0] // 4, qa, sa, blk, g, t,
+                _grp_q8_rows(out, (t * out.strides[0]) // 4 + g * G, out.strides[0] // 4, qa, sa, xs, blk, g, t,
                              min(avx2.ROWS_MAX, t_n - t))
         else:  # last group of a padded weight
             part = np.zeros((t_n, G), np.float32)
             for t in range(0, t_n, avx2.ROWS_MAX):
-                _grp_q8_rows(part, t * G, G, qa, sa, blk, g, t, min(avx2.ROWS_MAX, t_n - t))
+                _grp_q8_rows(part, t * G, G, qa, sa, xs, blk, g, t, min(avx2.ROWS_MAX, t_n - t))
             for t in range(t_n):
                 _copy_partial(out, part[t], t, g)
         return
@@ -751,7 +756,7 @@ def q8_group_batched(out, qa, sa, blk, g):
 
 
 @njit(cache=True, nogil=True)
-def q8_group_batched_generic(out, qa, sa, blk, g):
+def q8_group_batched_generic(out, qa, sa, xs, blk, g):
     """q8_group_batched without AVX2: row by row (q8_group)."""
     q8_group(out, qa, sa, blk, np.empty(G, np.int32), g)
 
@@ -781,10 +786,10 @@ def mm_q8_part(lo, hi, out, qa, sa, blk, acc32):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def mm_q8_batched(out, qa, sa, blk):
+def mm_q8_batched(out, qa, sa, xs, blk):
     """mm_q8 for T >= BATCHED_MIN_T rows: each block sign-extended once for all rows (q8_group_batched)."""
     for g in prange(blk.shape[0]):
-        q8_group_batched(out, qa, sa, blk, np.int64(g))
+        q8_group_batched(out, qa, sa, xs, blk, np.int64(g))
 
 
 def matmul(out, x, w, scratch):
@@ -800,7 +805,7 @@ def matmul(out, x, w, scratch):
     elif w.kind == "q4":
         (mm_q4_parts if w.blocks.ndim == 4 else mm_q4)(out, qa, sa, xs, w.blocks, w.acc16)
     elif t_n >= BATCHED_MIN_T:
-        mm_q8_batched(out, qa, sa, w.blocks)
+        mm_q8_batched(out, qa, sa, xs, w.blocks)
     else:
         mm_q8(out, qa, sa, w.blocks, w.acc32)
 

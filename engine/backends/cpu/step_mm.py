@@ -80,10 +80,10 @@ def _embed_impl(x, tokens, emb):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _q8_item(o, qa, sa, blk, acc, g):
+def _q8_item(o, qa, sa, xs, blk, acc, g):
     # group g of a Q8_0 matrix: fast.matmul's forms (mm_q8_batched from BATCHED_MIN_T rows, else mm_q8)
     if o.shape[0] >= BATCHED_MIN_T:
-        q8_group_batched(o, qa, sa, blk, g)
+        q8_group_batched(o, qa, sa, xs, blk, g)
     else:
         _q8(o, qa, sa, blk, acc, g)
 
@@ -125,7 +125,7 @@ def _mm_item_impl(o, qa, sa, xs, w, l, p, j, h):
         if kind == Q4:
             _q4(o, qa, sa, xs, w[0][at, p], w[1][g], j, g)
         elif kind == Q8:
-            _q8_item(o, qa, sa, w[4][at], w[5][g], g)
+            _q8_item(o, qa, sa, xs, w[4][at], w[5][g], g)
         else:  # one kernel site for both: the q5 and q6 stacks are the same numba type
             _k_item(o, qa, sa, xs, w[6][at] if kind == Q5 else w[7][at], g, 5 if kind == Q5 else 6)
     return mixed
@@ -206,14 +206,14 @@ def _head_item_impl(logits, qa, sa, xs, h, g):
             if h[0] == Q4:
                 _q4(logits, qa, sa, xs, h[1], h[3][g], g, g)
             else:
-                _q8_item(logits, qa, sa, h[2], h[4][g], g)
+                _q8_item(logits, qa, sa, xs, h[2], h[4][g], g)
         return plain
 
     def mixed(logits, qa, sa, xs, h, g):
         if h[0] == Q4:
             _q4(logits, qa, sa, xs, h[1], h[3][g], g, g)
         elif h[0] == Q8:
-            _q8_item(logits, qa, sa, h[2], h[4][g], g)
+            _q8_item(logits, qa, sa, xs, h[2], h[4][g], g)
         else:
             _k_item(logits, qa, sa, xs, h[1], g, 5 if h[0] == Q5 else 6)
     return mixed

@@ -264,7 +264,7 @@ class LeafForward:
             self._split("head_k", mm_part, h[1].shape[0], (logits, qa, sa, xs, h[1], 5 if h[0] == Q5 else 6),
                         (1, 2, 3))
         elif logits.shape[0] >= BATCHED_MIN_T:  # a verify pass's logits: compiled at its first use
-            self._call("head_q8_batched", mm_q8_batched, (logits, qa, sa, h[2]), (1, 2))
+            self._call("head_q8_batched", mm_q8_batched, (logits, qa, sa, xs, h[2]), (1, 2, 3))
         else:
             self._split("head_q8", mm_q8_part, h[2].shape[0], (logits, qa, sa, h[2], h[4]), (1, 2))
 
