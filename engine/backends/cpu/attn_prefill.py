@@ -42,7 +42,7 @@ n_items = njit(cache=True, nogil=True, inline="always")(n_tiles)
 
 def prompt_pass(t_n):
     """Whether a pass of t_n rows is a prompt's (never a verify pass): its attention in row tiles (f16
-    cache), its tails shared out by rows (step). Python; `wide` in numba."""
+    cache). Python; `wide` in numba. (The step shares its tails out by rows from step.SPLIT_TAILS rows on.)"""
     return t_n >= MIN_ROWS
 
 

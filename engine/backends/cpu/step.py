@@ -43,6 +43,10 @@ from .step_weights import layout, plain, role_stacks as _role_stacks, role_table
 from .sync import finish, grab, is_open, new_sync, open_phase, reset_rows, wait_fetching, wait_open
 
 F32 = np.float32
+# Passes of this many rows (a verify pass of 4+, a prompt's) run each tail as a phase of its own shared out by
+# rows: one more wait per phase, but on one thread the tails of a T=8 verify pass were 1.2 of its 7.1 ms
+# (probes/step_phases.py --rows 8, 200 positions): 7.13 -> 6.70 ms, T=4 4.96-5.33 -> 4.79-5.17 (same logits).
+SPLIT_TAILS = 4
 BLOCK = 8  # the most tokens one call chooses (FusedForward.block): the UI gets them 8 at a time
 
 
@@ -261,7 +265,7 @@ def _tail_call(kind, lo, hi, l, t_n, pos0, bufs, norms, rope_p, bias, qk_norm, k
 
 @njit(cache=True, nogil=True, inline="always")
 def _tail_phase(sync, ph, tid, nt, kind, l, t_n, pos0, bufs, norms, rope_p, bias, qk_norm, kv, part):
-    """Phase ph of a prompt's pass (wide): the tail of kind `kind` shared out by rows, which on one thread
+    """Phase ph of a pass of SPLIT_TAILS+ rows (wide): the tail of kind `kind` shared out by rows, which on one thread
     cost ~14% of a 256-row pass (scripts/step_phases.py --rows 256). True for the finisher."""
     done = 0
     h = 0
@@ -279,13 +283,13 @@ def _step_thread(tid, nt, sync, ph0, tokens, pos0, rows_out, bufs, emb, head, no
                  wu, wd, bias, qk_norm, kv, attn_scr):
     """Thread tid's share of the forward pass (see fused_forward): phase by phase, the same operations in
     the same order as the per-kernel form. Every thread runs this; each phase's tail (_tail) runs on the
-    phase's finisher, or for a prompt (attn_prefill.wide) as a phase of its own shared out by rows. Its
+    phase's finisher, or from SPLIT_TAILS rows on (wide) as a phase of its own shared out by rows. Its
     phases are ph0 .. ph0 + n_phases(L, wide) - 1 of sync."""
     x, xb, q, k, v, att, proj, gate, up, hb, qa, sa, xs, logits, cs = bufs
     attn_norm, eps = norms[0], norms[3]
     inv_freq, n_head, hd, scale = rope_p[0], rope_p[2], rope_p[4], rope_p[5]
     t_n = tokens.shape[0]
-    wide = AP.wide(t_n)
+    wide = t_n >= SPLIT_TAILS
     n_layer = attn_norm.shape[0]
     xt, xbt = x[:t_n], xb[:t_n]
     qt, kt, vt, at = q[:t_n], k[:t_n], v[:t_n], att[:t_n]
@@ -351,7 +355,7 @@ def _final_norm(rows_out, t_n, bufs, norms):
 @njit(cache=True, nogil=True, inline="always")
 def n_phases(n_layer, wide=False):
     """Phases of one fused step: the embedding, five per layer (qkv, attention, o, gate/up, down; for a
-    prompt's pass (attn_prefill.wide) ten: each tail a phase of its own), the head."""
+    pass of SPLIT_TAILS+ rows ten: each tail a phase of its own), the head."""
     return (2 * N_LAYER_PHASES if wide else N_LAYER_PHASES) * n_layer + 2
 
 
@@ -441,7 +445,7 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
     n - 1 calls into numba (~140 us each after a step's weight stream) and the Python of n - 1 rounds
     (logits copy, choice)."""
     n = chain.shape[0] - 1
-    reset_rows(sync, max(n, 1) * (n_phases(norms[0].shape[0], n == 0 and AP.wide(tokens.shape[0])) + 1))
+    reset_rows(sync, max(n, 1) * (n_phases(norms[0].shape[0], n == 0 and tokens.shape[0] >= SPLIT_TAILS) + 1))
     # One signature for _step_thread (compiled once, ~50-65 s on this machine): prange's index is uint64 in the
     # gufunc but int64 where numba types the loop, and a literal argument (0, 1) is a type of its own; as they
     # were, the step compiled _passes twice and _step_thread four times. _passes is inlined here: as a function
