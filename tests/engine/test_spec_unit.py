@@ -422,6 +422,47 @@ def test_adaptive_probes_back_off_while_they_fail():
     assert [a.choose_k(5) for _ in range(4)] == [0, 0, 0, 1]
 
 
+def test_rounds_cut_to_nothing_back_off_from_drafting():
+    """A round whose drafts the confidences all cut paid its drafting for nothing: the next decisions run
+    decode blocks without drafting (block_instead), twice as many after each such round (up to
+    PROBE_GAP_MAX), and a round whose verify accepts a draft clears the back-off."""
+    from engine.spec.adaptive import PROBE_GAP_MAX
+
+    class Unsure(ListDrafter):
+        sure = False
+
+        def propose(self, context, k, features):
+            out = super().propose(context, k, features)
+            self.confidence = [0.95 if self.sure else 0.01] * len(out)
+            return out
+    inner = Unsure(list(range(200)))
+    a = AdaptiveLength(inner, cost_table={1: 4.0, 2: 4.4, 4: 5.6})
+    a.block_ms, a.tries, a.hits = 2.5, [100.0] * 4, [80.0] * 4  # history: drafting pays; the gate decides
+    a.probe_every = 4
+
+    def decide():  # one decision: True for a block planned without drafting
+        if a.block_instead(3):
+            a.blocked(1)
+            return True
+        drafts = a.propose(list(range(10)), 3, None)
+        if not drafts:
+            a.blocked(1)
+        else:  # (the gate's now-and-then extra row of an unsure round: rejected)
+            a.observe([9, *drafts] if inner.sure else [9], None)
+        return False
+    assert not decide()  # drafted, every draft cut (confidence 0.01) ...
+    assert [decide() for _ in range(4)] == [True] * 4  # ... then probe_every decisions without drafting
+    assert not decide()  # cut again: 8, then 16, ...
+    assert [decide() for _ in range(8)] == [True] * 8
+    assert not decide()
+    drafted = sum(not decide() for _ in range(200))
+    assert a._cut_gap == PROBE_GAP_MAX and drafted <= 8, drafted  # (of 200 decisions)
+    inner.sure = True
+    while decide():  # the back-off runs out; a round whose drafts are kept and accepted clears it
+        pass
+    assert a._cut_gap is None and not decide()
+
+
 def test_adaptive_draft_cost_per_k():
     """A round's drafting is kept per k; a k not drafted yet is scaled from the nearest as (k + fixed) /
     (k0 + fixed), and the choice weighs it: an expensive fixed part favours longer drafts."""
