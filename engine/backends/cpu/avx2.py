@@ -73,8 +73,9 @@ PREFETCH = 8192 if target_has("avx512f") else 2048
 # see it)
 VNNI = ((target_has("avxvnni") or (target_has("avx512vnni") and target_has("avx512vl")))
         and os.environ.get("NINFER_NO_VNNI", "") in ("", "0"))
-# 512-bit vpdpbusd / vpdpwssd where the target has AVX512-VNNI (and BW): the 4-bit multi-row forms
-# (_rows_isum_vnni512) and every Q8_0 form (_q8_isums). NINFER_NO_VNNI=1 keeps vpmaddubsw / vpmaddwd.
+# 512-bit vpdpbusd where the target has AVX512-VNNI (and BW): the 4-bit multi-row forms (_rows_isum_vnni512),
+# the Q8_0 decode and multi-row forms (_q8_isums_busd); vpdpwssd in the unpacked Q8_0 form (_q8_isums), which
+# such targets no longer run (fast.ROWS_UNPACKED_Q8). NINFER_NO_VNNI=1 keeps vpmaddubsw / vpmaddwd.
 VNNI512 = (target_has("avx512vnni") and target_has("avx512bw")
            and os.environ.get("NINFER_NO_VNNI", "") in ("", "0"))
 
