@@ -14,8 +14,9 @@ of drafts the way a recursive drafter's (MTP) does. At position pos (the target'
 
 The block always has the B rows it was trained with (the drafts asked for are its first k rows); the head,
 most of a round's cost, runs over those k rows only. `DFlashAdaptive` chooses k with the measured costs
-(engine/bench/speculative.py measures a round's draft cost against a target step). Taps and block size are recorded in the drafter file and
-checked at load. The network runs on the cpu backend's kernels (Q8_0 weights, one thread), as mtp.py's.
+(engine/bench/speculative.py measures a round's draft cost against a target step). Taps and block size are
+recorded in the drafter file and checked at load. The network runs on the cpu backend's kernels (Q8_0 weights,
+shared over numba's threads: mtp._draft_kernels), as mtp.py's.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from .adaptive import AdaptiveLength
 from .base import Features, top_probability
 from .dflash_taps import Taps, check_taps, kv_rows
 from .drafter_file import DrafterFile, DrafterFileError, find, load
-from .mtp import _draft_kernels, _f32, _q8
+from .mtp import ROW_CACHE, _draft_kernels, _f32, _q8
 
 FORMAT, VERSION = "ninfer-dflash", 1
 LAYER = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
@@ -98,6 +99,7 @@ class DFlashNet:
         self.inv_freq = np.asarray(self.model.inv_freq, np.float32)
         self.neox = bool(a.rope_neox)
         self._att_bufs: dict[int, tuple] = {}  # rows -> _attention's buffers
+        self.erows: dict[int, np.ndarray] = {}  # token -> its embedding row (the block's first; mtp.ROW_CACHE)
 
     def add_context(self, feats: np.ndarray, pos0: int) -> None:
         """Context rows of positions pos0..pos0+T-1 (T <= MAX_ROWS) from their features (T, width); the draft
@@ -125,12 +127,11 @@ class DFlashNet:
         that layer's rows do not (each row's result is its own, so the logits are the same bits as the
         full block's rows). The block's own K/V go to cache positions pos.., which the caller truncates."""
         from ..forward import ATTENTION, LAYER_PHASES
-        from ..quant import dequantize_rows
         m, b = self.model, self.block
         s = m.state
         k = b - 1 if k is None else max(1, min(k, b - 1))
         m.begin(np.zeros(b, np.int32), pos, self.cache)
-        s.x[0] = dequantize_rows(self.emb, int(token), int(token) + 1)[0]
+        s.x[0] = self._erow(int(token))
         s.x[1:b] = self.mask
         last = self.n_layers - 1
         for i in range(last):
@@ -147,6 +148,16 @@ class DFlashNet:
         m.be.rmsnorm(s.xb[1:1 + k], s.x[1:1 + k], m.output_norm, self.eps)  # Model.head_device over rows 1..k
         m.be.matmul(s.logits[:k], s.xb[1:1 + k], m.output, s.scratch)
         return m.be.to_host(s.logits[:k])
+
+    def _erow(self, token: int) -> np.ndarray:
+        """The token's embedding row, dequantized once (~50 us a round through quant.dequantize_rows)."""
+        row = self.erows.get(token)
+        if row is None:
+            from ..quant import dequantize_rows
+            if len(self.erows) >= ROW_CACHE:
+                self.erows.clear()
+            row = self.erows[token] = dequantize_rows(self.emb, token, token + 1)[0].astype(np.float32)
+        return row
 
     def _last_layer(self, i: int, pos: int, k: int) -> None:
         """Layer i over the block with only rows 1..k carried past the keys and values (Model.phase/tail's

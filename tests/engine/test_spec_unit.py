@@ -407,7 +407,7 @@ def test_adaptive_probes_one_deeper_now_and_then():
 
 def test_adaptive_probes_back_off_while_they_fail():
     """A probe whose explored draft is rejected doubles the decisions to the next one (up to PROBE_GAP_MAX);
-    an accepted one brings the gap back to probe_every."""
+    an accepted one halves them (down to probe_every)."""
     from engine.spec.adaptive import PROBE_GAP_MAX
     a = adaptive_with({1: 10.0, 2: 14.0, 8: 38.0}, 0.01)
     a.probe_every = 4
@@ -419,6 +419,11 @@ def test_adaptive_probes_back_off_while_they_fail():
     a._probed(False)
     assert a._gap == PROBE_GAP_MAX == 64
     a._probed(True)
+    assert a._gap == 32
+    a._probed(True)
+    a._probed(True)
+    a._probed(True)
+    assert a._gap is None  # probe_every again
     assert [a.choose_k(5) for _ in range(4)] == [0, 0, 0, 1]
 
 
