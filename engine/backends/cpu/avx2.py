@@ -608,6 +608,10 @@ def _make_grp_q8_rows(nt, vnni):
 
 
 grp_q8_rows1, grp_q8_rows2, grp_q8_rows3, grp_q8_rows4 = (_make_grp_q8_rows(n, VNNI512) for n in range(1, 5))
+# 8 rows a call where the target has AVX512-VNNI (32 registers: 16 accumulators, the block's two quad vectors):
+# each block's bytes flipped and interleaved once for a T=8 verify pass's 8 rows instead of twice
+ROWS_MAX_Q8 = 8 if VNNI512 else ROWS_MAX
+grp_q8_rows8 = _make_grp_q8_rows(8, VNNI512)
 grp_q8_rows4_madd = _make_grp_q8_rows(4, False)  # vpmaddwd on any AVX2 CPU (tests compare)
 
 

@@ -704,13 +704,21 @@ def _q8(out, qa, sa, blk, acc, g):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _q8_rows_call(left):
+    # rows of the next grp_q8_rows call with `left` rows to go: 8 where the target takes 8 (avx2.ROWS_MAX_Q8)
+    return 8 if left >= 8 and avx2.ROWS_MAX_Q8 >= 8 else min(avx2.ROWS_MAX, left)
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _grp_q8_rows(o, o0, o_st, qa, sa, xs, blk, g, t, n):
-    # rows t .. t + n - 1 (n <= avx2.ROWS_MAX) of o (flat offsets o0 + i o_st) <- all Q8_0 blocks of group g
+    # rows t .. t + n - 1 (n <= avx2.ROWS_MAX, or 8) of o (flat offsets o0 + i o_st) <- all Q8_0 blocks of group g
     a0, ast = t * qa.strides[0], qa.strides[0]
     s0, sst = t * (sa.strides[0] // 4), sa.strides[0] // 4
     x0, xst = t * (xs.strides[0] // 4), xs.strides[0] // 4
     bo, nb = g * blk.strides[0], blk.shape[1]
-    if n == 4:
+    if n == 8:
+        avx2.grp_q8_rows8(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
+    elif n == 4:
         avx2.grp_q8_rows4(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
     elif n == 3:
         avx2.grp_q8_rows3(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
@@ -731,13 +739,18 @@ def q8_group_batched(out, qa, sa, xs, blk, g):
     t_n = out.shape[0]
     if t_n <= ROWS_UNPACKED_Q8:
         if (g + 1) * G <= out.shape[1]:
-            for t in range(0, t_n, avx2.ROWS_MAX):
-                _grp_q8_rows(out, (t * out.strides[0]) // 4 + g * G, out.strides[0] // 4, qa, sa, xs, blk, g, t,
-                             min(avx2.ROWS_MAX, t_n - t))
+            t = 0
+            while t < t_n:
+                n = _q8_rows_call(t_n - t)
+                _grp_q8_rows(out, (t * out.strides[0]) // 4 + g * G, out.strides[0] // 4, qa, sa, xs, blk, g, t, n)
+                t += n
         else:  # last group of a padded weight
             part = np.zeros((t_n, G), np.float32)
-            for t in range(0, t_n, avx2.ROWS_MAX):
-                _grp_q8_rows(part, t * G, G, qa, sa, xs, blk, g, t, min(avx2.ROWS_MAX, t_n - t))
+            t = 0
+            while t < t_n:
+                n = _q8_rows_call(t_n - t)
+                _grp_q8_rows(part, t * G, G, qa, sa, xs, blk, g, t, n)
+                t += n
             for t in range(t_n):
                 _copy_partial(out, part[t], t, g)
         return
