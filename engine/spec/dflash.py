@@ -29,7 +29,7 @@ from .adaptive import AdaptiveLength
 from .base import Features, top_probability
 from .dflash_taps import Taps, check_taps, kv_rows
 from .drafter_file import DrafterFile, DrafterFileError, find, load
-from .mtp import ROW_CACHE, _draft_kernels, _f32, _q8
+from .mtp import EmbedRows, _draft_kernels, _f32, _q8
 
 FORMAT, VERSION = "ninfer-dflash", 1
 LAYER = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
@@ -99,7 +99,7 @@ class DFlashNet:
         self.inv_freq = np.asarray(self.model.inv_freq, np.float32)
         self.neox = bool(a.rope_neox)
         self._att_bufs: dict[int, tuple] = {}  # rows -> _attention's buffers
-        self.erows: dict[int, np.ndarray] = {}  # token -> its embedding row (the block's first; mtp.ROW_CACHE)
+        self._erow = EmbedRows(self.emb)  # token -> its embedding row (the block's first)
 
     def add_context(self, feats: np.ndarray, pos0: int) -> None:
         """Context rows of positions pos0..pos0+T-1 (T <= MAX_ROWS) from their features (T, width); the draft
@@ -148,16 +148,6 @@ class DFlashNet:
         m.be.rmsnorm(s.xb[1:1 + k], s.x[1:1 + k], m.output_norm, self.eps)  # Model.head_device over rows 1..k
         m.be.matmul(s.logits[:k], s.xb[1:1 + k], m.output, s.scratch)
         return m.be.to_host(s.logits[:k])
-
-    def _erow(self, token: int) -> np.ndarray:
-        """The token's embedding row, dequantized once (~50 us a round through quant.dequantize_rows)."""
-        row = self.erows.get(token)
-        if row is None:
-            from ..quant import dequantize_rows
-            if len(self.erows) >= ROW_CACHE:
-                self.erows.clear()
-            row = self.erows[token] = dequantize_rows(self.emb, token, token + 1)[0].astype(np.float32)
-        return row
 
     def _last_layer(self, i: int, pos: int, k: int) -> None:
         """Layer i over the block with only rows 1..k carried past the keys and values (Model.phase/tail's

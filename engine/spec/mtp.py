@@ -39,8 +39,31 @@ _GGUF_NAMES = {"attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "at
                "wv": "attn_v.weight", "wo": "attn_output.weight", "ffn_norm": "ffn_norm.weight",
                "w_gate": "ffn_gate.weight", "w_up": "ffn_up.weight", "w_down": "ffn_down.weight"}
 MAX_ROWS = 64  # rows of one block pass (an observe of more positions runs in chunks)
-ROW_CACHE = 16384  # normed embedding rows an MTPBlock keeps (36 MB at SmolLM2's width; emptied when full)
+ROW_CACHE = 16384  # embedding rows a drafter keeps (EmbedRows; 36 MB at SmolLM2's width; emptied when full)
 _BLOCKS: dict = {}  # (drafter file, model, head, capacity) -> (MTPBlock, last layer): one reply at a time
+
+
+class EmbedRows:
+    """A drafter's rows of the target's (quantized) embedding table as float32 (d,), each dequantized once
+    per token and kept (up to ROW_CACHE, then emptied): a draft round's Python is a large share of its time
+    (~50 us a row through quant.dequantize_rows). finish(row (1, d)), where given, runs on a new row in place
+    first (MTP: its rmsnorm)."""
+
+    def __init__(self, table, finish=None):
+        self.table, self.finish = table, finish
+        self.rows: dict[int, np.ndarray] = {}
+
+    def __call__(self, token: int) -> np.ndarray:
+        row = self.rows.get(token)
+        if row is None:
+            from ..quant import dequantize_rows
+            if len(self.rows) >= ROW_CACHE:
+                self.rows.clear()
+            e = dequantize_rows(self.table, token, token + 1)[:1].astype(np.float32)
+            if self.finish is not None:
+                self.finish(e)
+            row = self.rows[token] = e[0]
+        return row
 
 
 def _draft_kernels():
@@ -161,23 +184,12 @@ class MTPBlock:
         self.cache = self.model.new_cache(capacity, "f16")
         self.cat = np.zeros((MAX_ROWS, 2 * a.d_model), np.float32)  # (T, 2d) [norm(E[y]); norm(g)]
         self.gn = np.zeros((MAX_ROWS, a.d_model), np.float32)  # (T, d) norm(g)
-        self.erows: dict[int, np.ndarray] = {}  # token -> norm(E[y]) (_erow)
+        # token -> rmsnorm(E[y], enorm) (d,) (in place, as the kernels' callers do)
+        self._erow = EmbedRows(self.emb, lambda e: self.model.be.rmsnorm(e, e, self.enorm, self.eps))
         fused = stacked and os.environ.get("NINFER_MTP_FUSED") != "0"  # 0: the plain walk (A-B comparisons)
         self.ff = _fused_step(self.model) if fused else None
         self._sig = None  # the fused step's argument types (checked against what is compiled)
         self.fused_ok = False  # the fused step is compiled in this process: the block runs it
-
-    def _erow(self, y: int) -> np.ndarray:
-        """rmsnorm(E[y], enorm) (d,), kept per token (a draft step's Python is a large share of its time)."""
-        row = self.erows.get(y)
-        if row is None:
-            from ..quant import dequantize_rows
-            if len(self.erows) >= ROW_CACHE:
-                self.erows.clear()
-            e = dequantize_rows(self.emb, y, y + 1)[:1].astype(np.float32)
-            self.model.be.rmsnorm(e, e, self.enorm, self.eps)  # (in place, as the kernels' callers do)
-            row = self.erows[y] = e[0]
-        return row
 
     def fused_ready(self) -> bool:
         """True when the block can run the fused step without compiling it (the target's step is compiled

@@ -184,14 +184,15 @@ def _block_sum_times(builder, a_sum, k):
     return builder.mul(builder.fptosi(a_sum, I32), ir.Constant(I32, k))
 
 
-def _asum8(builder, a):
-    """8 A as i32 summed from the block's activations (a: i8*): the decode form's way (one row: the sum
-    costs about what loading the stored one does, and the loads of a are already there)."""
+def _asum_times(builder, a, k):
+    """k A as i32 summed from the block's activations (a: i8*; k <= 128: the pair sums k (a_i + a_j) fit
+    int16): the decode forms' way (one row: the sum costs about what loading the stored one does, and the
+    loads of a are already there)."""
     madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8])
     pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
     radd = _fn(builder, "llvm.vector.reduce.add.v8i32", I32, [V8I32])
-    s8 = builder.call(madd, [_const(V32I8, 8), _vload(builder, a, V32I8)])  # pair sums of 8 a (|.| <= 2048)
-    return builder.call(radd, [builder.call(pmaddwd, [s8, _const(V16I16, 1)])])
+    sk = builder.call(madd, [_const(V32I8, k), _vload(builder, a, V32I8)])
+    return builder.call(radd, [builder.call(pmaddwd, [sk, _const(V16I16, 1)])])
 
 
 # A row's block sums as fast.quantize_rows stores them in xs: XS floats per block, at XS b + these offsets.
@@ -211,7 +212,7 @@ def _block_term(builder, isum, asum8, dv, m8, sb, xsb):
     """(d * sb) * (S - 8 A) + (m + 8 d) * xsb over the 32 rows (<32 x float>); asum8 = 8 A (i32), A the sum of
     the block's int8 activations (the multi-row forms read it where the quantizer stored it beside xsb,
     _xs_at, instead of summing the block again for every row group: ~4-6% of a T = 4-8 pass; the decode
-    form sums it, _asum8), dv, m8 the rows' d and m + 8 d (_dm8); the generic kernels' expression and order
+    form sums it, _asum_times), dv, m8 the rows' d and m + 8 d (_dm8); the generic kernels' expression and order
     (fast._q4_term). Mathematically d sb S + m xs (llama.cpp's Q4_1 x Q8_1 formula), but xs is an f16
     rounding of sb A: written with (m + 8 d), which is small for most blocks, the rounding error of xs
     nearly cancels (6x smaller rms error than m * xs on SmolLM2's weights, measured against the exact dot
@@ -260,8 +261,8 @@ def _make_grp_q4(vnni):
                 ab = builder.gep(a0, [builder.mul(b, ir.Constant(b.type, 32))])
                 isum = _isum(builder, nib_of, ab, vnni)
                 dv, m8 = _dm8(builder, *_scales_at(builder, q))
-                term = _block_term(builder, isum, _asum8(builder, ab), dv, m8, builder.load(builder.gep(sp, [b])),
-                                   _xs_at(builder, xp, b, XS_SCALED))
+                term = _block_term(builder, isum, _asum_times(builder, ab, 8), dv, m8,
+                                   builder.load(builder.gep(sp, [b])), _xs_at(builder, xp, b, XS_SCALED))
                 builder.store(builder.fadd(builder.load(accp), term), accp)
             op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
             builder.store(builder.load(accp), op, align=4)
@@ -516,21 +517,12 @@ def _q8_isums_busd(builder, q, rows, a_sums):
     return out
 
 
-def _asum(builder, a):
-    """A as i32 summed from the block's activations (a: i8*; _asum8's way with 1 for 8)."""
-    madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8])
-    pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
-    radd = _fn(builder, "llvm.vector.reduce.add.v8i32", I32, [V8I32])
-    s = builder.call(madd, [_const(V32I8, 1), _vload(builder, a, V32I8)])
-    return builder.call(radd, [builder.call(pmaddwd, [s, _const(V16I16, 1)])])
-
-
 def _q8_tail(builder, w_of, a, o, d, sb, q=None):
     """w_of(jp) -> <64 x i16> weights of pair jp; o += (d * sb) * isum over 32 rows (q8_group's order);
     d i16* to the rows' f16 scale bits. With q (i8* to the block's values) where the target has
     AVX512-VNNI: _q8_isums_busd's sums instead (the same integers)."""
     if q is not None and VNNI512:
-        isum, = _q8_isums_busd(builder, q, [a], [_asum(builder, a)])
+        isum, = _q8_isums_busd(builder, q, [a], [_asum_times(builder, a, 1)])
     else:
         isum, = _q8_isums(builder, w_of, [a], VNNI512)
     t = builder.fmul(builder.fmul(_halves(builder, d), _splat(builder, sb, V32F)), builder.sitofp(isum, V32F))

@@ -47,6 +47,12 @@ F32 = np.float32
 # rows: one more wait per phase, but on one thread the tails of a T=8 verify pass were 1.2 of its 7.1 ms
 # (probes/step_phases.py --rows 8, 200 positions): 7.13 -> 6.70 ms, T=4 4.96-5.33 -> 4.79-5.17 (same logits).
 SPLIT_TAILS = 4
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _split_tails(t_n):
+    """Whether a pass of t_n rows runs its tails as phases of their own (SPLIT_TAILS)."""
+    return t_n >= SPLIT_TAILS
 BLOCK = 8  # the most tokens one call chooses (FusedForward.block): the UI gets them 8 at a time
 
 
@@ -289,7 +295,7 @@ def _step_thread(tid, nt, sync, ph0, tokens, pos0, rows_out, bufs, emb, head, no
     attn_norm, eps = norms[0], norms[3]
     inv_freq, n_head, hd, scale = rope_p[0], rope_p[2], rope_p[4], rope_p[5]
     t_n = tokens.shape[0]
-    wide = t_n >= SPLIT_TAILS
+    wide = _split_tails(t_n)
     n_layer = attn_norm.shape[0]
     xt, xbt = x[:t_n], xb[:t_n]
     qt, kt, vt, at = q[:t_n], k[:t_n], v[:t_n], att[:t_n]
@@ -445,7 +451,7 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
     n - 1 calls into numba (~140 us each after a step's weight stream) and the Python of n - 1 rounds
     (logits copy, choice)."""
     n = chain.shape[0] - 1
-    reset_rows(sync, max(n, 1) * (n_phases(norms[0].shape[0], n == 0 and tokens.shape[0] >= SPLIT_TAILS) + 1))
+    reset_rows(sync, max(n, 1) * (n_phases(norms[0].shape[0], n == 0 and _split_tails(tokens.shape[0])) + 1))
     # One signature for _step_thread (compiled once, ~50-65 s on this machine): prange's index is uint64 in the
     # gufunc but int64 where numba types the loop, and a literal argument (0, 1) is a type of its own; as they
     # were, the step compiled _passes twice and _step_thread four times. _passes is inlined here: as a function
