@@ -16,11 +16,12 @@ The block always has the B rows it was trained with (the drafts asked for are it
 most of a round's cost, runs over those k rows only. `DFlashAdaptive` chooses k with the measured costs
 (engine/bench/speculative.py measures a round's draft cost against a target step). Taps and block size are
 recorded in the drafter file and checked at load. The network runs on the cpu backend's kernels (Q8_0 weights,
-shared over numba's threads: mtp._draft_kernels), as mtp.py's.
+shared over numba's threads: mtp._draft_kernels) in few calls (DFlashNet).
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -29,13 +30,10 @@ from .adaptive import AdaptiveLength
 from .base import Features, top_probability
 from .dflash_taps import Taps, check_taps, kv_rows
 from .drafter_file import DrafterFile, DrafterFileError, find, load
-from .mtp import EmbedRows, _draft_kernels, _f32, _q8
+from .mtp import EmbedRows, _draft_kernels, _q8
 
 FORMAT, VERSION = "ninfer-dflash", 1
 LAYER = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
-_GGUF_NAMES = {"attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight",
-               "wv": "attn_v.weight", "wo": "attn_output.weight", "ffn_norm": "ffn_norm.weight",
-               "w_gate": "ffn_gate.weight", "w_up": "ffn_up.weight", "w_down": "ffn_down.weight"}
 MAX_ROWS = 64  # context rows per pass (a prompt's are added in chunks)
 _NETS: dict = {}  # (drafter file, model, head, capacity) -> DFlashNet: one reply at a time
 
@@ -65,10 +63,19 @@ class DFlashNet:
     """The drafter's network on the cpu kernels: `add_context(feats, pos0)` and `draft(token, pos)`.
 
     target: the target's model file (engine.gguf.ModelFile: its embedding and head); hot: the head over the
-    file's hot vocabulary (logit j is token hot_ids[j]) instead of all rows."""
+    file's hot vocabulary (logit j is token hot_ids[j]) instead of all rows.
+
+    A round is many small kernel calls, and after the target's pass each call into numba finds its dispatch
+    state out of cache (probes/round_overhead.py: ~5 us hot, ~50 us after streaming the weights), so the
+    network makes few of them: each layer's q, k and v are one matmul over the rows [Wq; Wk; Wv] (and the
+    context rows' k, v one over [Wk; Wv]), gate and up one over [Wgate; Wup], and RoPE with the cache store
+    one call (dflash_kernels). Each output row of a matmul is its weight row's dot with the activations in
+    the same order whatever rows sit beside it, so these are the bits of separate calls
+    (tests/engine/test_dflash.py)."""
 
     def __init__(self, df: DrafterFile, target, capacity: int, hot: bool):
-        from ..model import Model
+        from ..kv_cache import KVCache
+        from ..model import RunState
         from ..quant import QTensor
         a, w, t, meta = target.args, df.arrays, target.tensors, df.meta
         check_meta(meta, a, df.path)
@@ -82,21 +89,36 @@ class DFlashNet:
         self.hot_ids = np.asarray(w["hot_ids"], np.int64) if hot else None
         rows = head if self.hot_ids is None else QTensor(head.name, head.qtype, (len(self.hot_ids), head.shape[1]),
                                                         np.ascontiguousarray(head.data[self.hot_ids]))
-        margs = dataclasses.replace(a, n_layer=self.n_layers, vocab_size=rows.shape[0], qkv_bias=False,
-                                    qk_norm=False, tied_embeddings=True)
-        tensors = {"token_embd.weight": rows, "output_norm.weight": _f32("norm", w["norm"])}
+        self.args = dataclasses.replace(a, n_layer=self.n_layers, vocab_size=rows.shape[0], qkv_bias=False,
+                                        qk_norm=False, tied_embeddings=True)
+        self.be = be = _draft_kernels()
+        self.head = be.prepare_weight(rows)
+        self.norm = np.asarray(w["norm"], np.float32)
+
+        def mat(name, *parts):  # the rows of parts stacked, one Q8_0 weight
+            return be.prepare_weight(_q8(name, np.concatenate([np.asarray(p, np.float32) for p in parts])))
+        self.layers = []
         for i in range(self.n_layers):
-            for k, gguf_name in _GGUF_NAMES.items():
-                arr = w[f"l{i}.{k}"]
-                tensors[f"blk.{i}.{gguf_name}"] = _f32(k, arr) if arr.ndim == 1 else _q8(k, arr)
-        self.model = Model(margs, tensors, _draft_kernels(), max_batch=max(MAX_ROWS, self.block))
-        self.fc = self.model.be.prepare_weight(_q8("fc", w["fc"]))  # (d, width)
-        # the model's scratch covers inputs up to max(d, q_dim, d_ff) wide; a feature row may be wider
-        self.fc_scratch = self.model.be.new_scratch(MAX_ROWS, self.taps.width)
+            lw = {k: w[f"l{i}.{k}"] for k in LAYER}
+            self.layers.append(_Layer(
+                attn_norm=np.asarray(lw["attn_norm"], np.float32), ffn_norm=np.asarray(lw["ffn_norm"], np.float32),
+                wqkv=mat("wqkv", lw["wq"], lw["wk"], lw["wv"]), wkv=mat("wkv", lw["wk"], lw["wv"]),
+                wo=mat("wo", lw["wo"]), wgu=mat("wgu", lw["w_gate"], lw["w_up"]), w_down=mat("w_down", lw["w_down"])))
+        rows_max = max(MAX_ROWS, self.block)
+        self.state = RunState(be, self.args, rows_max)
+        q_dim, kv_dim, d_ff = self.args.q_dim, self.args.kv_dim, self.args.d_ff
+        self.qkv = np.zeros((rows_max, q_dim + 2 * kv_dim), np.float32)  # [q | k | v] of a pass's rows
+        self.gu = np.zeros((rows_max, 2 * d_ff), np.float32)  # [gate | up]
+        self.fc = be.prepare_weight(_q8("fc", w["fc"]))  # (d, width)
+        # the state's scratch covers inputs up to max(d, q_dim, d_ff) wide; a feature row may be wider
+        self.fc_scratch = be.new_scratch(MAX_ROWS, self.taps.width)
         self.hidden_norm = np.asarray(w["hidden_norm"], np.float32)
         self.mask = np.asarray(w["mask_emb"], np.float32)
-        self.cache = self.model.new_cache(capacity, "f16")  # each draft layer's context K/V (+ the block's)
-        self.inv_freq = np.asarray(self.model.inv_freq, np.float32)
+        # each draft layer's context K/V (+ the block's)
+        self.cache = KVCache(be, self.n_layers, capacity, a.n_kv_head, a.head_dim, "f16")
+        inv = 1.0 / (a.rope_base ** (np.arange(0, a.head_dim, 2, dtype=np.float64) / a.head_dim))
+        self.inv_freq = inv.astype(np.float32)  # Model's
+        self.attn_scale = np.float32(1.0 / math.sqrt(a.head_dim))
         self.neox = bool(a.rope_neox)
         self._att_bufs: dict[int, tuple] = {}  # rows -> _attention's buffers
         self._erow = EmbedRows(self.emb)  # token -> its embedding row (the block's first)
@@ -104,73 +126,58 @@ class DFlashNet:
     def add_context(self, feats: np.ndarray, pos0: int) -> None:
         """Context rows of positions pos0..pos0+T-1 (T <= MAX_ROWS) from their features (T, width); the draft
         cache must hold pos0 positions."""
-        m, be = self.model, self.model.be
-        s, t_n = m.state, feats.shape[0]
+        from ..backends.cpu.dflash_kernels import rope_store
+        be, s, a, t_n = self.be, self.state, self.args, feats.shape[0]
         c = s.xb[:t_n]
         assert t_n <= MAX_ROWS and feats.shape[1] == self.taps.width, feats.shape
         be.matmul(c, np.ascontiguousarray(feats, np.float32), self.fc, self.fc_scratch)
         be.rmsnorm(c, c, self.hidden_norm, self.eps)
-        a = m.args
-        for i, lw in enumerate(m.layers):
-            k3 = s.k[:t_n].reshape(t_n, a.n_kv_head, a.head_dim)
-            v3 = s.v[:t_n].reshape(t_n, a.n_kv_head, a.head_dim)
-            be.matmul(s.k[:t_n], c, lw.wk, s.scratch)
-            be.matmul(s.v[:t_n], c, lw.wv, s.scratch)
-            be.rope(k3, pos0, m.inv_freq, self.neox)
-            be.kv_store_f16(*self.cache.layer(i), k3, v3, pos0)
+        kv = self.qkv[:t_n, :2 * a.kv_dim]
+        for i, lw in enumerate(self.layers):
+            be.matmul(kv, c, lw.wkv, s.scratch)
+            k16, v16 = (m.view(np.uint16) for m in self.cache.layer(i))
+            rope_store(kv[:0], 0, kv, k16, v16, pos0, self.inv_freq, self.neox, a.n_kv_head, a.head_dim)
         self.cache.length = pos0 + t_n
 
     def draft(self, token: int, pos: int, k: int | None = None) -> np.ndarray:
         """Logits (k, head rows) of block rows 1..k (drafts of x_{pos+1}..x_{pos+k}; k <= B-1, default B-1).
         Every layer's keys and values cover the whole block (its attention is bidirectional), but only rows
-        1..k of the last layer are read: their queries, attention, projections, MLP and head run, the rest of
-        that layer's rows do not (each row's result is its own, so the logits are the same bits as the
-        full block's rows). The block's own K/V go to cache positions pos.., which the caller truncates."""
-        from ..forward import ATTENTION, LAYER_PHASES
-        m, b = self.model, self.block
-        s = m.state
+        1..k of the last layer are read: their attention, projections, MLP and head run, the rest of that
+        layer's rows do not (each row's result is its own, so the logits are the same bits as the full
+        block's rows). The block's own K/V go to cache positions pos.., which the caller truncates."""
+        be, s, b = self.be, self.state, self.block
         k = b - 1 if k is None else max(1, min(k, b - 1))
-        m.begin(np.zeros(b, np.int32), pos, self.cache)
         s.x[0] = self._erow(int(token))
         s.x[1:b] = self.mask
-        last = self.n_layers - 1
-        for i in range(last):
-            m.be.rmsnorm(s.xb[:b], s.x[:b], m.layers[i].attn_norm, self.eps)
-            for ph in LAYER_PHASES:
-                if ph.kind == ATTENTION:
-                    self._attention(i, pos, 0, b)
-                    continue
-                m.phase(ph, i)
-                m.tail(ph, i)  # QKV's tail: rope at pos.. and the block's K/V into the cache
-        self._last_layer(last, pos, k)
+        for i in range(self.n_layers):
+            self._layer(i, pos, 1 if i == self.n_layers - 1 else 0, k if i == self.n_layers - 1 else b - 1)
         if s.logits is None or s.logits.shape[0] < k:
-            s.logits = m.be.zeros((b, m.args.vocab_size), "float32")
-        m.be.rmsnorm(s.xb[1:1 + k], s.x[1:1 + k], m.output_norm, self.eps)  # Model.head_device over rows 1..k
-        m.be.matmul(s.logits[:k], s.xb[1:1 + k], m.output, s.scratch)
-        return m.be.to_host(s.logits[:k])
+            s.logits = be.zeros((b, self.args.vocab_size), "float32")
+        be.rmsnorm(s.xb[1:1 + k], s.x[1:1 + k], self.norm, self.eps)  # Model.head's order over rows 1..k
+        be.matmul(s.logits[:k], s.xb[1:1 + k], self.head, s.scratch)
+        return be.to_host(s.logits[:k])
 
-    def _last_layer(self, i: int, pos: int, k: int) -> None:
-        """Layer i over the block with only rows 1..k carried past the keys and values (Model.phase/tail's
-        kernels and order, on row slices)."""
-        m, b = self.model, self.block
-        a, be, s, lw = m.args, m.be, m.state, m.layers[i]
-        rows = slice(1, 1 + k)
+    def _layer(self, i: int, pos: int, lo: int, k: int) -> None:
+        """Layer i over the block: keys and values of all B rows (into the cache at pos..), the rest for rows
+        lo..k only (the last layer: 1..k; the others: all)."""
+        from ..backends.cpu.dflash_kernels import rope_store
+        be, s, a, lw, b = self.be, self.state, self.args, self.layers[i], self.block
+        rows, hi = slice(lo, k + 1), k + 1
         be.rmsnorm(s.xb[:b], s.x[:b], lw.attn_norm, self.eps)
-        be.matmul(s.q[rows], s.xb[rows], lw.wq, s.scratch)
-        be.matmul(s.k[:b], s.xb[:b], lw.wk, s.scratch)
-        be.matmul(s.v[:b], s.xb[:b], lw.wv, s.scratch)
-        be.rope(s.q[rows].reshape(k, a.n_head, a.head_dim), pos + 1, m.inv_freq, self.neox)
-        k3, v3 = s.k[:b].reshape(b, a.n_kv_head, a.head_dim), s.v[:b].reshape(b, a.n_kv_head, a.head_dim)
-        be.rope(k3, pos, m.inv_freq, self.neox)
-        be.kv_store_f16(*self.cache.layer(i), k3, v3, pos)
-        self._attention(i, pos, 1, 1 + k)
+        qkv = self.qkv[:b]
+        be.matmul(qkv, s.xb[:b], lw.wqkv, s.scratch)  # row 0's q is not read in the last layer (one call)
+        k16, v16 = (m.view(np.uint16) for m in self.cache.layer(i))
+        rope_store(qkv[lo:hi, :a.q_dim], pos + lo, qkv[:, a.q_dim:], k16, v16, pos, self.inv_freq, self.neox,
+                   a.n_kv_head, a.head_dim)
+        self._attention(i, pos, lo, hi)
         x, xb = s.x[rows], s.xb[rows]
         be.matmul(s.proj[rows], s.att[rows], lw.wo, s.scratch)
         be.residual_add(x, s.proj[rows])
         be.rmsnorm(xb, x, lw.ffn_norm, self.eps)
-        be.matmul(s.gate[rows], xb, lw.w_gate, s.scratch)
-        be.matmul(s.up[rows], xb, lw.w_up, s.scratch)
-        be.swiglu(s.hb[rows], s.gate[rows], s.up[rows])
+        gu, gate, up = self.gu[rows], s.gate[rows], s.up[rows]
+        be.matmul(gu, xb, lw.wgu, s.scratch)
+        gate[:], up[:] = gu[:, :a.d_ff], gu[:, a.d_ff:]  # swiglu's contiguous rows (its compiled form)
+        be.swiglu(s.hb[rows], gate, up)
         be.matmul(s.proj[rows], s.hb[rows], lw.w_down, s.scratch)
         be.residual_add(x, s.proj[rows])
 
@@ -183,8 +190,7 @@ class DFlashNet:
         import numba
 
         from ..backends.cpu.attn import SPLITS, attention_f16_split, chunk_cap
-        m, n = self.model, hi - lo
-        a, s = m.args, m.state
+        n, a, s = hi - lo, self.args, self.state
         g = a.n_head // a.n_kv_head
         bufs = self._att_bufs.get(n)
         need = chunk_cap(pos + self.block)  # the longest chunk of positions a work item scores
@@ -197,15 +203,29 @@ class DFlashNet:
                 np.empty((1, a.n_kv_head * n * g, a.head_dim), np.float32))  # merged
         q1, sc, part, out = bufs
         q1.reshape(a.n_kv_head, n, g, a.head_dim)[:] = (  # (n_kv, n, g, hd)
-            s.q[lo:hi].reshape(n, a.n_kv_head, g, a.head_dim).transpose(1, 0, 2, 3))
+            self.qkv[lo:hi, :a.q_dim].reshape(n, a.n_kv_head, g, a.head_dim).transpose(1, 0, 2, 3))
         k, v = self.cache.layer(layer)
         attention_f16_split(out, q1, k.view(np.uint16), v.view(np.uint16), pos + self.block - 1,
-                            np.float32(m.attn_scale), sc, part)  # its SPLITS work items over the threads
+                            self.attn_scale, sc, part)  # its SPLITS work items over the threads
         s.att[lo:hi] = out.reshape(a.n_kv_head, n, g, a.head_dim).transpose(1, 0, 2, 3).reshape(n, -1)
 
     def token(self, j: int) -> int:
         """The token of head row j."""
         return int(j) if self.hot_ids is None else int(self.hot_ids[j])
+
+
+@dataclasses.dataclass
+class _Layer:
+    """A draft layer's weights (prepared for the cpu kernels; matrices (out, in), stacked where one call
+    runs several)."""
+
+    attn_norm: np.ndarray
+    ffn_norm: np.ndarray
+    wqkv: object  # [Wq; Wk; Wv] (q_dim + 2 kv_dim, d): the block's q, k, v
+    wkv: object  # [Wk; Wv] (2 kv_dim, d): the context rows' k, v
+    wo: object
+    wgu: object  # [Wgate; Wup] (2 d_ff, d)
+    w_down: object
 
 
 class DFlashDrafter:

@@ -357,3 +357,61 @@ def test_jitted_kv_taps_equal_the_numpy_form():
             fast, ref = kv_rows(cache, taps, lo, hi, inv, neox), kv_rows_numpy(cache, taps, lo, hi, inv, neox)
             assert fast.shape == (hi - lo, 2 * 32 * 2)
             np.testing.assert_array_equal(fast, ref)
+
+
+@pytest.mark.parametrize("shapes", [(576, 192, 192), (40, 24, 24), (1536, 1536)])
+def test_stacked_matmul_rows_are_separate_matmuls_bitwise(shapes):
+    """DFlashNet runs [Wq; Wk; Wv] and [Wgate; Wup] as one Q8_0 matmul each: every output row must be the bits
+    of its own matrix's call (any row count, groups shared between matrices where rows are not 32-aligned)."""
+    from engine.backends.kernels import get_kernels
+    from engine.spec.mtp import _q8
+    be = get_kernels("cpu")
+    rng = np.random.default_rng(3)
+    n = 64
+    parts = [rng.normal(0, 0.3, (r, n)).astype(np.float32) for r in shapes]
+    stacked = be.prepare_weight(_q8("w", np.concatenate(parts)))
+    alone = [be.prepare_weight(_q8("w", p)) for p in parts]
+    scratch = be.new_scratch(8, n)
+    for t_n in (1, 2, 3, 4, 7, 8):
+        x = rng.normal(0, 1, (t_n, n)).astype(np.float32)
+        out = np.zeros((t_n, sum(shapes)), np.float32)
+        be.matmul(out, x, stacked, scratch)
+        lo = 0
+        for p, w in zip(parts, alone):
+            want = np.zeros((t_n, p.shape[0]), np.float32)
+            be.matmul(want, x, w, scratch)
+            np.testing.assert_array_equal(out[:, lo:lo + p.shape[0]], want)
+            lo += p.shape[0]
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_rope_store_is_rope_then_the_f16_store(neox):
+    """backends/cpu/dflash_kernels.rope_store on column ranges of one buffer: the bits of kernels.rope on each
+    part and numpy's f16 cast into the cache (the per-kernel calls it replaces), and against the numpy
+    reference rope (ref.kernels) to rounding."""
+    from engine.backends.cpu import kernels as cpu
+    from engine.backends.cpu.dflash_kernels import rope_store
+    from engine.backends.ref.kernels import rope as ref_rope
+    rng = np.random.default_rng(4)
+    n_head, n_kv, hd, t_n, pos = 6, 2, 16, 5, 37
+    inv = (1.0 / 10000 ** (np.arange(0, hd, 2) / hd)).astype(np.float32)
+    buf = rng.normal(0, 2, (8, (n_head + 2 * n_kv) * hd)).astype(np.float32)
+    q_lo = 1  # rows 1.. of q at positions pos + 1.. (the last draft layer's)
+    want_q = buf[q_lo:t_n, :n_head * hd].copy().reshape(-1, n_head, hd)
+    want_k = buf[:t_n, n_head * hd:(n_head + n_kv) * hd].copy().reshape(t_n, n_kv, hd)
+    want_v = buf[:t_n, (n_head + n_kv) * hd:].copy().reshape(t_n, n_kv, hd)
+    ref_q, ref_k = want_q.copy(), want_k.copy()
+    cpu.rope(want_q, pos + q_lo, inv, neox)
+    cpu.rope(want_k, pos, inv, neox)
+    ref_rope(ref_q, pos + q_lo, inv, neox)
+    ref_rope(ref_k, pos, inv, neox)
+    k16 = np.zeros((64, n_kv, hd), np.float16)
+    v16 = np.zeros((64, n_kv, hd), np.float16)
+    rope_store(buf[q_lo:t_n, :n_head * hd], pos + q_lo, buf[:t_n, n_head * hd:], k16.view(np.uint16),
+               v16.view(np.uint16), pos, inv, neox, n_kv, hd)
+    np.testing.assert_array_equal(buf[q_lo:t_n, :n_head * hd].reshape(-1, n_head, hd), want_q)
+    np.testing.assert_array_equal(k16[pos:pos + t_n], want_k.astype(np.float16))
+    np.testing.assert_array_equal(v16[pos:pos + t_n], want_v.astype(np.float16))
+    np.testing.assert_allclose(want_q, ref_q, atol=1e-5)
+    np.testing.assert_allclose(want_k, ref_k, atol=1e-5)
+    assert not k16[:pos].any() and not k16[pos + t_n:].any()

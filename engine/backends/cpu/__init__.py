@@ -11,6 +11,7 @@
     runner.py      CpuRunner: the fused step, or the plain walk (engine.model.Model) where it does not apply
     tier.py, compile_bg.py   the cold start: kernels one by one while a helper process compiles the fused step
     repack.py, weight_store.py   the interleaved layout, and its on-disk cache of repacked weights
+    kv_taps.py, dflash_kernels.py   the DFlash drafter's reads of the target's cache, its RoPE + KV store
     target.py      which SIMD the host has
 """
 from __future__ import annotations
