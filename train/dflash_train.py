@@ -3,6 +3,8 @@
     python -m train.dflash_features --threads 1          # first: the KV taps of every distilled sequence
     python -m train.dflash_train --minutes 60            # a fresh run (draft layer = the target's last layer)
     python -m train.dflash_train --minutes 60 --resume   # continue from train/ckpt/dflash.pt (weights + AdamW)
+    python -m train.dflash_train --minutes 60 --init-from engine/spec/drafters/smollm2-135m-instruct.dflash.npz
+                                                         # a fresh run (new AdamW) from an exported file's weights
     python -m train.dflash_train --export                # write engine/spec/drafters/<model>.dflash.npz
 
 Each visit of a sequence samples `--anchors` block starts a among the positions the runtime drafts from
@@ -226,14 +228,23 @@ def save_ckpt(ckpt: Path, model: DFlashDrafter, opt, state: dict) -> None:
 def build(a, taps: Taps, train: Shards):
     """(model, optimizer state or None, run state) from the checkpoint or the target."""
     ck = torch.load(a.ckpt, weights_only=False) if a.resume else None
-    n_layers, block = (ck["n_layers"], ck["block"]) if ck else (a.layers, a.block)
+    file = None if ck is not None or a.init_from is None else init_file(a.init_from, taps)
+    n_layers, block = (ck["n_layers"], ck["block"]) if ck else (
+        (file["n_layers"], file["block"]) if file else (a.layers, a.block))
     cfg, tg = load_target(model_path(), n_layers, taps, block)
-    if ck is not None:
+    if file is not None:  # a fresh run (step 0, new optimizer) from the file's weights and hot vocabulary
+        init, hot_ids = file["params"], file["hot_ids"]
+        state = {"hot_ids": hot_ids, "step": 0, "tokens_seen": 0, "train_s": 0.0, "epoch": 0, "last_eval": None,
+                 "base_sha256": sha256_of(model_path()), "taps": asdict(taps), "n_layers": n_layers, "block": block,
+                 "init_from": file["training"]}
+        log(f"new run from {a.init_from} (its training: {json.dumps(file['training'])})")
+    elif ck is not None:
         if taps_from_dict(ck["taps"]) != taps:
             raise SystemExit(f"the checkpoint taps {ck['taps']}, the features are {asdict(taps)}")
         init, hot_ids = ck["model"], np.asarray(ck["hot_ids"], np.int32)
         state = {k: ck[k] for k in ("hot_ids", "step", "tokens_seen", "train_s", "epoch", "last_eval",
                                     "base_sha256", "taps", "n_layers", "block")}
+        state["init_from"] = ck.get("init_from")
     else:
         hot_ids = mtp_hot_ids()
         if hot_ids is None:
@@ -248,6 +259,27 @@ def build(a, taps: Taps, train: Shards):
         log(f"new run: {n_layers} draft layer(s), block {block}, taps {asdict(taps)}, hot vocab {len(hot_ids)}")
     model = DFlashDrafter(cfg, tg["embed"], tg["head"][hot_ids], init)
     return model, (ck["opt"] if ck else None), state
+
+
+def init_file(path: str, taps: Taps) -> dict:
+    """An exported drafter file's parameters (float32), hot vocabulary, layers, block and training record, for
+    --init-from; SystemExit (one line) when it is not a DFlash file of these taps and this model."""
+    try:
+        z = np.load(path, allow_pickle=False)
+        meta = json.loads(str(z["meta"]))
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"--init-from {path}: not a readable drafter file ({e})") from None
+    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        raise SystemExit(f"--init-from {path}: format {meta.get('format')} v{meta.get('version')}, not {FORMAT} "
+                         f"v{VERSION}")
+    if meta.get("base_sha256") != sha256_of(model_path()):
+        raise SystemExit(f"--init-from {path}: made for another model ({meta.get('base_name')})")
+    if taps_from_dict({"kv_layers": meta["tap_kv_layers"], "hidden_layer": meta["tap_hidden_layer"],
+                       "d_model": meta["d_model"], "kv_dim": meta["kv_dim"]}) != taps:
+        raise SystemExit(f"--init-from {path}: its taps are not the features' {asdict(taps)}")
+    return {"params": {k: np.asarray(z[k], np.float32) for k in z.files if k not in ("meta", "hot_ids")},
+            "hot_ids": np.asarray(z["hot_ids"], np.int32), "n_layers": int(meta["n_layers"]),
+            "block": int(meta["block_size"]), "training": meta.get("training", {})}
 
 
 def train(a) -> None:
@@ -343,6 +375,7 @@ def export(ckpt: Path = CKPT) -> Path:
     cfg, _ = load_target(path, ck["n_layers"], taps, ck["block"])
     ev = ck.get("last_eval") or {}
     training = {"reply_tokens": ck.get("train_tokens"), "sequences": ck.get("train_sequences"),
+                    "init_from": ck.get("init_from"),
                     "blocks_seen": ck["tokens_seen"], "optimizer_steps": ck["step"], "minutes": round(ck["train_s"] / 60, 1),
                     "heldout_chat": ev.get("chat"), "heldout_predictable": ev.get("predictable"),
                     "date": datetime.now(UTC).strftime("%Y-%m-%d")}
@@ -398,6 +431,8 @@ def main() -> None:
     ap.add_argument("--ckpt-min", type=float, default=4.0)
     ap.add_argument("--log-every", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--init-from", default=None, metavar="FILE",
+                    help="a fresh run from an exported drafter file's weights and hot vocabulary (not with --resume)")
     ap.add_argument("--ckpt", default=None, metavar="PATH",
                     help=f"checkpoint of this run (default {_rel(CKPT)}): a second design "
                          "trained beside the first, e.g. --layers 2 --ckpt train/ckpt/dflash_l2.pt")

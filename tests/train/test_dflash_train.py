@@ -150,3 +150,30 @@ def test_export_writes_every_field_and_the_runtime_reads_it(tmp_path):
     Args.n_layer = 5  # the hidden tap is no longer the last layer
     with pytest.raises(Exception, match="last layer is 4"):
         check_meta(meta, Args, out)
+
+
+def test_init_from_reads_an_exported_file_back_and_refuses_others(tmp_path, monkeypatch):
+    """--init-from: a fresh run starts from an exported file's weights (float16 as written) and hot vocabulary;
+    a file of other taps, another model or not a DFlash file stops with one line."""
+    from train import dflash_train
+    monkeypatch.setattr(dflash_train, "sha256_of", lambda path: "ab" * 32)
+    monkeypatch.setattr(dflash_train, "model_path", lambda: "base.gguf")
+    params, _, hot_ids = random_parts(1)
+    out = tmp_path / "m.dflash.npz"
+    export_file(out, CFG, TAPS, params, hot_ids, "ab" * 32, "base.gguf", {"optimizer_steps": 7})
+    got = dflash_train.init_file(str(out), TAPS)
+    assert (got["n_layers"], got["block"], got["training"]) == (2, 4, {"optimizer_steps": 7})
+    np.testing.assert_array_equal(got["hot_ids"], hot_ids)
+    assert set(got["params"]) == set(CFG.param_names())
+    for k, v in params.items():
+        np.testing.assert_array_equal(got["params"][k], v.astype(np.float16).astype(np.float32))
+    DFlashDrafter(CFG, np.zeros((VOCAB, CFG.d_model), np.float32), np.zeros((N_HOT, CFG.d_model), np.float32),
+                  got["params"])  # the module takes them as they are
+    with pytest.raises(SystemExit, match="taps"):
+        dflash_train.init_file(str(out), Taps(kv_layers=(0,), hidden_layer=2, d_model=16, kv_dim=8))
+    monkeypatch.setattr(dflash_train, "sha256_of", lambda path: "cd" * 32)
+    with pytest.raises(SystemExit, match="another model"):
+        dflash_train.init_file(str(out), TAPS)
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(SystemExit, match="not a readable drafter file"):
+        dflash_train.init_file(str(tmp_path / "bad.npz"), TAPS)
