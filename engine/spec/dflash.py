@@ -65,12 +65,13 @@ class DFlashNet:
     target: the target's model file (engine.gguf.ModelFile: its embedding and head); hot: the head over the
     file's hot vocabulary (logit j is token hot_ids[j]) instead of all rows.
 
-    A round is many small kernel calls, and after the target's pass each call into numba finds its dispatch
-    state out of cache (probes/round_overhead.py: ~5 us hot, ~50 us after streaming the weights), so the
-    network makes few of them: each layer's q, k and v are one matmul over the rows [Wq; Wk; Wv] (and the
-    context rows' k, v one over [Wk; Wv]), gate and up one over [Wgate; Wup], and RoPE with the cache store
-    one call (dflash_kernels). Each output row of a matmul is its weight row's dot with the activations in
-    the same order whatever rows sit beside it, so these are the bits of separate calls
+    The network makes few calls and quantizes each activation once: each layer's q, k and v are one matmul
+    over the rows [Wq; Wk; Wv] (and the context rows' k, v one over [Wk; Wv]), gate and up one over
+    [Wgate; Wup], and RoPE with the cache store one call (backends/cpu/dflash_kernels); 11 matmuls a round
+    instead of 7 took ~0.1-0.2 ms more on count300 (bench/results-spec-dflash.md). What a round costs is
+    mostly its 9.6 MB of weights, back from memory after every target pass, not its calls: the whole network
+    as two jitted calls measured the same. Each output row of a matmul is its weight row's dot with the
+    activations in the same order whatever rows sit beside it, so these are the bits of separate calls
     (tests/engine/test_dflash.py)."""
 
     def __init__(self, df: DrafterFile, target, capacity: int, hot: bool):
