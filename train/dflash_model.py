@@ -30,10 +30,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .mtp_model import rmsnorm, rope, rope_tables
+from .mtp_model import fake_q4_1, rmsnorm, rope, rope_tables
 
 LAYER_PARAMS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
 TOP_PARAMS = ("fc", "hidden_norm", "mask_emb", "norm")
+WEIGHTS = ("q8_0", "q4_1")  # how the runtime stores the matrices (fc, the layers', the hot head rows)
 
 
 @dataclass(frozen=True)
@@ -73,11 +74,19 @@ class DFlashConfig:
 
 class DFlashDrafter(nn.Module):
     """The trainable drafter over the frozen target pieces: embed (vocab, d), head_hot (n_hot, d). `init` maps
-    param_names() to float32 arrays (init_from_target)."""
+    param_names() to float32 arrays (init_from_target).
 
-    def __init__(self, cfg: DFlashConfig, embed: np.ndarray, head_hot: np.ndarray, init: dict[str, np.ndarray]):
+    weights "q4_1": quantization-aware, the runtime's 4-bit form (engine/spec/dflash.py): every matrix (fc and
+    the layers') enters the forward as Q4_1 (mtp_model.fake_q4_1: gguf's values, straight-through gradient)
+    and the hot head rows as their Q4_1 copy (frozen). "q8_0": float, as the runtime's Q8_0 form is close to
+    it."""
+
+    def __init__(self, cfg: DFlashConfig, embed: np.ndarray, head_hot: np.ndarray, init: dict[str, np.ndarray],
+                 weights: str = "q8_0"):
         super().__init__()
-        self.cfg = cfg
+        if weights not in WEIGHTS:
+            raise ValueError(f"weights {weights!r} is not one of {', '.join(WEIGHTS)}")
+        self.cfg, self.weights = cfg, weights
         self.names = cfg.param_names()
         self.params = nn.ParameterDict()
         for name, shape in cfg.shapes().items():
@@ -85,17 +94,23 @@ class DFlashDrafter(nn.Module):
             assert w.shape == shape, f"{name}: {w.shape} != {shape}"
             self.params[name.replace(".", "_")] = nn.Parameter(torch.from_numpy(w.copy()))
         self.register_buffer("embed", torch.from_numpy(np.asarray(embed, np.float32)), persistent=False)
-        self.register_buffer("head_hot", torch.from_numpy(np.asarray(head_hot, np.float32)), persistent=False)
+        head = torch.from_numpy(np.asarray(head_hot, np.float32))
+        self.register_buffer("head_hot", fake_q4_1(head) if weights == "q4_1" else head, persistent=False)
 
     def p(self, name: str) -> torch.Tensor:
         return self.params[name.replace(".", "_")]
+
+    def m(self, name: str) -> torch.Tensor:
+        """Matrix parameter `name` as the runtime holds it (Q4_1-rounded for weights "q4_1")."""
+        w = self.p(name)
+        return fake_q4_1(w) if self.weights == "q4_1" else w
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         return {n: self.p(n).detach().numpy().copy() for n in self.names}
 
     def context(self, feats: torch.Tensor) -> torch.Tensor:
         """c (S, L, d) from feature rows (S, L, W)."""
-        return rmsnorm(feats @ self.p("fc").T, self.p("hidden_norm"), self.cfg.rms_eps)
+        return rmsnorm(feats @ self.m("fc").T, self.p("hidden_norm"), self.cfg.rms_eps)
 
     def logits(self, z: torch.Tensor) -> torch.Tensor:
         """(..., n_hot) over the hot vocabulary."""
@@ -121,7 +136,7 @@ class DFlashDrafter(nn.Module):
         bias = torch.zeros(see.shape).masked_fill(~see, float("-inf"))[:, None, :, None, :]  # (S,1,N,1,L)
         scale = 1.0 / math.sqrt(hd)
         for i in range(c.n_layers):
-            w = {k: self.p(f"l{i}.{k}") for k in LAYER_PARAMS}.__getitem__
+            w = {k: (self.p if k.endswith("norm") else self.m)(f"l{i}.{k}") for k in LAYER_PARAMS}.__getitem__
             kc = (ctx @ w("wk").T).view(s_n, l_n, c.n_kv_head, hd).transpose(1, 2)  # (S, kvH, L, hd)
             vc = (ctx @ w("wv").T).view(s_n, l_n, c.n_kv_head, hd).transpose(1, 2)
             kc = rope(kc, cos[:l_n], sin[:l_n], c.rope_neox).repeat_interleave(g, 1)  # (S, H, L, hd)

@@ -36,7 +36,7 @@ from engine.spec.dflash_taps import Taps, taps_from_dict
 
 from .dflash_features import OUT as FEAT_DIR
 from .dflash_features import taps_of
-from .dflash_model import DFlashConfig, DFlashDrafter, init_from_target
+from .dflash_model import WEIGHTS, DFlashConfig, DFlashDrafter, init_from_target
 from .mtp_train import batches, model_path, sha256_of
 
 HERE = Path(__file__).resolve().parent
@@ -236,8 +236,8 @@ def build(a, taps: Taps, train: Shards):
         init, hot_ids = file["params"], file["hot_ids"]
         state = {"hot_ids": hot_ids, "step": 0, "tokens_seen": 0, "train_s": 0.0, "epoch": 0, "last_eval": None,
                  "base_sha256": sha256_of(model_path()), "taps": asdict(taps), "n_layers": n_layers, "block": block,
-                 "init_from": file["training"]}
-        log(f"new run from {a.init_from} (its training: {json.dumps(file['training'])})")
+                 "init_from": file["training"], "weights": a.weights}
+        log(f"new run from {a.init_from} (its training: {json.dumps(file['training'])}), weights {a.weights}")
     elif ck is not None:
         if taps_from_dict(ck["taps"]) != taps:
             raise SystemExit(f"the checkpoint taps {ck['taps']}, the features are {asdict(taps)}")
@@ -245,6 +245,7 @@ def build(a, taps: Taps, train: Shards):
         state = {k: ck[k] for k in ("hot_ids", "step", "tokens_seen", "train_s", "epoch", "last_eval",
                                     "base_sha256", "taps", "n_layers", "block")}
         state["init_from"] = ck.get("init_from")
+        state["weights"] = ck.get("weights", "q8_0")
     else:
         hot_ids = mtp_hot_ids()
         if hot_ids is None:
@@ -255,9 +256,11 @@ def build(a, taps: Taps, train: Shards):
         mask = np.random.default_rng(a.seed).normal(0, 1, emb.shape[1]) * emb.std(0)
         init = init_from_target(cfg, tg["layers"], tg["output_norm"], mask, a.seed)
         state = {"hot_ids": hot_ids, "step": 0, "tokens_seen": 0, "train_s": 0.0, "epoch": 0, "last_eval": None,
-                     "base_sha256": sha256_of(model_path()), "taps": asdict(taps), "n_layers": n_layers, "block": block}
-        log(f"new run: {n_layers} draft layer(s), block {block}, taps {asdict(taps)}, hot vocab {len(hot_ids)}")
-    model = DFlashDrafter(cfg, tg["embed"], tg["head"][hot_ids], init)
+                     "base_sha256": sha256_of(model_path()), "taps": asdict(taps), "n_layers": n_layers, "block": block,
+                     "weights": a.weights}
+        log(f"new run: {n_layers} draft layer(s), block {block}, taps {asdict(taps)}, hot vocab {len(hot_ids)}, "
+            f"weights {a.weights}")
+    model = DFlashDrafter(cfg, tg["embed"], tg["head"][hot_ids], init, state["weights"])
     return model, (ck["opt"] if ck else None), state
 
 
@@ -380,21 +383,23 @@ def export(ckpt: Path = CKPT) -> Path:
                     "heldout_chat": ev.get("chat"), "heldout_predictable": ev.get("predictable"),
                     "date": datetime.now(UTC).strftime("%Y-%m-%d")}
     out = EXPORT_DIR / (path.name.split(".")[0].lower() + ".dflash.npz")
-    export_file(out, cfg, taps, ck["model"], np.asarray(ck["hot_ids"]), sha, path.name, training)
+    export_file(out, cfg, taps, ck["model"], np.asarray(ck["hot_ids"]), sha, path.name, training,
+                ck.get("weights", "q8_0"))
     log(f"exported {out.relative_to(HERE.parent)} ({out.stat().st_size / 1e6:.1f} MB), step {ck['step']}")
     return out
 
 
 def export_file(out: Path, cfg: DFlashConfig, taps: Taps, params: dict[str, np.ndarray], hot_ids: np.ndarray,
-                base_sha256: str, base_name: str, training: dict) -> None:
+                base_sha256: str, base_name: str, training: dict, weights: str = "q8_0") -> None:
     """The drafter file: np.savez (no pickle) of `meta` (a JSON string), `hot_ids` int32 (n_hot,) and the
-    parameters (DFlashConfig.param_names) in float16, matrices (out, in); written atomically."""
+    parameters (DFlashConfig.param_names) in float16, matrices (out, in); written atomically. weights: the
+    form the runtime quantizes the matrices to (the one training saw: DFlashDrafter's `weights`)."""
     meta = {"format": FORMAT, "version": VERSION, "base_sha256": base_sha256, "base_name": base_name,
                 "d_model": cfg.d_model, "n_head": cfg.n_head, "n_kv_head": cfg.n_kv_head, "head_dim": cfg.head_dim,
                 "d_ff": cfg.d_ff, "rms_eps": cfg.rms_eps, "rope_base": cfg.rope_base, "rope_neox": cfg.rope_neox,
                 "n_layers": cfg.n_layers, "block_size": cfg.block, "feat_width": cfg.feat_width,
                 "tap_kv_layers": list(taps.kv_layers), "tap_hidden_layer": taps.hidden_layer, "kv_dim": taps.kv_dim,
-                "hot_vocab_size": len(hot_ids), "training": training}
+                "hot_vocab_size": len(hot_ids), "weights": weights, "training": training}
     if taps.width != cfg.feat_width:
         raise ValueError(f"taps width {taps.width} != the model's feature width {cfg.feat_width}")
     arrays = {k: np.asarray(params[k]).astype(np.float16) for k in cfg.param_names()}
@@ -431,6 +436,9 @@ def main() -> None:
     ap.add_argument("--ckpt-min", type=float, default=4.0)
     ap.add_argument("--log-every", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--weights", choices=WEIGHTS, default="q8_0",
+                    help="a fresh run's matrices as the runtime will hold them: q4_1 trains quantization-aware "
+                         "(fc, the layers' matrices and the hot head rows in 4 bits: fewer bytes a round)")
     ap.add_argument("--init-from", default=None, metavar="FILE",
                     help="a fresh run from an exported drafter file's weights and hot vocabulary (not with --resume)")
     ap.add_argument("--ckpt", default=None, metavar="PATH",

@@ -30,10 +30,11 @@ from .adaptive import AdaptiveLength
 from .base import Features, top_probability
 from .dflash_taps import Taps, check_taps, kv_rows
 from .drafter_file import DrafterFile, DrafterFileError, find, load
-from .mtp import EmbedRows, _draft_kernels, _q8
+from .mtp import EmbedRows, _draft_kernels, _q4, _q8
 
 FORMAT, VERSION = "ninfer-dflash", 1
 LAYER = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
+WEIGHTS = ("q8_0", "q4_1")  # the file's meta "weights": how its matrices (and the hot head rows) are held
 MAX_ROWS = 64  # context rows per pass (a prompt's are added in chunks)
 _NETS: dict = {}  # (drafter file, model, head, capacity) -> DFlashNet: one reply at a time
 
@@ -55,6 +56,8 @@ def check_meta(meta: dict, args, path) -> None:
         why = f"its block size {block} is not 2..64"
     if why is None and (n_layers < 1 or int(meta.get("feat_width", -1)) != taps.width):
         why = f"its feature width {meta.get('feat_width')} does not match its taps ({taps.width})"
+    if why is None and meta.get("weights", "q8_0") not in WEIGHTS:
+        why = f"its weights {meta.get('weights')!r} are not one of {', '.join(WEIGHTS)} (a newer file?)"
     if why is not None:
         raise DrafterFileError(f"drafter file {path} does not fit {getattr(args, 'arch', 'this model')}: {why}")
 
@@ -93,11 +96,18 @@ class DFlashNet:
         self.args = dataclasses.replace(a, n_layer=self.n_layers, vocab_size=rows.shape[0], qkv_bias=False,
                                         qk_norm=False, tied_embeddings=True)
         self.be = be = _draft_kernels()
+        # "q4_1": a file trained quantization-aware for 4-bit matrices (train/dflash_model.py), the head rows
+        # too (their Q4_1 copy): ~5.6 MB a round to read instead of ~9.6
+        self.weights = meta.get("weights", "q8_0")
+        quant = _q4 if self.weights == "q4_1" else _q8
+        if self.weights == "q4_1":
+            from ..quant import dequantize
+            rows = _q4(rows.name, np.asarray(dequantize(rows), np.float32).reshape(rows.shape))
         self.head = be.prepare_weight(rows)
         self.norm = np.asarray(w["norm"], np.float32)
 
-        def mat(name, *parts):  # the rows of parts stacked, one Q8_0 weight
-            return be.prepare_weight(_q8(name, np.concatenate([np.asarray(p, np.float32) for p in parts])))
+        def mat(name, *parts):  # the rows of parts stacked, one weight
+            return be.prepare_weight(quant(name, np.concatenate([np.asarray(p, np.float32) for p in parts])))
         self.layers = []
         for i in range(self.n_layers):
             lw = {k: w[f"l{i}.{k}"] for k in LAYER}
@@ -110,7 +120,7 @@ class DFlashNet:
         q_dim, kv_dim, d_ff = self.args.q_dim, self.args.kv_dim, self.args.d_ff
         self.qkv = np.zeros((rows_max, q_dim + 2 * kv_dim), np.float32)  # [q | k | v] of a pass's rows
         self.gu = np.zeros((rows_max, 2 * d_ff), np.float32)  # [gate | up]
-        self.fc = be.prepare_weight(_q8("fc", w["fc"]))  # (d, width)
+        self.fc = mat("fc", w["fc"])  # (d, width)
         # the state's scratch covers inputs up to max(d, q_dim, d_ff) wide; a feature row may be wider
         self.fc_scratch = be.new_scratch(MAX_ROWS, self.taps.width)
         self.hidden_norm = np.asarray(w["hidden_norm"], np.float32)

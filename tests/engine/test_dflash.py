@@ -23,6 +23,7 @@ BLOCK = 5
 
 
 def write_dflash(path, model_path, args, seed=0, version=1, block=BLOCK, n_layers=2, taps=None, **meta_over):
+    """meta_over: meta fields to set (e.g. weights="q4_1")."""
     """A random DFlash drafter file for the model at model_path (the format train/dflash_train.py exports)."""
     from engine.spec.dflash_taps import default_taps
     taps = taps or default_taps(args)
@@ -93,13 +94,15 @@ class NumpyDFlash:
     """The drafter as engine/spec/dflash.py's docstring writes it, over the weights the runtime uses
     (matrices dequantized from Q8_0)."""
 
-    def __init__(self, arrays, mf, n_layers=2, block=BLOCK):
+    def __init__(self, arrays, mf, n_layers=2, block=BLOCK, weights="q8_0"):
         from engine.quant import dequantize
-        from engine.spec.mtp import _q8
+        from engine.spec.mtp import _q4, _q8
+        quant = _q4 if weights == "q4_1" else _q8
         self.a, self.block, self.n_layers = mf.args, block, n_layers
-        self.w = {k: (dequantize(_q8(k, v)) if v.ndim == 2 else v.astype(np.float32)) for k, v in arrays.items()
+        self.w = {k: (dequantize(quant(k, v)) if v.ndim == 2 else v.astype(np.float32)) for k, v in arrays.items()
                   if k != "hot_ids"}
         self.emb = dequantize(mf.tensors["token_embd.weight"])  # tied head
+        self.head = dequantize(quant("head", self.emb)) if weights == "q4_1" else self.emb  # 4-bit head rows
         self.keys = [{} for _ in range(n_layers)]  # layer -> position -> (k, v)
 
     def context(self, feats, pos0):
@@ -132,7 +135,7 @@ class NumpyDFlash:
             n2 = _norm(x, L("ffn_norm"), eps)
             gate = n2 @ L("w_gate").T
             x = x + (gate / (1 + np.exp(-gate)) * (n2 @ L("w_up").T)) @ L("w_down").T
-        return _norm(x[1:], w["norm"], eps) @ self.emb.T  # (B-1, vocab)
+        return _norm(x[1:], w["norm"], eps) @ self.head.T  # (B-1, vocab)
 
 
 def test_block_forward_is_the_math(tiny):
@@ -415,3 +418,25 @@ def test_rope_store_is_rope_then_the_f16_store(neox):
     np.testing.assert_allclose(want_q, ref_q, atol=1e-5)
     np.testing.assert_allclose(want_k, ref_k, atol=1e-5)
     assert not k16[:pos].any() and not k16[pos + t_n:].any()
+
+
+def test_a_4bit_file_runs_its_matrices_and_head_rows_in_q4_1(tiny, tmp_path, monkeypatch):
+    """A file trained quantization-aware (meta weights "q4_1", train/dflash_model.py) drafts with every matrix
+    and the hot head rows in Q4_1: the numpy walk over those weights; an unknown weights value is refused."""
+    from engine.spec import dflash
+    path, mf = tiny
+    write_dflash(tmp_path / "tiny.dflash.npz", path, mf.args, seed=5, weights="q4_1")
+    monkeypatch.setenv("NINFER_DRAFTER_DIRS", str(tmp_path))
+    df = _load(path)
+    net = dflash.DFlashNet(df, mf, capacity=64, hot=False)
+    assert net.weights == "q4_1" and net.fc.kind == "q4" and net.layers[0].wqkv.kind == "q4" and net.head.kind == "q4"
+    ref = NumpyDFlash(df.arrays, mf, weights="q4_1")
+    feats = np.random.default_rng(2).normal(0, 1, (9, net.taps.width)).astype(np.float32)
+    net.add_context(feats, 0)
+    ref.context(feats, 0)
+    logits, want = net.draft(7, 9), ref.draft(7, 9)
+    np.testing.assert_allclose(logits, want, atol=5e-2 * np.abs(want).max())
+    assert (np.argmax(logits, -1) == np.argmax(want, -1)).mean() >= 0.75
+    write_dflash(tmp_path / "tiny.dflash.npz", path, mf.args, seed=5, weights="q2_k")
+    with pytest.raises(dfile.DrafterFileError, match="weights 'q2_k'"):
+        dflash.DFlashNet(_load(path), mf, capacity=64, hot=False)

@@ -177,3 +177,34 @@ def test_init_from_reads_an_exported_file_back_and_refuses_others(tmp_path, monk
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
     with pytest.raises(SystemExit, match="not a readable drafter file"):
         dflash_train.init_file(str(tmp_path / "bad.npz"), TAPS)
+
+
+def test_quantization_aware_forward_is_the_float_forward_of_the_q4_1_weights():
+    """weights "q4_1": fc, every layer matrix and the hot head rows enter the forward as gguf's Q4_1 values
+    (what the runtime holds), the norms and mask as they are; the gradient still reaches the float weights."""
+    from gguf import GGMLQuantizationType as QT
+    from gguf.quants import dequantize, quantize
+    cfg = DFlashConfig(d_model=32, n_head=4, n_kv_head=2, head_dim=8, d_ff=64, rms_eps=1e-5, rope_base=10000.0,
+                       rope_neox=False, feat_width=64, n_layers=1, block=4)
+    rng = np.random.default_rng(5)
+    params = {k: rng.normal(0, 0.4, s).astype(np.float32) + (1.0 if len(s) == 1 else 0.0)
+              for k, s in cfg.shapes().items()}
+    embed = rng.normal(0, 1, (VOCAB, cfg.d_model)).astype(np.float32)
+    hot = embed[:N_HOT]
+
+    def q4(w):
+        return dequantize(quantize(w, QT.Q4_1), QT.Q4_1).reshape(w.shape).astype(np.float32)
+    rounded = {k: (q4(v) if v.ndim == 2 and k != "mask_emb" else v) for k, v in params.items()}
+    qat = DFlashDrafter(cfg, embed, hot, params, weights="q4_1")
+    flt = DFlashDrafter(cfg, embed, q4(hot), rounded)
+    feats = torch.from_numpy(rng.normal(0, 1, (1, 9, cfg.feat_width)).astype(np.float32))
+    tokens = torch.from_numpy(rng.integers(0, VOCAB, (1, 9)))
+    anchors, valid = torch.tensor([[3, 6]]), torch.ones(1, 9, dtype=torch.bool)
+    z = qat(feats, tokens, anchors, valid)
+    np.testing.assert_allclose(z.detach().numpy(), flt(feats, tokens, anchors, valid).detach().numpy(),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(qat.logits(z).detach().numpy(), flt.logits(z).detach().numpy(), rtol=1e-5, atol=1e-5)
+    qat.logits(z).sum().backward()
+    assert qat.p("l0.wq").grad is not None and float(qat.p("l0.wq").grad.abs().sum()) > 0
+    with pytest.raises(ValueError, match="weights"):
+        DFlashDrafter(cfg, embed, hot, params, weights="q2_k")
