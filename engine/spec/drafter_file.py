@@ -7,8 +7,10 @@ another model (even another quantisation of it) mean nothing to it. Loading chec
 model and fails with one line that says what to do (the reference product's v2/v3 pitfall: a drafter of the
 wrong version silently drafting garbage).
 
-Where drafters are found: the package's `engine/spec/drafters/`, then every directory in
-`$NINFER_DRAFTER_DIRS` (path-separated). The base model's sha256 is computed once per file version and kept
+Where drafters are found: every directory in `$NINFER_DRAFTER_DIRS` (path-separated), then the package's
+`engine/spec/drafters/`: a drafter the user trained or exported for a model serves before the packaged one (and
+an A-B of two files needs no copy over the packaged file); a file of another version is passed over while a
+later one fits. The base model's sha256 is computed once per file version and kept
 in the user cache directory (a 100 MB model costs ~0.2 s to hash).
 """
 from __future__ import annotations
@@ -38,8 +40,9 @@ class DrafterFile:
 
 
 def search_dirs() -> list[Path]:
+    """Where drafter files are looked for, first to last: $NINFER_DRAFTER_DIRS, then the packaged ones."""
     extra = [Path(p) for p in os.environ.get("NINFER_DRAFTER_DIRS", "").split(os.pathsep) if p]
-    return [PACKAGED, *extra]
+    return [*extra, PACKAGED]
 
 
 def _exporter(fmt: str) -> str:
@@ -98,8 +101,8 @@ def find(fmt: str, version: int, model_path: str | None) -> tuple[Path | None, s
     if not candidates:
         return None, "no drafter for this model"
     sha = base_sha256(model_path)
-    others = []
-    for p in candidates:
+    others, stale = [], None
+    for p in candidates:  # the first that fits, in search_dirs order
         try:
             meta = read_meta(p)
         except DrafterFileError:
@@ -110,9 +113,12 @@ def find(fmt: str, version: int, model_path: str | None) -> tuple[Path | None, s
             others.append(str(meta.get("base_name", p.name)))
             continue
         if meta.get("version") != version:
-            return None, (f"drafter {p.name} is version {meta.get('version')}, this engine reads version "
-                          f"{version}; re-export it with {_exporter(fmt)} --export")
+            stale = stale or (f"drafter {p.name} is version {meta.get('version')}, this engine reads version "
+                              f"{version}; re-export it with {_exporter(fmt)} --export")
+            continue
         return p, None
+    if stale is not None:
+        return None, stale
     trained = f" (drafters here are for: {', '.join(sorted(set(others)))})" if others else ""
     return None, f"no {fmt} drafter for this model file{trained}"
 

@@ -362,3 +362,24 @@ def test_bench_noconf_variant_turns_the_confidence_cut_off(tiny, tmp_path, monke
     assert (mode, k, flags) == ("mtp", 3, frozenset({"hot", "noconf"})) and variant_name(mode, k, flags) == "mtp:3:hot:noconf"
     assert variant_round(eng, mode, k, flags).drafter.gate is False
     assert variant_round(eng, "mtp", 3, frozenset({"hot"})).drafter.gate is True
+
+
+def test_the_users_drafter_dirs_come_before_the_packaged_one(tiny, tmp_path, monkeypatch):
+    """$NINFER_DRAFTER_DIRS is searched before the packaged drafters (a user's own file for the model serves);
+    a file there of another version is passed over for one that fits, and named when none does."""
+    from engine.spec import mtp
+    path, mf = tiny
+    packaged, user = tmp_path / "packaged", tmp_path / "user"
+    packaged.mkdir()
+    user.mkdir()
+    monkeypatch.setattr(dfile, "PACKAGED", packaged)
+    monkeypatch.setenv("NINFER_DRAFTER_DIRS", str(user))
+    write_drafter(packaged / "a.npz", path, mf.args, seed=1)
+    assert dfile.find(mtp.FORMAT, mtp.VERSION, str(path)) == (packaged / "a.npz", None)
+    write_drafter(user / "b.npz", path, mf.args, seed=2)
+    assert dfile.find(mtp.FORMAT, mtp.VERSION, str(path)) == (user / "b.npz", None)
+    write_drafter(user / "b.npz", path, mf.args, seed=2, version=2)
+    assert dfile.find(mtp.FORMAT, mtp.VERSION, str(path)) == (packaged / "a.npz", None)
+    (packaged / "a.npz").unlink()
+    found, why = dfile.find(mtp.FORMAT, mtp.VERSION, str(path))
+    assert found is None and "version 2" in why and "\n" not in why
