@@ -437,6 +437,16 @@ def test_a_4bit_file_runs_its_matrices_and_head_rows_in_q4_1(tiny, tmp_path, mon
     logits, want = net.draft(7, 9), ref.draft(7, 9)
     np.testing.assert_allclose(logits, want, atol=5e-2 * np.abs(want).max())
     assert (np.argmax(logits, -1) == np.argmax(want, -1)).mean() >= 0.75
+    from engine.api import Engine
+    from engine.spec import SpecRound, make_drafter
+    eng = Engine.load(EngineArgs(model=str(path), max_context=256, prefix_reuse=False))
+    msgs = [{"role": "user", "content": "Count to ten"}]
+    plain = list(eng.session().generate(msgs, GenerateRequest(SamplingParams(greedy=True, max_new=24))))[-1]
+    fixed = SpecRound(make_drafter("dflash", eng.model, str(path), adaptive=False, capacity=eng.capacity), 4,
+                      eng.capacity)
+    req = GenerateRequest(SamplingParams(greedy=True, max_new=24), spec="dflash", draft_tokens=4)
+    spec = list(eng.session().generate(msgs, req, round_fn=fixed))[-1]
+    assert spec.token_ids == plain.token_ids and spec.drafted > 0  # lossless with the 4-bit network too
     write_dflash(tmp_path / "tiny.dflash.npz", path, mf.args, seed=5, weights="q2_k")
     with pytest.raises(dfile.DrafterFileError, match="weights 'q2_k'"):
         dflash.DFlashNet(_load(path), mf, capacity=64, hot=False)
