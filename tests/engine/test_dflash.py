@@ -450,3 +450,22 @@ def test_a_4bit_file_runs_its_matrices_and_head_rows_in_q4_1(tiny, tmp_path, mon
     write_dflash(tmp_path / "tiny.dflash.npz", path, mf.args, seed=5, weights="q2_k")
     with pytest.raises(dfile.DrafterFileError, match="weights 'q2_k'"):
         dflash.DFlashNet(_load(path), mf, capacity=64, hot=False)
+
+
+def test_bench_times_decode_steps_back_to_back(tiny):
+    """engine/bench/speculative.decode_step_cost: one-token passes at consecutive positions (the cache rolled
+    back after each run), the baseline the verify and draft costs are set against."""
+    from engine.api import Engine
+    from engine.bench.speculative import decode_step_cost
+    path, _ = tiny
+    eng = Engine.load(EngineArgs(model=str(path), max_context=512, prefix_reuse=False))
+    seen = []
+    fwd = eng.model.forward
+
+    def forward(tokens, pos0, cache, **kw):
+        seen.append((len(tokens), pos0, cache.length))
+        return fwd(tokens, pos0, cache, **kw)
+    ms = decode_step_cost(eng.model, ctx_len=20, steps=5, repeats=2, forward=forward)
+    assert 0 < ms < 1000
+    assert seen[0] == (20, 0, 0) and [s[1] for s in seen[1:6]] == [20, 21, 22, 23, 24]
+    assert all(n == 1 and pos == length for n, pos, length in seen[1:]) and seen[6][1] == 20
