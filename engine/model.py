@@ -81,6 +81,11 @@ def check_forward_args(tokens, pos0: int, cache, vocab_size: int) -> np.ndarray:
     return tokens
 
 
+def rope_inv_freq(head_dim: int, base: float) -> np.ndarray:
+    """RoPE's frequencies (hd/2,) f32: pair i turns by pos * base^(-2i/hd) (computed in float64)."""
+    return (1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))).astype(np.float32)
+
+
 class Model:
     """Weights prepared by a backend's kernels + preallocated run state: the plain runner, which walks the
     forward (engine.forward.walk) calling one kernel at a time. See `forward`.
@@ -124,9 +129,7 @@ class Model:
                 bq=opt("attn_q.bias"), bk=opt("attn_k.bias"), bv=opt("attn_v.bias"),
                 q_norm=opt("attn_q_norm.weight"), k_norm=opt("attn_k_norm.weight")))
         self.n_layer = a.n_layer
-        # RoPE frequencies: pair i turns by pos * base^(-2i/hd)
-        inv = 1.0 / (a.rope_base ** (np.arange(0, a.head_dim, 2, dtype=np.float64) / a.head_dim))
-        self.inv_freq = be.to_device(inv.astype(np.float32))  # (hd/2,) f32
+        self.inv_freq = be.to_device(rope_inv_freq(a.head_dim, a.rope_base))  # (hd/2,) f32
         self.attn_scale = 1.0 / math.sqrt(a.head_dim)
         self.state = RunState(be, a, max_batch)
         self.captured: dict[int, np.ndarray] = {}  # layer -> (T, d) host copy of its output (see forward)

@@ -55,8 +55,8 @@ class TapReader:
         m = self.eng.model
         self.taps = default_taps(m.args)
         self.cache = m.new_cache(self.eng.capacity)
-        inv = 1.0 / (m.args.rope_base ** (np.arange(0, m.args.head_dim, 2, dtype=np.float64) / m.args.head_dim))
-        self.inv_freq, self.neox = inv.astype(np.float32), bool(m.args.rope_neox)
+        from engine.model import rope_inv_freq
+        self.inv_freq, self.neox = rope_inv_freq(m.args.head_dim, m.args.rope_base), bool(m.args.rope_neox)
 
     def rows(self, tokens: np.ndarray) -> np.ndarray:
         """(len(tokens), width of the KV part) f32: the sequence prefilled in chunks, then its tapped rows."""

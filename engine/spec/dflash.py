@@ -79,7 +79,7 @@ class DFlashNet:
 
     def __init__(self, df: DrafterFile, target, capacity: int, hot: bool):
         from ..kv_cache import KVCache
-        from ..model import RunState
+        from ..model import RunState, rope_inv_freq
         from ..quant import QTensor
         a, w, t, meta = target.args, df.arrays, target.tensors, df.meta
         check_meta(meta, a, df.path)
@@ -127,8 +127,7 @@ class DFlashNet:
         self.mask = np.asarray(w["mask_emb"], np.float32)
         # each draft layer's context K/V (+ the block's)
         self.cache = KVCache(be, self.n_layers, capacity, a.n_kv_head, a.head_dim, "f16")
-        inv = 1.0 / (a.rope_base ** (np.arange(0, a.head_dim, 2, dtype=np.float64) / a.head_dim))
-        self.inv_freq = inv.astype(np.float32)  # Model's
+        self.inv_freq = rope_inv_freq(a.head_dim, a.rope_base)
         self.attn_scale = np.float32(1.0 / math.sqrt(a.head_dim))
         self.neox = bool(a.rope_neox)
         self._att_bufs: dict[int, tuple] = {}  # rows -> _attention's buffers
