@@ -177,14 +177,14 @@ def block_loss(model: DFlashDrafter, bt: dict, weights: torch.Tensor) -> tuple[t
 def evaluate(model: DFlashDrafter, held: Shards, hot_ids: np.ndarray, hot_index: np.ndarray,
              chunk: int = 96) -> dict:
     """Held-out top-1 per block row (out-of-hot targets are misses), hot coverage, and greedy tokens per round
-    with 7 and 3 drafts, for the chat and the predictable replies."""
+    with B-1, 7 and 3 drafts (those the block has), for the chat and the predictable replies."""
     model.eval()
     b = model.cfg.block
     res = {}
     for kind in ("chat", "predictable"):
         seqs = [s for s in held.seqs if s[3] == (kind == "predictable")]
         hits, n_tgt, n_hot = np.zeros(b - 1), np.zeros(b - 1), 0
-        walk = {7: [0, 0], 3: [0, 0]}
+        walk = {k: [0, 0] for k in sorted({b - 1, 7, 3}) if k <= b - 1}  # drafts per round walked
         for i, (tok, _, pl, _) in enumerate(seqs):
             n = len(tok)
             right = np.zeros((n, b - 1), bool)  # block at anchor a: row i right
@@ -211,8 +211,8 @@ def evaluate(model: DFlashDrafter, held: Shards, hot_ids: np.ndarray, hot_index:
                     a += step
         res[kind] = {"top1": (hits / np.maximum(n_tgt, 1)).round(4).tolist(), "targets": int(n_tgt[0]),
                          "coverage": round(n_hot / max(n_tgt[0], 1), 4),
-                         "tok_per_round_k7": round(walk[7][0] / max(walk[7][1], 1), 3),
-                         "tok_per_round_k3": round(walk[3][0] / max(walk[3][1], 1), 3)}
+                         **{f"tok_per_round_k{k}": round(t[0] / max(t[1], 1), 3) for k, t in sorted(walk.items(),
+                                                                                                   reverse=True)}}
     model.train()
     return res
 
@@ -230,7 +230,7 @@ def build(a, taps: Taps, train: Shards):
     ck = torch.load(a.ckpt, weights_only=False) if a.resume else None
     file = None if ck is not None or a.init_from is None else init_file(a.init_from, taps)
     n_layers, block = (ck["n_layers"], ck["block"]) if ck else (
-        (file["n_layers"], file["block"]) if file else (a.layers, a.block))
+        (file["n_layers"], a.block or file["block"]) if file else (a.layers, a.block or 8))
     cfg, tg = load_target(model_path(), n_layers, taps, block)
     if file is not None:  # a fresh run (step 0, new optimizer) from the file's weights and hot vocabulary
         init, hot_ids = file["params"], file["hot_ids"]
@@ -423,7 +423,9 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true", help="continue from the checkpoint (--ckpt)")
     ap.add_argument("--export", action="store_true", help="only export the checkpoint")
     ap.add_argument("--layers", type=int, default=1, help="draft decoder layers (a fresh run)")
-    ap.add_argument("--block", type=int, default=8, help="block size B: the bonus token + B-1 drafts (a fresh run)")
+    ap.add_argument("--block", type=int, default=None,
+                    help="block size B: the bonus token + B-1 drafts (a fresh run: default 8; with --init-from: the "
+                         "file's, or another: its weights serve any block)")
     ap.add_argument("--gamma", type=float, default=4.0, help="loss weight of block row i: exp(-(i-1)/gamma)")
     ap.add_argument("--anchors", type=int, default=48, help="blocks sampled per sequence and visit")
     ap.add_argument("--lr", type=float, default=6e-4)

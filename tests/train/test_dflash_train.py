@@ -208,3 +208,46 @@ def test_quantization_aware_forward_is_the_float_forward_of_the_q4_1_weights():
     assert qat.p("l0.wq").grad is not None and float(qat.p("l0.wq").grad.abs().sum()) > 0
     with pytest.raises(ValueError, match="weights"):
         DFlashDrafter(cfg, embed, hot, params, weights="q2_k")
+
+
+def test_evaluate_walks_rounds_of_the_blocks_own_lengths():
+    """The held-out eval reports top-1 per block row and the tokens per round of greedy speculation with B-1
+    drafts (and 7, 3 where the block has them): a block of 4 walks 3 drafts; a perfect drafter gets B tokens a
+    round, one that is always wrong gets 1."""
+    from types import SimpleNamespace
+
+    from train.dflash_train import evaluate
+    params, embed, hot_ids = random_parts(4)
+    model = DFlashDrafter(CFG, embed, embed[hot_ids], params)
+    hot_index = np.full(VOCAB, -1, np.int64)
+    hot_index[hot_ids] = np.arange(N_HOT)
+    rng = np.random.default_rng(6)
+    seqs = [(hot_ids[rng.integers(0, N_HOT, 30)], rng.normal(0, 1, (30, CFG.feat_width)).astype(np.float16), 4, k)
+            for k in (False, True)]
+    res = evaluate(model, SimpleNamespace(seqs=seqs), hot_ids, hot_index)
+    for kind in ("chat", "predictable"):
+        r = res[kind]
+        assert set(r) == {"top1", "targets", "coverage", "tok_per_round_k3"} and len(r["top1"]) == CFG.block - 1
+        assert 1.0 <= r["tok_per_round_k3"] <= CFG.block and r["coverage"] == 1.0
+
+    class Oracle(DFlashDrafter):  # logits that name the true next tokens: every draft right
+        def logits(self, z):
+            return self._want
+    oracle = Oracle(CFG, embed, embed[hot_ids], params)
+    tok = seqs[0][0]
+    n, pl = len(tok), seqs[0][2]
+
+    def forward(feats, tokens, anchors, valid):
+        a = anchors[0].numpy()
+        want = np.full((1, len(a), CFG.block - 1, N_HOT), -1.0, np.float32)
+        for j, s in enumerate(a):
+            for i in range(1, CFG.block):
+                if s + i < n:
+                    want[0, j, i - 1, hot_index[tok[s + i]]] = 1.0
+        oracle._want = torch.from_numpy(want[0])
+        return torch.zeros((1, len(a), CFG.block, CFG.d_model))
+    oracle.forward = forward
+    got = evaluate(oracle, SimpleNamespace(seqs=[seqs[0]]), hot_ids, hot_index)["chat"]
+    assert got["top1"] == [1.0] * (CFG.block - 1)
+    rounds = -(-(n - pl) // CFG.block)  # the reply's n - pl tokens, B a round (the last round what is left)
+    assert got["tok_per_round_k3"] == round((n - pl) / rounds, 3)
