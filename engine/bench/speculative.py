@@ -292,6 +292,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-verify-cost", action="store_true")
     ap.add_argument("--verify-only", action="store_true", help="only the verify-pass (and draft) cost")
+    ap.add_argument("--verify-sizes", type=int, nargs="+", default=[1, 2, 4, 8], metavar="T",
+                    help="verify pass sizes to time (default 1 2 4 8; 16: a 16-row DFlash block)")
     ap.add_argument("--no-draft-cost", action="store_true", help="skip the trained drafters' cost per round")
     ap.add_argument("--cpu-clock", action="store_true",
                     help="time the verify passes by process CPU time (a loaded machine; use with --threads 1)")
@@ -323,7 +325,7 @@ def main(argv=None) -> int:
     result: dict = {"model": engine.name, "max_new": a.max_new, "repeats": a.repeats}
 
     if not a.no_verify_cost:
-        cost = verify_cost(engine.model, engine.args.kv_dtype,
+        cost = verify_cost(engine.model, engine.args.kv_dtype, sizes=tuple(sorted({1, *a.verify_sizes})),
                            clock=time.process_time if a.cpu_clock else time.perf_counter)
         result["verify_cost_ms"] = cost
         step = decode_step_cost(engine.model, engine.args.kv_dtype,
