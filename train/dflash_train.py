@@ -359,6 +359,22 @@ def train(a) -> None:
     log(f"checkpoint {_rel(a.ckpt)}: step {st['step']}, {st['train_s'] / 60:.1f} min trained in all")
 
 
+def eval_file(path: str) -> dict:
+    """The held-out eval (`evaluate`) of an exported drafter file's weights, in the form its meta says the
+    runtime holds them (weights q8_0: float; q4_1: the 4-bit forward)."""
+    taps = current_taps()
+    file = init_file(path, taps)
+    cfg, tg = load_target(model_path(), file["n_layers"], taps, file["block"])
+    held = Shards("heldout", taps)
+    held.refresh()
+    hot_ids = file["hot_ids"]
+    hot_index = np.full(tg["embed"].shape[0], -1, np.int64)
+    hot_index[hot_ids] = np.arange(len(hot_ids))
+    weights = json.loads(str(np.load(path, allow_pickle=False)["meta"])).get("weights", "q8_0")
+    model = DFlashDrafter(cfg, tg["embed"], tg["head"][hot_ids], file["params"], weights)
+    return evaluate(model, held, hot_ids, hot_index)
+
+
 def current_taps() -> Taps:
     """The taps the feature shards were written with (the engine's default taps of the default model)."""
     from engine.gguf import load_gguf
@@ -438,6 +454,7 @@ def main() -> None:
     ap.add_argument("--ckpt-min", type=float, default=4.0)
     ap.add_argument("--log-every", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval-file", metavar="FILE", help="only print the held-out eval of an exported drafter file")
     ap.add_argument("--weights", choices=WEIGHTS, default="q8_0",
                     help="a fresh run's matrices as the runtime will hold them: q4_1 trains quantization-aware "
                          "(fc, the layers' matrices and the hot head rows in 4 bits: fewer bytes a round)")
@@ -451,6 +468,9 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     if a.export:
         export(a.ckpt)
+        return
+    if a.eval_file:
+        print(json.dumps(eval_file(a.eval_file)))
         return
     if a.resume and not a.ckpt.exists():
         raise SystemExit(f"--resume: no checkpoint at {a.ckpt}")

@@ -363,6 +363,27 @@ def export_file(out: Path, cfg: MTPConfig, params: dict[str, np.ndarray], hot_id
     os.replace(tmp, out)
 
 
+def eval_file(path: str, steps: int = 3) -> dict:
+    """The held-out eval (`evaluate`, the QAT forward) of an exported drafter file's weights: a committed
+    file scored on the held-out replies of this checkout's distill, beside a run's eval lines."""
+    cfg, parts = load_target(model_path())
+    try:
+        z = np.load(path, allow_pickle=False)
+        meta = json.loads(str(z["meta"]))
+        init = {k: np.asarray(z[k], np.float32) for k in cfg.shapes()}
+        hot_ids = np.asarray(z["hot_ids"], np.int32)
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"--eval-file {path}: not a readable MTP drafter file ({e})") from None
+    if meta.get("base_sha256") != sha256_of(model_path()):
+        raise SystemExit(f"--eval-file {path}: made for another model ({meta.get('base_name')})")
+    held = Shards("heldout")
+    held.refresh()
+    hot_index = np.full(parts["embed"].shape[0], -1, np.int64)
+    hot_index[hot_ids] = np.arange(len(hot_ids))
+    model = MTPDrafter(cfg, parts["embed"], parts["head"][hot_ids], parts["output_norm"], init, qat=True)
+    return evaluate(model, held, steps, hot_ids, hot_index)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--minutes", type=float, default=30.0, help="training time of this run")
@@ -370,6 +391,7 @@ def main() -> None:
     ap.add_argument("--rehot", action="store_true", help="with --resume: recompute the hot vocabulary from "
                     "all training shards (more data than the first run saw)")
     ap.add_argument("--export", action="store_true", help="only export the checkpoint")
+    ap.add_argument("--eval-file", metavar="FILE", help="only print the held-out eval of an exported drafter file")
     ap.add_argument("--steps", type=int, default=3, help="unrolled MTP steps")
     ap.add_argument("--weights", default="1,0.7,0.5", help="loss weight of each step")
     ap.add_argument("--no-qat", action="store_true", help="train the block's matrices in float (default: "
@@ -389,6 +411,9 @@ def main() -> None:
         torch.set_num_threads(a.threads)
     if a.export:
         export(a.steps)
+        return
+    if a.eval_file:
+        print(json.dumps(eval_file(a.eval_file, a.steps)))
         return
     if a.resume and not CKPT.exists():
         raise SystemExit(f"--resume: no checkpoint at {CKPT}")
