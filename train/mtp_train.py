@@ -366,16 +366,22 @@ def export_file(out: Path, cfg: MTPConfig, params: dict[str, np.ndarray], hot_id
 def eval_file(path: str, steps: int = 3) -> dict:
     """The held-out eval (`evaluate`, the QAT forward) of an exported drafter file's weights: a committed
     file scored on the held-out replies of this checkout's distill, beside a run's eval lines."""
-    cfg, parts = load_target(model_path())
     try:
         z = np.load(path, allow_pickle=False)
         meta = json.loads(str(z["meta"]))
-        init = {k: np.asarray(z[k], np.float32) for k in cfg.shapes()}
-        hot_ids = np.asarray(z["hot_ids"], np.int32)
+        arrays = {k: z[k] for k in z.files if k != "meta"}
     except (OSError, ValueError, KeyError) as e:
         raise SystemExit(f"--eval-file {path}: not a readable MTP drafter file ({e})") from None
+    if meta.get("format") != "ninfer-mtp":
+        raise SystemExit(f"--eval-file {path}: format {meta.get('format')}, not ninfer-mtp")
     if meta.get("base_sha256") != sha256_of(model_path()):
         raise SystemExit(f"--eval-file {path}: made for another model ({meta.get('base_name')})")
+    cfg, parts = load_target(model_path())
+    missing = [k for k in (*cfg.shapes(), "hot_ids") if k not in arrays]
+    if missing:
+        raise SystemExit(f"--eval-file {path}: lacks {', '.join(missing[:3])}")
+    init = {k: np.asarray(arrays[k], np.float32) for k in cfg.shapes()}
+    hot_ids = np.asarray(arrays["hot_ids"], np.int32)
     held = Shards("heldout")
     held.refresh()
     hot_index = np.full(parts["embed"].shape[0], -1, np.int64)

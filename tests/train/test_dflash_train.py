@@ -251,3 +251,24 @@ def test_evaluate_walks_rounds_of_the_blocks_own_lengths():
     assert got["top1"] == [1.0] * (CFG.block - 1)
     rounds = -(-(n - pl) // CFG.block)  # the reply's n - pl tokens, B a round (the last round what is left)
     assert got["tok_per_round_k3"] == round((n - pl) / rounds, 3)
+
+
+def test_eval_file_refuses_what_it_cannot_score(tmp_path, monkeypatch):
+    """--eval-file: a file that is not a drafter of the format, or of another model, stops with one line
+    before the target is loaded."""
+    from train import dflash_train, mtp_train
+    monkeypatch.setattr(mtp_train, "sha256_of", lambda path: "ab" * 32)
+    monkeypatch.setattr(mtp_train, "model_path", lambda: "base.gguf")
+    monkeypatch.setattr(mtp_train, "load_target", lambda path: pytest.fail("the target loaded"))
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(SystemExit, match="not a readable MTP drafter file"):
+        mtp_train.eval_file(str(tmp_path / "bad.npz"))
+    params, _, hot_ids = random_parts(7)
+    export_file(tmp_path / "d.npz", CFG, TAPS, params, hot_ids, "ab" * 32, "base.gguf", {})
+    with pytest.raises(SystemExit, match="not ninfer-mtp"):
+        mtp_train.eval_file(str(tmp_path / "d.npz"))
+    monkeypatch.setattr(dflash_train, "current_taps", lambda: TAPS)
+    monkeypatch.setattr(dflash_train, "sha256_of", lambda path: "cd" * 32)
+    monkeypatch.setattr(dflash_train, "load_target", lambda *a: pytest.fail("the target loaded"))
+    with pytest.raises(SystemExit, match="another model"):
+        dflash_train.eval_file(str(tmp_path / "d.npz"))
