@@ -30,11 +30,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.spec.dflash import WEIGHTS  # how the runtime holds the matrices (train.dflash_train's choices)
+
 from .mtp_model import fake_q4_1, rmsnorm, rope, rope_tables
 
 LAYER_PARAMS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
 TOP_PARAMS = ("fc", "hidden_norm", "mask_emb", "norm")
-WEIGHTS = ("q8_0", "q4_1")  # how the runtime stores the matrices (fc, the layers', the hot head rows)
 
 
 @dataclass(frozen=True)
