@@ -16,7 +16,8 @@ The block always has the B rows it was trained with (the drafts asked for are it
 most of a round's cost, runs over those k rows only. `DFlashAdaptive` chooses k with the measured costs
 (engine/bench/speculative.py measures a round's draft cost against a target step). Taps and block size are
 recorded in the drafter file and checked at load. The network runs on the cpu backend's kernels (Q8_0 weights,
-shared over numba's threads: mtp._draft_kernels) in few calls (DFlashNet).
+or Q4_1 where the file was trained for them: its meta `weights`; shared over numba's threads:
+mtp._draft_kernels) in few calls (DFlashNet).
 """
 from __future__ import annotations
 
