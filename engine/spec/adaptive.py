@@ -159,6 +159,10 @@ class AdaptiveLength:
         # cheap: 4.4 ms against 2.4 on an AVX-512 Xeon (the pass after a drafting round, its logits, the round's
         # bookkeeping), and priced at it, drafting looked better than blocks on chat where it ran 0.66x.
         self.block_ms: float | None = None
+        # block_instead asked for that first block: asked once. Where none runs (a runner without decode blocks:
+        # the round verifies one token instead and block_timed never comes), asking again every round planned
+        # no drafts for the rest of the reply (a CI run of the tiny model drafted none in 40 tokens).
+        self._block_asked = False
 
     def reset(self) -> None:
         """A new reply. Costs are the machine's and acceptance follows the text: both are kept (decayed)."""
@@ -305,7 +309,8 @@ class AdaptiveLength:
         costs are still being measured (the first one-token round measures c(1)); the first round after them
         is a block, which measures what a token costs in one (block_timed, plain_cost)."""
         self._probe = False
-        if self.block_ms is None and self.may_block():  # once: what a token costs in a block (plain_cost)
+        if self.block_ms is None and self.may_block() and not self._block_asked:
+            self._block_asked = True  # once: what a token costs in a block (plain_cost), where one runs
             self._planned = 0
             return True
         if self._rounds < self._idle_until and self.may_block():  # backing off after rounds cut to nothing

@@ -716,6 +716,22 @@ def test_adaptive_blocks_only_once_its_costs_are_measured():
     assert a._rounds == before + 7 and a._planned is None
 
 
+def test_adaptive_asks_for_its_first_block_once():
+    """Once the verify costs are measured the length asks for one decode block, to learn a block's token; where
+    the runner has none (the round verified one token instead, block_timed never came) it plans by choose_k
+    from then on, probes included, instead of asking for a block every round (no drafts ever again)."""
+    a = adaptive_with({1: 10.0, 2: 14.0, 4: 22.0}, 0.01)
+    assert a.block_instead(3) and a._planned == 0 and a.block_ms is None  # the first block asked
+    planned = []
+    for _ in range(3 * a.probe_every):
+        a.block_instead(3)
+        planned.append(a._planned)
+        a._planned = None
+    assert max(planned) > 0  # probes drafted again (rounds of a plan of 0 drafts verify one token)
+    a.block_timed(8, 8 * 9.0)
+    assert a.block_ms == pytest.approx(9.0)
+
+
 class SureDrafter(ListDrafter):
     """ListDrafter with a confidence per draft (given per position) and a count of rows asked."""
 
