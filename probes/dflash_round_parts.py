@@ -19,6 +19,7 @@ from collections import defaultdict
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine import numba_env  # noqa: F401,E402  (flags before numba)
+from probe_timers import time_calls  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -45,20 +46,11 @@ def main() -> None:
     acc: dict[str, list[float]] = defaultdict(list)
     cur: dict[str, float] = defaultdict(float)
 
-    def timed(obj, name, label):
-        orig = getattr(obj, name)
-
-        def f(*args, **kw):
-            t0 = time.perf_counter()
-            r = orig(*args, **kw)
-            cur[label] += time.perf_counter() - t0
-            return r
-        setattr(obj, name, f)
-    timed(dflash, "kv_rows", "catch-up: kv_rows")
-    timed(net, "add_context", "catch-up: add_context")
-    timed(net, "_layer", "draft: layers")
-    timed(net, "_attention", "draft: attention (all layers)")
-    timed(net.be, "matmul", "matmuls (all)")
+    time_calls(dflash, "kv_rows", cur, "catch-up: kv_rows")
+    time_calls(net, "add_context", cur, "catch-up: add_context")
+    time_calls(net, "_layer", cur, "draft: layers")
+    time_calls(net, "_attention", cur, "draft: attention (all layers)")
+    time_calls(net.be, "matmul", cur, "matmuls (all)")
     be_mm = net.be.matmul
 
     def mm(out, x, w, scratch):  # each matmul by its shape: rows x in -> out
@@ -66,9 +58,9 @@ def main() -> None:
         be_mm(out, x, w, scratch)
         cur[f"  matmul {x.shape[0]} x {x.shape[1]} -> {out.shape[1]}"] += time.perf_counter() - t0
     net.be.matmul = mm
-    timed(net, "draft", "draft (block forward + head)")
-    timed(drafter, "propose", "propose (all)")
-    timed(drafter, "observe", "observe")
+    time_calls(net, "draft", cur, "draft (block forward + head)")
+    time_calls(drafter, "propose", cur, "propose (all)")
+    time_calls(drafter, "observe", cur, "observe")
 
     rng = np.random.default_rng(0)
     n = a.ctx + 2 * a.repeats + 2

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,27 +30,18 @@ def main() -> int:
     from engine.bench.speculative import load_workloads, parse_variant, run_one
     from engine.config import EngineArgs
     from engine.spec import dflash, round as sr
+    from probe_timers import time_calls
     eng = Engine.load(EngineArgs(threads=2, prefix_reuse=False, max_context=2048, draft_tokens=7))
     (_, msgs), = load_workloads([a.workload], [], None, 0)
     acc: dict[str, float] = defaultdict(float)
 
-    def timed(obj, name, label):
-        orig = getattr(obj, name)
-
-        def f(*args, **kw):
-            t0 = time.perf_counter()
-            r = orig(*args, **kw)
-            acc[label] += time.perf_counter() - t0
-            return r
-        setattr(obj, name, f)
-        return orig
-    timed(sr, "target_forward", "verify: target pass")
-    timed(sr, "verify", "verify: chooser rows")
-    timed(dflash.DFlashDrafter, "_catch_up", "draft: catch-up")
-    timed(dflash.DFlashNet, "draft", "draft: block forward + head")
-    timed(dflash.DFlashDrafter, "propose", "draft: DFlash propose")
-    timed(dflash.DFlashDrafter, "observe", "verify: DFlash observe")
-    timed(eng.model, "forward", "model.forward (any)")
+    time_calls(sr, "target_forward", acc, "verify: target pass")
+    time_calls(sr, "verify", acc, "verify: chooser rows")
+    time_calls(dflash.DFlashDrafter, "_catch_up", acc, "draft: catch-up")
+    time_calls(dflash.DFlashNet, "draft", acc, "draft: block forward + head")
+    time_calls(dflash.DFlashDrafter, "propose", acc, "draft: DFlash propose")
+    time_calls(dflash.DFlashDrafter, "observe", acc, "verify: DFlash observe")
+    time_calls(eng.model, "forward", acc, "model.forward (any)")
     for v in a.variants:
         for rep in range(a.repeats):
             acc.clear()
