@@ -232,11 +232,14 @@ def build(a, taps: Taps, train: Shards):
     n_layers, block = (ck["n_layers"], ck["block"]) if ck else (
         (file["n_layers"], a.block or file["block"]) if file else (a.layers, a.block or 8))
     cfg, tg = load_target(model_path(), n_layers, taps, block)
-    if file is not None:  # a fresh run (step 0, new optimizer) from the file's weights and hot vocabulary
+
+    def fresh(hot_ids, init_from=None) -> dict:  # a fresh run's state: step 0, new optimizer
+        return {"hot_ids": hot_ids, "step": 0, "tokens_seen": 0, "train_s": 0.0, "epoch": 0, "last_eval": None,
+                "base_sha256": sha256_of(model_path()), "taps": asdict(taps), "n_layers": n_layers, "block": block,
+                "init_from": init_from, "weights": a.weights}
+    if file is not None:  # from the file's weights and hot vocabulary
         init, hot_ids = file["params"], file["hot_ids"]
-        state = {"hot_ids": hot_ids, "step": 0, "tokens_seen": 0, "train_s": 0.0, "epoch": 0, "last_eval": None,
-                 "base_sha256": sha256_of(model_path()), "taps": asdict(taps), "n_layers": n_layers, "block": block,
-                 "init_from": file["training"], "weights": a.weights}
+        state = fresh(hot_ids, file["training"])
         log(f"new run from {a.init_from} (its training: {json.dumps(file['training'])}), weights {a.weights}")
     elif ck is not None:
         if taps_from_dict(ck["taps"]) != taps:
@@ -255,9 +258,7 @@ def build(a, taps: Taps, train: Shards):
         emb = tg["embed"]
         mask = np.random.default_rng(a.seed).normal(0, 1, emb.shape[1]) * emb.std(0)
         init = init_from_target(cfg, tg["layers"], tg["output_norm"], mask, a.seed)
-        state = {"hot_ids": hot_ids, "step": 0, "tokens_seen": 0, "train_s": 0.0, "epoch": 0, "last_eval": None,
-                     "base_sha256": sha256_of(model_path()), "taps": asdict(taps), "n_layers": n_layers, "block": block,
-                     "weights": a.weights}
+        state = fresh(hot_ids)
         log(f"new run: {n_layers} draft layer(s), block {block}, taps {asdict(taps)}, hot vocab {len(hot_ids)}, "
             f"weights {a.weights}")
     model = DFlashDrafter(cfg, tg["embed"], tg["head"][hot_ids], init, state["weights"])
