@@ -219,10 +219,15 @@ def test_drafter_places_target_features(tiny):
     np.testing.assert_allclose(b, a, atol=0.05 * np.abs(a).max())
 
 
-def _final(eng, spec, msgs=None, **sp):
-    req = GenerateRequest(SamplingParams(**{"greedy": True, "max_new": 40, **sp}), spec=spec, draft_tokens=4)
+def _final(eng, spec, msgs=None, *, session=None, fixed=False, max_new=40, **sp):
+    """A reply's final stats (greedy unless sp says otherwise, up to 4 drafts a round); fixed: rounds of 4 drafts
+    every time (DFlash without the adaptive length), in `session` where given."""
+    from engine.spec import SpecRound, make_drafter
+    req = GenerateRequest(SamplingParams(**{"greedy": True, "max_new": max_new, **sp}), spec=spec, draft_tokens=4)
     msgs = msgs or [{"role": "user", "content": "Count from one to twenty: one, two, three"}]
-    return list(eng.session().generate(msgs, req))[-1]
+    round_fn = SpecRound(make_drafter("dflash", eng.model, str(eng.model_path), lm_head_draft=eng.args.lm_head_draft,
+                                      adaptive=False, capacity=eng.capacity), 4, eng.capacity) if fixed else None
+    return list((session or eng.session()).generate(msgs, req, round_fn=round_fn))[-1]
 
 
 @pytest.mark.parametrize("hot", [False, True])
@@ -233,21 +238,15 @@ def test_dflash_speculation_is_lossless(tiny, hot, gate, monkeypatch):
     the adaptive length may plan none for a random drafter once its costs are measured (a full CI run on a
     loaded 2-core machine drafted none in 40 tokens, gate off, 2026-12-06)."""
     from engine.api import Engine
-    from engine.spec import SpecRound, make_drafter
     from engine.spec.dflash import DFlashAdaptive
     monkeypatch.setattr(DFlashAdaptive, "gate", gate)
     path, _ = tiny
     eng = Engine.load(EngineArgs(model=str(path), max_context=256, prefix_reuse=False, lm_head_draft=hot))
     assert eng.spec_modes()["dflash"] is None
-    msgs = [{"role": "user", "content": "Count from one to twenty: one, two, three"}]
     for sp in ({}, {"greedy": False, "temperature": 0.9, "top_k": 40, "seed": 3, "presence_penalty": 0.5}):
         want, got = _final(eng, "off", **sp), _final(eng, "dflash", **sp)
         assert got.token_ids == want.token_ids and got.spec_mode == "dflash"
-        fixed = SpecRound(make_drafter("dflash", eng.model, str(path), lm_head_draft=hot, adaptive=False,
-                                       capacity=eng.capacity), 4, eng.capacity)
-        req = GenerateRequest(SamplingParams(**{"greedy": True, "max_new": 40, **sp}), spec="dflash",
-                              draft_tokens=4)
-        every = list(eng.session().generate(msgs, req, round_fn=fixed))[-1]
+        every = _final(eng, "dflash", fixed=True, **sp)
         assert every.token_ids == want.token_ids and every.drafted > 0
 
 
@@ -256,7 +255,6 @@ def test_lossless_over_a_reused_prefix(tiny):
     second turn's drafter drafts every round (no adaptive length: on a loaded machine its measured costs could
     plan no drafts at all over 30 tokens of a random-weight drafter, and nothing would be tested)."""
     from engine.api import Engine
-    from engine.spec import SpecRound, make_drafter
     path, _ = tiny
     eng = Engine.load(EngineArgs(model=str(path), max_context=256, prefix_reuse=True))
     turn1 = [{"role": "user", "content": "Say hello"}]
@@ -265,10 +263,7 @@ def test_lossless_over_a_reused_prefix(tiny):
     for spec in ("off", "dflash"):
         s = eng.session()
         list(s.generate(turn1, GenerateRequest(SamplingParams(greedy=True, max_new=20), spec=spec)))
-        req = GenerateRequest(SamplingParams(greedy=True, max_new=30), spec=spec, draft_tokens=4)
-        fixed = SpecRound(make_drafter("dflash", eng.model, str(path), adaptive=False, capacity=eng.capacity), 4,
-                          eng.capacity) if spec == "dflash" else None
-        outs[spec] = list(s.generate(msgs, req, round_fn=fixed))[-1]
+        outs[spec] = _final(eng, spec, msgs, session=s, fixed=spec == "dflash", max_new=30)
     assert outs["dflash"].token_ids == outs["off"].token_ids and outs["dflash"].drafted > 0
     assert outs["dflash"].cached_prompt_tokens > 0
 
@@ -447,14 +442,10 @@ def test_a_4bit_file_runs_its_matrices_and_head_rows_in_q4_1(tiny, tmp_path, mon
     np.testing.assert_allclose(logits, want, atol=5e-2 * np.abs(want).max())
     assert (np.argmax(logits, -1) == np.argmax(want, -1)).mean() >= 0.75
     from engine.api import Engine
-    from engine.spec import SpecRound, make_drafter
     eng = Engine.load(EngineArgs(model=str(path), max_context=256, prefix_reuse=False))
     msgs = [{"role": "user", "content": "Count to ten"}]
-    plain = list(eng.session().generate(msgs, GenerateRequest(SamplingParams(greedy=True, max_new=24))))[-1]
-    fixed = SpecRound(make_drafter("dflash", eng.model, str(path), adaptive=False, capacity=eng.capacity), 4,
-                      eng.capacity)
-    req = GenerateRequest(SamplingParams(greedy=True, max_new=24), spec="dflash", draft_tokens=4)
-    spec = list(eng.session().generate(msgs, req, round_fn=fixed))[-1]
+    plain = _final(eng, "off", msgs, max_new=24)
+    spec = _final(eng, "dflash", msgs, fixed=True, max_new=24)
     assert spec.token_ids == plain.token_ids and spec.drafted > 0  # lossless with the 4-bit network too
     write_dflash(tmp_path / "tiny.dflash.npz", path, mf.args, seed=5, weights="q2_k")
     with pytest.raises(dfile.DrafterFileError, match="weights 'q2_k'"):
