@@ -33,6 +33,8 @@ from ..tokenizer import check_text
 KINDS = ("ours", "llama.cpp")
 RUN_KEYS = {"kind", "busy", "cold", "threads", "tree"}  # not EngineArgs fields
 ENGINE_KEYS = {f.name for f in fields(EngineArgs)} - {"model", "prefix_reuse"}
+# text-valued fields: their value is kept as written (spec=off is the mode "off", not False)
+TEXT_KEYS = {f.name for f in fields(EngineArgs) if isinstance(f.default, str)}
 WORKLOAD_DIR = Path(__file__).resolve().parents[3] / "shared" / "workloads"
 
 
@@ -128,8 +130,8 @@ def parse_variant(text: str) -> Variant:
         if not eq:
             raise ConfigError(f"--variant {text!r}: {part!r} is not key=value")
         key = key.strip()
-        items[key if key.startswith("env.") else key.replace("-", "_")] = val.strip() if key.startswith("env.") \
-            else _coerce(val)
+        key = key if key.startswith("env.") else key.replace("-", "_")
+        items[key] = val.strip() if key.startswith("env.") or key in TEXT_KEYS else _coerce(val)
     if not rest and name.lower() in ("llama.cpp", "llama", "llamacpp"):
         items["kind"] = "llama.cpp"
     return _from_mapping(name, items)

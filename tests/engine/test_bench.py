@@ -22,6 +22,12 @@ def test_parse_variant_engine_and_run_keys():
     assert v.engine == {"kv_dtype": "int8", "draft_tokens": 4, "spec": "ngram"}
 
 
+def test_parse_variant_keeps_text_fields_as_written():
+    """spec=off is the mode "off" (a text field), not the boolean False that `off` means for busy / cold."""
+    v = parse_variant("plain:spec=off,busy=off,draft_tokens=3")
+    assert v.engine == {"spec": "off", "draft_tokens": 3} and v.busy is False
+
+
 def test_parse_variant_env_keys():
     v = parse_variant("wq:env.NINFER_THREADING_LAYER=workqueue,env.GOMP_SPINCOUNT=1000,kv_dtype=int8")
     assert v.env == {"NINFER_THREADING_LAYER": "workqueue", "GOMP_SPINCOUNT": "1000"}
