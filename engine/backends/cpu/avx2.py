@@ -68,6 +68,15 @@ UNBUF = NIBBLES + 256  # and its 32 rows' d and m + 8 d as f32 (unpack_q4)
 # (16 KiB 2.687), 600-639 positions 3.214 -> 3.141 ms, the head -5 to -13% each time. So 8 KiB where the
 # target has AVX-512, else 2 KiB (the Zen 3 figures above).
 PREFETCH = 8192 if target_has("avx512f") else 2048
+# Where the prefetched lines go: llvm.prefetch's locality 3 is prefetcht0 (into L1), 2 is prefetcht1 (into
+# L2). On the AVX-512 Xeon guest of 2026-12-06 a matrix streamed from DRAM (probes/kquant_bench.py, 600 MB of
+# 3072x1024 matrices, T = 1) read 8.8-9.3 GB/s on one thread with prefetcht0 at 8 KiB, 9.6-10.6 with the
+# prefetch at the block itself (none ahead), 12.0-12.6 with prefetcht1 at 8-64 KiB; two threads 16.5-17.2 ->
+# 21.7-23.6 GB/s (Q4_K and Q4_1; Q6_K 16.6-16.9 -> 18.1-21.4), where the probe's reader streams 18.7 / 38.5:
+# each prefetcht0 holds one of the core's few L1 fill buffers for a whole DRAM round trip, so they capped the
+# lines in flight; prefetcht1's go to the L2's larger queue. So prefetcht1 where the target has AVX-512 (the
+# hosts measured), prefetcht0 elsewhere (the Zen 3 figures above were taken with it).
+PREFETCH_LOCALITY = 2 if target_has("avx512f") else 3
 # vpdpbusd for the 4-bit decode form's integer sums where the target has it (AVX-VNNI, or AVX512-VNNI with VL:
 # the 256-bit form); NINFER_NO_VNNI=1 keeps vpmaddubsw (with a fresh NUMBA_CACHE_DIR: numba's cache does not
 # see it)
@@ -95,11 +104,11 @@ def _ptr(context, builder, arrty, arr, off):
 
 
 def _prefetch(builder, p, lines):
-    """Prefetch `lines` cache lines starting at byte pointer p (read, keep in all cache levels)."""
+    """Prefetch `lines` cache lines starting at byte pointer p (read, into the level PREFETCH_LOCALITY says)."""
     pf = _fn(builder, "llvm.prefetch.p0i8", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
     for i in range(lines):
-        builder.call(pf, [builder.gep(p, [ir.Constant(I64, 64 * i)]), ir.Constant(I32, 0), ir.Constant(I32, 3),
-                          ir.Constant(I32, 1)])
+        builder.call(pf, [builder.gep(p, [ir.Constant(I64, 64 * i)]), ir.Constant(I32, 0),
+                          ir.Constant(I32, PREFETCH_LOCALITY), ir.Constant(I32, 1)])
 
 
 def _bytes_at(builder, p, nbytes):
