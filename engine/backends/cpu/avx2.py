@@ -111,6 +111,41 @@ def _prefetch(builder, p, lines):
                           ir.Constant(I32, PREFETCH_LOCALITY), ir.Constant(I32, 1)])
 
 
+class _Spread:
+    """A block's prefetches handed out one line at a time: `_vload` emits the next one before each vector load
+    of the block's body (the same basic block), `spread_prefetch` the rest when the body ends."""
+    active: list = []  # the open spreads, innermost last
+
+    def __init__(self, builder, p, lines):
+        self.builder, self.block = builder, builder.block
+        self.lines = [builder.gep(p, [ir.Constant(I64, 64 * i)]) for i in range(lines)]
+
+    def emit(self, n=1):
+        for _ in range(min(n, len(self.lines))):
+            _prefetch(self.builder, self.lines.pop(0), 1)
+
+
+class spread_prefetch:
+    """`with spread_prefetch(builder, p, lines):` around a block's body: its `lines` lines at p are prefetched
+    one before each of the body's vector loads instead of all at its start. A burst of ten prefetches per block
+    (a 4-bit block is 10 lines) stalled the loads behind them: a matrix streamed from DRAM (kquant_bench, 8192x2048,
+    two threads) 24.3-24.9 GB/s in bursts, 28.4-29.5 spread; an ad hoc streaming loop 10.1-10.3 against 15.8-16.0
+    GB/s on one thread (bench/results-models.md Run 7). Where the body loads fewer vectors than it has lines, or
+    loads in loops of its own, the rest are emitted at its end."""
+
+    def __init__(self, builder, p, lines):
+        self.spread = _Spread(builder, p, lines)
+
+    def __enter__(self):
+        _Spread.active.append(self.spread)
+        return self.spread
+
+    def __exit__(self, *exc):
+        _Spread.active.remove(self.spread)
+        self.spread.emit(len(self.spread.lines))
+        return False
+
+
 def _bytes_at(builder, p, nbytes):
     """i8* nbytes past pointer p (any element type)."""
     return builder.gep(builder.bitcast(p, I8.as_pointer()), [ir.Constant(I64, nbytes)])
@@ -122,6 +157,10 @@ def _i16_at(builder, p, nbytes):
 
 
 def _vload(builder, p, vt):
+    for sp in reversed(_Spread.active):  # the innermost spread of this builder's current block gives one line
+        if sp.builder is builder and sp.block is builder.block:
+            sp.emit()
+            break
     return builder.load(builder.bitcast(p, vt.as_pointer()), align=1)
 
 
@@ -263,15 +302,15 @@ def _make_grp_q4(vnni):
             with cgutils.for_range(builder, nb_) as loop:
                 b = loop.index
                 q = builder.gep(q0, [builder.mul(b, ir.Constant(b.type, BLK4))])
-                _prefetch(builder, _bytes_at(builder, q, PREFETCH), BLK4 // 64)  # the block PREFETCH bytes ahead
 
                 def nib_of(v):
                     return _split(builder, _vload(builder, builder.gep(q, [ir.Constant(I64, 32 * v)]), V32I8))
-                ab = builder.gep(a0, [builder.mul(b, ir.Constant(b.type, 32))])
-                isum = _isum(builder, nib_of, ab, vnni)
-                dv, m8 = _dm8(builder, *_scales_at(builder, q))
-                term = _block_term(builder, isum, _asum_times(builder, ab, 8), dv, m8,
-                                   builder.load(builder.gep(sp, [b])), _xs_at(builder, xp, b, XS_SCALED))
+                with spread_prefetch(builder, _bytes_at(builder, q, PREFETCH), BLK4 // 64):  # PREFETCH bytes ahead
+                    ab = builder.gep(a0, [builder.mul(b, ir.Constant(b.type, 32))])
+                    isum = _isum(builder, nib_of, ab, vnni)
+                    dv, m8 = _dm8(builder, *_scales_at(builder, q))
+                    term = _block_term(builder, isum, _asum_times(builder, ab, 8), dv, m8,
+                                       builder.load(builder.gep(sp, [b])), _xs_at(builder, xp, b, XS_SCALED))
                 builder.store(builder.fadd(builder.load(accp), term), accp)
             op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
             builder.store(builder.load(accp), op, align=4)
@@ -549,12 +588,12 @@ def blk_q8(typingctx, o, o_off, blk, blk_off, qa, qa_off, sb):
         o_, oo, blk_, bo, qa_, ao, sb_ = args
         ty = signature.args
         q = _ptr(context, builder, ty[2], blk_, bo)
-        _prefetch(builder, _bytes_at(builder, q, PREFETCH), BLK8 // 64)  # the block PREFETCH bytes on
 
         def w_of(jp):
             return builder.sext(_vload(builder, builder.gep(q, [ir.Constant(I64, 64 * jp)]), V64I8), V64I16)
-        _q8_tail(builder, w_of, _ptr(context, builder, ty[4], qa_, ao), _ptr(context, builder, ty[0], o_, oo),
-                 _i16_at(builder, q, D8_OFF), sb_, q)
+        with spread_prefetch(builder, _bytes_at(builder, q, PREFETCH), BLK8 // 64):  # the block PREFETCH bytes on
+            _q8_tail(builder, w_of, _ptr(context, builder, ty[4], qa_, ao), _ptr(context, builder, ty[0], o_, oo),
+                     _i16_at(builder, q, D8_OFF), sb_, q)
         return context.get_dummy_value()
     return sig, codegen
 

@@ -33,6 +33,7 @@ from numba.extending import intrinsic
 
 from .avx2 import (I8, I32, I64, PREFETCH, V8I32, V16I16, V16I32, V32F, V32I8, V32I32, VNNI512, _bytes_at, _const,
                    _a4, _fn, _halves, _i16_at, _prefetch, _ptr, _rows32, _split, _splat, _vload, _xs_at, _block_sum_times,
+                   spread_prefetch,
                    XS_A, XS_A0, XS_SCALED)
 
 G = 32
@@ -219,10 +220,10 @@ def _make(bits):
             with cgutils.for_range(builder, nb_) as loop:
                 b = loop.index
                 q = builder.gep(q0, [builder.mul(b, ir.Constant(b.type, blk_bytes))])
-                _prefetch(builder, _bytes_at(builder, q, PREFETCH), blk_bytes // 64)
-                ab = builder.gep(a0, [builder.mul(b, ir.Constant(b.type, 32))])
-                term = _term(builder, bits, _merged(builder, q, bits), ab, _bytes_at(builder, q, META[bits]),
-                             builder.load(builder.gep(sp, [b])), _xs_at(builder, xp, b, XS_SCALED))
+                with spread_prefetch(builder, _bytes_at(builder, q, PREFETCH), blk_bytes // 64):
+                    ab = builder.gep(a0, [builder.mul(b, ir.Constant(b.type, 32))])
+                    term = _term(builder, bits, _merged(builder, q, bits), ab, _bytes_at(builder, q, META[bits]),
+                                 builder.load(builder.gep(sp, [b])), _xs_at(builder, xp, b, XS_SCALED))
                 builder.store(builder.fadd(builder.load(accp), term), accp)
             op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
             builder.store(builder.load(accp), op, align=4)
