@@ -118,11 +118,12 @@ def _check_items(run, qt, k, v, hd):
 
 
 @pytest.mark.parametrize("hd,n_kv,n_head", [(64, 3, 9), (128, 3, 9), (16, 3, 9), (40, 3, 9), (42, 3, 9), (8, 3, 9),
-                                           (64, 2, 12), (42, 2, 4), (64, 4, 4)])
+                                           (64, 2, 12), (42, 2, 4), (64, 4, 4), (128, 2, 8), (40, 4, 8)])
 def test_vector_items_match_numba_loops_and_numpy(hd, n_kv, n_head):
     """cpu_attn's work item through cpu_attn_avx2 (positions outer) and through the numba loops that other
     CPUs run (one KV head after the other), against numpy, over chunks that exercise every tail (hd 16, 40:
-    8-lane parts; 42: a masked last block); GQA groups of 3 and 6 take the grouped kernels, 2 and 1 not."""
+    8-lane parts; 42: a masked last block); GQA groups of 3 and 6 take the grouped kernels, 2 and 4 the pair
+    kernels, 1 neither."""
     if not cpu_attn.VECTOR_ATTN:
         pytest.skip("target without AVX2/FMA/F16C (or NINFER_CPU_GENERIC set)")
     rng = np.random.default_rng(hd + n_head)
@@ -137,45 +138,54 @@ def test_vector_items_match_numba_loops_and_numpy(hd, n_kv, n_head):
 
 @numba.njit(fastmath=True)
 def _scores_and_sums(grouped, sc, acc, qt, kc, vc, n):
-    """Scores of positions 0..n of heads 0..2 (KV head 1) over kc, then their weighted V sums into acc, by the
-    grouped kernels or by one call per head."""
+    """Scores of positions 0..n of the heads of qt (3 or 2; KV head 1) over kc, then their weighted V sums
+    into acc, by the grouped kernels (the triple or the pair forms) or by one call per head."""
     A = cpu_attn
+    heads = qt.shape[0]
     p = 0
     while p + 8 <= n:
-        if grouped:
+        if grouped and heads == 3:
             A.kdot8_heads(sc, p, qt, kc, p, 1, np.float32(0.125))
+        elif grouped:
+            A.kdot8_pairs(sc, p, qt, kc, p, 1, np.float32(0.125))
         else:
-            for h in range(3):
+            for h in range(heads):
                 A.kdot8(sc[h], p, qt[h], kc, p, 1, np.float32(0.125))
         p += 8
     if p + 4 <= n:
-        if grouped:
+        if grouped and heads == 3:
             A.kdot4_heads(sc, p, qt, kc, p, 1, np.float32(0.125))
+        elif grouped:
+            A.kdot4_pairs(sc, p, qt, kc, p, 1, np.float32(0.125))
         else:
-            for h in range(3):
+            for h in range(heads):
                 A.kdot4(sc[h], p, qt[h], kc, p, 1, np.float32(0.125))
     for b in range(0, n, 32):
         m = min(32, n - b)
-        if grouped:
+        if grouped and heads == 3:
             A.vsum_heads(acc, sc, b, m, vc, b, 1)
+        elif grouped:
+            A.vsum_pairs(acc, sc, b, m, vc, b, 1)
         else:
-            for h in range(3):
+            for h in range(heads):
                 A.vsum(acc[h], sc[h], b, m, vc, b, 1)
 
 
-@pytest.mark.parametrize("hd", [64, 8, 12, 72, 100])
-def test_grouped_kernels_give_the_per_head_bits(hd):
-    """kdot8_heads / kdot4_heads / vsum_heads (one K or V conversion for the 3 heads of a GQA group) keep each
-    head's chains of multiply-adds: the same bits as one kdot / vsum per head, masked tails included."""
+@pytest.mark.parametrize("heads", [3, 2])
+@pytest.mark.parametrize("hd", [64, 8, 12, 72, 100, 128])
+def test_grouped_kernels_give_the_per_head_bits(hd, heads):
+    """kdot8_heads / kdot4_heads / vsum_heads (one K or V conversion for the 3 heads of a GQA group) and the
+    pair forms (2 heads: groups of 2 and 4) keep each head's chains of multiply-adds: the same bits as one
+    kdot / vsum per head, masked tails included."""
     if not cpu_attn.VECTOR_ATTN:
         pytest.skip("target without AVX2/FMA/F16C (or NINFER_CPU_GENERIC set)")
     rng = np.random.default_rng(hd)
     kc, vc = (rng.standard_normal((140, 3, hd)).astype(np.float16).view(np.uint16) for _ in range(2))
-    qt = rng.standard_normal((3, hd)).astype(np.float32)
+    qt = rng.standard_normal((heads, hd)).astype(np.float32)
     out = []
     for grouped in (False, True):
-        sc = np.full((3, 160), np.nan, np.float32)
-        acc = np.full((3, hd + 2), 0.5, np.float32)
+        sc = np.full((heads, 160), np.nan, np.float32)
+        acc = np.full((heads, hd + 2), 0.5, np.float32)
         _scores_and_sums(grouped, sc, acc, qt, kc, vc, 140)
         out.append((sc, acc))
     assert np.array_equal(out[0][0][:, :140], out[1][0][:, :140])

@@ -248,6 +248,8 @@ kdot8 = _make_kdot(8)
 kdot4 = _make_kdot(4)
 kdot8_heads = _make_kdot(8, heads=GROUP_HEADS)
 kdot4_heads = _make_kdot(4, heads=GROUP_HEADS)
+kdot8_pairs = _make_kdot(8, heads=2)  # groups of 2 and 4 (Qwen3-0.6B / 1.7B, Llama-3.2-1B, Qwen3-4B): two heads a call
+kdot4_pairs = _make_kdot(4, heads=2)
 kdot8_f32 = _make_kdot(8, f32=True)  # over rows already converted to f32 (attn_prefill's blocks)
 kdot4_f32 = _make_kdot(4, f32=True)
 
@@ -331,4 +333,5 @@ def _vsum_codegen(ptr_ty, load, width, heads):
 
 vsum = _make_vsum()
 vsum_heads = _make_vsum(heads=GROUP_HEADS)
+vsum_pairs = _make_vsum(heads=2)
 vsum_f32 = _make_vsum(f32=True, width=64 // LANES)  # 64 lanes, 8 chains of 8 or 4 of 16: prefill is compute-bound
