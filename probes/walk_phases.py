@@ -60,9 +60,19 @@ def main():
     streamed = [0]
     timed_matmul = be.matmul
 
+    by_type = defaultdict(lambda: [0.0, 0])  # weight type -> [seconds, bytes]
+
     def matmul(out, x, w, scratch):  # the bytes each call's weight holds (its layout: blocks, or arrays)
-        streamed[0] += w.blocks.nbytes if hasattr(w, "blocks") else sum(v.nbytes for v in getattr(w, "arrays", ()))
-        return timed_matmul(out, x, w, scratch)
+        nbytes = w.blocks.nbytes if hasattr(w, "blocks") else sum(v.nbytes for v in getattr(w, "arrays", ()))
+        streamed[0] += nbytes
+        t0 = time.perf_counter()
+        try:
+            return timed_matmul(out, x, w, scratch)
+        finally:
+            kind = getattr(w, "qtype", None) or getattr(w, "kind", None) or type(w).__name__
+            kind = getattr(kind, "name", kind)
+            by_type[str(kind)][0] += time.perf_counter() - t0
+            by_type[str(kind)][1] += nbytes
     be.matmul = matmul
     timed = decode(model, cache, 100, a.ctx + 2, a.tokens)
     wbytes = streamed[0] / a.tokens
@@ -74,6 +84,9 @@ def main():
     print(f"  {'other':>16} {(timed - sum(totals.values()) / a.tokens) * 1e3:8.2f} ms")
     print(f"  matmuls stream {wbytes / (totals['matmul'] / a.tokens) / 1e9:.1f} GB/s ({wbytes / 1e6:.0f} MB of "
           "weights a step)")
+    for kind, (sec, nbytes) in sorted(by_type.items(), key=lambda kv: -kv[1][0]):
+        print(f"    {kind:>12} {sec / a.tokens * 1e3:8.2f} ms  {nbytes / a.tokens / 1e6:7.0f} MB  "
+              f"{nbytes / sec / 1e9:5.1f} GB/s")
 
 
 if __name__ == "__main__":
