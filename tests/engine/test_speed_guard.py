@@ -307,7 +307,7 @@ for name, f in (("q4_group", F.q4_group), ("q4_group_batched", F.q4_group_batche
                        "cvtph": len(re.findall(r"vcvtph2ps", asm)),
                        "cvtps2ph": len(re.findall(r"vcvtps2ph", asm)),
                        "round": len(re.findall(r"vroundps|vrndscaleps", asm)),  # (the AVX-512 form)
-                       "prefetch": len(re.findall(r"prefetcht0", asm)),
+                       "prefetch": len(re.findall(r"prefetcht[012]", asm)),  # (into L1 or L2: PREFETCH_LOCALITY)
                        "dpbusd": len(re.findall(r"vpdpbusd", asm)),
                        "dp512": len(re.findall(r"vpdp(?:busd|wssd)\\s[^\\n]*%zmm", asm))}}
 print(json.dumps(res))
