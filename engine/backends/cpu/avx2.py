@@ -111,10 +111,15 @@ def _prefetch(builder, p, lines):
                           ir.Constant(I32, PREFETCH_LOCALITY), ir.Constant(I32, 1)])
 
 
-class _Spread:
-    """A block's prefetches handed out one line at a time: `_vload` emits the next one before each vector load
-    of the block's body (the same basic block), `spread_prefetch` the rest when the body ends."""
-    active: list = []  # the open spreads, innermost last
+class spread_prefetch:
+    """`with spread_prefetch(builder, p, lines):` around a decode form's block body: its `lines` lines at p are
+    prefetched one before each of the body's vector loads (`_vload`, in the body's own basic block) instead of
+    all at its start, the rest when the body ends (a body with fewer loads than lines, or loads in loops of its
+    own). A burst of ten prefetches per block (a 4-bit block is 10 lines) stalled the loads behind it: an ad hoc
+    loop streaming 600 MiB on one thread read 10.1-10.3 GB/s with ten prefetches every ten lines, 15.8-16.0 with
+    one a line; kquant_bench's matrices swept from DRAM (8192x2048, two threads) Q4_K 24.5 -> 28.6 GB/s, Q4_1
+    22.6 -> 28.3 (bench/results-models.md Run 7). The multi-row forms keep their bursts (T = 4 the same)."""
+    active: list = []  # the open bodies, innermost last (codegen runs under numba's compiler lock)
 
     def __init__(self, builder, p, lines):
         self.builder, self.block = builder, builder.block
@@ -124,25 +129,13 @@ class _Spread:
         for _ in range(min(n, len(self.lines))):
             _prefetch(self.builder, self.lines.pop(0), 1)
 
-
-class spread_prefetch:
-    """`with spread_prefetch(builder, p, lines):` around a block's body: its `lines` lines at p are prefetched
-    one before each of the body's vector loads instead of all at its start. A burst of ten prefetches per block
-    (a 4-bit block is 10 lines) stalled the loads behind them: a matrix streamed from DRAM (kquant_bench, 8192x2048,
-    two threads) 24.3-24.9 GB/s in bursts, 28.4-29.5 spread; an ad hoc streaming loop 10.1-10.3 against 15.8-16.0
-    GB/s on one thread (bench/results-models.md Run 7). Where the body loads fewer vectors than it has lines, or
-    loads in loops of its own, the rest are emitted at its end."""
-
-    def __init__(self, builder, p, lines):
-        self.spread = _Spread(builder, p, lines)
-
     def __enter__(self):
-        _Spread.active.append(self.spread)
-        return self.spread
+        spread_prefetch.active.append(self)
+        return self
 
     def __exit__(self, *exc):
-        _Spread.active.remove(self.spread)
-        self.spread.emit(len(self.spread.lines))
+        spread_prefetch.active.remove(self)
+        self.emit(len(self.lines))
         return False
 
 
@@ -157,7 +150,7 @@ def _i16_at(builder, p, nbytes):
 
 
 def _vload(builder, p, vt):
-    for sp in reversed(_Spread.active):  # the innermost spread of this builder's current block gives one line
+    for sp in reversed(spread_prefetch.active):  # the innermost body of this builder's block gives one line
         if sp.builder is builder and sp.block is builder.block:
             sp.emit()
             break
