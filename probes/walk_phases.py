@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 
 from engine import numba_env  # noqa: E402,F401  (flags before numba)
+from kquant_bench import kernel_bytes  # noqa: E402  (the bytes a prepared weight's layout holds)
 from probe_timers import time_calls  # noqa: E402
 
 from engine.backends.kernels import KERNELS  # noqa: E402
@@ -54,28 +55,25 @@ def main():
     plain = decode(model, cache, 100, a.ctx + 2, a.tokens)
     cache.truncate(a.ctx + 2)
     totals = defaultdict(float)
-    kinds = [k for k in KERNELS if hasattr(be, k)]
-    for k in kinds:
-        time_calls(be, k, totals, k)
-    streamed = [0]
-    timed_matmul = be.matmul
+    for k in KERNELS:
+        if k != "matmul" and hasattr(be, k):
+            time_calls(be, k, totals, k)
+    by_type = defaultdict(lambda: [0.0, 0])  # weight type -> [seconds, bytes its layout holds]
+    plain_matmul = be.matmul
 
-    by_type = defaultdict(lambda: [0.0, 0])  # weight type -> [seconds, bytes]
-
-    def matmul(out, x, w, scratch):  # the bytes each call's weight holds (its layout: blocks, or arrays)
-        nbytes = w.blocks.nbytes if hasattr(w, "blocks") else sum(v.nbytes for v in getattr(w, "arrays", ()))
-        streamed[0] += nbytes
+    def matmul(out, x, w, scratch):
         t0 = time.perf_counter()
         try:
-            return timed_matmul(out, x, w, scratch)
+            return plain_matmul(out, x, w, scratch)
         finally:
             kind = getattr(w, "qtype", None) or getattr(w, "kind", None) or type(w).__name__
-            kind = getattr(kind, "name", kind)
-            by_type[str(kind)][0] += time.perf_counter() - t0
-            by_type[str(kind)][1] += nbytes
+            rec = by_type[str(getattr(kind, "name", kind))]
+            rec[0] += time.perf_counter() - t0
+            rec[1] += kernel_bytes(w)
     be.matmul = matmul
     timed = decode(model, cache, 100, a.ctx + 2, a.tokens)
-    wbytes = streamed[0] / a.tokens
+    totals["matmul"] = sum(sec for sec, _ in by_type.values())
+    wbytes = sum(nbytes for _, nbytes in by_type.values()) / a.tokens
     print(f"{os.path.basename(a.model)}: ctx {a.ctx}, {a.tokens} steps; plain {plain * 1e3:.2f} ms a step, timed "
           f"{timed * 1e3:.2f}")
     for k in sorted(totals, key=lambda k: -totals[k]):
