@@ -297,8 +297,11 @@ F.q8_group_batched(out, qa, sa, xs, np.zeros((ng, nb, F.avx2.BLK8), np.int8), 0)
 F.quantize_rows(qa, sa, xs, np.ones((t, nb * 32), np.float32))
 from engine.backends.cpu.attn import store_f16
 store_f16(np.zeros((4, 3, 64), np.uint16), np.ones((1, 3, 64), np.float32), 2)
-from engine.backends.cpu import avx2 as cpu_avx2
-res = {{"VNNI": cpu_avx2.VNNI, "VNNI512": cpu_avx2.VNNI512}}
+from engine.backends.cpu import avx2 as cpu_avx2, kquant as K, kquant_avx2 as KX
+K.group(out[:1], qa, sa, xs, np.zeros((ng, nb, KX.BLK6), np.uint8), 0, 6)  # the Q6_K decode form
+asm6 = "\\n".join(K.group.inspect_asm().values())
+res = {{"VNNI": cpu_avx2.VNNI, "VNNI512": cpu_avx2.VNNI512, "GF512": KX.GF512,
+        "q6_gf512": len(re.findall(r"vgf2p8affineqb\\s[^\\n]*%zmm", asm6))}}
 for name, f in (("q4_group", F.q4_group), ("q4_group_batched", F.q4_group_batched), ("q8_group", F.q8_group),
                 ("q8_group_batched", F.q8_group_batched), ("quantize_rows", F.quantize_rows), ("store_f16", store_f16)):
     asm = "\\n".join(f.inspect_asm().values())
@@ -329,6 +332,9 @@ def test_integer_kernels_are_vectorized(tmp_path):
     # the activations' quantization (every matmul's input, the decode step's serial tails) rounds 8 values per
     # instruction; the KV cache's f16 writes convert 8 per vcvtps2ph
     quant, store, vnni, vnni512 = res.pop("quantize_rows"), res.pop("store_f16"), res.pop("VNNI"), res.pop("VNNI512")
+    gf512, q6_gf512 = res.pop("GF512"), res.pop("q6_gf512")
+    if gf512:  # the Q6_K decode form merges its value vector pairs in 512 bits (kquant_avx2._merged_pairs)
+        assert q6_gf512 >= 16, q6_gf512
     if vnni:  # the 4-bit decode kernel's block sums: vpdpbusd where the target has VNNI (cpu_avx2.VNNI)
         assert res["q4_group"]["dpbusd"] >= 16, res["q4_group"]
     if vnni512:  # 512-bit vpdpbusd / vpdpwssd in the multi-row forms (2 rows here) where the target has them

@@ -22,6 +22,11 @@ registers over all its blocks, and for up to 4 activation rows at once (grp5_row
 a short chunk) merges each value vector once in registers for all of them; the batched form for longer chunks
 merges each block's bits once (unpack: 1 KiB of value vectors + its scale bytes, in L1) and every activation
 row reuses it (blku5 / blku6).
+Where the target has AVX512-VNNI and GFNI (GF512), the decode and multi-row forms merge value vectors (k, 0, n)
+and (k, 1, n) together in 512 bits (_merged_pairs: one vgf2p8affineqb moves each half's plane bits into place),
+as the 512-bit sums take them. On the AVX-512 Xeon (2026-12-06, probes/kquant_bench.py 3072x1024, two threads,
+matrices in L3, alternated twice) Q6_K / Q5_0 at T = 64 1439-1560 / 1102-1196 -> 1274-1306 / 970-985 us; T = 1
+streamed from DRAM the same (the stream, not the arithmetic, bounds it there).
 """
 from __future__ import annotations
 
@@ -31,10 +36,10 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from .avx2 import (I8, I32, I64, PREFETCH, V8I32, V16I16, V16I32, V32F, V32I8, V32I32, VNNI512, _bytes_at, _const,
-                   _a4, _fn, _halves, _i16_at, _prefetch, _ptr, _rows32, _split, _splat, _vload, _xs_at, _block_sum_times,
-                   spread_prefetch,
-                   XS_A, XS_A0, XS_SCALED)
+from .avx2 import (I8, I32, I64, PREFETCH, V8I32, V16I16, V16I32, V32F, V32I8, V32I32, V64I8, VNNI512, XS_A, XS_A0,
+                   XS_SCALED, _a4, _block_sum_times, _bytes_at, _const, _fn, _halves, _i16_at, _prefetch, _ptr, _rows32,
+                   _split, _splat, _vload, _xs_at, spread_prefetch)
+from .target import target_has
 
 G = 32
 P_OFF = 512  # the high-bit plane, after the 512 bytes of nibbles
@@ -44,6 +49,9 @@ META = {5: Q5_D, 6: Q6_SC0}  # where a block's 128 bytes of per-row scales start
 VALS = 1024  # an unpacked block: 32 value vectors of 32 bytes (vv order), then the block's 128 scale bytes
 UNBUF = VALS + 128
 V8I8, V4I32 = ir.VectorType(I8, 8), ir.VectorType(I32, 4)
+# Where the 512-bit sums run (VNNI512) and the target has GFNI: a value vector pair merged in 512 bits
+# (_merged_pairs) instead of two 256-bit merges and a concatenation.
+GF512 = VNNI512 and target_has("gfni")
 
 
 def _vv(k, h, n):
@@ -68,7 +76,44 @@ def _merged(builder, q, bits):
         elif sh < 0:
             y = builder.lshr(y, _const(V32I8, -sh))
         return builder.or_(nib[(k, h)][n], builder.and_(y, _const(V32I8, mask)))
+    if GF512:
+        val_of.pair = _merged_pairs(builder, q, bits)  # what _isums_vnni512 takes where it can
     return val_of
+
+
+def _gf_bits(builder, x, picks):
+    """vgf2p8affineqb (GFNI): every byte of x (<64 x i8>) -> its bits picks[h][i] at bit 4 + i, all other bits 0
+    (h: the 32-byte half; the instruction's matrix is per 64-bit lane). One instruction for a shift and a mask."""
+    gf = _fn(builder, "llvm.x86.vgf2p8affineqb.512", V64I8, [V64I8, V64I8, I8])
+    rows = []
+    for h in range(2):
+        q = [0] * 8  # q[7 - t]: the input bits that make output bit t (their parity)
+        for i, s in enumerate(picks[h]):
+            q[7 - (4 + i)] = 1 << s
+        rows += q * 4
+    return builder.call(gf, [x, _const(V64I8, [v - 256 if v > 127 else v for v in rows]), ir.Constant(I8, 0)])
+
+
+def _merged_pairs(builder, q, bits):
+    """pair_of(k, n) -> <64 x i8> value vectors (k, 0, n) and (k, 1, n) side by side (as _isums_vnni512 sums
+    them), merged in 512 bits: one 64-byte load of nibble vectors 2k and 2k + 1, the plane vector broadcast to
+    both halves and its bits for each half moved into place by one vgf2p8affineqb, one OR. Per k 7 operations
+    where _merged's two 256-bit halves and their concatenation took ~19. The same bytes."""
+    nib, planes = {}, {}
+
+    def pair_of(k, n):
+        if k not in nib:
+            x = _vload(builder, builder.gep(q, [ir.Constant(I64, 64 * k)]), V64I8)
+            mask = _const(V64I8, 15)
+            nib[k] = (builder.and_(x, mask), builder.and_(builder.lshr(x, _const(V64I8, 4)), mask))
+        p = k // 2 if bits == 5 else k
+        if p not in planes:
+            y = _vload(builder, builder.gep(q, [ir.Constant(I64, P_OFF + 32 * p)]), V32I8)
+            planes[p] = builder.shuffle_vector(y, y, _const(ir.VectorType(I32, 64), list(range(32)) * 2))
+        vvs = [_vv(k, h, n) for h in range(2)]
+        picks = [[vv % 8] if bits == 5 else [2 * (vv % 4), 2 * (vv % 4) + 1] for vv in vvs]
+        return builder.or_(nib[k][n], _gf_bits(builder, planes[p], picks))
+    return pair_of
 
 
 def _stored(builder, b):
@@ -131,9 +176,11 @@ def _isums_vnni512(builder, val_of, avs, ks):
     dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", V16I32, [V16I32, V16I32, V16I32])
     chains = 2 if len(avs) <= 2 else 1  # (vpdpbusd's latency when few rows give independent chains)
     acc = [[[_const(V16I32, 0)] * chains for _ in range(2)] for _ in avs]
+    pair_of = getattr(val_of, "pair", None)
     for j, k in enumerate(ks):
         for n in range(2):
-            z = builder.bitcast(builder.shuffle_vector(val_of(k, 0, n), val_of(k, 1, n),
+            z = builder.bitcast(pair_of(k, n) if pair_of else
+                                builder.shuffle_vector(val_of(k, 0, n), val_of(k, 1, n),
                                                        _const(ir.VectorType(I32, 64), list(range(64)))), V16I32)
             for r, av in enumerate(avs):
                 acc[r][n][j % chains] = builder.call(dp, [acc[r][n][j % chains], z, av[k]])
