@@ -195,44 +195,54 @@ def test_grouped_kernels_give_the_per_head_bits(hd, heads):
 
 @numba.njit(fastmath=True)
 def _scores_and_sums_q8(grouped, sc, acc, qt, kq, ks, vq, vs, n):
-    """_scores_and_sums over an int8 cache (cpu_attn_int8_avx2's kernels)."""
+    """_scores_and_sums over an int8 cache (cpu_attn_int8_avx2's kernels; 3 heads: the grouped forms, 2: the
+    pair forms)."""
     A = cpu_attn
+    heads = qt.shape[0]
     p = 0
     while p + 8 <= n:
-        if grouped:
+        if grouped and heads == 3:
             A.kdot8_q8_heads(sc, p, qt, kq, ks, p, 1, np.float32(0.125))
+        elif grouped:
+            A.kdot8_q8_pairs(sc, p, qt, kq, ks, p, 1, np.float32(0.125))
         else:
-            for h in range(3):
+            for h in range(heads):
                 A.kdot8_q8(sc[h], p, qt[h], kq, ks, p, 1, np.float32(0.125))
         p += 8
     if p + 4 <= n:
-        if grouped:
+        if grouped and heads == 3:
             A.kdot4_q8_heads(sc, p, qt, kq, ks, p, 1, np.float32(0.125))
+        elif grouped:
+            A.kdot4_q8_pairs(sc, p, qt, kq, ks, p, 1, np.float32(0.125))
         else:
-            for h in range(3):
+            for h in range(heads):
                 A.kdot4_q8(sc[h], p, qt[h], kq, ks, p, 1, np.float32(0.125))
     for b in range(0, n, 32):
         m = min(32, n - b)
-        if grouped:
+        if grouped and heads == 3:
             A.vsum_q8_heads(acc, sc, b, m, vq, vs, b, 1)
+        elif grouped:
+            A.vsum_q8_pairs(acc, sc, b, m, vq, vs, b, 1)
         else:
-            for h in range(3):
+            for h in range(heads):
                 A.vsum_q8(acc[h], sc[h], b, m, vq, vs, b, 1)
 
 
+@pytest.mark.parametrize("heads", [3, 2])
 @pytest.mark.parametrize("hd,gs", [(64, 32), (64, 64), (48, 16), (16, 8)])
-def test_grouped_int8_kernels_give_the_per_head_bits(hd, gs):
-    """The same over an int8 cache: group scales of 32, 64, 16 and 8 values (8- and 32-lane parts)."""
+def test_grouped_int8_kernels_give_the_per_head_bits(hd, gs, heads):
+    """The same over an int8 cache: group scales of 32, 64, 16 and 8 values (8- and 32-lane parts), the grouped
+    (3 heads) and pair (2 heads) forms."""
     if not cpu_attn.VECTOR_ATTN:
         pytest.skip("target without AVX2/FMA/F16C (or NINFER_CPU_GENERIC set)")
     rng = np.random.default_rng(hd + gs)
     (kq, ks), (vq, vs) = (ref.quantize_kv_int8(rng.standard_normal((140, 3, hd)).astype(np.float32), gs)
                           for _ in range(2))
-    qt = rng.standard_normal((3, hd)).astype(np.float32)
+    qt = rng.standard_normal((heads, hd)).astype(np.float32)
     out = []
     for grouped in (False, True):
-        sc = np.full((3, 160), np.nan, np.float32)
-        acc = np.full((3, hd + 2), 0.5, np.float32)
+        sc = np.full((heads, 160), np.nan, np.float32)
+        acc = np.full((heads, hd + 2), 0.5, np.float32)
         _scores_and_sums_q8(grouped, sc, acc, qt, kq, ks, vq, vs, 140)
         out.append((sc, acc))
     assert np.array_equal(out[0][0][:, :140], out[1][0][:, :140])
@@ -242,7 +252,7 @@ def test_grouped_int8_kernels_give_the_per_head_bits(hd, gs):
 
 @pytest.mark.parametrize("hd,gs,n_kv,n_head", [(64, 32, 3, 9), (128, 32, 3, 9), (64, 64, 3, 9), (96, 32, 3, 9),
                                               (48, 16, 3, 9), (16, 8, 3, 9), (40, 40, 3, 9), (12, 12, 3, 9),
-                                              (64, 32, 2, 12), (64, 32, 2, 4)])
+                                              (64, 32, 2, 12), (64, 32, 2, 4), (64, 32, 2, 16), (128, 32, 4, 16)])
 def test_int8_vector_items_match_numba_loops_and_numpy(hd, gs, n_kv, n_head):
     """The same over an int8 cache (cpu_attn_int8_avx2): groups of 32 lanes and of 8; groups that are not a
     multiple of 8 values (40, 12) take the loops."""

@@ -26,7 +26,8 @@ from numba.extending import intrinsic, overload
 
 from .attn_avx2 import (GROUP_HEADS, kdot4, kdot4_heads, kdot4_pairs, kdot8, kdot8_heads, kdot8_pairs, vsum,
                         vsum_heads, vsum_pairs)
-from .attn_int8_avx2 import kdot4_q8, kdot4_q8_heads, kdot8_q8, kdot8_q8_heads, vsum_q8, vsum_q8_heads
+from .attn_int8_avx2 import (kdot4_q8, kdot4_q8_heads, kdot4_q8_pairs, kdot8_q8, kdot8_q8_heads, kdot8_q8_pairs,
+                             vsum_q8, vsum_q8_heads, vsum_q8_pairs)
 from .attn_softmax import EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_POLY, softmax_row
 from .sync import prefetch
 from .target import target_has
@@ -337,10 +338,10 @@ def _vsum(kv, pt, sc, o, n, p, group):
     raise NotImplementedError
 
 
-def _kdot_by_cache(kdot_f16, kdot_f16_heads, kdot_f16_pairs, kdot_q8, kdot_q8_heads):
+def _kdot_by_cache(kdot_f16, kdot_f16_heads, kdot_f16_pairs, kdot_q8, kdot_q8_heads, kdot_q8_pairs):
     """The overload of _kdot8 / _kdot4: the IR kdot of R positions for the cache's type, every head of sc
     and qt (H rows; heads h share KV head h // group). Where the groups come in threes, the grouped forms
-    (one K conversion for GROUP_HEADS heads, the same bits); in twos or fours (f16 cache), the pair forms:
+    (one K conversion for GROUP_HEADS heads, the same bits); in twos or fours, the pair forms:
     one layer's call at 1024 positions, qwen3-1.7b's shapes (group 2) 156 -> 124 us cache-hot, 306 -> 276
     from DRAM; qwen3-4b's (group 4) 265 -> 191 / 443 -> 358 (bench/results-models.md Run 7)."""
     def impl(kv, sc, o, qt, p, group, scale):
@@ -363,6 +364,9 @@ def _kdot_by_cache(kdot_f16, kdot_f16_heads, kdot_f16_pairs, kdot_q8, kdot_q8_he
                 for h in range(0, qt.shape[0], GROUP_HEADS):
                     kdot_q8_heads(sc[h:h + GROUP_HEADS], o, qt[h:h + GROUP_HEADS], kv[0], kv[1], p, h // group,
                                   scale)
+            elif group % 2 == 0:
+                for h in range(0, qt.shape[0], 2):
+                    kdot_q8_pairs(sc[h:h + 2], o, qt[h:h + 2], kv[0], kv[1], p, h // group, scale)
             else:
                 for h in range(qt.shape[0]):
                     kdot_q8(sc[h], o, qt[h], kv[0], kv[1], p, h // group, scale)
@@ -370,8 +374,10 @@ def _kdot_by_cache(kdot_f16, kdot_f16_heads, kdot_f16_pairs, kdot_q8, kdot_q8_he
     return impl
 
 
-overload(_kdot8, inline="always")(_kdot_by_cache(kdot8, kdot8_heads, kdot8_pairs, kdot8_q8, kdot8_q8_heads))
-overload(_kdot4, inline="always")(_kdot_by_cache(kdot4, kdot4_heads, kdot4_pairs, kdot4_q8, kdot4_q8_heads))
+overload(_kdot8, inline="always")(_kdot_by_cache(kdot8, kdot8_heads, kdot8_pairs, kdot8_q8, kdot8_q8_heads,
+                                                  kdot8_q8_pairs))
+overload(_kdot4, inline="always")(_kdot_by_cache(kdot4, kdot4_heads, kdot4_pairs, kdot4_q8, kdot4_q8_heads,
+                                                  kdot4_q8_pairs))
 
 
 @overload(_dot1, inline="always")
@@ -409,6 +415,10 @@ def _vsum_impl(kv, pt, sc, o, n, p, group):
                 g = h % group
                 vsum_q8_heads(pt[h // group, g:g + GROUP_HEADS], sc[h:h + GROUP_HEADS], o, n, kv[2], kv[3], p,
                               h // group)
+        elif group % 2 == 0:
+            for h in range(0, sc.shape[0], 2):
+                g = h % group
+                vsum_q8_pairs(pt[h // group, g:g + 2], sc[h:h + 2], o, n, kv[2], kv[3], p, h // group)
         else:
             for h in range(sc.shape[0]):
                 vsum_q8(pt[h // group, h % group], sc[h], o, n, kv[2], kv[3], p, h // group)

@@ -11,7 +11,8 @@ int8 one (vpmovsxbd + vcvtdq2ps: 8 values to 8 floats) and the group scales appl
   the same bits; at 600 positions 8 -> 16 lanes took a layer's items from 24.5 to 22.1 us, one thread,
   cache-hot); a position's weight is its score times its scale for the group.
 - `kdot8_q8_heads` / `kdot4_q8_heads` / `vsum_q8_heads`: the same for the GROUP_HEADS query heads that share
-  a KV head, each K / V vector dequantized once (as attn_avx2's *_heads forms; the same bits).
+  a KV head, each K / V vector dequantized once (as attn_avx2's *_heads forms; the same bits); the *_pairs
+  forms for two heads a call (GQA groups of 2 and 4, as attn_avx2's pair forms).
 A cache row is 72 bytes per (position, head) at hd 64 instead of f16's 128, but the dequantizing loads
 (sign-extend, convert) and a reduction per group cost more instructions than F16C's one conversion: at
 512-640 context the step decodes about as fast as over an f16 cache (bench/results-cpu.md).
@@ -119,6 +120,8 @@ kdot8_q8 = _make_kdot(8)
 kdot4_q8 = _make_kdot(4)
 kdot8_q8_heads = _make_kdot(8, GROUP_HEADS)
 kdot4_q8_heads = _make_kdot(4, GROUP_HEADS)
+kdot8_q8_pairs = _make_kdot(8, 2)  # groups of 2 and 4 (Qwen3-0.6B / 1.7B / 4B, Llama-3.2-1B): two heads a call
+kdot4_q8_pairs = _make_kdot(4, 2)
 
 
 def _make_vsum(heads=1):
@@ -174,6 +177,7 @@ def _vsum_codegen(heads):
 
 vsum_q8 = _make_vsum()
 vsum_q8_heads = _make_vsum(GROUP_HEADS)
+vsum_q8_pairs = _make_vsum(2)
 
 
 def group_scale(builder, chunks):
