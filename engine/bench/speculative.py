@@ -72,23 +72,34 @@ def variant_round(engine: Engine, mode: str, k: int, flags: frozenset):
     return SpecRound(drafter, k, engine.capacity)
 
 
+def _primed(model, forward, kv_dtype: str, ctx_len: int, room: int, seed: int):
+    """(forward, cache, ids): forward (default model.forward), a cache of ctx_len + room positions holding ctx_len
+    random tokens' keys and values, and ids(n) -> n more random token ids (below 1000 and the vocabulary)."""
+    forward = forward or model.forward
+    rng = np.random.default_rng(seed)
+    top = min(1000, model.args.vocab_size)
+
+    def ids(n):
+        return rng.integers(10, top, n).astype(np.int32)
+    cache = model.new_cache(ctx_len + room, kv_dtype)
+    forward(ids(ctx_len), 0, cache)
+    return forward, cache, ids
+
+
 def verify_cost(model, kv_dtype: str = "f16", sizes=(1, 2, 4, 8), ctx_len: int = 200, repeats: int = 20,
                 forward=None, clock=time.perf_counter) -> dict[int, float]:
     """Median ms of one forward over T tokens at position ctx_len (cache rolled back after each pass).
     forward: a callable like model.forward (e.g. the fused CPU step); default model.forward. clock:
     time.process_time counts the CPU time of all the process's threads, steadier than the wall clock on a
     machine other jobs load (with one thread it is the pass's own work)."""
-    forward = forward or model.forward
-    rng = np.random.default_rng(0)
-    cache = model.new_cache(ctx_len + max(sizes) + 1, kv_dtype)
-    forward(rng.integers(10, 1000, ctx_len).astype(np.int32), 0, cache)
+    forward, cache, ids = _primed(model, forward, kv_dtype, ctx_len, max(sizes) + 1, seed=0)
     times: dict[int, list[float]] = {t: [] for t in sizes}
     for t in sizes:  # warm-up: compile each batch shape once
-        forward(rng.integers(10, 1000, t).astype(np.int32), ctx_len, cache, all_logits=True)
+        forward(ids(t), ctx_len, cache, all_logits=True)
         cache.truncate(ctx_len)
     for _ in range(repeats):
         for t in sizes:  # interleaved so drift hits every size alike
-            toks = rng.integers(10, 1000, t).astype(np.int32)
+            toks = ids(t)
             t0 = clock()
             forward(toks, ctx_len, cache, all_logits=True)
             times[t].append((clock() - t0) * 1e3)
@@ -103,16 +114,12 @@ def decode_step_cost(model, kv_dtype: str = "f16", ctx_len: int = 200, steps: in
     sizes, so its T=1 follows a larger pass every time; on the 2-core Xeon VM a step after any other work
     (another pass, 8 ms of sleep) measured 25-35% slower than one right after a step (the weights' cache
     lines, the idle core), which made verify passes look cheaper against decode than they are."""
-    forward = forward or model.forward
-    rng = np.random.default_rng(1)
-    top = min(1000, model.args.vocab_size)
-    cache = model.new_cache(ctx_len + steps + 1, kv_dtype)
-    forward(rng.integers(10, top, ctx_len).astype(np.int32), 0, cache)
+    forward, cache, ids = _primed(model, forward, kv_dtype, ctx_len, steps + 1, seed=1)
     times = []
     for _ in range(repeats):
         for i in range(steps):
             t0 = clock()
-            forward(rng.integers(10, top, 1).astype(np.int32), ctx_len + i, cache)
+            forward(ids(1), ctx_len + i, cache)
             if i >= 2:  # the run's first steps follow other work
                 times.append((clock() - t0) * 1e3)
         cache.truncate(ctx_len)

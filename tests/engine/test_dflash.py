@@ -469,3 +469,25 @@ def test_bench_times_decode_steps_back_to_back(tiny):
     assert 0 < ms < 1000
     assert seen[0] == (20, 0, 0) and [s[1] for s in seen[1:6]] == [20, 21, 22, 23, 24]
     assert all(n == 1 and pos == length for n, pos, length in seen[1:]) and seen[6][1] == 20
+
+
+def test_bench_times_verify_passes_at_one_position(tiny):
+    """engine/bench/speculative.verify_cost: each size's pass at position ctx_len on a cache rolled back to
+    ctx_len after every pass (compiled once per size first, then the sizes interleaved), token ids inside the
+    model's vocabulary."""
+    from engine.api import Engine
+    from engine.bench.speculative import verify_cost
+    path, _ = tiny
+    eng = Engine.load(EngineArgs(model=str(path), max_context=512, prefix_reuse=False))
+    seen = []
+    fwd = eng.model.forward
+
+    def forward(tokens, pos0, cache, **kw):
+        seen.append((len(tokens), pos0, cache.length, int(np.max(tokens))))
+        return fwd(tokens, pos0, cache, **kw)
+    cost = verify_cost(eng.model, sizes=(1, 4), ctx_len=20, repeats=2, forward=forward)
+    assert set(cost) == {1, 4} and all(0 < ms < 1000 for ms in cost.values())
+    assert seen[0][:3] == (20, 0, 0)
+    assert [n for n, *_ in seen[1:]] == [1, 4] * 3  # warm-up, then two interleaved rounds
+    assert all(pos == 20 and length == 20 for _, pos, length, _ in seen[1:])
+    assert max(top for *_, top in seen) < eng.model.args.vocab_size
