@@ -37,7 +37,7 @@ from engine.spec.dflash_taps import Taps, taps_from_dict
 from .dflash_features import OUT as FEAT_DIR
 from .dflash_features import taps_of
 from .dflash_model import WEIGHTS, DFlashConfig, DFlashDrafter, init_from_target
-from .mtp_train import batches, model_path, sha256_of
+from .mtp_train import batches, hot_index_of, model_path, sha256_of
 
 HERE = Path(__file__).resolve().parent
 DATA, CKPT, LOG = HERE / "data", HERE / "ckpt" / "dflash.pt", HERE / "logs" / "dflash.log"
@@ -295,8 +295,7 @@ def train(a) -> None:
         raise SystemExit(f"no tapped features under {FEAT_DIR}: run `python -m train.dflash_features` first")
     model, opt_state, st = build(a, taps, train_set)
     hot_ids = np.asarray(st["hot_ids"], np.int32)
-    hot_index = np.full(model.embed.shape[0], -1, np.int64)
-    hot_index[hot_ids] = np.arange(len(hot_ids))
+    hot_index = hot_index_of(hot_ids, model.embed.shape[0])
     params = list(model.params.values())
     opt = torch.optim.AdamW([{"params": [p for p in params if p.ndim == 2], "weight_decay": a.wd},
                              {"params": [p for p in params if p.ndim == 1], "weight_decay": 0.0}],
@@ -369,8 +368,7 @@ def eval_file(path: str) -> dict:
     held = Shards("heldout", taps)
     held.refresh()
     hot_ids = file["hot_ids"]
-    hot_index = np.full(tg["embed"].shape[0], -1, np.int64)
-    hot_index[hot_ids] = np.arange(len(hot_ids))
+    hot_index = hot_index_of(hot_ids, tg["embed"].shape[0])
     weights = json.loads(str(np.load(path, allow_pickle=False)["meta"])).get("weights", "q8_0")
     model = DFlashDrafter(cfg, tg["embed"], tg["head"][hot_ids], file["params"], weights)
     return evaluate(model, held, hot_ids, hot_index)

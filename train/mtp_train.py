@@ -252,8 +252,7 @@ def train(a) -> None:
     model, opt_state, st = build(a.resume, a.n_hot, train_set, a.seed, a.steps, a.rehot, not a.no_qat)
     hot_ids = st["hot_ids"]
     st["qat"] = not a.no_qat  # how this run's forward ran the block (a resumed run may switch; the last one is kept)
-    hot_index = np.full(model.embed.shape[0], -1, np.int64)
-    hot_index[hot_ids] = np.arange(len(hot_ids))
+    hot_index = hot_index_of(hot_ids, model.embed.shape[0])
     decay = [getattr(model, k) for k in PARAM_NAMES if getattr(model, k).ndim == 2]
     rest = [getattr(model, k) for k in PARAM_NAMES if getattr(model, k).ndim == 1]
     opt = torch.optim.AdamW([dict(params=decay, weight_decay=a.wd), dict(params=rest, weight_decay=0.0)],
@@ -363,6 +362,13 @@ def export_file(out: Path, cfg: MTPConfig, params: dict[str, np.ndarray], hot_id
     os.replace(tmp, out)
 
 
+def hot_index_of(hot_ids: np.ndarray, vocab: int) -> np.ndarray:
+    """Token id -> its row in the hot head (hot_ids: the hot vocabulary's ids), -1 for the rest (vocab,)."""
+    index = np.full(vocab, -1, np.int64)
+    index[hot_ids] = np.arange(len(hot_ids))
+    return index
+
+
 def eval_file(path: str, steps: int = 3) -> dict:
     """The held-out eval (`evaluate`, the QAT forward) of an exported drafter file's weights: a committed
     file scored on the held-out replies of this checkout's distill, beside a run's eval lines."""
@@ -384,8 +390,7 @@ def eval_file(path: str, steps: int = 3) -> dict:
     hot_ids = np.asarray(arrays["hot_ids"], np.int32)
     held = Shards("heldout")
     held.refresh()
-    hot_index = np.full(parts["embed"].shape[0], -1, np.int64)
-    hot_index[hot_ids] = np.arange(len(hot_ids))
+    hot_index = hot_index_of(hot_ids, parts["embed"].shape[0])
     model = MTPDrafter(cfg, parts["embed"], parts["head"][hot_ids], parts["output_norm"], init, qat=True)
     return evaluate(model, held, steps, hot_ids, hot_index)
 
