@@ -427,9 +427,12 @@ def _vsum_impl(kv, pt, sc, o, n, p, group):
 
 # Decode attention reads the cache rows from DRAM (a step's weight stream evicts them), and each work item
 # is a short stream that the hardware prefetcher meets anew: the items ask for K rows this many positions
-# ahead of the scores, and for each V row as its K row is read (the weighted sums read it next).
+# ahead of the scores, and for each block of V rows as the weighted sums of the block before it run.
 # scripts/step_phases.py --with attn: attention 199 -> 178 us per token at 60-99 positions, 764 -> 725 at
-# 600-639 (logits identical).
+# 600-639 (logits identical). The V rows were asked for with their K rows until 2026-12-06: the scores then
+# waited on twice the bytes and the sums on none; one layer at 1024 positions from DRAM (ad hoc, alternated
+# twice, the AVX-512 Xeon) 16 / 8 KV heads x 128 (Qwen3-0.6B / 1.7B) 244-262 -> 228-230 us, 24 / 8 x 128
+# (Llama-3.2-3B) 266 -> 248-254, 32 / 8 x 64 169-171 -> 163-166, SmolLM2's 9 / 3 x 64 the same within noise.
 FETCH_AHEAD = 16
 
 
@@ -478,10 +481,10 @@ def _item_heads_vec(part, sc, qt, kv, t, c, lo, hi, scale):
     _fetch_kv(kv, lo, min(hi, lo + FETCH_AHEAD), lo, lo)
     while p + 8 <= hi:
         a = min(hi, p + FETCH_AHEAD)
-        _fetch_kv(kv, a, min(hi, a + 8), p, p + 8)
+        _fetch_kv(kv, a, min(hi, a + 8), p, p)  # K rows only: V's are asked for a block ahead of their sums
         _kdot8(kv, sc, p - lo, qt, p, group, scale)
         p += 8
-    _fetch_kv(kv, hi, hi, p, hi)
+    _fetch_kv(kv, hi, hi, lo, min(hi, lo + V_BLOCK))
     if p + 4 <= hi:
         _kdot4(kv, sc, p - lo, qt, p, group, scale)
         p += 4
@@ -493,6 +496,7 @@ def _item_heads_vec(part, sc, qt, kv, t, c, lo, hi, scale):
         _softmax_rows(part[t, kh, c], sc[kh * group:(kh + 1) * group], hi - lo)
     for b in range(lo, hi, V_BLOCK):
         n = min(V_BLOCK, hi - b)
+        _fetch_kv(kv, hi, hi, min(hi, b + V_BLOCK), min(hi, b + 2 * V_BLOCK))
         _vsum(kv, part[t, :, c], sc[:n_head], b - lo, n, b, group)
 
 
