@@ -318,8 +318,8 @@ def _vnni_or_skip():
 
 
 @numba.njit(fastmath=True)
-def _scores_vnni(sc, qt, kq, ks, vq, vs, lo, n):
-    cpu_attn_int8.scores_q8_vnni(sc, qt, kq, ks, vq, vs, lo, n, np.float32(0.125))
+def _scores_vnni(sc, qt, kq, ks, lo, n):
+    cpu_attn_int8.scores_q8_vnni(sc, qt, kq, ks, lo, n, np.float32(0.125))
 
 
 @pytest.mark.parametrize("hd,n_kv,n_head", [(64, 3, 9), (128, 2, 4), (64, 2, 12), (64, 4, 4), (192, 1, 8)])
@@ -330,11 +330,11 @@ def test_vnni_scores_are_the_quantized_query_dot_products(hd, n_kv, n_head, lo, 
     lo:lo + n only (the rest of each score row untouched)."""
     _vnni_or_skip()
     rng = np.random.default_rng(hd + 7 * n + lo)
-    (kq, ks), (vq, vs) = (ref.quantize_kv_int8((rng.standard_normal((96, n_kv, hd)) * 3).astype(np.float32), 32)
-                          for _ in range(2))
+    (kq, ks), _ = (ref.quantize_kv_int8((rng.standard_normal((96, n_kv, hd)) * 3).astype(np.float32), 32)
+                   for _ in range(2))  # (the V draw kept: the same query as before the scores stopped taking V)
     qt = (rng.standard_normal((n_head, hd)) * 2).astype(np.float32)
     sc = np.full((n_head, 100), np.nan, np.float32)
-    _scores_vnni(sc, qt, kq, ks, vq, vs, lo, n)
+    _scores_vnni(sc, qt, kq, ks, lo, n)
     q16 = ref.quantize_query_q16(qt, 32)
     assert 0 < np.abs(q16 - qt).max() < 2e-4 * np.abs(qt).max()  # 16 bits, not the float query
     group = n_head // n_kv
@@ -354,7 +354,7 @@ def test_vnni_scores_quantize_a_zero_query_group_to_zero():
     qt = rng.standard_normal((1, 64)).astype(np.float32)
     qt[0, :32] = 0
     sc = np.zeros((1, 16), np.float32)
-    _scores_vnni(sc, qt, kq, ks, kq, ks, 0, 16)
+    _scores_vnni(sc, qt, kq, ks, 0, 16)
     want = 0.125 * ref.dequantize_kv_int8(kq, ks)[:, 0, 32:] @ ref.quantize_query_q16(qt, 32)[0, 32:]
     np.testing.assert_allclose(sc[0], want, rtol=1e-5)
 

@@ -18,8 +18,8 @@ against the float query's 96.07%, one token per pass); in 16 bits it reads 96.36
 within ~1e-4 of the float query's. Per (position, KV head): one load and xor, and per query head two
 vpdpbusd, a shift and ~2.6 shuffles / adds, where attn_int8_avx2's kdot_q8 sign-extends and converts
 every 8 values and reduces per group of 32: scores at 600 positions 11.9 -> 7.7 us per layer, one thread,
-cache-hot (2026-12-03). The same loop asks for the K rows 16 positions ahead and the V rows of the
-positions it scores (attn's FETCH_AHEAD, its _fetch_kv pattern).
+cache-hot (2026-12-03). The same loop asks for the K rows 16 positions ahead (attn's FETCH_AHEAD); the V
+rows are asked for a block ahead of their sums (attn_int8, as attn's items do).
 
 The scores are ref.attention_int8_q16's. Needs hd % 64 == 0 and 32-value scale groups, at most GMAX query
 heads per KV head and the buffers' sizes (usable(): attn_int8 runs the other kernels otherwise).
@@ -147,9 +147,9 @@ class _Args:
     """The arrays' pointers, shapes and strides (in bytes) that the code below reads."""
 
     def __init__(self, context, builder, signature, args):
-        s_, q_, kq_, ks_, vq_, vs_, self.lo, self.n, self.scale = args
-        sa, qa, kqa, ksa, vqa, vsa = (context.make_array(t)(context, builder, a)
-                                      for t, a in zip(signature.args, (s_, q_, kq_, ks_, vq_, vs_)))
+        s_, q_, kq_, ks_, self.lo, self.n, self.scale = args
+        sa, qa, kqa, ksa = (context.make_array(t)(context, builder, a)
+                            for t, a in zip(signature.args, (s_, q_, kq_, ks_)))
         self.n_q, self.hd = cgutils.unpack_tuple(builder, qa.shape, 2)
         self.n_kv = builder.extract_value(kqa.shape, 1)
         self.n_g = builder.extract_value(ksa.shape, 2)
@@ -158,9 +158,7 @@ class _Args:
         self.sst = cgutils.unpack_tuple(builder, ksa.strides, 3)
         self.q_row = builder.extract_value(qa.strides, 0)
         self.s_row = builder.extract_value(sa.strides, 0)
-        self.v_row, self.vs_row = builder.extract_value(vqa.strides, 0), builder.extract_value(vsa.strides, 0)
-        self.s, self.q, self.k, self.ks, self.v, self.vs = (builder.bitcast(a.data, I8.as_pointer())
-                                                            for a in (sa, qa, kqa, ksa, vqa, vsa))
+        self.s, self.q, self.k, self.ks = (builder.bitcast(a.data, I8.as_pointer()) for a in (sa, qa, kqa, ksa))
 
 
 def _group_sums(builder, x, qbuf, hq, hd, b):
@@ -204,16 +202,15 @@ def _codegen(context, builder, signature, args):
     def clamp(x):
         return builder.select(builder.icmp_signed("<", x, hi), x, hi)
 
-    def fetch(p0, p1, v):  # attn._fetch_kv's requests: K rows and their scales, or V rows and theirs
-        for base, row in ((a.v, a.v_row), (a.vs, a.vs_row)) if v else ((a.k, a.kst[0]), (a.ks, a.sst[0])):
+    def fetch(p0, p1):  # attn._fetch_kv's requests for K rows and their scales
+        for base, row in ((a.k, a.kst[0]), (a.ks, a.sst[0])):
             _prefetch_rows(builder, base, row, p0, p1)
-    fetch(a.lo, clamp(builder.add(a.lo, _i(FETCH_AHEAD))), False)
+    fetch(a.lo, clamp(builder.add(a.lo, _i(FETCH_AHEAD))))
     with cgutils.for_range(builder, builder.udiv(builder.add(a.n, _i(7)), _i(8))) as bl:
         o = builder.mul(bl.index, _i(8))
         p = builder.add(a.lo, o)
         ahead = clamp(builder.add(p, _i(FETCH_AHEAD)))
-        fetch(ahead, clamp(builder.add(ahead, _i(8))), False)
-        fetch(p, clamp(builder.add(p, _i(8))), True)
+        fetch(ahead, clamp(builder.add(ahead, _i(8))))
         # the last block's rows past hi repeat its last position (their scores are not stored)
         rows = [builder.select(builder.icmp_signed("<", builder.add(p, _i(r)), hi), builder.add(p, _i(r)),
                                builder.sub(hi, _i(1))) for r in range(8)]
@@ -244,16 +241,14 @@ def _codegen(context, builder, signature, args):
 
 
 @intrinsic
-def scores_q8_vnni(typingctx, s, q, kq, ks, vq, vs, lo, n, scale):
+def scores_q8_vnni(typingctx, s, q, kq, ks, lo, n, scale):
     """s[h, i] <- scale * q16(q[h]) . K[lo + i, h // group] for i < n and every query head h (group = heads
-    per KV head; q16: ref.quantize_query_q16): s (H, >= n) f32 (rows by stride), q (H, hd) f32, kq / vq
-    (cap, n_kv, hd) int8, ks / vs (cap, n_kv, hd // 32) f32 (V only asked for), q, kq and ks C-contiguous.
-    usable() must hold."""
-    arr = (s, q, kq, ks, vq, vs)
-    want = ((2, types.float32), (2, types.float32), (3, types.int8), (3, types.float32), (3, types.int8),
-            (3, types.float32))
+    per KV head; q16: ref.quantize_query_q16): s (H, >= n) f32 (rows by stride), q (H, hd) f32, kq (cap, n_kv,
+    hd) int8, ks (cap, n_kv, hd // 32) f32, q, kq and ks C-contiguous. usable() must hold."""
+    arr = (s, q, kq, ks)
+    want = ((2, types.float32), (2, types.float32), (3, types.int8), (3, types.float32))
     if not all(isinstance(a, types.Array) and (a.ndim, a.dtype) == w for a, w in zip(arr, want)):
         return None
     if not all(a.layout == "C" for a in (q, kq, ks)):
         return None
-    return types.void(s, q, kq, ks, vq, vs, lo, n, scale), _codegen
+    return types.void(s, q, kq, ks, lo, n, scale), _codegen
