@@ -58,9 +58,24 @@ def _vv(k, h, n):
     return 4 * k + 2 * h + n
 
 
+class _Values:
+    """A block's value vectors as the sums read them: vec(k, h, n) -> <32 x i8>, and pair(k, n) -> <64 x i8>
+    vectors (k, 0, n) and (k, 1, n) side by side (the 512-bit sums' operand): merged in 512 bits where the block
+    has that form (_merged_pairs), else the two 256-bit vectors concatenated."""
+
+    def __init__(self, builder, vec, pair=None):
+        self.builder, self.vec, self._pair = builder, vec, pair
+
+    def pair(self, k, n):
+        if self._pair is not None:
+            return self._pair(k, n)
+        return self.builder.shuffle_vector(self.vec(k, 0, n), self.vec(k, 1, n),
+                                           _const(ir.VectorType(I32, 64), list(range(64))))
+
+
 def _merged(builder, q, bits):
-    """val_of(k, h, n) -> <32 x i8> the values of value vector (k, h, n) of the block at q (i8*): the nibbles
-    with their high bits from the plane."""
+    """_Values of the block at q (i8*): vector (k, h, n) its nibbles with their high bits from the plane (and
+    the pairs merged in 512 bits where the target has GF512)."""
     nib, planes = {}, {}
 
     def val_of(k, h, n):
@@ -76,9 +91,7 @@ def _merged(builder, q, bits):
         elif sh < 0:
             y = builder.lshr(y, _const(V32I8, -sh))
         return builder.or_(nib[(k, h)][n], builder.and_(y, _const(V32I8, mask)))
-    if GF512:
-        val_of.pair = _merged_pairs(builder, q, bits)  # what _isums_vnni512 takes where it can
-    return val_of
+    return _Values(builder, val_of, _merged_pairs(builder, q, bits) if GF512 else None)
 
 
 def _gf_bits(builder, x, picks):
@@ -117,10 +130,10 @@ def _merged_pairs(builder, q, bits):
 
 
 def _stored(builder, b):
-    """val_of(k, h, n) of a block unpacked into the buffer at b (i8*)."""
+    """_Values of a block unpacked into the buffer at b (i8*)."""
     def val_of(k, h, n):
         return _vload(builder, builder.gep(b, [ir.Constant(I64, 32 * _vv(k, h, n))]), V32I8)
-    return val_of
+    return _Values(builder, val_of)
 
 
 def _act_splats(builder, a):
@@ -142,12 +155,12 @@ def _sums_a(builder, a):
                  for i in range(2))
 
 
-def _isums(builder, val_of, avs, ks, flush):
+def _isums(builder, vals, avs, ks, flush):
     """Per activation row (avs: its 8 broadcasts, _act_splats) four <8 x i32> (rows 0-7, 8-15, 16-23, 24-31):
     sum over k in ks of the weight rows' values times a[4k..4k+3], summed in int16 over `flush` k's at a time,
     then in int32 (or _isums_vnni512's). Each value vector is merged once for all the activation rows."""
     if VNNI512:
-        return _isums_vnni512(builder, val_of, avs, ks)
+        return _isums_vnni512(builder, vals, avs, ks)
     madd = _fn(builder, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8])
     pmaddwd = _fn(builder, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
     acc32 = [[None] * 4 for _ in avs]
@@ -156,7 +169,7 @@ def _isums(builder, val_of, avs, ks, flush):
         for k in ks[c:c + flush]:
             for h in range(2):
                 for n in range(2):
-                    v = val_of(k, h, n)
+                    v = vals.vec(k, h, n)
                     for r, av in enumerate(avs):
                         m = builder.call(madd, [v, av[k]])
                         x = acc16[r][2 * h + n]
@@ -168,7 +181,7 @@ def _isums(builder, val_of, avs, ks, flush):
     return acc32
 
 
-def _isums_vnni512(builder, val_of, avs, ks):
+def _isums_vnni512(builder, vals, avs, ks):
     """_isums with 512-bit vpdpbusd (AVX512-VNNI): value vectors (k, 0, n) and (k, 1, n) side by side in one
     register (rows 8n..8n+7 and 16+8n..16+8n+7, four values each), times the broadcast a[4k..4k+3], straight
     into int32 lanes: 16 instructions per row and block where vpmaddubsw, its 16-bit adds and vpmaddwd took
@@ -176,12 +189,9 @@ def _isums_vnni512(builder, val_of, avs, ks):
     dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", V16I32, [V16I32, V16I32, V16I32])
     chains = 2 if len(avs) <= 2 else 1  # (vpdpbusd's latency when few rows give independent chains)
     acc = [[[_const(V16I32, 0)] * chains for _ in range(2)] for _ in avs]
-    pair_of = getattr(val_of, "pair", None)
     for j, k in enumerate(ks):
         for n in range(2):
-            z = builder.bitcast(pair_of(k, n) if pair_of else
-                                builder.shuffle_vector(val_of(k, 0, n), val_of(k, 1, n),
-                                                       _const(ir.VectorType(I32, 64), list(range(64)))), V16I32)
+            z = builder.bitcast(vals.pair(k, n), V16I32)
             for r, av in enumerate(avs):
                 acc[r][n][j % chains] = builder.call(dp, [acc[r][n][j % chains], z, av[k]])
     out = []
@@ -192,7 +202,7 @@ def _isums_vnni512(builder, val_of, avs, ks):
     return out
 
 
-def _terms(builder, bits, val_of, acts, meta, sbs, xsbs, a_sums=None):
+def _terms(builder, bits, vals, acts, meta, sbs, xsbs, a_sums=None):
     """<32 x float> block terms (module docstring) of the 32 rows, one per activation row: acts i8* to each
     row's 32 activations of the block, sbs / xsbs their scales and scaled sums (float); meta: i8* to the block's
     128 scale bytes. a_sums (the multi-row and batched forms): per row (A, A0), the block's sum and its first
@@ -207,7 +217,7 @@ def _terms(builder, bits, val_of, acts, meta, sbs, xsbs, a_sums=None):
         else:
             a_16 = [_block_sum_times(builder, a, 16) for a, _ in a_sums]
         m16 = builder.fadd(_halves(builder, _i16_at(builder, meta, 64)), builder.fmul(_const(V32F, 16.0), dv))
-        for acc, a16, sb, xsb in zip(_isums(builder, val_of, avs, list(range(8)), 4), a_16, sbs, xsbs):
+        for acc, a16, sb, xsb in zip(_isums(builder, vals, avs, list(range(8)), 4), a_16, sbs, xsbs):
             centred = builder.sub(_rows32(builder, acc), _splat(builder, a16, V32I32))
             out.append(builder.fadd(builder.fmul(builder.fmul(dv, _splat(builder, sb, V32F)),
                                                  builder.sitofp(centred, V32F)),
@@ -222,7 +232,7 @@ def _terms(builder, bits, val_of, acts, meta, sbs, xsbs, a_sums=None):
             sums.append((h0, builder.sub(builder.fptosi(a, I32), h0)))
     scs = [[builder.sext(_vload(builder, _bytes_at(builder, meta, 32 * half + 8 * i), V8I8), V8I32) for i in range(4)]
            for half in range(2)]
-    halves = [_isums(builder, val_of, avs, list(range(4 * half, 4 * half + 4)), 2) for half in range(2)]
+    halves = [_isums(builder, vals, avs, list(range(4 * half, 4 * half + 4)), 2) for half in range(2)]
     for r, ((a0, a1), sb) in enumerate(zip(sums, sbs)):
         parts = [None] * 4
         for half, ah in ((0, a0), (1, a1)):
@@ -234,9 +244,9 @@ def _terms(builder, bits, val_of, acts, meta, sbs, xsbs, a_sums=None):
     return out
 
 
-def _term(builder, bits, val_of, a, meta, sb, xsb, a_sums=None):
+def _term(builder, bits, vals, a, meta, sb, xsb, a_sums=None):
     """_terms of one activation row (a_sums: its (A, A0), or None)."""
-    return _terms(builder, bits, val_of, [a], meta, [sb], [xsb], None if a_sums is None else [a_sums])[0]
+    return _terms(builder, bits, vals, [a], meta, [sb], [xsb], None if a_sums is None else [a_sums])[0]
 
 
 def _check_blocks(a):
@@ -289,12 +299,12 @@ def _make(bits):
             buf_, blk_, bo = args
             q = _ptr(context, builder, signature.args[1], blk_, bo)
             b = _ptr(context, builder, signature.args[0], buf_, ir.Constant(I64, 0))
-            val_of = _merged(builder, q, bits)
+            vals = _merged(builder, q, bits)
             for k in range(8):
                 for h in range(2):
                     for n in range(2):
                         p = builder.bitcast(builder.gep(b, [ir.Constant(I64, 32 * _vv(k, h, n))]), V32I8.as_pointer())
-                        builder.store(val_of(k, h, n), p, align=1)
+                        builder.store(vals.vec(k, h, n), p, align=1)
             for i in range(4):
                 x = _vload(builder, _bytes_at(builder, q, META[bits] + 32 * i), V32I8)
                 builder.store(x, builder.bitcast(_bytes_at(builder, b, VALS + 32 * i), V32I8.as_pointer()), align=1)
