@@ -79,8 +79,11 @@ def test_stream_events_and_figures(serve):
     assert final.finish_reason == "stop" and final.backend == "remote" and final.context_capacity == 1024
     assert final.prompt_tokens > 0 and final.output_tokens >= len(ANSWER.split())  # the server's usage
     assert final.answer_tokens == final.output_tokens and final.reasoning_tokens == 0
-    # measured from the stream: at 10 ms a token about 100 tok/s (the server merges deltas it fell behind on)
-    assert 0 < final.ttft_s < final.wall_s and 0 < final.decode_tok_s < 200
+    # measured from the stream: the server sleeps 10 ms a token, so the whole reply reads at most ~100 tok/s; the
+    # decode rate alone can read more where the server merged deltas it fell behind on (200.3 tok/s in a clean-
+    # clone run beside a training job), so it is only checked to be a rate
+    assert 0 < final.ttft_s < final.wall_s and 0 < final.decode_tok_s < float("inf")
+    assert final.output_tokens / final.wall_s <= 110
     assert second[-1].cached_prompt_tokens > 0  # the server's prefix reuse, as its usage reports it
 
 
