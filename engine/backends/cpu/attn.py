@@ -484,7 +484,6 @@ def _item_heads_vec(part, sc, qt, kv, t, c, lo, hi, scale):
         _fetch_kv(kv, a, min(hi, a + 8), p, p)  # K rows only: V's are asked for a block ahead of their sums
         _kdot8(kv, sc, p - lo, qt, p, group, scale)
         p += 8
-    _fetch_kv(kv, hi, hi, lo, min(hi, lo + V_BLOCK))
     if p + 4 <= hi:
         _kdot4(kv, sc, p - lo, qt, p, group, scale)
         p += 4
@@ -492,12 +491,20 @@ def _item_heads_vec(part, sc, qt, kv, t, c, lo, hi, scale):
         for h in range(n_head):
             sc[h, p - lo] = _dot1(kv, qt[h], p, h // group) * scale
         p += 1
-    for kh in range(n_kv):
+    softmax_and_sums(part, sc, kv, t, c, lo, hi, n_head, group)
+
+
+@njit(cache=True, nogil=True, fastmath=True, inline="always")
+def softmax_and_sums(part, sc, kv, t, c, lo, hi, n_head, group):
+    """A work item's scores sc[:, :hi - lo] -> part[t, :, c]: each KV head's softmax, then the weighted V sums
+    over V_BLOCK positions at a time for every head, each block's V rows asked for while the sums of the
+    block before it run (FETCH_AHEAD's note). Every item form shares it (attn_int8's too)."""
+    _fetch_kv(kv, hi, hi, lo, min(hi, lo + V_BLOCK))
+    for kh in range(kv[0].shape[1]):
         _softmax_rows(part[t, kh, c], sc[kh * group:(kh + 1) * group], hi - lo)
     for b in range(lo, hi, V_BLOCK):
-        n = min(V_BLOCK, hi - b)
         _fetch_kv(kv, hi, hi, min(hi, b + V_BLOCK), min(hi, b + 2 * V_BLOCK))
-        _vsum(kv, part[t, :, c], sc[:n_head], b - lo, n, b, group)
+        _vsum(kv, part[t, :, c], sc[:n_head], b - lo, min(V_BLOCK, hi - b), b, group)
 
 
 _item_heads = _item_heads_vec if VECTOR_ATTN else _item_heads_loops

@@ -15,8 +15,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .attn import (SPLITS, V_BLOCK, VECTOR_ATTN, _clear_part, _fetch_kv, _item_heads_vec, _softmax_rows, _vsum,
-                   _work_item, merge_parts)
+from .attn import (SPLITS, VECTOR_ATTN, _clear_part, _item_heads_vec, _softmax_rows, _work_item, merge_parts,
+                   softmax_and_sums)
 from .attn_int8_vnni import VNNI512, scores_q8_vnni, usable  # noqa: F401  (VNNI512: tests)
 
 F32 = np.float32
@@ -91,14 +91,8 @@ def _item_heads_q8_vnni(part, sc, qt, kv, t, c, lo, hi, scale):
     if not usable(n_head, n_kv, hd, ks.shape[2]):
         _item_heads_q8_vec(part, sc, qt, kv, t, c, lo, hi, scale)
         return
-    group = n_head // n_kv
     scores_q8_vnni(sc, qt, kq, ks, lo, hi - lo, scale)
-    _fetch_kv(kv, hi, hi, lo, min(hi, lo + V_BLOCK))  # V rows a block ahead of their sums (attn's items)
-    for kh in range(n_kv):
-        _softmax_rows(part[t, kh, c], sc[kh * group:(kh + 1) * group], hi - lo)
-    for b in range(lo, hi, V_BLOCK):
-        _fetch_kv(kv, hi, hi, min(hi, b + V_BLOCK), min(hi, b + 2 * V_BLOCK))
-        _vsum(kv, part[t, :, c], sc[:n_head], b - lo, min(V_BLOCK, hi - b), b, group)
+    softmax_and_sums(part, sc, kv, t, c, lo, hi, n_head, n_head // n_kv)
 
 
 _item_heads_q8 = (_item_heads_q8_vnni if VNNI512 else _item_heads_q8_vec) if VECTOR_ATTN else _item_heads_q8_loops
