@@ -173,9 +173,9 @@ def _halves(builder, p):
 
 
 def _split(builder, x):
-    """32 bytes of a block vector -> (low nibbles, high nibbles), each 32 unsigned bytes."""
-    mask = _const(V32I8, 15)
-    return builder.and_(x, mask), builder.and_(builder.lshr(x, _const(V32I8, 4)), mask)
+    """Block vector bytes (32, or 64: two vectors) -> (low nibbles, high nibbles), as many unsigned bytes."""
+    mask = _const(x.type, 15)
+    return builder.and_(x, mask), builder.and_(builder.lshr(x, _const(x.type, 4)), mask)
 
 
 def _isum(builder, nib_of, a, vnni=False):
@@ -344,15 +344,13 @@ def _rows_isum_vnni512(builder, q, ab):
     activations go straight into its int32 lane: 16 instructions per row and block where vpmaddubsw, its
     16-bit adds and vpmaddwd take 68. Exact integer sums, so the same bits."""
     dp = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", V16I32, [V16I32, V16I32, V16I32])
-    mask = _const(V64I8, 15)
     # per row: [low nibbles: rows 0-7 | 16-23, high nibbles: rows 8-15 | 24-31], in two chains (even / odd k)
     # when few rows run (vpdpbusd's latency; more rows give the core independent chains anyway)
     chains = 2 if len(ab) <= 2 else 1
     acc = [[[_const(V16I32, 0)] * chains for _ in range(2)] for _ in ab]
     for k in range(8):
         x = _vload(builder, builder.gep(q, [ir.Constant(I64, 64 * k)]), V64I8)
-        nib = [builder.bitcast(v, V16I32) for v in (builder.and_(x, mask),
-                                                    builder.and_(builder.lshr(x, _const(V64I8, 4)), mask))]
+        nib = [builder.bitcast(v, V16I32) for v in _split(builder, x)]
         for i, a in enumerate(ab):
             av = _splat(builder, _a4(builder, a, k), V16I32)
             for n in range(2):

@@ -116,9 +116,7 @@ def _merged_pairs(builder, q, bits):
 
     def pair_of(k, n):
         if k not in nib:
-            x = _vload(builder, builder.gep(q, [ir.Constant(I64, 64 * k)]), V64I8)
-            mask = _const(V64I8, 15)
-            nib[k] = (builder.and_(x, mask), builder.and_(builder.lshr(x, _const(V64I8, 4)), mask))
+            nib[k] = _split(builder, _vload(builder, builder.gep(q, [ir.Constant(I64, 64 * k)]), V64I8))
         p = k // 2 if bits == 5 else k
         if p not in planes:
             y = _vload(builder, builder.gep(q, [ir.Constant(I64, P_OFF + 32 * p)]), V32I8)
