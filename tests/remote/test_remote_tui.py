@@ -22,7 +22,7 @@ def notes(app) -> list[str]:
 
 async def test_streaming_reply_figures_transcript_and_export(serve, tiny_engine, remote_app, tmp_path):
     with serve(tiny_engine, model_id="tiny-llama") as (url, _):
-        app = remote_app(url, max_new=24, **WORDY)
+        app = remote_app(url, max_new=24, seed=3, **WORDY)  # seeded: an unseeded draw was all blank once in CI
         async with app.run_test(size=SIZE) as pilot:
             await ready(pilot)
             assert app.model_name == f"tiny-llama @ {url}"
