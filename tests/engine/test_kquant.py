@@ -52,10 +52,10 @@ def _quantized(t_n, cols, seed, extreme=False):
 
 
 def test_types_take_the_fast_layouts():
-    """Q4_K becomes fast's 4-bit layout (its kernels, the fused step's stacks), the others kquant's."""
+    """Q4_K becomes fast's 'q4k' layout (q4k.py, the fused step's stacks), the others kquant's."""
     for qtype in ALL:
         _, w = _weight(qtype, 64, 256, 1)
-        want = (fast.FastWeight, "q4") if qtype == QT.Q4_K else (kquant.KWeight, 5 if qtype != QT.Q6_K else 6)
+        want = (fast.FastWeight, "q4k") if qtype == QT.Q4_K else (kquant.KWeight, 5 if qtype != QT.Q6_K else 6)
         assert isinstance(w, want[0]) and w.shape == (64, 256), qtype
         assert (w.kind if qtype == QT.Q4_K else w.bits) == want[1]
 
@@ -149,7 +149,7 @@ def test_q4k_layers_repack_into_parts(threads):
     ws = fast.prepare_layers(roles, threads=threads)
     for qt in roles["a"]:
         w, one = ws[qt.name], fast.prepare_weight(qt)
-        assert w.kind == one.kind == "q4" and w.blocks.shape[0] == threads
+        assert w.kind == one.kind == "q4k" and w.blocks.shape[0] == threads
         assert np.array_equal(w.blocks.reshape(one.blocks.shape), one.blocks)
 
 

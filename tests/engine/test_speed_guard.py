@@ -297,12 +297,21 @@ F.q8_group_batched(out, qa, sa, xs, np.zeros((ng, nb, F.avx2.BLK8), np.int8), 0)
 F.quantize_rows(qa, sa, xs, np.ones((t, nb * 32), np.float32))
 from engine.backends.cpu.attn import store_f16
 store_f16(np.zeros((4, 3, 64), np.uint16), np.ones((1, 3, 64), np.float32), 2)
-from engine.backends.cpu import avx2 as cpu_avx2, kquant as K, kquant_avx2 as KX
+from engine.backends.cpu import avx2 as cpu_avx2, kquant as K, kquant_avx2 as KX, q4k as Q
+from numba import njit
+@njit
+def q4k_decode(out, qa, sa, xs, blk):  # the 'q4k' decode form as the fused step inlines it
+    Q.item(out, qa, sa, xs, blk, 0, 0)
+q4k_blk = np.zeros((ng, 1, F.avx2.SB4K), np.uint8)
+q4k_out = np.zeros((1, ng * G), np.float32)
+q4k_decode(q4k_out, qa[:1], sa[:1], xs[:1], q4k_blk)
+Q.group(out, qa, sa, xs, q4k_blk, 0)  # the multi-row form (2 rows)
 K.group(out[:1], qa, sa, xs, np.zeros((ng, nb, KX.BLK6), np.uint8), 0, 6)  # the Q6_K decode form
 asm6 = "\\n".join(K.group.inspect_asm().values())
 res = {{"VNNI": cpu_avx2.VNNI, "VNNI512": cpu_avx2.VNNI512, "GF512": KX.GF512,
         "q6_gf512": len(re.findall(r"vgf2p8affineqb\\s[^\\n]*%zmm", asm6))}}
-for name, f in (("q4_group", F.q4_group), ("q4_group_batched", F.q4_group_batched), ("q8_group", F.q8_group),
+for name, f in (("q4_group", F.q4_group), ("q4_group_batched", F.q4_group_batched), ("q4k_decode", q4k_decode),
+                ("q4k_group", Q.group), ("q8_group", F.q8_group),
                 ("q8_group_batched", F.q8_group_batched), ("quantize_rows", F.quantize_rows), ("store_f16", store_f16)):
     asm = "\\n".join(f.inspect_asm().values())
     res[name] = {{"wide": len(re.findall(r"%[yz]mm", asm)),
@@ -312,7 +321,8 @@ for name, f in (("q4_group", F.q4_group), ("q4_group_batched", F.q4_group_batche
                        "round": len(re.findall(r"vroundps|vrndscaleps", asm)),  # (the AVX-512 form)
                        "prefetch": len(re.findall(r"prefetcht[012]", asm)),  # (into L1 or L2: PREFETCH_LOCALITY)
                        "dpbusd": len(re.findall(r"vpdpbusd", asm)),
-                       "dp512": len(re.findall(r"vpdp(?:busd|wssd)\\s[^\\n]*%zmm", asm))}}
+                       "dp512": len(re.findall(r"vpdp(?:busd|wssd)\\s[^\\n]*%zmm", asm)),
+                       "f16_calls": len(re.findall(r"call[^\\n]*(?:truncsfhf|f2h_ieee)", asm))}}
 print(json.dumps(res))
 """
 
@@ -336,9 +346,12 @@ def test_integer_kernels_are_vectorized(tmp_path):
     if gf512:  # the Q6_K decode form merges its value vector pairs in 512 bits (kquant_avx2._merged_pairs)
         assert q6_gf512 >= 16, q6_gf512
     if vnni:  # the 4-bit decode kernel's block sums: vpdpbusd where the target has VNNI (cpu_avx2.VNNI)
-        assert res["q4_group"]["dpbusd"] >= 16, res["q4_group"]
+        assert res["q4_group"]["dpbusd"] >= 16 and res["q4k_decode"]["dpbusd"] >= 16, res
     if vnni512:  # 512-bit vpdpbusd / vpdpwssd in the multi-row forms (2 rows here) where the target has them
         assert res["q4_group_batched"]["dp512"] >= 16 and res["q8_group_batched"]["dp512"] >= 16, res
+        assert res["q4k_group"]["dp512"] >= 16, res
+    for name in ("q4k_decode", "q4k_group"):  # 'q4k': f16(d sc) rounded in vector registers, no runtime call
+        assert res[name]["f16_calls"] == 0 and (not f16c or res[name]["cvtps2ph"] >= 2), (name, res[name])
     assert quant["round"] >= 1 and quant["wide"] >= 8, quant
     if f16c:
         assert store["cvtps2ph"] >= 1, store
@@ -347,7 +360,7 @@ def test_integer_kernels_are_vectorized(tmp_path):
         assert r["madd"] >= 2, (name, r)  # packed integer multiplies, not scalar imul
         if f16c:
             assert r["cvtph"] >= 1, (name, r)  # f16 scales converted in vector registers, no per-value call
-    for name in ("q4_group", "q8_group"):  # the decode kernels prefetch the weight stream (cpu_avx2.PREFETCH)
+    for name in ("q4_group", "q4k_decode", "q8_group"):  # the decode kernels prefetch the weight stream (PREFETCH)
         assert res[name]["prefetch"] >= 8, (name, res[name])
 
 

@@ -73,9 +73,10 @@ def run_checks(folder, make_tiny) -> None:
         numba.set_num_threads(threads)
         try:
             model, ff = _model(_load_in(folder, make_tiny, "qwen3", PARTS, seed=4))
-            wq, down = ff.roles["wq"], ff.roles["w_down"]
-            assert wq[0] is model.layers[0].wq.stack and wq[0].shape[1] == threads  # prepare_layers' view
-            assert down[0].shape[:2] == (2, threads) and down[2].tolist()[0] != down[2].tolist()[1]
+            wq, gate, down = ff.roles["wq"], ff.roles["w_gate"], ff.roles["w_down"]
+            assert wq[8] is model.layers[0].wq.stack and wq[8].shape[1] == threads  # prepare_layers' view (Q4_K)
+            assert gate[0] is model.layers[0].w_gate.stack and gate[0].shape[1] == threads  # (Q4_1)
+            assert down[8].shape[:2] == (2, threads) and down[2].tolist()[0] != down[2].tolist()[1]
             _equal_to_plain_walk(model, ff)
             _block_equals_plain_greedy(model, ff)
         finally:
@@ -141,7 +142,7 @@ def test_fused_step_on_mixed_layouts_is_the_plain_walk():
 def test_plain_and_mixed_models_have_argument_types_of_their_own(mixed_file, tmp_path_factory, make_tiny):
     """A model all in 4-bit blocks with a Q4 / Q8 embedding and head (the default model) passes (stack, acc16)
     pairs and 3- / 5-tuple tables: the step it compiles has no other layout's kernels (step_mm's overloads
-    pick by these types); a mixed model passes 8-tuple role tables and 4- / 6-tuple ones."""
+    pick by these types); a mixed model passes 9-tuple role tables and 4- / 6-tuple ones."""
     from engine.backends.cpu.tier import fused_signature
     q4 = dict(attn_q=QT.Q4_1, attn_k=QT.Q4_1, attn_v=QT.Q4_0, attn_output=QT.Q4_1, ffn_gate=QT.Q4_0,
               ffn_up=QT.Q4_1, ffn_down=[QT.Q4_1], token_embd=QT.Q8_0)
@@ -149,20 +150,20 @@ def test_plain_and_mixed_models_have_argument_types_of_their_own(mixed_file, tmp
     model, mixed = _model(mixed_file)
     assert not plain.mixed and mixed.mixed
     assert {len(t) for t in plain.roles.values()} == {2} and len(plain.emb) == 3 and len(plain.head) == 5
-    assert {len(t) for t in mixed.roles.values()} == {8} and len(mixed.emb) == 4 and len(mixed.head) == 6
+    assert {len(t) for t in mixed.roles.values()} == {9} and len(mixed.emb) == 4 and len(mixed.head) == 6
     sig = fused_signature(plain, plain.kv_tuple(plain_model.new_cache(4)))
     assert "int8, 4d" not in str(sig[8:15])  # no Q8 / K-quant stacks in a plain model's role arguments
 
 
 def test_role_tables_view_the_weights(mixed_file):
     """Per role the layer's layout and slot; the weights (which the plain walk reads) view the stacks."""
-    from engine.backends.cpu.step_mm import Q4, Q5, Q6, Q8
+    from engine.backends.cpu.step_mm import Q4, Q4K, Q5, Q6, Q8
     model, ff = _model(mixed_file)
     down = ff.roles["w_down"]
-    assert down[2].tolist() == [Q4, Q6, Q8, Q4] and down[3].tolist() == [0, 0, 0, 1]
+    assert down[2].tolist() == [Q4K, Q6, Q8, Q4] and down[3].tolist() == [0, 0, 0, 0]
     layers = model.layers
-    assert np.shares_memory(layers[0].w_down.blocks, down[0][0]) and np.shares_memory(layers[3].w_down.blocks,
-                                                                                      down[0][1])
+    assert np.shares_memory(layers[0].w_down.blocks, down[8][0]) and np.shares_memory(layers[3].w_down.blocks,
+                                                                                      down[0][0])
     assert np.shares_memory(layers[1].w_down.blocks, down[7][0]) and np.shares_memory(layers[2].w_down.blocks,
                                                                                       down[4][0])
     assert ff.roles["wq"][2].tolist() == [Q5] * 4 and ff.roles["wv"][6].shape[0] == 0
@@ -190,11 +191,11 @@ def test_fused_step_on_a_real_q4_k_m_file(q4km_path):
     fused step takes it and gives the plain walk's bits (real weights: a swiglu an ulp off shows here, where
     the int8 quantization after it hides it in the tiny models)."""
     from engine.gguf import load_gguf
-    from engine.backends.cpu.step_mm import Q4, Q5, Q6, Q8
+    from engine.backends.cpu.step_mm import Q4K, Q5, Q6, Q8
     model, ff = _model(load_gguf(q4km_path), 16)
     assert ff is not None
     kinds = {int(k) for t in ff.roles.values() for k in t[2]}
-    assert len(kinds) >= 3 and kinds <= {Q4, Q8, Q5, Q6}
+    assert len(kinds) >= 3 and kinds <= {Q4K, Q8, Q5, Q6}
     want = _passes(lambda t, p, c, all_: model.forward(t, p, c, all_logits=all_), model.new_cache(64))
     got = _passes(lambda t, p, c, all_: ff(t, p, c, all_logits=all_), model.new_cache(64))
     for w, g in zip(want, got):

@@ -30,6 +30,8 @@ vpdpbusd (_rows_isum_vnni512: one 64-byte load is block vectors 2k and 2k + 1, 1
 block) and every Q8_0 form with 512-bit vpdpwssd (_q8_isums); on a Xeon with AVX-512 (2026-12-06, one thread)
 a 1536x576 Q4_1 matmul of 4 / 8 rows took 68.2 / 129.0 -> 30.1 / 52.5 us (T = 1: 22.6), the default model's
 verify pass of 4 / 8 rows -25% / -30% (bench/results-verify.md).
+The 'q4k' layout (Q4_K with its 6-bit scales, layout.py) runs the same forms: the block addresses and scale terms
+come from a layout object (_Blocks: 'q4', Blocks4K: 'q4k', which forms f16(d sc) and f16(-dmin mn) per block).
 Only used when the host has AVX2 (fast.HAVE_AVX2); fast's generic kernels serve the others.
 """
 from __future__ import annotations
@@ -37,6 +39,7 @@ from __future__ import annotations
 from ... import numba_env  # noqa: F401  (flags before numba)
 
 import os
+from contextlib import contextmanager
 
 from llvmlite import ir
 from numba.core import cgutils, types
@@ -47,6 +50,9 @@ from .target import target_has
 G = 32
 BLK4 = 640  # bytes of one block of a 32-row group in the 4-bit layout: 512 of nibbles, 32 f16 scales, 32 f16 mins
 D_OFF, M_OFF = 512, 576  # where a block's scales and mins start
+# The 'q4k' layout (layout.py): super-blocks of 8 blocks, SB4K bytes: the rows' f16 d and dmin (K_HDR bytes),
+# then 8 blocks of K_BLK: nibbles as above, the rows' u8 scales (K_SC) and u8 mins (K_MN)
+SB4K, K_HDR, K_BLK, K_SC, K_MN = 4736, 128, 576, 512, 544
 I8, I16, I32, I64, F = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
 V32I8, V16I16, V8I32, V16I32 = ir.VectorType(I8, 32), ir.VectorType(I16, 16), ir.VectorType(I32, 8), ir.VectorType(I32, 16)
 V32I32, V32F = ir.VectorType(I32, 32), ir.VectorType(F, 32)
@@ -278,7 +284,78 @@ def _scales_at(builder, q):
     return _i16_at(builder, q, D_OFF), _i16_at(builder, q, M_OFF)
 
 
-def _make_grp_q4(vnni):
+class _Blocks:
+    """Where a 4-bit form finds block b of a group and its rows' scale terms: the 'q4' layout (BLK4-byte blocks,
+    f16 scales and mins in each). Blocks4K: the 'q4k' layout's. The forms below take one of the two."""
+    lines = BLK4 // 64  # cache lines a block's body prefetches
+
+    def at(self, builder, q0, b):
+        """(block, its super-block or None, where its prefetch starts): i8* of block b (an index value) of the
+        group's blocks at q0."""
+        q = builder.gep(q0, [builder.mul(b, ir.Constant(b.type, BLK4))])
+        return q, None, _bytes_at(builder, q, PREFETCH)
+
+    def scales(self, builder, q, sb):
+        """(d, m + 8 d) <32 x float> of the block's rows (_dm8)."""
+        return _dm8(builder, *_scales_at(builder, q))
+
+    @contextmanager
+    def each(self, builder, q0, nb):
+        """`with lay.each(builder, q0, nb) as (b, q, sb, pf):` a loop over the group's nb blocks (at's values)."""
+        with cgutils.for_range(builder, nb) as loop:
+            yield (loop.index,) + self.at(builder, q0, loop.index)
+
+
+class Blocks4K(_Blocks):
+    """The 'q4k' layout: block b is block b % 8 of super-block b // 8; d = f16(d_sb sc), m = f16(-(dmin_sb mn)),
+    rounded once from exact f32 products (fptrunc: vcvtps2ph, to nearest even), as kquant's numpy rounded them
+    for the 'q4' blocks this layout replaces: the same d and m + 8 d, so the same bits."""
+    lines = (SB4K // 8 + 63) // 64  # a block's share of its super-block, header included
+
+    def at(self, builder, q0, b):
+        sb = builder.gep(q0, [builder.mul(builder.lshr(b, ir.Constant(b.type, 3)), ir.Constant(b.type, SB4K))])
+        j = builder.and_(b, ir.Constant(b.type, 7))
+        q = builder.gep(sb, [builder.add(builder.mul(j, ir.Constant(b.type, K_BLK)), ir.Constant(b.type, K_HDR))])
+        pf = builder.gep(sb, [builder.add(builder.mul(j, ir.Constant(b.type, SB4K // 8)),
+                                          ir.Constant(b.type, PREFETCH))])
+        return q, sb, pf
+
+    def scales(self, builder, q, sb):
+        """sb: the super-block's i8*, or its rows' (d, dmin) as <32 x float> already (each)."""
+        def rounded(x, p):  # f16(x * u8[p : p + 32]) as <32 x float>
+            f = builder.uitofp(_vload(builder, _bytes_at(builder, q, p), V32I8), V32F)
+            return builder.fpext(builder.fptrunc(builder.fmul(x, f), V32H), V32F)
+        d, dmin = sb if isinstance(sb, tuple) else self.header(builder, sb)
+        dv = rounded(d, K_SC)
+        mv = builder.fneg(rounded(dmin, K_MN))
+        return dv, builder.fadd(mv, builder.fmul(_const(V32F, 8.0), dv))
+
+    @staticmethod
+    def header(builder, sb):
+        """The super-block's rows' (d, dmin) as <32 x float>."""
+        return _halves(builder, _i16_at(builder, sb, 0)), _halves(builder, _i16_at(builder, sb, 2 * G))
+
+    @contextmanager
+    def each(self, builder, q0, nb):
+        """The loop over blocks as two: super-blocks, their header converted once, then their 8 blocks (sb is
+        the header's (d, dmin))."""
+        i64 = nb.type
+        with cgutils.for_range(builder, builder.lshr(nb, ir.Constant(i64, 3))) as outer:
+            sbp = builder.gep(q0, [builder.mul(outer.index, ir.Constant(i64, SB4K))])
+            hdr = self.header(builder, sbp)
+            with cgutils.for_range(builder, ir.Constant(i64, 8)) as inner:
+                j = inner.index
+                b = builder.add(builder.mul(outer.index, ir.Constant(i64, 8)), j)
+                q = builder.gep(sbp, [builder.add(builder.mul(j, ir.Constant(i64, K_BLK)), ir.Constant(i64, K_HDR))])
+                pf = builder.gep(sbp, [builder.add(builder.mul(j, ir.Constant(i64, SB4K // 8)),
+                                                   ir.Constant(i64, PREFETCH))])
+                yield b, q, hdr, pf
+
+
+BLOCKS, BLOCKS_4K = _Blocks(), Blocks4K()
+
+
+def _make_grp_q4(vnni, lay=BLOCKS):
     @intrinsic
     def grp_q4(typingctx, o, o_off, blk, blk_off, qa, qa_off, sa, xs, s_off, x_off, nb):
         """o[o_off : o_off + 32] <- the 32 rows' dot products with one activation row over nb blocks:
@@ -297,16 +374,13 @@ def _make_grp_q4(vnni):
             a0 = _ptr(context, builder, ty[4], qa_, ao)
             sp, xp = _ptr(context, builder, ty[6], sa_, so), _ptr(context, builder, ty[7], xs_, xo)
             accp = cgutils.alloca_once_value(builder, _const(V32F, 0.0))
-            with cgutils.for_range(builder, nb_) as loop:
-                b = loop.index
-                q = builder.gep(q0, [builder.mul(b, ir.Constant(b.type, BLK4))])
-
+            with lay.each(builder, q0, nb_) as (b, q, sb, pf):
                 def nib_of(v):
                     return _split(builder, _vload(builder, builder.gep(q, [ir.Constant(I64, 32 * v)]), V32I8))
-                with spread_prefetch(builder, _bytes_at(builder, q, PREFETCH), BLK4 // 64):  # PREFETCH bytes ahead
+                with spread_prefetch(builder, pf, lay.lines):  # PREFETCH bytes ahead
                     ab = builder.gep(a0, [builder.mul(b, ir.Constant(b.type, 32))])
                     isum = _isum(builder, nib_of, ab, vnni)
-                    dv, m8 = _dm8(builder, *_scales_at(builder, q))
+                    dv, m8 = lay.scales(builder, q, sb)
                     term = _block_term(builder, isum, _asum_times(builder, ab, 8), dv, m8,
                                        builder.load(builder.gep(sp, [b])), _xs_at(builder, xp, b, XS_SCALED))
                 builder.store(builder.fadd(builder.load(accp), term), accp)
@@ -319,6 +393,7 @@ def _make_grp_q4(vnni):
 
 grp_q4 = _make_grp_q4(VNNI)
 grp_q4_madd = _make_grp_q4(False)  # vpmaddubsw on any AVX2 CPU (tests compare the VNNI form with it)
+grp_q4k = _make_grp_q4(VNNI, BLOCKS_4K)  # the 'q4k' layout's (blk: a group's super-blocks)
 
 
 def _rows_isum_madd(builder, q, ab):
@@ -368,7 +443,7 @@ def _a4(builder, a, k):
     return builder.load(builder.gep(builder.bitcast(a, I32.as_pointer()), [ir.Constant(I64, k)]), align=1)
 
 
-def _make_grp_q4_rows(nt, vnni):
+def _make_grp_q4_rows(nt, vnni, lay=BLOCKS):
     @intrinsic
     def grp_q4_rows(typingctx, o, o_off, o_st, blk, blk_off, qa, qa_off, qa_st, sa, xs, s_off, s_st, x_off, x_st, nb):
         """grp_q4 for nt activation rows at once (a verify block, a short prompt chunk): each block vector is
@@ -393,13 +468,11 @@ def _make_grp_q4_rows(nt, vnni):
             xp = [_ptr(context, builder, ty[9], xs_, builder.add(xo, builder.mul(xst, ir.Constant(xst.type, i))))
                   for i in range(nt)]
             accp = [cgutils.alloca_once_value(builder, _const(V32F, 0.0)) for _ in range(nt)]
-            with cgutils.for_range(builder, nb_) as loop:
-                b = loop.index
-                q = builder.gep(q0, [builder.mul(b, ir.Constant(b.type, BLK4))])
-                _prefetch(builder, _bytes_at(builder, q, PREFETCH), BLK4 // 64)
+            with lay.each(builder, q0, nb_) as (b, q, sb, pf):
+                _prefetch(builder, pf, lay.lines)
                 ab = [builder.gep(a, [builder.mul(b, ir.Constant(b.type, 32))]) for a in a0]
                 isums = (_rows_isum_vnni512 if vnni else _rows_isum_madd)(builder, q, ab)
-                dv, m8 = _dm8(builder, *_scales_at(builder, q))
+                dv, m8 = lay.scales(builder, q, sb)
                 for i in range(nt):
                     a_sum = _xs_at(builder, xp[i], b, XS_A)
                     term = _block_term(builder, isums[i], _block_sum_times(builder, a_sum, 8), dv, m8,
@@ -417,11 +490,23 @@ def _make_grp_q4_rows(nt, vnni):
 ROWS_MAX = 4  # the most activation rows one grp_q4_rows call takes (registers: 4 int16 accumulators per row)
 grp_q4_rows1, grp_q4_rows2, grp_q4_rows3, grp_q4_rows4 = (_make_grp_q4_rows(n, VNNI512) for n in range(1, 5))
 grp_q4_rows4_madd = _make_grp_q4_rows(4, False)  # vpmaddubsw on any AVX2 CPU (tests compare)
+grp_q4k_rows1, grp_q4k_rows2, grp_q4k_rows3, grp_q4k_rows4 = (_make_grp_q4_rows(n, VNNI512, BLOCKS_4K)
+                                                              for n in range(1, 5))
 
 
 def _unpacked_scales(builder, b, i):
     """<32 x float>* to an unpacked block's d (i = 0) or m + 8 d (i = 1), in the buffer at b (i8*)."""
     return builder.bitcast(builder.gep(b, [ir.Constant(I64, NIBBLES + 128 * i)]), V32F.as_pointer())
+
+
+def _unpack_into(builder, b, q, sb, lay):
+    """The block at q (i8*; its super-block sb) into the buffer at b (i8*) as blk_q4u reads it."""
+    for v in range(16):
+        for i, x in enumerate(_split(builder, _vload(builder, builder.gep(q, [ir.Constant(I64, 32 * v)]), V32I8))):
+            p = builder.bitcast(builder.gep(b, [ir.Constant(I64, 64 * v + 32 * i)]), V32I8.as_pointer())
+            builder.store(x, p, align=1)
+    for i, x in enumerate(lay.scales(builder, q, sb)):
+        builder.store(x, _unpacked_scales(builder, b, i), align=1)
 
 
 @intrinsic
@@ -437,13 +522,56 @@ def unpack_q4(typingctx, buf, blk, blk_off):
         buf_, blk_, bo = args
         ty = signature.args
         q = _ptr(context, builder, ty[1], blk_, bo)
-        b = _ptr(context, builder, ty[0], buf_, ir.Constant(I64, 0))
-        for v in range(16):
-            for i, x in enumerate(_split(builder, _vload(builder, builder.gep(q, [ir.Constant(I64, 32 * v)]), V32I8))):
-                p = builder.bitcast(builder.gep(b, [ir.Constant(I64, 64 * v + 32 * i)]), V32I8.as_pointer())
-                builder.store(x, p, align=1)
-        for i, x in enumerate(_dm8(builder, *_scales_at(builder, q))):
-            builder.store(x, _unpacked_scales(builder, b, i), align=1)
+        _unpack_into(builder, _ptr(context, builder, ty[0], buf_, ir.Constant(I64, 0)), q, None, BLOCKS)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def unpack_q4k(typingctx, buf, blk, grp_off, b):
+    """unpack_q4 for block b (an int64) of the 'q4k' group whose super-blocks start at blk[grp_off:]: the same
+    buffer (its d and m + 8 d formed as Blocks4K.scales forms them)."""
+    if not _check_blocks(blk):
+        return None
+    sig = types.void(buf, blk, grp_off, b)
+
+    def codegen(context, builder, signature, args):
+        buf_, blk_, go, b_ = args
+        ty = signature.args
+        q, sb, _ = BLOCKS_4K.at(builder, _ptr(context, builder, ty[1], blk_, go), b_)
+        _unpack_into(builder, _ptr(context, builder, ty[0], buf_, ir.Constant(I64, 0)), q, sb, BLOCKS_4K)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def expand_q4k(typingctx, dst, blk, grp_off, nb):
+    """dst[0 : nb BLK4] (uint8) <- the 'q4k' group whose super-blocks start at blk[grp_off:] as nb blocks of the
+    'q4' layout: each block's nibbles as they are, its rows' f16(d sc) and f16(-(dmin mn)) bits (Blocks4K's
+    roundings) as the scales and mins. The multi-row form then runs on it from L1 / L2 with its own f16 loads
+    (grp_q4_rows), where forming the scales again in every call of four rows cost a T = 64 matmul ~20%."""
+    if not _check_blocks(blk):
+        return None
+    sig = types.void(dst, blk, grp_off, nb)
+
+    def codegen(context, builder, signature, args):
+        dst_, blk_, go, nb_ = args
+        ty = signature.args
+        q0 = _ptr(context, builder, ty[1], blk_, go)
+        d0 = _ptr(context, builder, ty[0], dst_, ir.Constant(I64, 0))
+        with cgutils.for_range(builder, nb_) as loop:
+            b = loop.index
+            q, sb, _ = BLOCKS_4K.at(builder, q0, b)
+            d = builder.gep(d0, [builder.mul(b, ir.Constant(b.type, BLK4))])
+            for k in range(8):
+                x = _vload(builder, builder.gep(q, [ir.Constant(I64, 64 * k)]), V64I8)
+                builder.store(x, builder.bitcast(builder.gep(d, [ir.Constant(I64, 64 * k)]), V64I8.as_pointer()),
+                              align=1)
+            for off, hoff, p, neg in ((D_OFF, 0, K_SC, False), (M_OFF, 2 * G, K_MN, True)):
+                f = builder.uitofp(_vload(builder, _bytes_at(builder, q, p), V32I8), V32F)
+                h = builder.fptrunc(builder.fmul(_halves(builder, _i16_at(builder, sb, hoff)), f), V32H)
+                builder.store(builder.fneg(h) if neg else h,
+                              builder.bitcast(_bytes_at(builder, d, off), V32H.as_pointer()), align=1)
         return context.get_dummy_value()
     return sig, codegen
 

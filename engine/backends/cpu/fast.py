@@ -1,7 +1,7 @@
 """Fast CPU kernels: row-interleaved quantized weights x int8-quantized activations (the `ref.py` contract).
 
 Only `prepare_weight`, `weight_shape`, `new_scratch`, `matmul`, `embed` and `swiglu` differ from `cpu.py`; every
-other kernel is cpu.py's. Q4_K takes the 4-bit layout as Q4_1 blocks, Q5_0 / Q5_1 / Q5_K / Q6_K kquant.py's 5- and
+other kernel is cpu.py's. Q4_K takes the 4-bit layout with its 6-bit scales (q4k.py), Q5_0 / Q5_1 / Q5_K / Q6_K kquant.py's 5- and
 6-bit layouts (its kernels, same contract); weights of other types keep cpu.py's layout and kernels, so this
 module is a drop-in superset.
 
@@ -80,7 +80,8 @@ F32 = np.float32
 
 
 class FastWeight:
-    """A Q4_0/Q4_1/Q8_0 weight in the interleaved layout. kind: 'q4' (both 4-bit types) | 'q8'.
+    """A Q4_0/Q4_1/Q4_K/Q8_0 weight in the interleaved layout. kind: 'q4' (Q4_0, Q4_1) | 'q4k' (Q4_K: q4k.py,
+    blocks (ng, nsb, SB4K); `d`, `m` view its super-blocks' f16 d and dmin, `qs` None) | 'q8'.
 
     q4: blocks uint8 (ng, nb, BLK4): per group and block its nibbles (bytes 0-511, avx2's order), its
         rows' f16 scales (D_OFF: 32 uint16) and mins (M_OFF), the file's bits (Q4_0 has no min: m = -8 d,
@@ -129,7 +130,7 @@ def repack(qt: QTensor, store=None) -> FastWeight:
     padding rows to `out`. None for a Q4_0 weight whose -8 d overflows f16 (|d| > 8188)."""
     from .repack import layout, repack_arrays
     rows, cols = qt.shape[0], qt.shape[-1]
-    kind = "q8" if qt.qtype == QT.Q8_0 else "q4"
+    kind = {QT.Q8_0: "q8", QT.Q4_K: "q4k"}.get(qt.qtype, "q4")
     arrays = _stored(store, qt.name, layout(kind, (), rows, cols))
     if arrays is None:
         arrays = repack_arrays(_file_blocks(qt), QT(qt.qtype).name.lower(), cols)
@@ -164,7 +165,7 @@ def prepare_layers(roles: dict, store=None, threads: int | None = None) -> dict:
     between): the kernels over all layers in the step's order read ~5% faster (scripts/stream_ceiling.py,
     "kernels" against "role-major"; a plain reader of the same segments 8-12%).
     Each FastWeight's blocks are then (P, ng / P, nb, BLK4), a view of its slot, and `stack` the role's
-    (L, P, ng / P, nb, BLK4) view (the fused step's). A role qualifies when all its layers are Q4_0 / Q4_1
+    (L, P, ng / P, nb, BLK4) view (the fused step's). A role qualifies when all its layers are Q4_0 / Q4_1 / Q4_K
     of one shape; the others are left out (the caller prepares them one by one). Returns {name:
     FastWeight}. threads: the parts wanted (default: numba's thread count; thread_parts decides).
     store (weight_store.WeightStore or None): the buffer an earlier start stored, else stored now."""
@@ -176,7 +177,7 @@ def prepare_layers(roles: dict, store=None, threads: int | None = None) -> dict:
                 t.qtype == t0.qtype and tuple(t.shape) == tuple(t0.shape) for t in ts):
             for t in ts:
                 validate(t)
-            ok[role] = (ts, layout("q4", (), t0.shape[0], t0.shape[-1])[0][1])  # (ng, nb, BLK4)
+            ok[role] = (ts, layout(_kind(t0), (), t0.shape[0], t0.shape[-1])[0][1])  # (ng, nb, BLK4 | nsb, SB4K)
     if not ok:
         return {}
     n_l = len(next(iter(ok.values()))[0])
@@ -202,34 +203,37 @@ def prepare_layers(roles: dict, store=None, threads: int | None = None) -> dict:
     out = {}
     for r, (ts, _) in ok.items():
         for i, t in enumerate(ts):
-            w = FastWeight(t.name, "q4", (t.shape[0], t.shape[-1]), views[r][i])
+            w = FastWeight(t.name, _kind(t), (t.shape[0], t.shape[-1]), views[r][i])
             w.stack = views[r]
             out[t.name] = w
             release_pages(t.data)
     return out
 
 
+def _kind(qt: QTensor) -> str:
+    """The FastWeight kind a 4-bit tensor's layout is: 'q4k' for Q4_K (q4k.py), 'q4' for Q4_0 / Q4_1."""
+    return "q4k" if qt.qtype == QT.Q4_K else "q4"
+
+
 def _repack_parts(role_tensors: list[QTensor], stack) -> bool:
-    """Each layer's file blocks into its parts of the role's view (L, P, h, nb, BLK4); False if one does not
-    fit."""
-    from .repack import repack_q4
+    """Each layer's file blocks into its parts of the role's view (L, P, h, nb, BLK4 | nsb, SB4K); False if one
+    does not fit."""
+    from .repack import repack_q4, repack_q4k
     kind = QT(role_tensors[0].qtype).name.lower()
     h = stack.shape[2]
 
     def one(i):  # the jitted repack releases the GIL: two layers at a time on two cores
         raw = _file_blocks(role_tensors[i])
-        if kind == "q4_k":  # as Q4_1 blocks (kquant.py)
-            raw = kquant.q4k_as_q41(raw)
-            if raw is None:
-                return False
-        return all(repack_q4(raw[p * h * G:(p + 1) * h * G], "q4_1" if kind == "q4_k" else kind, stack[i, p])
-                   for p in range(stack.shape[1]))
+        parts = [raw[p * h * G:(p + 1) * h * G] for p in range(stack.shape[1])]
+        if kind == "q4_k":
+            return all(repack_q4k(part, stack[i, p]) for p, part in enumerate(parts))
+        return all(repack_q4(part, kind, stack[i, p]) for p, part in enumerate(parts))
     with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
         return all(pool.map(one, range(len(role_tensors))))
 
 
 def prepare_weight(qt: QTensor, store=None):
-    """Interleaved layout for Q4_0/Q4_1/Q8_0 (and Q4_K as Q4_1) matrices, kquant's 5- and 6-bit layouts for Q5_0/Q5_1/
+    """Interleaved layout for Q4_0/Q4_1/Q8_0 (and Q4_K: q4k.py) matrices, kquant's 5- and 6-bit layouts for Q5_0/Q5_1/
     Q5_K/Q6_K; cpu.py's layout for everything else. store: as for `repack`."""
     validate(qt)
     if qt.qtype in (QT.Q4_0, QT.Q4_1, QT.Q8_0, *kquant.QTYPES) and len(qt.shape) == 2:
@@ -815,6 +819,8 @@ def matmul(out, x, w, scratch):
     quantize_rows(qa, sa, xs, x)
     if isinstance(w, kquant.KWeight):
         kquant.matmul(out, qa, sa, xs, w)
+    elif w.kind == "q4k":
+        q4k.matmul(out, qa, sa, xs, w.blocks)
     elif w.kind == "q4":
         (mm_q4_parts if w.blocks.ndim == 4 else mm_q4)(out, qa, sa, xs, w.blocks, w.acc16)
     elif t_n >= BATCHED_MIN_T:
@@ -871,6 +877,8 @@ def embed(out, w, tokens):
         cpu.embed(out, w, tokens)
     elif w.kind == "q4":
         embed_q4(out, w.blocks, tokens)
+    elif w.kind == "q4k":
+        q4k.embed(out, w.blocks, tokens)
     else:
         embed_q8(out, w.blocks, tokens)
 
@@ -898,3 +906,6 @@ def attention_int8(out, q, k_q, k_s, v_q, v_s, pos0, scale):
     """ref.attention_int8's contract through the fused step's split kernel (see attention_f16)."""
     from .attn_int8 import attention_int8_split
     attention_int8_split(out, q, k_q, k_s, v_q, v_s, pos0, F32(scale), *_split_scratch(q, k_q))
+
+
+from . import q4k  # noqa: E402  (the 'q4k' kernels import this module's helpers)

@@ -2,9 +2,10 @@
 with one scale per 32 values, integer block dot products, a row of a T-row call bit-identical to a one-row
 call), so the Q4_K_M / Q5_K_M / Q6_K files users download do not fall back to kernels.py's float kernels.
 
-Q4_K -> fast's 4-bit layout (q4k_as_q41): a Q4_K sub-block j of 32 values, y = d sc_j q - dmin mn_j, IS a
-Q4_1 block with scale d sc_j and min -dmin mn_j. Written as Q4_1 blocks (those two rounded to f16 once) it
-takes fast.repack / prepare_layers and fast's AVX2 kernels (and the fused step's stacks) unchanged.
+Q4_K -> fast's 'q4k' layout (q4k.py): a Q4_K sub-block j of 32 values, y = d sc_j q - dmin mn_j, IS a Q4_1
+block with scale d sc_j and min -dmin mn_j; the layout keeps the 6-bit sc_j and mn_j and the kernels round
+those two to f16 once, the values of the Q4_1 blocks it was written as before (q4k_as_q41, the tests'
+reference), on 592 bytes per block of a 32-row group instead of 640.
 Q5_0, Q5_1, Q5_K -> the 5-bit layout "q5" (kquant_avx2's docstring: fast's 4-bit block plus a plane of high
 bits, f16 d and m per row and 32 values; y = d q + m): Q5_1 as it is, Q5_0 with m = -16 d (exact in f16),
 Q5_K as Q4_K (d sc_j and -dmin mn_j rounded to f16).
@@ -66,6 +67,17 @@ def _k_rounded(blk: np.ndarray):
     if not (np.isfinite(d).all() and np.isfinite(m).all()):
         return None
     return d.reshape(rows, nsb * 8), m.reshape(rows, nsb * 8)
+
+
+def q4k_scale_bytes(raw: np.ndarray):
+    """Q4_K blocks raw (rows, n / 256 * 144) uint8 -> (sc, mn) (rows, n / 32) uint8: each sub-block's 6-bit
+    scale and min (the 'q4k' layout keeps them); None when f16(d sc) or f16(-dmin mn) does not fit f16."""
+    rows = raw.shape[0]
+    blk = np.ascontiguousarray(raw).reshape(rows, -1, 144)
+    if _k_rounded(blk) is None:
+        return None
+    sc, mn = _q4k_scales(blk[..., 4:16].reshape(-1, 12))
+    return sc.astype(np.uint8).reshape(rows, -1), mn.astype(np.uint8).reshape(rows, -1)
 
 
 def q4k_as_q41(raw: np.ndarray):
@@ -210,14 +222,13 @@ def repack(qt: QTensor):
 
 
 def prepare_weight(qt: QTensor, store=None):
-    """qt (2-D, a QTYPES type) on the fast path: a fast.FastWeight ('q4') for Q4_K, a KWeight for the
+    """qt (2-D, a QTYPES type) on the fast path: a fast.FastWeight ('q4k') for Q4_K, a KWeight for the
     others; None where it cannot (a scale beyond f16: the caller keeps kernels.py's layout). store:
     weight_store.WeightStore or None (as fast.repack)."""
     from .fast import _stored
     from .fast import repack as repack_q4
-    if qt.qtype == QT.Q4_K:
-        raw = q4k_as_q41(np.ascontiguousarray(qt.data).view(np.uint8).reshape(qt.shape[0], -1))
-        return None if raw is None else repack_q4(QTensor(qt.name, QT.Q4_1, tuple(qt.shape), raw), store)
+    if qt.qtype == QT.Q4_K:  # fast's 'q4k' layout (q4k.py)
+        return repack_q4(qt, store)
     rows, cols = qt.shape[0], qt.shape[-1]
     got = _stored(store, qt.name, layout(qt.qtype, rows, cols))
     if got is None:

@@ -21,7 +21,7 @@ from numba import njit
 
 from ...quant import QK
 from .avx2 import BLK4, BLK8, D8_OFF, D_OFF, M_OFF
-from .layout import G, nib_at, parts, val8_at  # rows per interleaved group; a layout's offsets, views
+from .layout import G, K_BLK, K_HDR, K_MN, K_SC, SB4K, nib_at, parts, val8_at  # a layout's sizes, offsets, views
 
 
 @njit(cache=True, nogil=True)
@@ -76,12 +76,41 @@ def repack_q8_into(blk, raw):
                 blk[g, b, val8_at(i, 2 * rr + 1)] = raw[r, base + 3 + 2 * i]
 
 
+@njit(cache=True, nogil=True)
+def repack_q4k_into(blk, raw, sc, mn):
+    """raw (rows, nsb * 144) uint8 Q4_K blocks, sc / mn (rows, nsb * 8) uint8 their sub-blocks' 6-bit scales and
+    mins -> blk (ng, nsb, SB4K) uint8, the 'q4k' layout (layout.py): per super-block the rows' f16 d and dmin
+    (the file's bits), then per block its nibbles in avx2's byte order and the rows' scales and mins. blk
+    zeroed: padding rows keep zero nibbles, scales and header."""
+    rows = raw.shape[0]
+    for r in range(rows):
+        g, rr = r // G, r % G
+        h, n, r8 = rr // 16, (rr % 16) // 8, rr % 8
+        for s in range(blk.shape[1]):
+            base = s * 144
+            for k in range(2):
+                blk[g, s, 2 * rr + k] = raw[r, base + k]
+                blk[g, s, 2 * (G + rr) + k] = raw[r, base + 2 + k]
+            for j in range(8):
+                at = K_HDR + j * K_BLK
+                blk[g, s, at + K_SC + rr] = sc[r, 8 * s + j]
+                blk[g, s, at + K_MN + rr] = mn[r, 8 * s + j]
+                # sub-block j: the low nibbles (j even) or high ones of the file's chunk j // 2 (32 bytes)
+                src, sh = base + 16 + 32 * (j // 2), np.uint8(4 * (j % 2))
+                for v in range(QK):
+                    q = np.uint8((raw[r, src + v] >> sh) & np.uint8(15))
+                    p = at + nib_at(2 * (v // 4) + h, 4 * r8 + v % 4)
+                    blk[g, s, p] = np.uint8(blk[g, s, p] | np.uint8(q << np.uint8(4 * n)))
+
+
 def layout(kind: str, lead: tuple, rows: int, cols: int) -> list:
-    """[(dtype, shape)] of a fast.FastWeight's arrays (its blocks), kind 'q8' or 'q4', for a (rows, cols)
+    """[(dtype, shape)] of a fast.FastWeight's arrays (its blocks), kind 'q8', 'q4' or 'q4k', for a (rows, cols)
     matrix; lead: () for one weight, (L,) for L stacked."""
     nb, ng = cols // QK, (rows + G - 1) // G
     if kind == "q8":
         return [(np.int8, lead + (ng, nb, BLK8))]
+    if kind == "q4k":
+        return [(np.uint8, lead + (ng, nb // 8, SB4K))]
     return [(np.uint8, lead + (ng, nb, BLK4))]
 
 
@@ -91,6 +120,9 @@ def repack_arrays(raw: np.ndarray, kind: str, cols: int):
     real file; the caller keeps cpu.py's layout)."""
     rows = raw.shape[0]
     ng = (rows + G - 1) // G
+    if kind == "q4_k":
+        blocks = np.zeros(layout("q4k", (), rows, cols)[0][1], np.uint8)
+        return (blocks,) if repack_q4k(raw, blocks) else None
     arrays = [np.zeros(shape, dt) for dt, shape in layout("q8" if kind == "q8_0" else "q4", (), rows, cols)]
     if kind == "q8_0":
         blk = arrays[0].view(np.uint8)
@@ -102,6 +134,24 @@ def repack_arrays(raw: np.ndarray, kind: str, cols: int):
             list(pool.map(lambda g: repack_q8_into(blk[g[0]:g[1]], raw[g[0] * G:g[1] * G]), [(0, half), (half, ng)]))
         return (arrays[0],)
     return (arrays[0],) if repack_q4(raw, kind, arrays[0]) else None
+
+
+def repack_q4k(raw: np.ndarray, blocks: np.ndarray) -> bool:
+    """Q4_K file blocks raw (rows, bytes_per_row) into zeroed 'q4k' blocks (ng, nsb, SB4K) (or one part of a
+    layer matrix's), CHUNK rows at a time; False where a scale or min, rounded to f16, does not fit (the caller
+    keeps kernels.py's layout, as it did for the Q4_1 blocks)."""
+    from .kquant import q4k_scale_bytes
+    raw = np.ascontiguousarray(raw)
+    for r0 in range(0, raw.shape[0], CHUNK):
+        part = raw[r0:r0 + CHUNK]
+        got = q4k_scale_bytes(part)
+        if got is None:
+            return False
+        repack_q4k_into(blocks[r0 // G:], part, *got)
+    return True
+
+
+CHUNK = 64 * G  # rows whose scales are decoded at a time (bounds the temporaries of a large matrix)
 
 
 def repack_q4(raw: np.ndarray, kind: str, blocks: np.ndarray) -> bool:

@@ -9,8 +9,8 @@ a row group's work). Each item runs the kernel the plain walk runs for that row 
 fast.matmul / kquant.matmul) on the same quantized input, so the step's bits are the plain walk's, whichever
 thread runs the item.
 
-Layouts: Q4 (fast's 4-bit blocks: Q4_0, Q4_1, Q4_K), Q8 (fast's Q8_0), Q5 (kquant's: Q5_0, Q5_1, Q5_K), Q6
-(kquant's: Q6_K). Role table w (step_weights.role_table):
+Layouts: Q4 (fast's 4-bit blocks: Q4_0, Q4_1), Q4K (fast's 'q4k' blocks: Q4_K, q4k.py), Q8 (fast's Q8_0), Q5
+(kquant's: Q5_0, Q5_1, Q5_K), Q6 (kquant's: Q6_K). Role table w (step_weights.role_table):
     w[0] q4 (L4, P, h, nb, BLK4) u8   the role's 4-bit layers in P parts of h row groups (L4 may be 0:
                                       its shape still gives P and h)
     w[1] acc16 (P h, G) i16           4-bit kernel scratch (a decode row's padded last group)
@@ -18,13 +18,14 @@ Layouts: Q4 (fast's 4-bit blocks: Q4_0, Q4_1, Q4_K), Q8 (fast's Q8_0), Q5 (kquan
     w[4] q8 (L8, P h, nb, BLK8) i8, w[5] acc32 (P h, G) i32, w[6] q5 (L5, P h, nb, BLK5) u8,
     w[7] q6 (L6, P h, nb, BLK6) u8    the other layouts' stacks, whole matrices (group p h + j is part
                                       p's group j)
-An embedding or head table (step_weights.table): (layout, blocks u8 (ng, nb, BLK) if Q4 / Q5 / Q6, blocks i8
-if Q8, acc16, acc32).
+    w[8] q4k (LK, P, h, nsb, SB4K) u8 the role's Q4_K layers in P parts (as w[0])
+An embedding or head table (step_weights.table): (layout, blocks u8 (ng, nb, BLK) if Q4 / Q5 / Q6 (ng, nsb,
+SB4K if Q4K), blocks i8 if Q8, acc16, acc32).
 
 Two sets of argument types, so that each model compiles only the kernels it has: a model whose layer matrices
 are all fast 4-bit blocks and whose embedding and head are Q4 / Q8 (the default model) passes each role as
 (q4 stack, acc16) and 5-tuple tables, and the step is the one it was before the other layouts came in; any
-other model passes the 8-tuple role tables above and 6-tuple embedding / head tables (a sixth element marks
+other model passes the 9-tuple role tables above and 6-tuple embedding / head tables (a sixth element marks
 them), and compiles a step of its own with every layout's kernels (the dispatch below is on the arguments'
 types: numba overloads). One function for both made the default model's first compile 1.77x longer (145 ->
 256 s, bench/results-kquant.md).
@@ -38,19 +39,20 @@ from numba import njit, types
 from numba.extending import overload
 
 from ...quant import QK
-from . import kquant
+from . import kquant, q4k
 from .fast import XS, BATCHED_MIN_T, G, _q4, _q8, embed_q4, embed_q8, q8_group_batched
 from .sync import finish, grab
 
 Q4, Q8, Q5, Q6 = 0, 1, 2, 3  # a matrix's layout (module constants: compiled in as literals)
 GIVEN = 4  # an embedding table's layout when the caller writes the pass's input rows (engine/spec/mtp.py)
+Q4K = 5
 AHEAD = 512  # cache lines of its next items a waiting thread asks for (step._ahead): 32 KiB (64 KiB measured the same)
 
 
 def _mixed(t) -> bool:
-    """A table type of the mixed set: 8-tuple role tables, 4-tuple embedding and 6-tuple head tables (plain:
+    """A table type of the mixed set: 9-tuple role tables, 4-tuple embedding and 6-tuple head tables (plain:
     2, 3 and 5)."""
-    return isinstance(t, types.BaseTuple) and len(t) in (4, 6, 8)
+    return isinstance(t, types.BaseTuple) and len(t) in (4, 6, 9)
 
 
 def _embed(x, tokens, emb):
@@ -74,6 +76,8 @@ def _embed_impl(x, tokens, emb):
             embed_q4(x, emb[1], tokens)
         elif emb[0] == Q8:
             embed_q8(x, emb[2], tokens)
+        elif emb[0] == Q4K:
+            q4k.embed(x, emb[1], tokens)
         elif emb[0] != GIVEN:
             kquant.embed_rows(x, emb[1], tokens, 5 if emb[0] == Q5 else 6)
     return mixed
@@ -124,6 +128,8 @@ def _mm_item_impl(o, qa, sa, xs, w, l, p, j, h):
         kind, at, g = w[2][l], w[3][l], p * h + j
         if kind == Q4:
             _q4(o, qa, sa, xs, w[0][at, p], w[1][g], j, g)
+        elif kind == Q4K:
+            q4k.item(o, qa, sa, xs, w[8][at, p], j, g)
         elif kind == Q8:
             _q8_item(o, qa, sa, xs, w[4][at], w[5][g], g)
         else:  # one kernel site for both: the q5 and q6 stacks are the same numba type
@@ -214,6 +220,8 @@ def _head_item_impl(logits, qa, sa, xs, h, g):
             _q4(logits, qa, sa, xs, h[1], h[3][g], g, g)
         elif h[0] == Q8:
             _q8_item(logits, qa, sa, xs, h[2], h[4][g], g)
+        elif h[0] == Q4K:
+            q4k.item(logits, qa, sa, xs, h[1], g, g)
         else:
             _k_item(logits, qa, sa, xs, h[1], g, 5 if h[0] == Q5 else 6)
     return mixed
@@ -248,6 +256,8 @@ def _item_ahead_impl(w, l, p, j, h):
         kind, at = w[2][l], w[3][l]
         if kind == Q4:
             return _blocks_ahead(w[0][at, p], j)
+        if kind == Q4K:
+            return _blocks_ahead(w[8][at, p], j)
         if kind == Q8:
             return _blocks_ahead(w[4][at], p * h + j)
         return _blocks_ahead(w[6][at] if kind == Q5 else w[7][at], p * h + j)

@@ -3,7 +3,7 @@ the file has (step_mm.py's docstring gives the table).
 
 Why tables: numba compiles the step for fixed argument types, and a Q4_K_M file mixes types per role and per
 layer (llama.cpp gives attn_v and ffn_down Q6_K in some layers only, Q5_0 where rows are not a multiple of
-256 values, Q8_0 here and there). A role's table holds one stack per layout (fast's Q4 and Q8, kquant's Q5
+256 values, Q8_0 here and there). A role's table holds one stack per layout (fast's Q4, Q4K and Q8, kquant's Q5
 and Q6; empty where the role has none) and per layer its layout and slot, so every mix is the same types.
 
 No second copy of the weights is kept: a role whose layers are all in fast.prepare_layers' buffer keeps that
@@ -21,15 +21,16 @@ from ...forward import MATRIX_ROLES
 from .fast import FastWeight
 from .kquant import KWeight
 from .layout import G
-from .step_mm import Q4, Q5, Q6, Q8
+from .step_mm import Q4, Q4K, Q5, Q6, Q8
 
 _DTYPE = {Q4: np.uint8, Q8: np.int8, Q5: np.uint8, Q6: np.uint8}
+_PARTED = (Q4, Q4K)  # the layouts whose stacks come in P parts (fast.prepare_layers' views)
 
 
 def layout(w) -> int | None:
-    """A prepared weight's layout (step_mm.Q4 / Q8 / Q5 / Q6), or None: not one the fused step takes."""
+    """A prepared weight's layout (step_mm.Q4 / Q4K / Q8 / Q5 / Q6), or None: not one the fused step takes."""
     if isinstance(w, FastWeight):
-        return Q4 if w.kind == "q4" else Q8
+        return {"q4": Q4, "q4k": Q4K}.get(w.kind, Q8)
     if isinstance(w, KWeight):
         return Q5 if w.bits == 5 else Q6
     return None
@@ -40,10 +41,11 @@ def _groups(w) -> int:
 
 
 def _viewed(ws) -> bool:
-    """All of a role's layers are slots of one (L, P, h, nb, BLK4) view (prepare_layers, or an earlier build)."""
+    """All of a role's layers are slots of one (L, P, h, nb, BLK4 | nsb, SB4K) view (prepare_layers, or an
+    earlier build)."""
     st = ws[0].stack if isinstance(ws[0], FastWeight) else None
     return st is not None and st.shape[0] == len(ws) and all(
-        isinstance(w, FastWeight) and w.kind == "q4" and w.stack is st for w in ws)
+        isinstance(w, FastWeight) and w.kind == ws[0].kind and w.stack is st for w in ws)
 
 
 def plain(model) -> bool:
@@ -51,7 +53,7 @@ def plain(model) -> bool:
     argument types, step_mm's docstring)."""
     ws = [getattr(lw, r) for lw in model.layers for r in MATRIX_ROLES]
     return all(isinstance(w, FastWeight) and w.kind == "q4" for w in ws) and all(
-        isinstance(w, FastWeight) for w in (model.tok_embd, model.output))
+        isinstance(w, FastWeight) and w.kind in ("q4", "q8") for w in (model.tok_embd, model.output))
 
 
 def role_tables(layers, mixed: bool = True) -> dict:
@@ -65,14 +67,19 @@ def role_tables(layers, mixed: bool = True) -> dict:
     P = ps.pop() if len(ps) == 1 else 1
     if P > 1 and any(_groups(ws[0]) % P for ws in roles.values()):
         P = 1
-    return {r: (_view_table(views[r]) if r in views and views[r].shape[1] == P else _stacked_table(ws, P))
-            for r, ws in roles.items()}
+    return {r: (_view_table(views[r], layout(ws[0])) if r in views and views[r].shape[1] == P
+                else _stacked_table(ws, P)) for r, ws in roles.items()}
 
 
-def _view_table(st) -> tuple:
+def _view_table(st, k: int) -> tuple:
     n_l, P, h = st.shape[:3]
-    return (st, np.zeros((P * h, G), np.int16), np.full(n_l, Q4, np.int64), np.arange(n_l, dtype=np.int64),
-            *_others(P * h, {}))
+    return (st if k == Q4 else _empty_parts(P, h), np.zeros((P * h, G), np.int16), np.full(n_l, k, np.int64),
+            np.arange(n_l, dtype=np.int64), *_others(P * h, {k: st}))
+
+
+def _empty_parts(P: int, h: int) -> np.ndarray:
+    """A stack of no 4-bit layers that still says P and h (step_mm._mm_groups reads them from w[0])."""
+    return np.zeros((0, P, h, 1, 1), np.uint8)
 
 
 def _stacked_table(ws, P: int) -> tuple:
@@ -83,26 +90,29 @@ def _stacked_table(ws, P: int) -> tuple:
     for l, k in enumerate(kinds):  # layer l's slot: how many layers of its layout come before it
         at[l] = seen[k] = seen.get(k, -1) + 1
     stacks = {k: _stack([w for w, kk in zip(ws, kinds) if kk == k], k, ng, P) for k in seen}
-    q4 = stacks.get(Q4, np.zeros((0, P, ng // P, 1, 1), np.uint8))
+    q4 = stacks.get(Q4, _empty_parts(P, ng // P))
     for w in ws:  # an all-4-bit role is one view now (a later build takes it as it is: _viewed)
         if isinstance(w, FastWeight):
-            w.stack = q4 if len(seen) == 1 and Q4 in seen else None
+            k = layout(w)
+            w.stack = stacks[k] if len(seen) == 1 and k in _PARTED else None
     return (q4, np.zeros((ng, G), np.int16), np.array(kinds, np.int64), at, *_others(ng, stacks))
 
 
 def _others(ng: int, stacks: dict) -> tuple:
-    """(q8 stack, acc32, q5 stack, q6 stack) of a table: stacks' or empty ones."""
+    """(q8 stack, acc32, q5 stack, q6 stack, q4k stack) of a table: stacks' or empty ones."""
     def get(k):
         st = stacks.get(k)
         return st if st is not None else np.zeros((0, 1, 1, 1), _DTYPE[k])
-    return get(Q8), np.zeros((ng if Q8 in stacks else 0, G), np.int32), get(Q5), get(Q6)
+    q4k = stacks.get(Q4K)
+    return (get(Q8), np.zeros((ng if Q8 in stacks else 0, G), np.int32), get(Q5), get(Q6),
+            q4k if q4k is not None else np.zeros((0, 1, 1, 1, 1), np.uint8))
 
 
 def _stack(ws, k: int, ng: int, P: int) -> np.ndarray:
-    """The weights' blocks as one (n, ...) stack: (n, P, ng / P, nb, BLK4) for Q4, (n, ng, nb, BLK) else; each
-    weight then views its slot (its own blocks are freed once nothing else holds them)."""
+    """The weights' blocks as one (n, ...) stack: (n, P, ng / P, nb, BLK4 | nsb, SB4K) for Q4 / Q4K, (n, ng,
+    nb, BLK) else; each weight then views its slot (its own blocks are freed once nothing else holds them)."""
     blocks = [w.blocks.reshape((ng,) + w.blocks.shape[-2:]) for w in ws]
-    st = np.stack([b.reshape((P, ng // P) + b.shape[1:]) if k == Q4 else b for b in blocks])
+    st = np.stack([b.reshape((P, ng // P) + b.shape[1:]) if k in _PARTED else b for b in blocks])
     for i, w in enumerate(ws):
         if isinstance(w, FastWeight):
             w.set_blocks(st[i])
@@ -117,7 +127,7 @@ def table(w, mixed: bool = True) -> tuple:
     k = layout(w)
     u8, i8 = np.zeros((1, 1, 1), np.uint8), np.zeros((1, 1, 1), np.int8)
     if isinstance(w, FastWeight):
-        t = (k, w.blocks if k == Q4 else u8, w.blocks if k == Q8 else i8, w.acc16, w.acc32)
+        t = (k, w.blocks if k in _PARTED else u8, w.blocks if k == Q8 else i8, w.acc16, w.acc32)
     else:
         t = (k, w.blocks, i8, np.zeros((0, G), np.int16), np.zeros((0, G), np.int32))
     return t + (True,) if mixed else t

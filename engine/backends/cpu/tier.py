@@ -37,8 +37,9 @@ from .attn import SPLITS, attention_f16_part, merge_parts, store_f16
 from .attn_prefill import attention_tiles_part, n_tiles, prompt_pass
 from .fast import XS, BATCHED_MIN_T, G, embed_q4, embed_q8, mm_q4x3_part, mm_q8_batched, mm_q8_part, quantize_rows
 from .kquant import embed_rows, mm_part
+from . import q4k
 from .step import swiglu_fast
-from .step_mm import GIVEN, Q4, Q5, Q8
+from .step_mm import GIVEN, Q4, Q4K, Q5, Q8
 
 # kernels the helper process compiles (the rest, and the sampling chain, are compiled here meanwhile): about
 # half the work each after the helper's own start-up. Measured in a fresh cache: this process's kernels 7.6 s
@@ -140,6 +141,8 @@ class LeafForward:
             c("embed_q4", embed_q4, (x, emb[1], self.tokens))
         elif emb[0] == Q8:
             c("embed_q8", embed_q8, (x, emb[2], self.tokens))
+        elif emb[0] == Q4K:
+            c("embed_q4k", q4k.embed, (x, emb[1], self.tokens))
         elif emb[0] != GIVEN:
             c("embed_k", embed_rows, (x, emb[1], self.tokens, 5 if emb[0] == Q5 else 6))
         c("rope_table", cpu.rope_table, (cs, self.pos0, ff.rope[0]))
@@ -234,6 +237,10 @@ class LeafForward:
             kind, at = _kind_at(w, l)
             if kind == Q8:
                 self._split(f"mm_{site}{i}_q8", mm_q8_part, w[4][at].shape[0], (o, qa, sa, w[4][at], w[5]), (1, 2))
+            elif kind == Q4K:
+                blk = w[8][at]
+                self._split(f"mm_{site}{i}_q4k", q4k.mm_part, blk.shape[0] * blk.shape[1], (o, qa, sa, xs, blk),
+                            (1, 2, 3))
             elif kind != Q4:
                 blk = w[6][at] if kind == Q5 else w[7][at]
                 self._split(f"mm_{site}{i}_k", mm_part, blk.shape[0], (o, qa, sa, xs, blk, 5 if kind == Q5 else 6),
@@ -260,6 +267,9 @@ class LeafForward:
             e = tuple(a[:0] for a in w)
             self._split("mm_head", mm_q4x3_part, w[0].shape[0], (logits, logits, logits, qa, sa, xs, *w, *e, *e),
                         (3, 4, 5))
+        elif h[0] == Q4K:
+            blk = h[1][None]  # one part
+            self._split("head_q4k", q4k.mm_part, blk.shape[1], (logits, qa, sa, xs, blk), (1, 2, 3))
         elif h[0] != Q8:
             self._split("head_k", mm_part, h[1].shape[0], (logits, qa, sa, xs, h[1], 5 if h[0] == Q5 else 6),
                         (1, 2, 3))
