@@ -306,7 +306,8 @@ q4k_blk = np.zeros((ng, 1, F.avx2.SB4K), np.uint8)
 q4k_out = np.zeros((1, ng * G), np.float32)
 q4k_decode(q4k_out, qa[:1], sa[:1], xs[:1], q4k_blk)
 Q.group(out, qa, sa, xs, q4k_blk, 0)  # the multi-row form (2 rows)
-K.group(out[:1], qa, sa, xs, np.zeros((ng, nb, KX.BLK6), np.uint8), 0, 6)  # the Q6_K decode form
+qa6, sa6, xs6 = np.zeros((1, 256), np.int8), np.zeros((1, 8), np.float32), np.zeros((1, F.XS * 8), np.float32)
+K.group(out[:1], qa6, sa6, xs6, np.zeros((ng, 1, KX.SB6), np.uint8), 0, 6)  # the Q6_K decode form (1 super-block)
 asm6 = "\\n".join(K.group.inspect_asm().values())
 res = {{"VNNI": cpu_avx2.VNNI, "VNNI512": cpu_avx2.VNNI512, "GF512": KX.GF512,
         "q6_gf512": len(re.findall(r"vgf2p8affineqb\\s[^\\n]*%zmm", asm6))}}

@@ -9,8 +9,9 @@ reference), on 592 bytes per block of a 32-row group instead of 640.
 Q5_0, Q5_1, Q5_K -> the 5-bit layout "q5" (kquant_avx2's docstring: fast's 4-bit block plus a plane of high
 bits, f16 d and m per row and 32 values; y = d q + m): Q5_1 as it is, Q5_0 with m = -16 d (exact in f16),
 Q5_K as Q4_K (d sc_j and -dmin mn_j rounded to f16).
-Q6_K -> the 6-bit layout "q6": the 4-bit block plus a plane of 2-bit fields, the int8 scale of each 16
-values and the row's f16 d per 32 values, exact (y = d sc (q - 32), integers times d as llama.cpp does).
+Q6_K -> the 6-bit layout "q6": the 4-bit block plus a plane of 2-bit fields and the int8 scale of each 16
+values, in super-blocks of 8 blocks after the rows' f16 d (the file's, one per 256 values), exact (y = d sc
+(q - 32), integers times d as llama.cpp does).
 The f16 rounding of Q4_K / Q5_K scales and mins is far below the activations' int8 rounding (relative rms
 error they add to a matmul ~0.1 of the activations'; KL divergence of SmolLM2's Q4_K_M vs the exact scales
 1e-6 against 3e-3 in all: bench/results-kquant.md, probes/kquant_error.py).
@@ -37,7 +38,7 @@ from .target import target_has
 
 HAVE_AVX2 = target_has("avx2") and target_has("f16c") and not GENERIC_FORCED
 P_OFF, Q5_D, Q5_M, BLK5 = kx.P_OFF, kx.Q5_D, kx.Q5_M, kx.BLK5
-Q6_SC0, Q6_SC1, Q6_D, BLK6 = kx.Q6_SC0, kx.Q6_SC1, kx.Q6_D, kx.BLK6
+Q6_SC0, Q6_SC1, K6_BLK, K6_HDR, SB6 = kx.Q6_SC0, kx.Q6_SC1, kx.K6_BLK, kx.K6_HDR, kx.SB6
 BITS = {QT.Q5_0: 5, QT.Q5_1: 5, QT.Q5_K: 5, QT.Q6_K: 6}  # the layouts of kquant_avx2
 QTYPES = (QT.Q4_K, *BITS)  # what prepare_weight takes
 CHUNK_ROWS = 64 * G  # rows decoded at a time while packing (bounds the temporaries of a large matrix)
@@ -46,8 +47,8 @@ I32 = np.int32
 
 
 class KWeight:
-    """A Q5_0/Q5_1/Q5_K (bits 5) or Q6_K (bits 6) matrix in kquant_avx2's layout: blocks uint8 (ng, nb, BLK5 |
-    BLK6), ng = ceil(rows / G), nb = cols / 32."""
+    """A Q5_0/Q5_1/Q5_K (bits 5) or Q6_K (bits 6) matrix in kquant_avx2's layout: blocks uint8 (ng, nb, BLK5)
+    or (ng, nb / 8, SB6) (q6 super-blocks), ng = ceil(rows / G), nb = cols / 32 (n_blocks)."""
 
     def __init__(self, name, qtype, shape, blocks):
         self.name, self.qtype, self.shape, self.blocks = name, qtype, shape, blocks
@@ -149,51 +150,86 @@ def decode_ints(qtype, raw: np.ndarray):
     raise ValueError(f"not a 5/6-bit type: {QT(qtype).name}")
 
 
+@njit(cache=True, nogil=True, inline="always")
+def block_at(b, bits):
+    """(index into a KWeight's blocks' second axis, byte offset there) of block b: q5 blocks one a row, q6
+    block b % 8 of super-block b // 8 after its header."""
+    if bits == 6:
+        return b // 8, K6_HDR + (b % 8) * K6_BLK
+    return b, 0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def n_blocks(blk, bits):
+    """Blocks of 32 values per row of a KWeight's blocks."""
+    return blk.shape[1] * 8 if bits == 6 else blk.shape[1]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _byte(blk, g, b, i, bits):
+    # byte i of block b of group g
+    s, o = block_at(b, bits)
+    return blk[g, s, o + i]
+
+
+@njit(cache=True, nogil=True)
+def _pack_header(blk, d):
+    """q6: each super-block's header <- its rows' f16 d (d (rows, nsb * 2) uint8 bytes)."""
+    for r in range(d.shape[0]):
+        g, rr = r // G, r % G
+        for s in range(blk.shape[1]):
+            blk[g, s, 2 * rr] = d[r, 2 * s]
+            blk[g, s, 2 * rr + 1] = d[r, 2 * s + 1]
+
+
 @njit(cache=True, nogil=True)
 def _pack_values(blk, q, bits):
     """Values q (rows, nb * 32) uint8 (< 2^bits) -> blk's nibbles and high-bit plane (kquant_avx2's
     docstring); padding rows stay zero."""
-    rows, nb = q.shape[0], blk.shape[1]
+    rows, nb = q.shape[0], n_blocks(blk, bits)
     for r in range(rows):
         g, rr = r // G, r % G
         h, n, r8 = rr // 16, (rr % 16) // 8, rr % 8
         for b in range(nb):
+            s, o = block_at(b, bits)
             for j in range(QK):
                 k, e = j // 4, j % 4
                 i = 4 * r8 + e
                 v = q[r, b * QK + j]
-                at = nib_at(2 * k + h, i)
-                blk[g, b, at] = np.uint8(blk[g, b, at] | np.uint8((v & np.uint8(15)) << np.uint8(4 * n)))
+                at = o + nib_at(2 * k + h, i)
+                blk[g, s, at] = np.uint8(blk[g, s, at] | np.uint8((v & np.uint8(15)) << np.uint8(4 * n)))
                 vv = 4 * k + 2 * h + n
                 if bits == 5:
-                    at, sh = P_OFF + 32 * (vv // 8) + i, vv % 8
+                    at, sh = o + P_OFF + 32 * (vv // 8) + i, vv % 8
                     hb = np.uint8((v >> np.uint8(4)) & np.uint8(1))
                 else:
-                    at, sh = P_OFF + 32 * k + i, 2 * (vv % 4)
+                    at, sh = o + P_OFF + 32 * k + i, 2 * (vv % 4)
                     hb = np.uint8((v >> np.uint8(4)) & np.uint8(3))
-                blk[g, b, at] = np.uint8(blk[g, b, at] | np.uint8(hb << np.uint8(sh)))
+                blk[g, s, at] = np.uint8(blk[g, s, at] | np.uint8(hb << np.uint8(sh)))
 
 
 @njit(cache=True, nogil=True)
-def _pack_scales(blk, x, y, z, off):
+def _pack_scales(blk, x, y, z, off, bits):
     """Per row and block the bytes of x, y (2-D arrays of one itemsize each, as uint8 views (rows, nb * k))
-    at off, off + 32 k, ... : blk[g, b, off + k * rr ..] = x[r, b * k ..] for the rows r = G g + rr; then y after
-    x's 32 rows, z after y's (z / y may be empty)."""
-    rows, nb = x.shape[0], blk.shape[1]
+    at off, off + 32 k, ... of the block: byte off + k * rr .. = x[r, b * k ..] for the rows r = G g + rr; then
+    y after x's 32 rows, z after y's (z / y may be empty)."""
+    rows, nb = x.shape[0], n_blocks(blk, bits)
     for r in range(rows):
         g, rr = r // G, r % G
         at = off
         for arr in (x, y, z):
             k = arr.shape[1] // nb
             for b in range(nb):
+                s, o = block_at(b, bits)
                 for c in range(k):
-                    blk[g, b, at + k * rr + c] = arr[r, b * k + c]
+                    blk[g, s, o + at + k * rr + c] = arr[r, b * k + c]
             at += k * G
 
 
 def layout(qtype, rows: int, cols: int) -> list:
     """[(dtype, shape)] of a KWeight's arrays (its blocks) for a (rows, cols) matrix of qtype."""
-    return [(np.uint8, ((rows + G - 1) // G, cols // QK, BLK5 if BITS[qtype] == 5 else BLK6))]
+    ng = (rows + G - 1) // G
+    return [(np.uint8, (ng, cols // QK, BLK5) if BITS[qtype] == 5 else (ng, cols // QK // 8, SB6))]
 
 
 def _u8(a) -> np.ndarray:
@@ -215,9 +251,10 @@ def repack(qt: QTensor):
         part = blk[r0 // G:]
         _pack_values(part, np.ascontiguousarray(got[0]), bits)
         if bits == 5:  # d, m (f16 each)
-            _pack_scales(part, _u8(got[1]), _u8(got[2]), empty[:got[0].shape[0]], Q5_D)
-        else:  # sc0, sc1 (int8), d (f16)
-            _pack_scales(part, _u8(got[1]), _u8(got[2]), _u8(got[3]), Q6_SC0)
+            _pack_scales(part, _u8(got[1]), _u8(got[2]), empty[:got[0].shape[0]], Q5_D, bits)
+        else:  # sc0, sc1 (int8); d (f16) once per super-block, in its header
+            _pack_scales(part, _u8(got[1]), _u8(got[2]), empty[:got[0].shape[0]], Q6_SC0, bits)
+            _pack_header(part, _u8(got[3][:, ::8]))
     return blk
 
 
@@ -243,9 +280,17 @@ def prepare_weight(qt: QTensor, store=None):
 
 # ---------------------------------------------------------------------------------------- generic kernels
 @njit(cache=True, nogil=True, inline="always")
-def _h(blk, g, b, i):
+def _h(blk, g, b, i, bits):
     # the f16 bits at bytes i, i + 1 of block b of group g, as f32
-    return h2f(np.uint16(np.uint16(blk[g, b, i]) | np.uint16(np.uint16(blk[g, b, i + 1]) << np.uint16(8))))
+    return h2f(np.uint16(np.uint16(_byte(blk, g, b, i, bits)) | np.uint16(np.uint16(_byte(blk, g, b, i + 1, bits))
+                                                                          << np.uint16(8))))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _d6(blk, g, b, r):
+    # q6: the f16 d of row r in block b's super-block header, as f32
+    s = b // 8
+    return h2f(np.uint16(np.uint16(blk[g, s, 2 * r]) | np.uint16(np.uint16(blk[g, s, 2 * r + 1]) << np.uint16(8))))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -254,11 +299,11 @@ def value(blk, g, b, rr, j, bits):
     h, n, r8 = rr // 16, (rr % 16) // 8, rr % 8
     k, e = j // 4, j % 4
     i = 4 * r8 + e
-    v = (I32(blk[g, b, nib_at(2 * k + h, i)]) >> (4 * n)) & 15
+    v = (I32(_byte(blk, g, b, nib_at(2 * k + h, i), bits)) >> (4 * n)) & 15
     vv = 4 * k + 2 * h + n
     if bits == 5:
-        return v | (((I32(blk[g, b, P_OFF + 32 * (vv // 8) + i]) >> (vv % 8)) & 1) << 4)
-    return v | (((I32(blk[g, b, P_OFF + 32 * k + i]) >> (2 * (vv % 4))) & 3) << 4)
+        return v | (((I32(_byte(blk, g, b, P_OFF + 32 * (vv // 8) + i, bits)) >> (vv % 8)) & 1) << 4)
+    return v | (((I32(_byte(blk, g, b, P_OFF + 32 * k + i, bits)) >> (2 * (vv % 4))) & 3) << 4)
 
 
 @njit(cache=True, nogil=True)
@@ -268,7 +313,7 @@ def rows_generic(o, qa, sa, xs, blk, g, t, bits):
     s = np.zeros((2, G), np.int32)
     for r in range(G):
         o[r] = F32(0.0)
-    for b in range(blk.shape[1]):
+    for b in range(n_blocks(blk, bits)):
         s[:] = 0
         a0, a1 = 0, 0
         for j in range(QK):
@@ -282,13 +327,14 @@ def rows_generic(o, qa, sa, xs, blk, g, t, bits):
         sb = sa[t, b]
         for r in range(G):
             if bits == 5:
-                dv = _h(blk, g, b, Q5_D + 2 * r)
-                m16 = _h(blk, g, b, Q5_M + 2 * r) + F32(16.0) * dv
+                dv = _h(blk, g, b, Q5_D + 2 * r, bits)
+                m16 = _h(blk, g, b, Q5_M + 2 * r, bits) + F32(16.0) * dv
                 o[r] += (dv * sb) * F32(s[0, r] + s[1, r] - 16 * (a0 + a1)) + m16 * xs[t, XS * b]
             else:
-                sc0, sc1 = I32(np.int8(blk[g, b, Q6_SC0 + r])), I32(np.int8(blk[g, b, Q6_SC1 + r]))
+                sc0 = I32(np.int8(_byte(blk, g, b, Q6_SC0 + r, bits)))
+                sc1 = I32(np.int8(_byte(blk, g, b, Q6_SC1 + r, bits)))
                 isum = sc0 * (s[0, r] - 32 * a0) + sc1 * (s[1, r] - 32 * a1)
-                o[r] += (_h(blk, g, b, Q6_D + 2 * r) * sb) * F32(isum)
+                o[r] += (_d6(blk, g, b, r) * sb) * F32(isum)
 
 
 # ------------------------------------------------------------------------------------------- AVX2 kernels
@@ -299,7 +345,7 @@ def _grp(o, o0, qa, sa, xs, blk, g, t, bits):
     if bits == 5:
         kx.grp5(o, o0, blk, bo, qa, ao, sa, xs, so, xo, blk.shape[1])
     else:
-        kx.grp6(o, o0, blk, bo, qa, ao, sa, xs, so, xo, blk.shape[1])
+        kx.grp6(o, o0, blk, bo, qa, ao, sa, xs, so, xo, n_blocks(blk, 6))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -309,7 +355,7 @@ def _grp_rows(o, o0, o_st, qa, sa, xs, blk, g, t, n, bits):
     a0, ast = t * qa.strides[0], qa.strides[0]
     s0, sst = t * (sa.strides[0] // 4), sa.strides[0] // 4
     x0, xst = t * (xs.strides[0] // 4), xs.strides[0] // 4
-    bo, nb = g * blk.strides[0], blk.shape[1]
+    bo, nb = g * blk.strides[0], n_blocks(blk, bits)
     if n == 1:
         if bits == 5:
             kx.grp5(o, o0, blk, bo, qa, a0, sa, xs, s0, x0, nb)
@@ -364,12 +410,11 @@ def group(out, qa, sa, xs, blk, g, bits):
                 out[t, g * G + r] = part[t, r]
         return
     buf = np.empty(kx.UNBUF, np.uint8)
-    for b in range(blk.shape[1]):
-        bo = g * blk.strides[0] + b * blk.strides[1]
+    for b in range(n_blocks(blk, bits)):
         if bits == 5:
-            kx.unpack5(buf, blk, bo)
+            kx.unpack5(buf, blk, g * blk.strides[0], b)
         else:
-            kx.unpack6(buf, blk, bo)
+            kx.unpack6(buf, blk, g * blk.strides[0], b)
         for t in range(t_n):
             if bits == 5:
                 kx.blku5(part, t * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b], xs[t, XS * b],
@@ -384,7 +429,7 @@ def group(out, qa, sa, xs, blk, g, bits):
 
 @njit(cache=True, nogil=True, parallel=True)
 def mm(out, qa, sa, xs, blk, bits):
-    """out (T, rows) f32 <- x @ W^T for a q5 / q6 W (ng, nb, BLK5 | BLK6); x as qa (T, n) int8, sa (T, nb),
+    """out (T, rows) f32 <- x @ W^T for a q5 / q6 W (KWeight's blocks); x as qa (T, n) int8, sa (T, nb),
     xs (T, XS nb) (fast.quantize_rows). One parallel region over the row groups."""
     for g in prange(blk.shape[0]):
         group(out, qa, sa, xs, blk, np.int64(g), bits)
@@ -408,14 +453,14 @@ def embed_rows(out, blk, tokens, bits):
     values (Q5_0, Q5_1, Q6_K exactly; Q5_K with its f16 scales)."""
     for t in range(tokens.shape[0]):
         g, rr = tokens[t] // G, tokens[t] % G
-        for b in range(blk.shape[1]):
+        for b in range(n_blocks(blk, bits)):
             for j in range(QK):
                 q = value(blk, g, b, rr, j, bits)
                 if bits == 5:
-                    v = _h(blk, g, b, Q5_D + 2 * rr) * F32(q) + _h(blk, g, b, Q5_M + 2 * rr)
+                    v = _h(blk, g, b, Q5_D + 2 * rr, bits) * F32(q) + _h(blk, g, b, Q5_M + 2 * rr, bits)
                 else:
-                    sc = I32(np.int8(blk[g, b, (Q6_SC0 if j < 16 else Q6_SC1) + rr]))
-                    v = (_h(blk, g, b, Q6_D + 2 * rr) * F32(sc)) * F32(q - 32)
+                    sc = I32(np.int8(_byte(blk, g, b, (Q6_SC0 if j < 16 else Q6_SC1) + rr, bits)))
+                    v = (_d6(blk, g, b, rr) * F32(sc)) * F32(q - 32)
                 out[t, b * QK + j] = v
 
 

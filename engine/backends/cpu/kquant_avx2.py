@@ -10,7 +10,10 @@ rows 16h + 8n + r at byte 4r + e). Their high bits follow at P_OFF, a plane: val
 so one shift and one mask per value vector put the bits at 16 (32), ORed into the nibbles: the file's value,
 unsigned (0..31 / 0..63), the bytes of the file (5.5 / 6.6 bits a value) plus the per-row scales:
   q5 (BLK5 = 768): f16 d (Q5_D), f16 m (Q5_M)                      y = d q + m
-  q6 (BLK6 = 896): int8 scale of values 0-15 (Q6_SC0), of 16-31 (Q6_SC1), f16 d (Q6_D)   y = d sc (q - 32)
+  q6 (K6_BLK = 832): int8 scale of values 0-15 (Q6_SC0), of 16-31 (Q6_SC1)    y = d sc (q - 32)
+q6 blocks come in super-blocks of 8 (the file's 256 values, SB6 = 6720 bytes): the 32 rows' f16 d (the file's one
+per row and super-block, K6_HDR bytes) first, then the 8 blocks: 840 bytes a block, the file's own 6.5625 bits a
+value, where a copy of d in every block took 896 (7 bits).
 vpmaddubsw of a value vector against the broadcast a[4k..4k+3] gives two 16-bit pair sums per row (q5: up to
 2 * 31 * 128, so four k's fit int16; q6: 2 * 63 * 128, two k's), vpmaddwd by 1 turns them into the row's int32
 lane, rows in order (as avx2._isum). The block terms, integers exact, floats in this order:
@@ -32,6 +35,8 @@ from __future__ import annotations
 
 from ... import numba_env  # noqa: F401  (flags before numba)
 
+from contextlib import contextmanager
+
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
@@ -44,14 +49,68 @@ from .target import target_has
 G = 32
 P_OFF = 512  # the high-bit plane, after the 512 bytes of nibbles
 Q5_D, Q5_M, BLK5 = 640, 704, 768
-Q6_SC0, Q6_SC1, Q6_D, BLK6 = 768, 800, 832, 896
-META = {5: Q5_D, 6: Q6_SC0}  # where a block's 128 bytes of per-row scales start
+Q6_SC0, Q6_SC1, K6_BLK = 768, 800, 832
+K6_HDR = 64  # a q6 super-block's rows' f16 d
+SB6 = K6_HDR + 8 * K6_BLK
+META = {5: Q5_D, 6: Q6_SC0}  # where a block's per-row scales start (q5: d, m; q6: sc0, sc1)
 VALS = 1024  # an unpacked block: 32 value vectors of 32 bytes (vv order), then the block's 128 scale bytes
 UNBUF = VALS + 128
 V8I8, V4I32 = ir.VectorType(I8, 8), ir.VectorType(I32, 4)
 # Where the 512-bit sums run (VNNI512) and the target has GFNI: a value vector pair merged in 512 bits
 # (_merged_pairs) instead of two 256-bit merges and a concatenation.
 GF512 = VNNI512 and target_has("gfni")
+
+
+class _Flat:
+    """Where a form finds block b of a group of BLK5-byte q5 blocks (and the q6 d: none here)."""
+    size = BLK5
+    lines = BLK5 // 64
+
+    def at(self, builder, q0, b):
+        """(block i8*, the rows' d as <32 x float> for q6, else None)."""
+        return builder.gep(q0, [builder.mul(b, ir.Constant(b.type, self.size))]), None
+
+    @contextmanager
+    def each(self, builder, q0, nb):
+        """`with lay.each(builder, q0, nb) as (b, q, dv, pf):` a loop over the group's nb blocks."""
+        with cgutils.for_range(builder, nb) as loop:
+            q, dv = self.at(builder, q0, loop.index)
+            yield loop.index, q, dv, _bytes_at(builder, q, PREFETCH)
+
+
+class _Super6(_Flat):
+    """q6 super-blocks: block b is block b % 8 of super-block b // 8, its rows' d in the super-block's header."""
+    lines = (SB6 // 8 + 63) // 64
+
+    def at(self, builder, q0, b):
+        q, sb = self.block_and_header(builder, q0, b)
+        return q, _halves(builder, _i16_at(builder, sb, 0))
+
+    @staticmethod
+    def block_and_header(builder, q0, b):
+        """(block b's i8*, its super-block's i8*: the header)."""
+        sb = builder.gep(q0, [builder.mul(builder.lshr(b, ir.Constant(b.type, 3)), ir.Constant(b.type, SB6))])
+        j = builder.and_(b, ir.Constant(b.type, 7))
+        return builder.gep(sb, [builder.add(builder.mul(j, ir.Constant(b.type, K6_BLK)),
+                                            ir.Constant(b.type, K6_HDR))]), sb
+
+    @contextmanager
+    def each(self, builder, q0, nb):
+        """Super-blocks, their header converted once, then their 8 blocks."""
+        i64 = nb.type
+        with cgutils.for_range(builder, builder.lshr(nb, ir.Constant(i64, 3))) as outer:
+            sbp = builder.gep(q0, [builder.mul(outer.index, ir.Constant(i64, SB6))])
+            dv = _halves(builder, _i16_at(builder, sbp, 0))
+            with cgutils.for_range(builder, ir.Constant(i64, 8)) as inner:
+                j = inner.index
+                b = builder.add(builder.mul(outer.index, ir.Constant(i64, 8)), j)
+                q = builder.gep(sbp, [builder.add(builder.mul(j, ir.Constant(i64, K6_BLK)), ir.Constant(i64, K6_HDR))])
+                pf = builder.gep(sbp, [builder.add(builder.mul(j, ir.Constant(i64, SB6 // 8)),
+                                                   ir.Constant(i64, PREFETCH))])
+                yield b, q, dv, pf
+
+
+LAYOUT = {5: _Flat(), 6: _Super6()}
 
 
 def _vv(k, h, n):
@@ -200,14 +259,16 @@ def _isums_vnni512(builder, vals, avs, ks):
     return out
 
 
-def _terms(builder, bits, vals, acts, meta, sbs, xsbs, a_sums=None):
+def _terms(builder, bits, vals, acts, meta, sbs, xsbs, a_sums=None, dv=None):
     """<32 x float> block terms (module docstring) of the 32 rows, one per activation row: acts i8* to each
     row's 32 activations of the block, sbs / xsbs their scales and scaled sums (float); meta: i8* to the block's
     128 scale bytes. a_sums (the multi-row and batched forms): per row (A, A0), the block's sum and its first
     half's as the quantizer stored them (exact floats, avx2._xs_at), instead of summing the block again for
-    every row group (q5 reads A; q6 A0 and A1 = A - A0); None: the decode form sums them itself."""
+    every row group (q5 reads A; q6 A0 and A1 = A - A0); None: the decode form sums them itself. dv: q6's rows'
+    d (<32 x float>, from the super-block's header); None: at meta + 64 (an unpacked block's copy)."""
     avs = [_act_splats(builder, a) for a in acts]
-    dv = _halves(builder, _i16_at(builder, meta, 64 if bits == 6 else 0))
+    if dv is None:
+        dv = _halves(builder, _i16_at(builder, meta, 64 if bits == 6 else 0))
     out = []
     if bits == 5:
         if a_sums is None:
@@ -242,9 +303,9 @@ def _terms(builder, bits, vals, acts, meta, sbs, xsbs, a_sums=None):
     return out
 
 
-def _term(builder, bits, vals, a, meta, sb, xsb, a_sums=None):
+def _term(builder, bits, vals, a, meta, sb, xsb, a_sums=None, dv=None):
     """_terms of one activation row (a_sums: its (A, A0), or None)."""
-    return _terms(builder, bits, vals, [a], meta, [sb], [xsb], None if a_sums is None else [a_sums])[0]
+    return _terms(builder, bits, vals, [a], meta, [sb], [xsb], None if a_sums is None else [a_sums], dv)[0]
 
 
 def _check_blocks(a):
@@ -252,7 +313,7 @@ def _check_blocks(a):
 
 
 def _make(bits):
-    blk_bytes = BLK5 if bits == 5 else BLK6
+    lay = LAYOUT[bits]
 
     @intrinsic
     def grp(typingctx, o, o_off, blk, blk_off, qa, qa_off, sa, xs, s_off, x_off, nb):
@@ -272,13 +333,11 @@ def _make(bits):
             a0 = _ptr(context, builder, ty[4], qa_, ao)
             sp, xp = _ptr(context, builder, ty[6], sa_, so), _ptr(context, builder, ty[7], xs_, xo)
             accp = cgutils.alloca_once_value(builder, _const(V32F, 0.0))
-            with cgutils.for_range(builder, nb_) as loop:
-                b = loop.index
-                q = builder.gep(q0, [builder.mul(b, ir.Constant(b.type, blk_bytes))])
-                with spread_prefetch(builder, _bytes_at(builder, q, PREFETCH), blk_bytes // 64):
+            with lay.each(builder, q0, nb_) as (b, q, dv, pf):
+                with spread_prefetch(builder, pf, lay.lines):
                     ab = builder.gep(a0, [builder.mul(b, ir.Constant(b.type, 32))])
                     term = _term(builder, bits, _merged(builder, q, bits), ab, _bytes_at(builder, q, META[bits]),
-                                 builder.load(builder.gep(sp, [b])), _xs_at(builder, xp, b, XS_SCALED))
+                                 builder.load(builder.gep(sp, [b])), _xs_at(builder, xp, b, XS_SCALED), dv=dv)
                 builder.store(builder.fadd(builder.load(accp), term), accp)
             op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
             builder.store(builder.load(accp), op, align=4)
@@ -286,16 +345,23 @@ def _make(bits):
         return sig, codegen
 
     @intrinsic
-    def unpack(typingctx, buf, blk, blk_off):
-        """buf[0:UNBUF] (uint8) <- the block at blk[blk_off:] as blku reads it: its 32 value vectors with the
-        high bits merged in (vv order), then its 128 bytes of row scales as they are."""
+    def unpack(typingctx, buf, blk, grp_off, bi):
+        """buf[0:UNBUF] (uint8) <- block bi (an int64) of the group whose blocks start at blk[grp_off:], as blku
+        reads it: its 32 value vectors with the high bits merged in (vv order), then its 128 bytes of row scales
+        as they are (q6: sc0, sc1, then the super-block's d)."""
         if not _check_blocks(blk):
             return None
-        sig = types.void(buf, blk, blk_off)
+        sig = types.void(buf, blk, grp_off, bi)
 
         def codegen(context, builder, signature, args):
-            buf_, blk_, bo = args
-            q = _ptr(context, builder, signature.args[1], blk_, bo)
+            buf_, blk_, go, bi_ = args
+            q0 = _ptr(context, builder, signature.args[1], blk_, go)
+            if bits == 6:
+                q, sb = _Super6.block_and_header(builder, q0, bi_)
+                scales = [_bytes_at(builder, q, Q6_SC0), _bytes_at(builder, q, Q6_SC1), sb, _bytes_at(builder, sb, 32)]
+            else:
+                q = lay.at(builder, q0, bi_)[0]
+                scales = [_bytes_at(builder, q, META[bits] + 32 * i) for i in range(4)]
             b = _ptr(context, builder, signature.args[0], buf_, ir.Constant(I64, 0))
             vals = _merged(builder, q, bits)
             for k in range(8):
@@ -303,8 +369,8 @@ def _make(bits):
                     for n in range(2):
                         p = builder.bitcast(builder.gep(b, [ir.Constant(I64, 32 * _vv(k, h, n))]), V32I8.as_pointer())
                         builder.store(vals.vec(k, h, n), p, align=1)
-            for i in range(4):
-                x = _vload(builder, _bytes_at(builder, q, META[bits] + 32 * i), V32I8)
+            for i, src in enumerate(scales):
+                x = _vload(builder, src, V32I8)
                 builder.store(x, builder.bitcast(_bytes_at(builder, b, VALS + 32 * i), V32I8.as_pointer()), align=1)
             return context.get_dummy_value()
         return sig, codegen
@@ -330,7 +396,7 @@ def _make(bits):
 
 
 def _make_rows(bits, nt):
-    blk_bytes = BLK5 if bits == 5 else BLK6
+    lay = LAYOUT[bits]
 
     @intrinsic
     def grp_rows(typingctx, o, o_off, o_st, blk, blk_off, qa, qa_off, qa_st, sa, xs, s_off, s_st, x_off, x_st, nb):
@@ -354,15 +420,13 @@ def _make_rows(bits, nt):
             sp = [_ptr(context, builder, ty[8], sa_, at(i, so, sst)) for i in range(nt)]
             xp = [_ptr(context, builder, ty[9], xs_, at(i, xo, xst)) for i in range(nt)]
             accp = [cgutils.alloca_once_value(builder, _const(V32F, 0.0)) for _ in range(nt)]
-            with cgutils.for_range(builder, nb_) as loop:
-                b = loop.index
-                q = builder.gep(q0, [builder.mul(b, ir.Constant(b.type, blk_bytes))])
-                _prefetch(builder, _bytes_at(builder, q, PREFETCH), blk_bytes // 64)
+            with lay.each(builder, q0, nb_) as (b, q, dv, pf):
+                _prefetch(builder, pf, lay.lines)
                 acts = [builder.gep(a, [builder.mul(b, ir.Constant(b.type, 32))]) for a in a0]
                 terms = _terms(builder, bits, _merged(builder, q, bits), acts, _bytes_at(builder, q, META[bits]),
                                [builder.load(builder.gep(p, [b])) for p in sp],
                                [_xs_at(builder, p, b, XS_SCALED) for p in xp],
-                               [(_xs_at(builder, p, b, XS_A), _xs_at(builder, p, b, XS_A0)) for p in xp])
+                               [(_xs_at(builder, p, b, XS_A), _xs_at(builder, p, b, XS_A0)) for p in xp], dv)
                 for i in range(nt):
                     builder.store(builder.fadd(builder.load(accp[i]), terms[i]), accp[i])
             for i in range(nt):

@@ -16,7 +16,7 @@ Layouts: Q4 (fast's 4-bit blocks: Q4_0, Q4_1), Q4K (fast's 'q4k' blocks: Q4_K, q
     w[1] acc16 (P h, G) i16           4-bit kernel scratch (a decode row's padded last group)
     w[2] kind (L,) i64                layer l's layout, w[3] at (L,) i64: its slot in that layout's stack
     w[4] q8 (L8, P h, nb, BLK8) i8, w[5] acc32 (P h, G) i32, w[6] q5 (L5, P h, nb, BLK5) u8,
-    w[7] q6 (L6, P h, nb, BLK6) u8    the other layouts' stacks, whole matrices (group p h + j is part
+    w[7] q6 (L6, P h, nb/8, SB6) u8   the other layouts' stacks, whole matrices (group p h + j is part
                                       p's group j)
     w[8] q4k (LK, P, h, nsb, SB4K) u8 the role's Q4_K layers in P parts (as w[0])
 An embedding or head table (step_weights.table): (layout, blocks u8 (ng, nb, BLK) if Q4 / Q5 / Q6 (ng, nsb,
