@@ -56,12 +56,14 @@ def main() -> int:
 
     def q4k_header(s):
         s[..., 0:K_HDR] = np.concatenate([h, h])
-    blocks = {"640": _mats(rng, (ng, nb, 640), q41_header, a.mb), "q4k": _mats(rng, (ng, nb // 8, SB4K), q4k_header, a.mb)}
+    blocks = {"640": _mats(rng, (ng, nb, 640), q41_header, a.mb),
+              "q4k": _mats(rng, (ng, nb // 8, SB4K), q4k_header, a.mb)}
     acc = np.zeros((ng, 32), np.int16)
     print(f"{rows}x{cols}, {a.mb:.0f} MB swept, threads {os.environ['NUMBA_NUM_THREADS']}")
     for t_n in a.t:
         x = rng.standard_normal((t_n, cols)).astype(np.float32)
-        qa, sa, xs = np.zeros((t_n, cols), np.int8), np.zeros((t_n, nb), np.float32), np.zeros((t_n, 3 * nb), np.float32)
+        qa, sa, xs = (np.zeros((t_n, cols), np.int8), np.zeros((t_n, nb), np.float32),
+                      np.zeros((t_n, 3 * nb), np.float32))
         fast.quantize_rows(qa, sa, xs, x)
         out = np.zeros((t_n, rows), np.float32)
         run = {"640": lambda m: fast.mm_q4(out, qa, sa, xs, m, acc), "q4k": lambda m: q4k.mm(out, qa, sa, xs, m)}

@@ -39,7 +39,8 @@ def _quantized(t_n, cols, seed, extreme=False):
     if extreme:
         x = np.sign(x).astype(np.float32)
     nb = cols // 32
-    qa, sa, xs = np.zeros((t_n, cols), np.int8), np.zeros((t_n, nb), np.float32), np.zeros((t_n, fast.XS * nb), np.float32)
+    qa, sa, xs = (np.zeros((t_n, cols), np.int8), np.zeros((t_n, nb), np.float32),
+                  np.zeros((t_n, fast.XS * nb), np.float32))
     fast.quantize_rows(qa, sa, xs, x)
     return x, qa, sa, xs
 

@@ -1,9 +1,9 @@
 """Fast CPU kernels: row-interleaved quantized weights x int8-quantized activations (the `ref.py` contract).
 
 Only `prepare_weight`, `weight_shape`, `new_scratch`, `matmul`, `embed` and `swiglu` differ from `cpu.py`; every
-other kernel is cpu.py's. Q4_K takes the 4-bit layout with its 6-bit scales (q4k.py), Q5_0 / Q5_1 / Q5_K / Q6_K kquant.py's 5- and
-6-bit layouts (its kernels, same contract); weights of other types keep cpu.py's layout and kernels, so this
-module is a drop-in superset.
+other kernel is cpu.py's. Q4_K takes the 4-bit layout with its 6-bit scales (q4k.py), Q5_0 / Q5_1 / Q5_K / Q6_K
+kquant.py's 5- and 6-bit layouts (its kernels, same contract); weights of other types keep cpu.py's layout and
+kernels, so this module is a drop-in superset.
 
 Why this layout (measured on a 2-core Zen 3, AVX2; REFERENCE.md section 8 for the Zen 4 prototype):
 - Rows are interleaved in groups of G=32: blocks[group, block] holds one block (32 values) of all G rows

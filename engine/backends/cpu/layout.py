@@ -52,13 +52,6 @@ def val8_at(jp, i):
     return 64 * jp + i
 
 
-@njit(cache=True, nogil=True, inline="always")
-def k_block_at(b):
-    """The byte offset, in its group's 'q4k' super-blocks, of block b (< nb), and of its super-block."""
-    sb = (b // 8) * SB4K
-    return sb + K_HDR + (b % 8) * K_BLK, sb
-
-
 @njit(cache=True, nogil=True)
 def f2h(x):
     """float32 -> the f16 bits nearest (ties to even), subnormals included (as vcvtps2ph and numpy's

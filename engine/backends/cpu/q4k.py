@@ -32,9 +32,9 @@ from .layout import G, K_BLK, K_HDR, K_MN, K_SC, f2h, nib_at
 F32 = np.float32
 I32 = np.int32
 # Up to this many activation rows the multi-row form reads the 'q4k' blocks themselves (up to four calls of four
-# rows a group); more run on the group expanded to 'q4' blocks once (group_avx2). probes/layout_bytes.py, two
-# threads, us per matrix direct / expanded: T = 12 964-991 / 1119-1121, T = 16 1205-1293 / 1242-1366, T = 24 and
-# 32 the same, T = 64 4644-4890 / 3974-4081.
+# rows a group); more run on the group expanded to 'q4' blocks once (group_avx2). probes/layout_bytes.py's
+# harness run per T (8192x2048, two threads, from DRAM), us per matrix direct / expanded: T = 12 964-991 /
+# 1119-1121, T = 16 1205-1293 / 1242-1366, T = 24 and 32 the same, T = 64 4644-4890 / 3974-4081.
 ROWS_DIRECT = 16
 
 
