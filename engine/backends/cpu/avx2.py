@@ -306,6 +306,34 @@ class _Blocks:
             yield (loop.index,) + self.at(builder, q0, loop.index)
 
 
+def super_block_at(builder, q0, b, sb_bytes, hdr_bytes, blk_bytes):
+    """(block b's i8*, its super-block's i8*, where its prefetch starts) in a group of super-blocks of 8 blocks
+    (a header of hdr_bytes, then the blocks of blk_bytes; sb_bytes in all): the 'q4k' and kquant's q6 layouts."""
+    sb = builder.gep(q0, [builder.mul(builder.lshr(b, ir.Constant(b.type, 3)), ir.Constant(b.type, sb_bytes))])
+    return _in_super_block(builder, sb, builder.and_(b, ir.Constant(b.type, 7)), sb_bytes, hdr_bytes, blk_bytes)
+
+
+def _in_super_block(builder, sb, j, sb_bytes, hdr_bytes, blk_bytes):
+    i64 = j.type
+    q = builder.gep(sb, [builder.add(builder.mul(j, ir.Constant(i64, blk_bytes)), ir.Constant(i64, hdr_bytes))])
+    pf = builder.gep(sb, [builder.add(builder.mul(j, ir.Constant(i64, sb_bytes // 8)), ir.Constant(i64, PREFETCH))])
+    return q, sb, pf
+
+
+@contextmanager
+def each_super_block(builder, q0, nb, sb_bytes, hdr_bytes, blk_bytes, header):
+    """`with each_super_block(...) as (b, q, hdr, pf):` the loop over a group's nb blocks as two, super-blocks
+    (header(builder, sb) computed once for each: its rows' scales) and their 8 blocks."""
+    i64 = nb.type
+    with cgutils.for_range(builder, builder.lshr(nb, ir.Constant(i64, 3))) as outer:
+        sbp = builder.gep(q0, [builder.mul(outer.index, ir.Constant(i64, sb_bytes))])
+        hdr = header(builder, sbp)
+        with cgutils.for_range(builder, ir.Constant(i64, 8)) as inner:
+            b = builder.add(builder.mul(outer.index, ir.Constant(i64, 8)), inner.index)
+            q, _, pf = _in_super_block(builder, sbp, inner.index, sb_bytes, hdr_bytes, blk_bytes)
+            yield b, q, hdr, pf
+
+
 class Blocks4K(_Blocks):
     """The 'q4k' layout: block b is block b % 8 of super-block b // 8; d = f16(d_sb sc), m = f16(-(dmin_sb mn)),
     rounded once from exact f32 products (fptrunc: vcvtps2ph, to nearest even), as kquant's numpy rounded them
@@ -313,12 +341,7 @@ class Blocks4K(_Blocks):
     lines = (SB4K // 8 + 63) // 64  # a block's share of its super-block, header included
 
     def at(self, builder, q0, b):
-        sb = builder.gep(q0, [builder.mul(builder.lshr(b, ir.Constant(b.type, 3)), ir.Constant(b.type, SB4K))])
-        j = builder.and_(b, ir.Constant(b.type, 7))
-        q = builder.gep(sb, [builder.add(builder.mul(j, ir.Constant(b.type, K_BLK)), ir.Constant(b.type, K_HDR))])
-        pf = builder.gep(sb, [builder.add(builder.mul(j, ir.Constant(b.type, SB4K // 8)),
-                                          ir.Constant(b.type, PREFETCH))])
-        return q, sb, pf
+        return super_block_at(builder, q0, b, SB4K, K_HDR, K_BLK)
 
     def scales(self, builder, q, sb):
         """sb: the super-block's i8*, or its rows' (d, dmin) as <32 x float> already (each)."""
@@ -335,21 +358,10 @@ class Blocks4K(_Blocks):
         """The super-block's rows' (d, dmin) as <32 x float>."""
         return _halves(builder, _i16_at(builder, sb, 0)), _halves(builder, _i16_at(builder, sb, 2 * G))
 
-    @contextmanager
     def each(self, builder, q0, nb):
         """The loop over blocks as two: super-blocks, their header converted once, then their 8 blocks (sb is
         the header's (d, dmin))."""
-        i64 = nb.type
-        with cgutils.for_range(builder, builder.lshr(nb, ir.Constant(i64, 3))) as outer:
-            sbp = builder.gep(q0, [builder.mul(outer.index, ir.Constant(i64, SB4K))])
-            hdr = self.header(builder, sbp)
-            with cgutils.for_range(builder, ir.Constant(i64, 8)) as inner:
-                j = inner.index
-                b = builder.add(builder.mul(outer.index, ir.Constant(i64, 8)), j)
-                q = builder.gep(sbp, [builder.add(builder.mul(j, ir.Constant(i64, K_BLK)), ir.Constant(i64, K_HDR))])
-                pf = builder.gep(sbp, [builder.add(builder.mul(j, ir.Constant(i64, SB4K // 8)),
-                                                   ir.Constant(i64, PREFETCH))])
-                yield b, q, hdr, pf
+        return each_super_block(builder, q0, nb, SB4K, K_HDR, K_BLK, self.header)
 
 
 BLOCKS, BLOCKS_4K = _Blocks(), Blocks4K()

@@ -43,7 +43,7 @@ from numba.extending import intrinsic
 
 from .avx2 import (I8, I32, I64, PREFETCH, V8I32, V16I16, V16I32, V32F, V32I8, V32I32, V64I8, VNNI512, XS_A, XS_A0,
                    XS_SCALED, _a4, _block_sum_times, _bytes_at, _const, _fn, _halves, _i16_at, _prefetch, _ptr, _rows32,
-                   _split, _splat, _vload, _xs_at, spread_prefetch)
+                   _split, _splat, _vload, _xs_at, each_super_block, spread_prefetch, super_block_at)
 from .target import target_has
 
 G = 32
@@ -89,25 +89,11 @@ class _Super6(_Flat):
     @staticmethod
     def block_and_header(builder, q0, b):
         """(block b's i8*, its super-block's i8*: the header)."""
-        sb = builder.gep(q0, [builder.mul(builder.lshr(b, ir.Constant(b.type, 3)), ir.Constant(b.type, SB6))])
-        j = builder.and_(b, ir.Constant(b.type, 7))
-        return builder.gep(sb, [builder.add(builder.mul(j, ir.Constant(b.type, K6_BLK)),
-                                            ir.Constant(b.type, K6_HDR))]), sb
+        return super_block_at(builder, q0, b, SB6, K6_HDR, K6_BLK)[:2]
 
-    @contextmanager
     def each(self, builder, q0, nb):
-        """Super-blocks, their header converted once, then their 8 blocks."""
-        i64 = nb.type
-        with cgutils.for_range(builder, builder.lshr(nb, ir.Constant(i64, 3))) as outer:
-            sbp = builder.gep(q0, [builder.mul(outer.index, ir.Constant(i64, SB6))])
-            dv = _halves(builder, _i16_at(builder, sbp, 0))
-            with cgutils.for_range(builder, ir.Constant(i64, 8)) as inner:
-                j = inner.index
-                b = builder.add(builder.mul(outer.index, ir.Constant(i64, 8)), j)
-                q = builder.gep(sbp, [builder.add(builder.mul(j, ir.Constant(i64, K6_BLK)), ir.Constant(i64, K6_HDR))])
-                pf = builder.gep(sbp, [builder.add(builder.mul(j, ir.Constant(i64, SB6 // 8)),
-                                                   ir.Constant(i64, PREFETCH))])
-                yield b, q, dv, pf
+        """Super-blocks, their header (the rows' d) converted once, then their 8 blocks."""
+        return each_super_block(builder, q0, nb, SB6, K6_HDR, K6_BLK, lambda bld, sb: _halves(bld, _i16_at(bld, sb, 0)))
 
 
 LAYOUT = {5: _Flat(), 6: _Super6()}
