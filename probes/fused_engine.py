@@ -13,14 +13,14 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 
-def load_fused(q8_head: bool = False):
-    """(engine, model, its FusedForward), or None after a line on stderr when the model has no fused step,
+def load_fused(q8_head: bool = False, model: str | None = None):
+    """(engine, model (the file `model`, default SmolLM2), its FusedForward), or None after a line on stderr when the model has no fused step,
     numba runs fewer than two threads, or (q8_head) the head is not Q8_0."""
     import numba
 
     from engine.api import Engine
     from engine.config import EngineArgs
-    eng = Engine.load(EngineArgs(threads=2, prefix_reuse=False))
+    eng = Engine.load(EngineArgs(model=model, threads=2, prefix_reuse=False))
     model, ff = eng.model, eng.model.step
     ff = getattr(ff, "ff", ff)  # a first start's TieredForward: its FusedForward (the probes call it directly)
     if ff is None or numba.get_num_threads() < 2 or (q8_head and ff.head[0] != 1):

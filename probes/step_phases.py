@@ -1,7 +1,7 @@
 """Where the fused decode step's time goes, phase by phase, and an A-B of step versions in one process.
 
     PYTHONPATH=. .venv/bin/python probes/step_phases.py [--ctx 60] [--steps 400] [--rows 256] [--with MODULE]
-        [--kv-dtype int8] [REV ...]
+        [--kv-dtype int8] [--model FILE.gguf] [REV ...]
 
 --rows N (> 1) times a prompt's pass of N rows at positions ctx.. instead of a decode step (figures are
 then us per pass); a pass of 32+ rows has a tail phase after each phase ("+tail").
@@ -10,7 +10,7 @@ Each REV (a git revision, or "." for the working tree; default ".") gives the so
 engine/backends/cpu/step.py, which is copied with cycle stamps (`llvm.readcyclecounter`) added after
 each thread's share of a phase and after each wait, and compiled uncached; with --with MODULE (e.g.
 cpu_fast: the matmuls and the quantizer; cpu_attn) also that kernel module's source at REV, where the step
-imports it. The copies use this tree's other kernels and the SmolLM2 model's weights, and run
+imports it. The copies use this tree's other kernels and the model's weights (SmolLM2, or --model's), and run
 alternately (A-B-B-A...) on the same cache and tokens, both threads, the contention guard off. Printed
 per version: the step's wall time, whether its logits equal the first version's, and per phase kind,
 summed over the layers (us per token, medians over the steps):
@@ -164,13 +164,14 @@ def main() -> int:
                          "(e.g. cpu_fast: the matmuls and the quantizer; cpu_attn); repeatable")
     ap.add_argument("--with-attn", action="store_true", help="the same as --with cpu_attn")
     ap.add_argument("--kv-dtype", default="f16", help="the KV cache's type (f16, int8)")
+    ap.add_argument("--model", help="a GGUF file with a fused step (default: SmolLM2)")
     a = ap.parse_args()
     import numba
     import numpy as np
     from numba import njit
 
     from fused_engine import load_fused
-    loaded = load_fused()
+    loaded = load_fused(model=a.model)
     if loaded is None:
         return 2
     eng, model, ff = loaded
