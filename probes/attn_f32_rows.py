@@ -27,7 +27,7 @@ from numba import njit  # noqa: E402
 
 from engine.backends.cpu import attn_avx2 as X  # noqa: E402
 
-KDOT_F16, VSUM_F16 = X.kdot8_heads, X.vsum_heads
+KDOT_F16, VSUM_F16 = X._make_kdot(8, heads=X.GROUP_HEADS), X._make_vsum(heads=X.GROUP_HEADS)  # no `ahead` asks
 KDOT_F32, VSUM_F32 = X._make_kdot(8, f32=True, heads=X.GROUP_HEADS), X._make_vsum(f32=True, heads=X.GROUP_HEADS)
 V_BLOCK = 32
 

@@ -144,13 +144,16 @@ def _scores_and_sums(grouped, sc, acc, qt, kc, vc, n):
     heads = qt.shape[0]
     p = 0
     while p + 8 <= n:
+        # the rows asked for as these are read (prefetches: no bits change; 32 on runs past the cache's end,
+        # and 0, a null address, neither faults)
+        ahead = np.int64(kc.ctypes.data) + kc.strides[0] * (p + 32) if grouped else np.int64(0)
         if grouped and heads == 3:
-            A.kdot8_heads(sc, p, qt, kc, p, 1, np.float32(0.125))
+            A.kdot8_heads(sc, p, qt, kc, p, 1, np.float32(0.125), ahead)
         elif grouped:
-            A.kdot8_pairs(sc, p, qt, kc, p, 1, np.float32(0.125))
+            A.kdot8_pairs(sc, p, qt, kc, p, 1, np.float32(0.125), ahead)
         else:
             for h in range(heads):
-                A.kdot8(sc[h], p, qt[h], kc, p, 1, np.float32(0.125))
+                A.kdot8(sc[h], p, qt[h], kc, p, 1, np.float32(0.125), ahead)
         p += 8
     if p + 4 <= n:
         if grouped and heads == 3:
@@ -162,13 +165,14 @@ def _scores_and_sums(grouped, sc, acc, qt, kc, vc, n):
                 A.kdot4(sc[h], p, qt[h], kc, p, 1, np.float32(0.125))
     for b in range(0, n, 32):
         m = min(32, n - b)
+        ahead = np.int64(vc.ctypes.data) + vc.strides[0] * (b + 32) if grouped else np.int64(0)
         if grouped and heads == 3:
-            A.vsum_heads(acc, sc, b, m, vc, b, 1)
+            A.vsum_heads(acc, sc, b, m, vc, b, 1, ahead)
         elif grouped:
-            A.vsum_pairs(acc, sc, b, m, vc, b, 1)
+            A.vsum_pairs(acc, sc, b, m, vc, b, 1, ahead)
         else:
             for h in range(heads):
-                A.vsum(acc[h], sc[h], b, m, vc, b, 1)
+                A.vsum(acc[h], sc[h], b, m, vc, b, 1, ahead)
 
 
 @pytest.mark.parametrize("heads", [3, 2])

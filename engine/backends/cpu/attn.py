@@ -317,13 +317,16 @@ def _f16(kv):
     return isinstance(kv, types.UniTuple) and kv.count == 2
 
 
-def _kdot8(kv, sc, o, qt, p, group, scale):
-    """sc[h, o:o + 8] <- scale * qt[h] . K[p:p + 8, h // group] for every head h (numba only, see the overload)."""
+def _kdot8(kv, sc, o, qt, p, group, scale, ahead):
+    """sc[h, o:o + 8] <- scale * qt[h] . K[p:p + 8, h // group] for every head h; an f16 cache's kernels ask for
+    the lines of the row at address `ahead` (and the 7 after it) as they read rows p:p + 8 (numba only, see the
+    overload)."""
     raise NotImplementedError
 
 
-def _kdot4(kv, sc, o, qt, p, group, scale):
-    """sc[h, o:o + 4] <- scale * qt[h] . K[p:p + 4, h // group] for every head h (numba only, see the overload)."""
+def _kdot4(kv, sc, o, qt, p, group, scale, ahead):
+    """sc[h, o:o + 4] <- scale * qt[h] . K[p:p + 4, h // group] for every head h (numba only, see the overload;
+    `ahead` unused: a chunk's last positions)."""
     raise NotImplementedError
 
 
@@ -332,21 +335,35 @@ def _dot1(kv, q, p, kh):
     raise NotImplementedError
 
 
-def _vsum(kv, pt, sc, o, n, p, group):
+def _vsum(kv, pt, sc, o, n, p, group, ahead):
     """pt[h // group, h % group, :hd] += sum over i < n of sc[h, o + i] * V[p + i, h // group] for every head h
-    (pt: a work item's part rows, (n_kv, group, hd + 2); numba only, see the overload)."""
+    (pt: a work item's part rows, (n_kv, group, hd + 2)); an f16 cache's kernels ask for the lines of the rows
+    from address `ahead` as they read rows p:p + n (numba only, see the overload)."""
     raise NotImplementedError
 
 
-def _kdot_by_cache(kdot_f16, kdot_f16_heads, kdot_f16_pairs, kdot_q8, kdot_q8_heads, kdot_q8_pairs):
+def _kdot_by_cache(kdot_f16, kdot_f16_heads, kdot_f16_pairs, kdot_q8, kdot_q8_heads, kdot_q8_pairs, asks):
     """The overload of _kdot8 / _kdot4: the IR kdot of R positions for the cache's type, every head of sc
     and qt (H rows; heads h share KV head h // group). Where the groups come in threes, the grouped forms
     (one K conversion for GROUP_HEADS heads, the same bits); in twos or fours, the pair forms:
     one layer's call at 1024 positions, qwen3-1.7b's shapes (group 2) 156 -> 124 us cache-hot, 306 -> 276
     from DRAM; qwen3-4b's (group 4) 265 -> 191 / 443 -> 358 (bench/results-models.md Run 7)."""
-    def impl(kv, sc, o, qt, p, group, scale):
+    def impl(kv, sc, o, qt, p, group, scale, ahead):
+        if _f16(kv) and asks:
+            def f16(kv, sc, o, qt, p, group, scale, ahead):
+                if group % GROUP_HEADS == 0:
+                    for h in range(0, qt.shape[0], GROUP_HEADS):
+                        kdot_f16_heads(sc[h:h + GROUP_HEADS], o, qt[h:h + GROUP_HEADS], kv[0], p, h // group,
+                                       scale, ahead)
+                elif group % 2 == 0:
+                    for h in range(0, qt.shape[0], 2):
+                        kdot_f16_pairs(sc[h:h + 2], o, qt[h:h + 2], kv[0], p, h // group, scale, ahead)
+                else:
+                    for h in range(qt.shape[0]):
+                        kdot_f16(sc[h], o, qt[h], kv[0], p, h // group, scale, ahead)
+            return f16
         if _f16(kv):
-            def f16(kv, sc, o, qt, p, group, scale):
+            def f16_tail(kv, sc, o, qt, p, group, scale, ahead):
                 if group % GROUP_HEADS == 0:
                     for h in range(0, qt.shape[0], GROUP_HEADS):
                         kdot_f16_heads(sc[h:h + GROUP_HEADS], o, qt[h:h + GROUP_HEADS], kv[0], p, h // group,
@@ -357,9 +374,9 @@ def _kdot_by_cache(kdot_f16, kdot_f16_heads, kdot_f16_pairs, kdot_q8, kdot_q8_he
                 else:
                     for h in range(qt.shape[0]):
                         kdot_f16(sc[h], o, qt[h], kv[0], p, h // group, scale)
-            return f16
+            return f16_tail
 
-        def int8(kv, sc, o, qt, p, group, scale):
+        def int8(kv, sc, o, qt, p, group, scale, ahead):
             if group % GROUP_HEADS == 0:
                 for h in range(0, qt.shape[0], GROUP_HEADS):
                     kdot_q8_heads(sc[h:h + GROUP_HEADS], o, qt[h:h + GROUP_HEADS], kv[0], kv[1], p, h // group,
@@ -375,9 +392,9 @@ def _kdot_by_cache(kdot_f16, kdot_f16_heads, kdot_f16_pairs, kdot_q8, kdot_q8_he
 
 
 overload(_kdot8, inline="always")(_kdot_by_cache(kdot8, kdot8_heads, kdot8_pairs, kdot8_q8, kdot8_q8_heads,
-                                                  kdot8_q8_pairs))
+                                                  kdot8_q8_pairs, True))
 overload(_kdot4, inline="always")(_kdot_by_cache(kdot4, kdot4_heads, kdot4_pairs, kdot4_q8, kdot4_q8_heads,
-                                                  kdot4_q8_pairs))
+                                                  kdot4_q8_pairs, False))
 
 
 @overload(_dot1, inline="always")
@@ -393,23 +410,24 @@ def _dot1_impl(kv, q, p, kh):
 
 
 @overload(_vsum, inline="always")
-def _vsum_impl(kv, pt, sc, o, n, p, group):
+def _vsum_impl(kv, pt, sc, o, n, p, group, ahead):
     if _f16(kv):
-        def f16(kv, pt, sc, o, n, p, group):
+        def f16(kv, pt, sc, o, n, p, group, ahead):
             if group % GROUP_HEADS == 0:
                 for h in range(0, sc.shape[0], GROUP_HEADS):
                     g = h % group
-                    vsum_heads(pt[h // group, g:g + GROUP_HEADS], sc[h:h + GROUP_HEADS], o, n, kv[1], p, h // group)
+                    vsum_heads(pt[h // group, g:g + GROUP_HEADS], sc[h:h + GROUP_HEADS], o, n, kv[1], p, h // group,
+                               ahead)
             elif group % 2 == 0:
                 for h in range(0, sc.shape[0], 2):
                     g = h % group
-                    vsum_pairs(pt[h // group, g:g + 2], sc[h:h + 2], o, n, kv[1], p, h // group)
+                    vsum_pairs(pt[h // group, g:g + 2], sc[h:h + 2], o, n, kv[1], p, h // group, ahead)
             else:
                 for h in range(sc.shape[0]):
-                    vsum(pt[h // group, h % group], sc[h], o, n, kv[1], p, h // group)
+                    vsum(pt[h // group, h % group], sc[h], o, n, kv[1], p, h // group, ahead)
         return f16
 
-    def int8(kv, pt, sc, o, n, p, group):
+    def int8(kv, pt, sc, o, n, p, group, ahead):
         if group % GROUP_HEADS == 0:
             for h in range(0, sc.shape[0], GROUP_HEADS):
                 g = h % group
@@ -434,6 +452,17 @@ def _vsum_impl(kv, pt, sc, o, n, p, group):
 # twice, the AVX-512 Xeon) 16 / 8 KV heads x 128 (Qwen3-0.6B / 1.7B) 244-262 -> 228-230 us, 24 / 8 x 128
 # (Llama-3.2-3B) 266 -> 248-254, 32 / 8 x 64 169-171 -> 163-166, SmolLM2's 9 / 3 x 64 the same within noise.
 FETCH_AHEAD = 16
+# An f16 cache's kernels ask for each line as they read one (attn_avx2's `ahead`): the line at the same place
+# ROWS_AHEAD positions on in the item's stream, its K rows then its V rows then the next chunk's K rows (the
+# chunk a thread's part of the items gives it next: sync.grab). Bursts of a block's rows (what the int8 cache's
+# items still do) stall the core while the memory queue drains them, so the sums and the stream took turns:
+# one layer at 1024 positions from DRAM took about its cache-hot time plus a plain read of its rows. The same
+# layer (ad hoc harness: 700 MB of caches swept, two threads, alternated twice, the AVX-512 Xeon, 2026-12-06):
+# 16 / 8 KV heads x 128 (Qwen3-0.6B) 231-241 -> 185-200 us, 32 / 8 x 64 (Llama-3.2-1B) 154-160 -> 115-127, 15 / 5
+# x 64 (SmolLM2-360M) 81-86 -> 63-69, 9 / 3 x 64 (SmolLM2) 49-52 -> 41-49; cache-hot the same or faster. Tried:
+# 16, 24, 48 and 64 positions on (32 best), a line asked for at every 32-byte block read (the same), no rows
+# asked for before an item's first (slower).
+ROWS_AHEAD = 32
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -466,6 +495,63 @@ def _fetch_kv_impl(kv, k0, k1, v0, v1):
     return int8
 
 
+def _burst_kv(kv, k0, k1, v0, v1):
+    """_fetch_kv for a cache whose kernels do not ask for lines as they read (int8), else nothing."""
+    raise NotImplementedError
+
+
+@overload(_burst_kv, inline="always")
+def _burst_kv_impl(kv, k0, k1, v0, v1):
+    if _f16(kv):
+        return lambda kv, k0, k1, v0, v1: None
+    return lambda kv, k0, k1, v0, v1: _fetch_kv(kv, k0, k1, v0, v1)
+
+
+def _row_address(kv, v, p):
+    """The address of row p of the cache's K (v = 0) or V (v = 1) values (numba only)."""
+    raise NotImplementedError
+
+
+@overload(_row_address, inline="always")
+def _row_address_impl(kv, v, p):
+    if _f16(kv):
+        def f16(kv, v, p):
+            a = kv[0] if v == 0 else kv[1]
+            return np.int64(a.ctypes.data) + a.strides[0] * p
+        return f16
+
+    def int8(kv, v, p):
+        a = kv[0] if v == 0 else kv[2]
+        return np.int64(a.ctypes.data) + a.strides[0] * p
+    return int8
+
+
+def _first_rows(kv):
+    """How many K rows an item asks for before its first: ROWS_AHEAD where the kernels then ask as they
+    read (f16), else FETCH_AHEAD (numba only)."""
+    raise NotImplementedError
+
+
+@overload(_first_rows, inline="always")
+def _first_rows_impl(kv):
+    n = ROWS_AHEAD if _f16(kv) else FETCH_AHEAD
+    return lambda kv: n
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _k_ahead(kv, p, lo, hi):
+    """The row asked for while the scores read K row p: ROWS_AHEAD on, past the chunk's K its V rows."""
+    a = p + ROWS_AHEAD
+    return _row_address(kv, 0, a) if a < hi else _row_address(kv, 1, lo + a - hi)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _v_ahead(kv, p, hi):
+    """The row asked for while the sums read V row p: ROWS_AHEAD on, past the chunk's V the next chunk's K."""
+    a = p + ROWS_AHEAD
+    return _row_address(kv, 1, a) if a < hi else _row_address(kv, 0, a)
+
+
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
 def _item_heads_vec(part, sc, qt, kv, t, c, lo, hi, scale):
     """_item_heads_loops' contract through the IR kernels, over an f16 or int8 cache kv (see _f16),
@@ -478,14 +564,14 @@ def _item_heads_vec(part, sc, qt, kv, t, c, lo, hi, scale):
     n_kv = kv[0].shape[1]
     group = n_head // n_kv
     p = lo
-    _fetch_kv(kv, lo, min(hi, lo + FETCH_AHEAD), lo, lo)
+    _fetch_kv(kv, lo, min(hi, lo + _first_rows(kv)), lo, lo)  # the item's first rows, before it asks as it reads
     while p + 8 <= hi:
         a = min(hi, p + FETCH_AHEAD)
-        _fetch_kv(kv, a, min(hi, a + 8), p, p)  # K rows only: V's are asked for a block ahead of their sums
-        _kdot8(kv, sc, p - lo, qt, p, group, scale)
+        _burst_kv(kv, a, min(hi, a + 8), p, p)  # K rows only: V's are asked for a block ahead of their sums
+        _kdot8(kv, sc, p - lo, qt, p, group, scale, _k_ahead(kv, p, lo, hi))
         p += 8
     if p + 4 <= hi:
-        _kdot4(kv, sc, p - lo, qt, p, group, scale)
+        _kdot4(kv, sc, p - lo, qt, p, group, scale, np.int64(0))
         p += 4
     while p < hi:
         for h in range(n_head):
@@ -499,12 +585,12 @@ def softmax_and_sums(part, sc, kv, t, c, lo, hi, n_head, group):
     """A work item's scores sc[:, :hi - lo] -> part[t, :, c]: each KV head's softmax, then the weighted V sums
     over V_BLOCK positions at a time for every head, each block's V rows asked for while the sums of the
     block before it run (FETCH_AHEAD's note). Every item form shares it (attn_int8's too)."""
-    _fetch_kv(kv, hi, hi, lo, min(hi, lo + V_BLOCK))
+    _burst_kv(kv, hi, hi, lo, min(hi, lo + V_BLOCK))
     for kh in range(kv[0].shape[1]):
         _softmax_rows(part[t, kh, c], sc[kh * group:(kh + 1) * group], hi - lo)
     for b in range(lo, hi, V_BLOCK):
-        _fetch_kv(kv, hi, hi, min(hi, b + V_BLOCK), min(hi, b + 2 * V_BLOCK))
-        _vsum(kv, part[t, :, c], sc[:n_head], b - lo, min(V_BLOCK, hi - b), b, group)
+        _burst_kv(kv, hi, hi, min(hi, b + V_BLOCK), min(hi, b + 2 * V_BLOCK))
+        _vsum(kv, part[t, :, c], sc[:n_head], b - lo, min(V_BLOCK, hi - b), b, group, _v_ahead(kv, b, hi))
 
 
 _item_heads = _item_heads_vec if VECTOR_ATTN else _item_heads_loops

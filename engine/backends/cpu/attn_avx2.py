@@ -41,7 +41,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .avx2 import _const, _fn, _splat
+from .avx2 import _const, _fn, _prefetch, _splat
 from .target import target_has
 
 I8, I16, I32, I64, F = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
@@ -175,7 +175,12 @@ def _store_scores(context, builder, sty, s, o, tot, scale, rows, head=None):
     builder.store(tot, builder.bitcast(dst, ir.VectorType(F, rows).as_pointer()), align=4)
 
 
-def _kdot_codegen(load, rows, heads):
+def _ask_at(builder, base, off):
+    """Ask for the cache line at byte address base (i64) + off (avx2's prefetch: prefetcht1 on AVX-512)."""
+    _prefetch(builder, builder.inttoptr(builder.add(base, off), I8.as_pointer()), 1)
+
+
+def _kdot_codegen(load, rows, heads, fetch=False):
     """kdot's code for `heads` query rows (1: q and s 1-d) over R = rows positions: per position and head
     one chain of multiply-adds over the head dimension (SCORE_LANES lanes; a row's last hd % SCORE_LANES
     values in 8 lanes widened with zeros), then _reduce16 (_reduce8 for 8 lanes) per head. Positions
@@ -187,8 +192,12 @@ def _kdot_codegen(load, rows, heads):
     zero = _zero(lanes)
 
     def codegen(context, builder, signature, args):
-        s_, o_, q_, k_, p_, kh_, sc = args
+        s_, o_, q_, k_, p_, kh_, sc = args[:7]
         ty = signature.args
+        if fetch:  # the row standing for row p: ask for its lines as row p's are read (one per block read)
+            ka = context.make_array(ty[3])(context, builder, k_)
+            kstride = builder.extract_value(ka.strides, 0)
+            fetch0 = builder.add(args[7], builder.mul(kh_, builder.extract_value(ka.strides, 1)))
         hd = builder.extract_value(context.make_array(ty[2])(context, builder, q_).shape, ty[2].ndim - 1)
         qrow = _head_rows(context, builder, ty[2], q_, heads)
         sums = [[] for _ in range(heads)]
@@ -204,7 +213,14 @@ def _kdot_codegen(load, rows, heads):
                 if mask is not None:
                     qv = [builder.select(mask, x, ZERO) for x in qv]
                 qv = [wide(x, n) for x in qv]
+                new_line = None
+                if fetch and n == lanes:  # the blocks that start a line of the row
+                    new_line = builder.icmp_unsigned("==", builder.and_(builder.mul(off, _i(2)), _i(63)), _i(0))
                 for r in range(per):
+                    if new_line is not None:
+                        with builder.if_then(new_line):
+                            _ask_at(builder, fetch0, builder.add(builder.mul(kstride, _i(first + r)),
+                                                                 builder.mul(off, _i(2))))
                     kv = wide(load(builder, krow[r], off, n), n)
                     for h in range(heads):
                         _fma(builder, kv, qv[h], acc[r][h])
@@ -226,12 +242,11 @@ def _kdot_codegen(load, rows, heads):
     return codegen
 
 
-def _make_kdot(rows, f32=False, heads=1):
+def _make_kdot(rows, f32=False, heads=1, fetch=False):
     _, load = _row_loader(f32)
     kdt = types.float32 if f32 else types.uint16
 
-    @intrinsic
-    def kdot(typingctx, s, o, q, k, p, kh, scale):
+    def typer(s, o, q, k, p, kh, scale, *ahead):
         """s[o + r] <- scale * q . K[p + r, kh] for r < R: s (>= o + R,) f32, q (hd,) f32 contiguous, K (cap,
         n_kv, hd) f16 bits (f32 values for the f32 form), hd >= 8 (ModelArgs checks); a last partial block of
         8 is read from hd - 8 with the values already counted masked off. The *_heads forms: s[h, o + r] and
@@ -240,26 +255,41 @@ def _make_kdot(rows, f32=False, heads=1):
         scores are the same bits as one call per head."""
         if not _kv_ok(s, q, k, kdt, 1 if heads == 1 else 2):
             return None
-        return types.void(s, o, q, k, p, kh, scale), _kdot_codegen(load, rows, heads)
-    return kdot
+        return types.void(s, o, q, k, p, kh, scale, *ahead), _kdot_codegen(load, rows, heads, fetch)
+    if fetch:
+        def kdot(typingctx, s, o, q, k, p, kh, scale, ahead):
+            return typer(s, o, q, k, p, kh, scale, ahead)
+        kdot.__doc__ = typer.__doc__ + _FETCH_DOC
+    else:
+        def kdot(typingctx, s, o, q, k, p, kh, scale):
+            return typer(s, o, q, k, p, kh, scale)
+        kdot.__doc__ = typer.__doc__
+    return intrinsic(kdot)
 
 
-kdot8 = _make_kdot(8)
+_FETCH_DOC = """
+        The f16 forms' last argument `ahead` (int64): the address of the cache row (KV head 0) whose lines
+        are asked for while row p's are read (row p + r's stand-in at ahead + r row strides; the V sums' the
+        same for their positions): each line asked for as one is read, so the requests run with the sums
+        at the rate they consume (attn.ROWS_AHEAD)."""
+
+
+kdot8 = _make_kdot(8, fetch=True)
 kdot4 = _make_kdot(4)
-kdot8_heads = _make_kdot(8, heads=GROUP_HEADS)
+kdot8_heads = _make_kdot(8, heads=GROUP_HEADS, fetch=True)
 kdot4_heads = _make_kdot(4, heads=GROUP_HEADS)
-kdot8_pairs = _make_kdot(8, heads=2)  # groups of 2 and 4 (Qwen3-0.6B / 1.7B, Llama-3.2-1B, Qwen3-4B): two heads a call
+# groups of 2 and 4 (Qwen3-0.6B / 1.7B, Llama-3.2-1B, Qwen3-4B): two heads a call
+kdot8_pairs = _make_kdot(8, heads=2, fetch=True)
 kdot4_pairs = _make_kdot(4, heads=2)
 kdot8_f32 = _make_kdot(8, f32=True)  # over rows already converted to f32 (attn_prefill's blocks)
 kdot4_f32 = _make_kdot(4, f32=True)
 
 
-def _make_vsum(f32=False, width=4, heads=1):
+def _make_vsum(f32=False, width=4, heads=1, fetch=False):
     ptr_ty, load = _row_loader(f32)
     kdt = types.float32 if f32 else types.uint16
 
-    @intrinsic
-    def vsum(typingctx, acc, s, o, n, v, p, kh):
+    def typer(acc, s, o, n, v, p, kh, *ahead):
         """acc[:hd] += sum over i < n of s[o + i] * V[p + i, kh]: acc (>= hd,) f32, s (>= o + n,) f32, V (cap,
         n_kv, hd) f16 bits (f32 values for the f32 form), hd >= 8. Per LANES * width lanes of acc (then per 8,
         then a masked last 8): registers carried over all n positions, one load and store of acc at the end.
@@ -268,16 +298,24 @@ def _make_vsum(f32=False, width=4, heads=1):
         bits as one call per head)."""
         if not _kv_ok(acc, s, v, kdt, 1 if heads == 1 else 2):
             return None
-        return types.void(acc, s, o, n, v, p, kh), _vsum_codegen(ptr_ty, load, width, heads)
-    return vsum
+        return types.void(acc, s, o, n, v, p, kh, *ahead), _vsum_codegen(ptr_ty, load, width, heads, fetch)
+    if fetch:
+        def vsum(typingctx, acc, s, o, n, v, p, kh, ahead):
+            return typer(acc, s, o, n, v, p, kh, ahead)
+        vsum.__doc__ = typer.__doc__ + _FETCH_DOC
+    else:
+        def vsum(typingctx, acc, s, o, n, v, p, kh):
+            return typer(acc, s, o, n, v, p, kh)
+        vsum.__doc__ = typer.__doc__
+    return intrinsic(vsum)
 
 
-def _weighted_lanes(builder, n, row_at, weights_at, load, arow, regs, base, w, mask=None, lanes=8):
+def _weighted_lanes(builder, n, row_at, weights_at, load, arow, regs, base, w, mask=None, lanes=8, ask=None):
     """The V sums' inner loop (f16, f32 or int8 rows): regs[h][c] (<lanes x float> allocas) <- the sum over
     i < n of weights_at(i)[h] (a float, splat to lanes once per position) * load(builder, row_at(i), base +
     lanes c) for c < w, each loaded vector serving every head h; then arow[h][base + lanes c : + lanes] +=
     regs[h][c] (lanes off in mask left as they are). A lane is one output value's chain over the positions,
-    whatever `lanes`."""
+    whatever `lanes`. ask(i), where given, asks for the lines standing for position i's (before they are read)."""
     vt = _vf(lanes)
     for rh in regs:
         for r in rh[:w]:
@@ -286,6 +324,8 @@ def _weighted_lanes(builder, n, row_at, weights_at, load, arow, regs, base, w, m
         i = loop.index
         vrow = row_at(i)
         wt = [_splat(builder, x, vt) for x in weights_at(i)]
+        if ask is not None:
+            ask(i)
         for c in range(w):
             vv = load(builder, vrow, builder.add(base, _i(lanes * c)), lanes)
             for h, rh in enumerate(regs):
@@ -297,11 +337,11 @@ def _weighted_lanes(builder, n, row_at, weights_at, load, arow, regs, base, w, m
             builder.store(builder.fadd(builder.load(dst, align=4), add), dst, align=4)
 
 
-def _vsum_codegen(ptr_ty, load, width, heads):
+def _vsum_codegen(ptr_ty, load, width, heads, fetch=False):
     """vsum's code, reading V rows through (ptr_ty, load) (_row_loader), width vectors of 8 lanes at a time,
     for `heads` rows of acc and s (1: 1-d)."""
     def codegen(context, builder, signature, args):
-        a_, s_, o_, n_, v_, p_, kh_ = args
+        a_, s_, o_, n_, v_, p_, kh_ = args[:7]
         ty = signature.args
         va = context.make_array(ty[4])(context, builder, v_)
         hd = builder.extract_value(va.shape, 2)
@@ -313,12 +353,20 @@ def _vsum_codegen(ptr_ty, load, width, heads):
         wide = [[cgutils.alloca_once(builder, _vf(LANES)) for _ in range(width)] for _ in range(heads)] \
             if LANES > 8 else regs
 
+        if fetch:
+            fetch0 = builder.add(args[7], builder.mul(kh_, builder.extract_value(va.strides, 1)))
+
         def lanes(base, w, mask=None, n=8):
             """acc[base : base + n * w] += the weighted sum (lanes off in mask are left as they are)."""
             def row_at(i):
                 return builder.bitcast(builder.gep(v0, [builder.mul(i, row_bytes)]), ptr_ty)
+
+            def ask(i):  # the lines of this pass' values in the row standing for position p + i
+                at = builder.add(builder.mul(i, row_bytes), builder.mul(base, _i(2)))
+                for j in range(0, 2 * n * w, 64):
+                    _ask_at(builder, fetch0, builder.add(at, _i(j)))
             _weighted_lanes(builder, n_, row_at, lambda i: [builder.load(builder.gep(r, [i])) for r in srow],
-                            load, arow, wide if n > 8 else regs, base, w, mask, n)
+                            load, arow, wide if n > 8 else regs, base, w, mask, n, ask if fetch and n > 8 else None)
         span = LANES * width
         with cgutils.for_range(builder, builder.udiv(hd, _i(span))) as part:
             lanes(builder.mul(part.index, _i(span)), width, n=LANES)
@@ -331,7 +379,7 @@ def _vsum_codegen(ptr_ty, load, width, heads):
     return codegen
 
 
-vsum = _make_vsum()
-vsum_heads = _make_vsum(heads=GROUP_HEADS)
-vsum_pairs = _make_vsum(heads=2)
+vsum = _make_vsum(fetch=True)
+vsum_heads = _make_vsum(heads=GROUP_HEADS, fetch=True)
+vsum_pairs = _make_vsum(heads=2, fetch=True)
 vsum_f32 = _make_vsum(f32=True, width=64 // LANES)  # 64 lanes, 8 chains of 8 or 4 of 16: prefill is compute-bound
