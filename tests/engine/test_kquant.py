@@ -104,6 +104,52 @@ def test_kernels_bitwise(qtype, rows, extreme, t_n):
         np.testing.assert_array_equal(one[0], batched[t])
 
 
+@pytest.mark.parametrize("extreme", [False, True])
+def test_q5_0_blocks_without_m_give_the_bits_of_blocks_with_it(extreme):
+    """Q5_0's blocks end before m (BLK5Z: its m is -16 d): every form (decode, multi-row, unpacked, generic,
+    embedding) gives the bits of the same blocks with m = f16(-16 d) stored (kquant.with_m: the layout Q5_0 had
+    before), and a stack that holds Q5_0 beside Q5_1 takes them with m."""
+    from engine.backends.cpu import kquant_avx2 as kx
+    from engine.backends.cpu import step_weights
+    rows, cols = 45, 256
+    _, w = _weight(QT.Q5_0, rows, cols, 7, extreme)
+    assert w.blocks.shape[-1] == kquant.BLK5Z
+    old = kquant.with_m(w.blocks)
+    assert old.shape[-1] == kquant.BLK5 and np.array_equal(old[..., :kquant.BLK5Z], w.blocks)
+    for t_n in (1, 3, 5, 20):
+        x, qa, sa, xs = _quantized(t_n, cols, t_n, extreme)
+        got = [np.full((t_n, rows), np.nan, np.float32) for _ in range(4)]
+        kquant.mm(got[0], qa, sa, xs, w.blocks, 5)
+        kquant.mm(got[1], qa, sa, xs, old, 5)
+        tmp = np.empty(kquant.G, np.float32)
+        for i, blk in ((2, w.blocks), (3, old)):
+            for g in range(blk.shape[0]):
+                n = min(kquant.G, rows - g * kquant.G)
+                for t in range(t_n):
+                    kquant.rows_generic(tmp, qa, sa, xs, blk, g, t, 5)
+                    got[i][t, g * kquant.G:g * kquant.G + n] = tmp[:n]
+        assert np.isfinite(got[0]).all()
+        for o in got[1:]:
+            np.testing.assert_array_equal(got[0], o)
+    if kquant.HAVE_AVX2:  # the unpacked block (the batched form where T passes ROWS_MERGED): the same bytes
+        from numba import njit
+        unpack = njit(lambda buf, blk, off, b: kx.unpack5(buf, blk, off, b))
+        bufs = [np.zeros(kx.UNBUF, np.uint8) for _ in range(2)]
+        for g in range(w.blocks.shape[0]):
+            for b in range(w.blocks.shape[1]):
+                unpack(bufs[0], w.blocks, g * w.blocks.strides[0], b)
+                unpack(bufs[1], old, g * old.strides[0], b)
+                np.testing.assert_array_equal(bufs[0], bufs[1])
+    tokens = np.arange(rows, dtype=np.int32)
+    emb = [np.zeros((rows, cols), np.float32) for _ in range(2)]
+    kquant.embed_rows(emb[0], w.blocks, tokens, 5)
+    kquant.embed_rows(emb[1], old, tokens, 5)
+    np.testing.assert_array_equal(emb[0], emb[1])
+    _, w1 = _weight(QT.Q5_1, rows, cols, 8)
+    st = step_weights._stack([w, w1], step_weights.Q5, old.shape[0], 1)
+    assert st.shape[-1] == kquant.BLK5 and np.array_equal(w.blocks, old) and w.blocks.base is not None
+
+
 @pytest.mark.parametrize("qtype", ALL, ids=lambda q: q.name)
 def test_embed_matches_reference(qtype):
     qt, w = _weight(qtype, 70, 512, 3)

@@ -7,8 +7,9 @@ block with scale d sc_j and min -dmin mn_j; the layout keeps the 6-bit sc_j and 
 those two to f16 once, the values of the Q4_1 blocks it was written as before (q4k_as_q41, the tests'
 reference), on 592 bytes per block of a 32-row group instead of 640.
 Q5_0, Q5_1, Q5_K -> the 5-bit layout "q5" (kquant_avx2's docstring: fast's 4-bit block plus a plane of high
-bits, f16 d and m per row and 32 values; y = d q + m): Q5_1 as it is, Q5_0 with m = -16 d (exact in f16),
-Q5_K as Q4_K (d sc_j and -dmin mn_j rounded to f16).
+bits, f16 d and m per row and 32 values; y = d q + m): Q5_1 as it is, Q5_K as Q4_K (d sc_j and -dmin mn_j
+rounded to f16), Q5_0 without m (704 bytes a block, BLK5Z: m = -16 d, which the kernels take as m + 16 d = 0,
+the value a stored m gave; 768 with it).
 Q6_K -> the 6-bit layout "q6": the 4-bit block plus a plane of 2-bit fields and the int8 scale of each 16
 values, in super-blocks of 8 blocks after the rows' f16 d (the file's, one per 256 values), exact (y = d sc
 (q - 32), integers times d as llama.cpp does).
@@ -37,7 +38,7 @@ from .layout import G, nib_at
 from .target import target_has
 
 HAVE_AVX2 = target_has("avx2") and target_has("f16c") and not GENERIC_FORCED
-P_OFF, Q5_D, Q5_M, BLK5 = kx.P_OFF, kx.Q5_D, kx.Q5_M, kx.BLK5
+P_OFF, Q5_D, Q5_M, BLK5, BLK5Z = kx.P_OFF, kx.Q5_D, kx.Q5_M, kx.BLK5, kx.BLK5Z
 Q6_SC0, Q6_SC1, K6_BLK, K6_HDR, SB6 = kx.Q6_SC0, kx.Q6_SC1, kx.K6_BLK, kx.K6_HDR, kx.SB6
 BITS = {QT.Q5_0: 5, QT.Q5_1: 5, QT.Q5_K: 5, QT.Q6_K: 6}  # the layouts of kquant_avx2
 QTYPES = (QT.Q4_K, *BITS)  # what prepare_weight takes
@@ -48,7 +49,8 @@ I32 = np.int32
 
 class KWeight:
     """A Q5_0/Q5_1/Q5_K (bits 5) or Q6_K (bits 6) matrix in kquant_avx2's layout: blocks uint8 (ng, nb, BLK5)
-    or (ng, nb / 8, SB6) (q6 super-blocks), ng = ceil(rows / G), nb = cols / 32 (n_blocks)."""
+    (Q5_0: BLK5Z, no m) or (ng, nb / 8, SB6) (q6 super-blocks), ng = ceil(rows / G), nb = cols / 32
+    (n_blocks)."""
 
     def __init__(self, name, qtype, shape, blocks):
         self.name, self.qtype, self.shape, self.blocks = name, qtype, shape, blocks
@@ -229,7 +231,9 @@ def _pack_scales(blk, x, y, z, off, bits):
 def layout(qtype, rows: int, cols: int) -> list:
     """[(dtype, shape)] of a KWeight's arrays (its blocks) for a (rows, cols) matrix of qtype."""
     ng = (rows + G - 1) // G
-    return [(np.uint8, (ng, cols // QK, BLK5) if BITS[qtype] == 5 else (ng, cols // QK // 8, SB6))]
+    if BITS[qtype] == 6:
+        return [(np.uint8, (ng, cols // QK // 8, SB6))]
+    return [(np.uint8, (ng, cols // QK, BLK5Z if qtype == QT.Q5_0 else BLK5))]
 
 
 def _u8(a) -> np.ndarray:
@@ -250,8 +254,9 @@ def repack(qt: QTensor):
             return None
         part = blk[r0 // G:]
         _pack_values(part, np.ascontiguousarray(got[0]), bits)
-        if bits == 5:  # d, m (f16 each)
-            _pack_scales(part, _u8(got[1]), _u8(got[2]), empty[:got[0].shape[0]], Q5_D, bits)
+        if bits == 5:  # d, m (f16 each; Q5_0: d alone, its m = -16 d checked to fit f16 above)
+            m = got[2] if qt.qtype != QT.Q5_0 else empty[:got[0].shape[0]]
+            _pack_scales(part, _u8(got[1]), _u8(m), empty[:got[0].shape[0]], Q5_D, bits)
         else:  # sc0, sc1 (int8); d (f16) once per super-block, in its header
             _pack_scales(part, _u8(got[1]), _u8(got[2]), empty[:got[0].shape[0]], Q6_SC0, bits)
             _pack_header(part, _u8(got[3][:, ::8]))
@@ -278,12 +283,30 @@ def prepare_weight(qt: QTensor, store=None):
     return KWeight(qt.name, qt.qtype, (rows, cols), got[0])
 
 
+def with_m(blk: np.ndarray) -> np.ndarray:
+    """q5 blocks (..., BLK5Z or BLK5) -> BLK5 blocks: a Q5_0 block's m = f16(-16 d) (exact: repack checked it fits)
+    written after its d, so it can share a stack with Q5_1 / Q5_K blocks."""
+    if blk.shape[-1] == BLK5:
+        return blk
+    out = np.zeros(blk.shape[:-1] + (BLK5,), np.uint8)
+    out[..., :BLK5Z] = blk
+    d = np.ascontiguousarray(blk[..., Q5_D:Q5_M]).view(np.float16)
+    out[..., Q5_M:] = (d * np.float16(-16)).astype(np.float16).view(np.uint8)
+    return out
+
+
 # ---------------------------------------------------------------------------------------- generic kernels
 @njit(cache=True, nogil=True, inline="always")
 def _h(blk, g, b, i, bits):
     # the f16 bits at bytes i, i + 1 of block b of group g, as f32
     return h2f(np.uint16(np.uint16(_byte(blk, g, b, i, bits)) | np.uint16(np.uint16(_byte(blk, g, b, i + 1, bits))
                                                                           << np.uint16(8))))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _m(blk, g, b, r, dv):
+    # q5: the m of row r in block b of group g, as f32 (-16 d where the blocks have none: Q5_0's, BLK5Z)
+    return _h(blk, g, b, Q5_M + 2 * r, 5) if blk.shape[2] == BLK5 else F32(-16.0) * dv
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -328,7 +351,7 @@ def rows_generic(o, qa, sa, xs, blk, g, t, bits):
         for r in range(G):
             if bits == 5:
                 dv = _h(blk, g, b, Q5_D + 2 * r, bits)
-                m16 = _h(blk, g, b, Q5_M + 2 * r, bits) + F32(16.0) * dv
+                m16 = _m(blk, g, b, r, dv) + F32(16.0) * dv if blk.shape[2] == BLK5 else F32(0.0)
                 o[r] += (dv * sb) * F32(s[0, r] + s[1, r] - 16 * (a0 + a1)) + m16 * xs[t, XS * b]
             else:
                 sc0 = I32(np.int8(_byte(blk, g, b, Q6_SC0 + r, bits)))
@@ -457,7 +480,8 @@ def embed_rows(out, blk, tokens, bits):
             for j in range(QK):
                 q = value(blk, g, b, rr, j, bits)
                 if bits == 5:
-                    v = _h(blk, g, b, Q5_D + 2 * rr, bits) * F32(q) + _h(blk, g, b, Q5_M + 2 * rr, bits)
+                    dv = _h(blk, g, b, Q5_D + 2 * rr, bits)
+                    v = dv * F32(q) + _m(blk, g, b, rr, dv)
                 else:
                     sc = I32(np.int8(_byte(blk, g, b, (Q6_SC0 if j < 16 else Q6_SC1) + rr, bits)))
                     v = (_d6(blk, g, b, rr) * F32(sc)) * F32(q - 32)

@@ -10,6 +10,8 @@ rows 16h + 8n + r at byte 4r + e). Their high bits follow at P_OFF, a plane: val
 so one shift and one mask per value vector put the bits at 16 (32), ORed into the nibbles: the file's value,
 unsigned (0..31 / 0..63), the bytes of the file (5.5 / 6.6 bits a value) plus the per-row scales:
   q5 (BLK5 = 768): f16 d (Q5_D), f16 m (Q5_M)                      y = d q + m
+      (Q5_0's blocks end at Q5_M, BLK5Z = 704 bytes, the file's 5.5 bits a value: its m is -16 d, so the
+      forms take m + 16 d as 0 where a block has no m: the blocks' size says, from the array's last axis)
   q6 (K6_BLK = 832): int8 scale of values 0-15 (Q6_SC0), of 16-31 (Q6_SC1)    y = d sc (q - 32)
 q6 blocks come in super-blocks of 8 (the file's 256 values, SB6 = 6720 bytes): the 32 rows' f16 d (the file's one
 per row and super-block, K6_HDR bytes) first, then the 8 blocks: 840 bytes a block, the file's own 6.5625 bits a
@@ -49,6 +51,7 @@ from .target import target_has
 G = 32
 P_OFF = 512  # the high-bit plane, after the 512 bytes of nibbles
 Q5_D, Q5_M, BLK5 = 640, 704, 768
+BLK5Z = Q5_M  # a q5 block without m (Q5_0's: m = -16 d)
 Q6_SC0, Q6_SC1, K6_BLK = 768, 800, 832
 K6_HDR = 64  # a q6 super-block's rows' f16 d
 SB6 = K6_HDR + 8 * K6_BLK
@@ -62,13 +65,26 @@ GF512 = VNNI512 and target_has("gfni")
 
 
 class _Flat:
-    """Where a form finds block b of a group of BLK5-byte q5 blocks (and the q6 d: none here)."""
-    size = BLK5
+    """Where a form finds block b of a group of q5 blocks (and the q6 d: none here): BLK5 bytes each, or as many
+    as `size` (an i64 value: the blocks array's last axis, BLK5 or BLK5Z) says."""
     lines = BLK5 // 64
+
+    def __init__(self, size=None):
+        self.size = size
+
+    def sized(self, context, builder, arrty, arr):
+        """This layout for the blocks of array arr (its last axis: the bytes of a block)."""
+        a = context.make_array(arrty)(context, builder, arr)
+        return _Flat(builder.extract_value(a.shape, arrty.ndim - 1))
+
+    def has_m(self, builder):
+        """An i1: the blocks carry their m (BLK5 bytes), or None where they always do."""
+        return None if self.size is None else builder.icmp_unsigned("==", self.size, ir.Constant(I64, BLK5))
 
     def at(self, builder, q0, b):
         """(block i8*, the rows' d as <32 x float> for q6, else None)."""
-        return builder.gep(q0, [builder.mul(b, ir.Constant(b.type, self.size))]), None
+        size = ir.Constant(b.type, BLK5) if self.size is None else self.size
+        return builder.gep(q0, [builder.mul(b, size)]), None
 
     @contextmanager
     def each(self, builder, q0, nb):
@@ -90,6 +106,12 @@ class _Super6(_Flat):
     def block_and_header(builder, q0, b):
         """(block b's i8*, its super-block's i8*: the header)."""
         return super_block_at(builder, q0, b, SB6, K6_HDR, K6_BLK)[:2]
+
+    def sized(self, context, builder, arrty, arr):
+        return self
+
+    def has_m(self, builder):
+        return None
 
     def each(self, builder, q0, nb):
         """Super-blocks, their header (the rows' d) converted once, then their 8 blocks."""
@@ -245,13 +267,14 @@ def _isums_vnni512(builder, vals, avs, ks):
     return out
 
 
-def _terms(builder, bits, vals, acts, meta, sbs, xsbs, a_sums=None, dv=None):
+def _terms(builder, bits, vals, acts, meta, sbs, xsbs, a_sums=None, dv=None, has_m=None):
     """<32 x float> block terms (module docstring) of the 32 rows, one per activation row: acts i8* to each
     row's 32 activations of the block, sbs / xsbs their scales and scaled sums (float); meta: i8* to the block's
     128 scale bytes. a_sums (the multi-row and batched forms): per row (A, A0), the block's sum and its first
     half's as the quantizer stored them (exact floats, avx2._xs_at), instead of summing the block again for
     every row group (q5 reads A; q6 A0 and A1 = A - A0); None: the decode form sums them itself. dv: q6's rows'
-    d (<32 x float>, from the super-block's header); None: at meta + 64 (an unpacked block's copy)."""
+    d (<32 x float>, from the super-block's header); None: at meta + 64 (an unpacked block's copy). has_m (q5):
+    an i1, false for a block without m (BLK5Z: m + 16 d taken as 0, what a stored m = -16 d gave); None: it has."""
     avs = [_act_splats(builder, a) for a in acts]
     if dv is None:
         dv = _halves(builder, _i16_at(builder, meta, 64 if bits == 6 else 0))
@@ -261,7 +284,12 @@ def _terms(builder, bits, vals, acts, meta, sbs, xsbs, a_sums=None, dv=None):
             a_16 = [builder.mul(builder.add(*_sums_a(builder, a)), ir.Constant(I32, 16)) for a in acts]
         else:
             a_16 = [_block_sum_times(builder, a, 16) for a, _ in a_sums]
-        m16 = builder.fadd(_halves(builder, _i16_at(builder, meta, 64)), builder.fmul(_const(V32F, 16.0), dv))
+        if has_m is None:
+            m16 = builder.fadd(_halves(builder, _i16_at(builder, meta, 64)), builder.fmul(_const(V32F, 16.0), dv))
+        else:  # m read only where the block has it (else the d bytes, a load that stays in the block)
+            m_at = builder.select(has_m, _bytes_at(builder, meta, 64), _bytes_at(builder, meta, 0))
+            m = _halves(builder, builder.bitcast(m_at, ir.IntType(16).as_pointer()))
+            m16 = builder.select(has_m, builder.fadd(m, builder.fmul(_const(V32F, 16.0), dv)), _const(V32F, 0.0))
         for acc, a16, sb, xsb in zip(_isums(builder, vals, avs, list(range(8)), 4), a_16, sbs, xsbs):
             centred = builder.sub(_rows32(builder, acc), _splat(builder, a16, V32I32))
             out.append(builder.fadd(builder.fmul(builder.fmul(dv, _splat(builder, sb, V32F)),
@@ -289,9 +317,9 @@ def _terms(builder, bits, vals, acts, meta, sbs, xsbs, a_sums=None, dv=None):
     return out
 
 
-def _term(builder, bits, vals, a, meta, sb, xsb, a_sums=None, dv=None):
+def _term(builder, bits, vals, a, meta, sb, xsb, a_sums=None, dv=None, has_m=None):
     """_terms of one activation row (a_sums: its (A, A0), or None)."""
-    return _terms(builder, bits, vals, [a], meta, [sb], [xsb], None if a_sums is None else [a_sums], dv)[0]
+    return _terms(builder, bits, vals, [a], meta, [sb], [xsb], None if a_sums is None else [a_sums], dv, has_m)[0]
 
 
 def _check_blocks(a):
@@ -319,11 +347,14 @@ def _make(bits):
             a0 = _ptr(context, builder, ty[4], qa_, ao)
             sp, xp = _ptr(context, builder, ty[6], sa_, so), _ptr(context, builder, ty[7], xs_, xo)
             accp = cgutils.alloca_once_value(builder, _const(V32F, 0.0))
-            with lay.each(builder, q0, nb_) as (b, q, dv, pf):
+            bl = lay.sized(context, builder, ty[2], blk_)
+            has_m = bl.has_m(builder)
+            with bl.each(builder, q0, nb_) as (b, q, dv, pf):
                 with spread_prefetch(builder, pf, lay.lines):
                     ab = builder.gep(a0, [builder.mul(b, ir.Constant(b.type, 32))])
                     term = _term(builder, bits, _merged(builder, q, bits), ab, _bytes_at(builder, q, META[bits]),
-                                 builder.load(builder.gep(sp, [b])), _xs_at(builder, xp, b, XS_SCALED), dv=dv)
+                                 builder.load(builder.gep(sp, [b])), _xs_at(builder, xp, b, XS_SCALED), dv=dv,
+                                 has_m=has_m)
                 builder.store(builder.fadd(builder.load(accp), term), accp)
             op = builder.bitcast(_ptr(context, builder, ty[0], o_, oo), V32F.as_pointer())
             builder.store(builder.load(accp), op, align=4)
@@ -346,8 +377,10 @@ def _make(bits):
                 q, sb = _Super6.block_and_header(builder, q0, bi_)
                 scales = [_bytes_at(builder, q, Q6_SC0), _bytes_at(builder, q, Q6_SC1), sb, _bytes_at(builder, sb, 32)]
             else:
-                q = lay.at(builder, q0, bi_)[0]
+                bl = lay.sized(context, builder, signature.args[1], blk_)
+                q = bl.at(builder, q0, bi_)[0]
                 scales = [_bytes_at(builder, q, META[bits] + 32 * i) for i in range(4)]
+                has_m = bl.has_m(builder)
             b = _ptr(context, builder, signature.args[0], buf_, ir.Constant(I64, 0))
             vals = _merged(builder, q, bits)
             for k in range(8):
@@ -356,7 +389,14 @@ def _make(bits):
                         p = builder.bitcast(builder.gep(b, [ir.Constant(I64, 32 * _vv(k, h, n))]), V32I8.as_pointer())
                         builder.store(vals.vec(k, h, n), p, align=1)
             for i, src in enumerate(scales):
+                if bits == 5 and i >= 2:  # m: where the block has none, f16(-16 d) (exact), what its copy held
+                    src = builder.select(has_m, src, scales[i - 2])
                 x = _vload(builder, src, V32I8)
+                if bits == 5 and i >= 2:
+                    h, f = ir.VectorType(ir.HalfType(), 16), ir.VectorType(ir.FloatType(), 16)
+                    d = builder.fpext(builder.bitcast(x, h), f)
+                    m = builder.bitcast(builder.fptrunc(builder.fmul(d, _const(f, -16.0)), h), V32I8)
+                    x = builder.select(has_m, x, m)
                 builder.store(x, builder.bitcast(_bytes_at(builder, b, VALS + 32 * i), V32I8.as_pointer()), align=1)
             return context.get_dummy_value()
         return sig, codegen
@@ -406,13 +446,15 @@ def _make_rows(bits, nt):
             sp = [_ptr(context, builder, ty[8], sa_, at(i, so, sst)) for i in range(nt)]
             xp = [_ptr(context, builder, ty[9], xs_, at(i, xo, xst)) for i in range(nt)]
             accp = [cgutils.alloca_once_value(builder, _const(V32F, 0.0)) for _ in range(nt)]
-            with lay.each(builder, q0, nb_) as (b, q, dv, pf):
+            bl = lay.sized(context, builder, ty[3], blk_)
+            has_m = bl.has_m(builder)
+            with bl.each(builder, q0, nb_) as (b, q, dv, pf):
                 _prefetch(builder, pf, lay.lines)
                 acts = [builder.gep(a, [builder.mul(b, ir.Constant(b.type, 32))]) for a in a0]
                 terms = _terms(builder, bits, _merged(builder, q, bits), acts, _bytes_at(builder, q, META[bits]),
                                [builder.load(builder.gep(p, [b])) for p in sp],
                                [_xs_at(builder, p, b, XS_SCALED) for p in xp],
-                               [(_xs_at(builder, p, b, XS_A), _xs_at(builder, p, b, XS_A0)) for p in xp], dv)
+                               [(_xs_at(builder, p, b, XS_A), _xs_at(builder, p, b, XS_A0)) for p in xp], dv, has_m)
                 for i in range(nt):
                     builder.store(builder.fadd(builder.load(accp[i]), terms[i]), accp[i])
             for i in range(nt):
