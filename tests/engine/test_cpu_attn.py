@@ -156,13 +156,14 @@ def _scores_and_sums(grouped, sc, acc, qt, kc, vc, n):
                 A.kdot8(sc[h], p, qt[h], kc, p, 1, np.float32(0.125), ahead)
         p += 8
     if p + 4 <= n:
+        ahead = np.int64(kc.ctypes.data) + kc.strides[0] * (p + 32) if grouped else np.int64(0)
         if grouped and heads == 3:
-            A.kdot4_heads(sc, p, qt, kc, p, 1, np.float32(0.125))
+            A.kdot4_heads(sc, p, qt, kc, p, 1, np.float32(0.125), ahead)
         elif grouped:
-            A.kdot4_pairs(sc, p, qt, kc, p, 1, np.float32(0.125))
+            A.kdot4_pairs(sc, p, qt, kc, p, 1, np.float32(0.125), ahead)
         else:
             for h in range(heads):
-                A.kdot4(sc[h], p, qt[h], kc, p, 1, np.float32(0.125))
+                A.kdot4(sc[h], p, qt[h], kc, p, 1, np.float32(0.125), ahead)
     for b in range(0, n, 32):
         m = min(32, n - b)
         ahead = np.int64(vc.ctypes.data) + vc.strides[0] * (b + 32) if grouped else np.int64(0)

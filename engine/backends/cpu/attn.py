@@ -325,8 +325,8 @@ def _kdot8(kv, sc, o, qt, p, group, scale, ahead):
 
 
 def _kdot4(kv, sc, o, qt, p, group, scale, ahead):
-    """sc[h, o:o + 4] <- scale * qt[h] . K[p:p + 4, h // group] for every head h (numba only, see the overload;
-    `ahead` unused: a chunk's last positions)."""
+    """sc[h, o:o + 4] <- scale * qt[h] . K[p:p + 4, h // group] for every head h, asking as _kdot8 does (numba
+    only, see the overload)."""
     raise NotImplementedError
 
 
@@ -342,14 +342,14 @@ def _vsum(kv, pt, sc, o, n, p, group, ahead):
     raise NotImplementedError
 
 
-def _kdot_by_cache(kdot_f16, kdot_f16_heads, kdot_f16_pairs, kdot_q8, kdot_q8_heads, kdot_q8_pairs, asks):
+def _kdot_by_cache(kdot_f16, kdot_f16_heads, kdot_f16_pairs, kdot_q8, kdot_q8_heads, kdot_q8_pairs):
     """The overload of _kdot8 / _kdot4: the IR kdot of R positions for the cache's type, every head of sc
     and qt (H rows; heads h share KV head h // group). Where the groups come in threes, the grouped forms
     (one K conversion for GROUP_HEADS heads, the same bits); in twos or fours, the pair forms:
     one layer's call at 1024 positions, qwen3-1.7b's shapes (group 2) 156 -> 124 us cache-hot, 306 -> 276
     from DRAM; qwen3-4b's (group 4) 265 -> 191 / 443 -> 358 (bench/results-models.md Run 7)."""
     def impl(kv, sc, o, qt, p, group, scale, ahead):
-        if _f16(kv) and asks:
+        if _f16(kv):
             def f16(kv, sc, o, qt, p, group, scale, ahead):
                 if group % GROUP_HEADS == 0:
                     for h in range(0, qt.shape[0], GROUP_HEADS):
@@ -362,19 +362,6 @@ def _kdot_by_cache(kdot_f16, kdot_f16_heads, kdot_f16_pairs, kdot_q8, kdot_q8_he
                     for h in range(qt.shape[0]):
                         kdot_f16(sc[h], o, qt[h], kv[0], p, h // group, scale, ahead)
             return f16
-        if _f16(kv):
-            def f16_tail(kv, sc, o, qt, p, group, scale, ahead):
-                if group % GROUP_HEADS == 0:
-                    for h in range(0, qt.shape[0], GROUP_HEADS):
-                        kdot_f16_heads(sc[h:h + GROUP_HEADS], o, qt[h:h + GROUP_HEADS], kv[0], p, h // group,
-                                       scale)
-                elif group % 2 == 0:
-                    for h in range(0, qt.shape[0], 2):
-                        kdot_f16_pairs(sc[h:h + 2], o, qt[h:h + 2], kv[0], p, h // group, scale)
-                else:
-                    for h in range(qt.shape[0]):
-                        kdot_f16(sc[h], o, qt[h], kv[0], p, h // group, scale)
-            return f16_tail
 
         def int8(kv, sc, o, qt, p, group, scale, ahead):
             if group % GROUP_HEADS == 0:
@@ -392,9 +379,9 @@ def _kdot_by_cache(kdot_f16, kdot_f16_heads, kdot_f16_pairs, kdot_q8, kdot_q8_he
 
 
 overload(_kdot8, inline="always")(_kdot_by_cache(kdot8, kdot8_heads, kdot8_pairs, kdot8_q8, kdot8_q8_heads,
-                                                  kdot8_q8_pairs, True))
+                                                  kdot8_q8_pairs))
 overload(_kdot4, inline="always")(_kdot_by_cache(kdot4, kdot4_heads, kdot4_pairs, kdot4_q8, kdot4_q8_heads,
-                                                  kdot4_q8_pairs, False))
+                                                  kdot4_q8_pairs))
 
 
 @overload(_dot1, inline="always")
@@ -571,7 +558,7 @@ def _item_heads_vec(part, sc, qt, kv, t, c, lo, hi, scale):
         _kdot8(kv, sc, p - lo, qt, p, group, scale, _k_ahead(kv, p, lo, hi))
         p += 8
     if p + 4 <= hi:
-        _kdot4(kv, sc, p - lo, qt, p, group, scale, np.int64(0))
+        _kdot4(kv, sc, p - lo, qt, p, group, scale, _k_ahead(kv, p, lo, hi))
         p += 4
     while p < hi:
         for h in range(n_head):

@@ -275,12 +275,12 @@ _FETCH_DOC = """
 
 
 kdot8 = _make_kdot(8, fetch=True)
-kdot4 = _make_kdot(4)
+kdot4 = _make_kdot(4, fetch=True)
 kdot8_heads = _make_kdot(8, heads=GROUP_HEADS, fetch=True)
-kdot4_heads = _make_kdot(4, heads=GROUP_HEADS)
+kdot4_heads = _make_kdot(4, heads=GROUP_HEADS, fetch=True)
 # groups of 2 and 4 (Qwen3-0.6B / 1.7B, Llama-3.2-1B, Qwen3-4B): two heads a call
 kdot8_pairs = _make_kdot(8, heads=2, fetch=True)
-kdot4_pairs = _make_kdot(4, heads=2)
+kdot4_pairs = _make_kdot(4, heads=2, fetch=True)
 kdot8_f32 = _make_kdot(8, f32=True)  # over rows already converted to f32 (attn_prefill's blocks)
 kdot4_f32 = _make_kdot(4, f32=True)
 

@@ -351,7 +351,7 @@ def rows_generic(o, qa, sa, xs, blk, g, t, bits):
         for r in range(G):
             if bits == 5:
                 dv = _h(blk, g, b, Q5_D + 2 * r, bits)
-                m16 = _m(blk, g, b, r, dv) + F32(16.0) * dv if blk.shape[2] == BLK5 else F32(0.0)
+                m16 = _m(blk, g, b, r, dv) + F32(16.0) * dv  # Q5_0's: -16 d + 16 d, 0 exactly
                 o[r] += (dv * sb) * F32(s[0, r] + s[1, r] - 16 * (a0 + a1)) + m16 * xs[t, XS * b]
             else:
                 sc0 = I32(np.int8(_byte(blk, g, b, Q6_SC0 + r, bits)))
