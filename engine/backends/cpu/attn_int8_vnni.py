@@ -18,8 +18,8 @@ against the float query's 96.07%, one token per pass); in 16 bits it reads 96.36
 within ~1e-4 of the float query's. Per (position, KV head): one load and xor, and per query head two
 vpdpbusd, a shift and ~2.6 shuffles / adds, where attn_int8_avx2's kdot_q8 sign-extends and converts
 every 8 values and reduces per group of 32: scores at 600 positions 11.9 -> 7.7 us per layer, one thread,
-cache-hot (2026-12-03). The same loop asks for the K rows 16 positions ahead (attn's FETCH_AHEAD); the V
-rows are asked for a block ahead of their sums (attn_int8, as attn's items do).
+cache-hot (2026-12-03). The same loop asks for each line of the K rows as it reads the line ROWS_AHEAD positions
+before it; the V rows are asked for a block ahead of their sums (attn_int8's q8 V sums, in bursts).
 
 The scores are ref.attention_int8_q16's. Needs hd % 64 == 0 and 32-value scale groups, at most GMAX query
 heads per KV head and the buffers' sizes (usable(): attn_int8 runs the other kernels otherwise).
@@ -35,14 +35,18 @@ from numba.extending import intrinsic
 
 from .attn_avx2 import F, I8, I32, I64, _shuf
 from .attn_int8_avx2 import group_scale, round_away
-from .avx2 import _const, _fn, _splat
+from .avx2 import PREFETCH_LOCALITY, _const, _fn, _prefetch, _splat
 from .target import target_has
 
 VNNI512 = target_has("avx512vnni") and target_has("avx512bw")
 QBYTES = 8192  # query values on the stack (two bytes each): heads * head_dim at most (64 heads of 128)
 QGROUPS = 256  # query groups (scale, correction): heads * head_dim / 32 at most
 GMAX = 8  # query heads per KV head at most
-FETCH_AHEAD = 16  # K rows asked for this many positions ahead (attn.FETCH_AHEAD)
+# K rows: each 64-byte line asked for as the one this many positions before it is read (attn.ROWS_AHEAD: bursts
+# of a block's rows stall the core while the memory queue drains them), the item's first ones and the scales
+# (a line or two a position) in bursts, into L2 (avx2.PREFETCH_LOCALITY; they went to L1 before, holding its few
+# fill buffers for a DRAM round trip)
+ROWS_AHEAD = 32
 
 V16F, V16I = ir.VectorType(F, 16), ir.VectorType(I32, 16)
 
@@ -81,7 +85,7 @@ def _prefetch_rows(builder, base, row_bytes, p0, p1):
     lines = builder.udiv(builder.add(builder.mul(builder.sub(p1, p0), row_bytes), _i(63)), _i(64))
     with cgutils.for_range(builder, lines) as ln:
         at = builder.gep(base, [builder.add(start, builder.mul(ln.index, _i(64)))])
-        builder.call(pf, [at, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+        builder.call(pf, [at, ir.Constant(I32, 0), ir.Constant(I32, PREFETCH_LOCALITY), ir.Constant(I32, 1)])
 
 
 def _quantize_queries(builder, qrow, n_q, hd, n_g, qbuf, qsc, qcor):
@@ -198,19 +202,20 @@ def _codegen(context, builder, signature, args):
                       a.n_q, a.hd, a.n_g, qbuf, qsc, qcor)
     hi = builder.add(a.lo, a.n)
     flip = _const(V16I, -0x7f7f7f80)  # 0x80808080: each byte's sign bit
+    k_ahead = builder.mul(a.kst[0], _i(ROWS_AHEAD))
 
     def clamp(x):
         return builder.select(builder.icmp_signed("<", x, hi), x, hi)
 
-    def fetch(p0, p1):  # attn._fetch_kv's requests for K rows and their scales
-        for base, row in ((a.k, a.kst[0]), (a.ks, a.sst[0])):
+    def fetch(p0, p1, scales_only=False):  # attn._fetch_kv's requests for K rows and their scales
+        for base, row in ((a.k, a.kst[0]), (a.ks, a.sst[0]))[scales_only:]:
             _prefetch_rows(builder, base, row, p0, p1)
-    fetch(a.lo, clamp(builder.add(a.lo, _i(FETCH_AHEAD))))
+    fetch(a.lo, clamp(builder.add(a.lo, _i(ROWS_AHEAD))))
     with cgutils.for_range(builder, builder.udiv(builder.add(a.n, _i(7)), _i(8))) as bl:
         o = builder.mul(bl.index, _i(8))
         p = builder.add(a.lo, o)
-        ahead = clamp(builder.add(p, _i(FETCH_AHEAD)))
-        fetch(ahead, clamp(builder.add(ahead, _i(8))))
+        ahead = clamp(builder.add(p, _i(ROWS_AHEAD)))
+        fetch(ahead, clamp(builder.add(ahead, _i(8))), scales_only=True)  # the K rows' lines: asked as read
         # the last block's rows past hi repeat its last position (their scores are not stored)
         rows = [builder.select(builder.icmp_signed("<", builder.add(p, _i(r)), hi), builder.add(p, _i(r)),
                                builder.sub(hi, _i(1))) for r in range(8)]
@@ -224,6 +229,7 @@ def _codegen(context, builder, signature, args):
                 for r in range(8):
                     at = builder.add(builder.add(builder.mul(rows[r], a.kst[0]), builder.mul(kh, a.kst[1])),
                                      builder.mul(b, _i(64)))
+                    _prefetch(builder, builder.gep(a.k, [builder.add(at, k_ahead)]), 1)  # the line ROWS_AHEAD on
                     kx.append(builder.xor(builder.load(builder.bitcast(builder.gep(a.k, [at]), V16I.as_pointer()),
                                                        align=1), flip))
                 ksv = _gather_scales(builder, a.ks, a.sst, rows, kh, b)
