@@ -256,15 +256,19 @@ def _make_kdot(rows, f32=False, heads=1, fetch=False):
         if not _kv_ok(s, q, k, kdt, 1 if heads == 1 else 2):
             return None
         return types.void(s, o, q, k, p, kh, scale, *ahead), _kdot_codegen(load, rows, heads, fetch)
+    return _form(typer, fetch)
+
+
+def _form(typer, fetch):
+    """The intrinsic of a kdot / vsum typer (seven arguments), with `ahead` after them where fetch."""
     if fetch:
-        def kdot(typingctx, s, o, q, k, p, kh, scale, ahead):
-            return typer(s, o, q, k, p, kh, scale, ahead)
-        kdot.__doc__ = typer.__doc__ + _FETCH_DOC
+        def form(typingctx, a0, a1, a2, a3, a4, a5, a6, ahead):
+            return typer(a0, a1, a2, a3, a4, a5, a6, ahead)
     else:
-        def kdot(typingctx, s, o, q, k, p, kh, scale):
-            return typer(s, o, q, k, p, kh, scale)
-        kdot.__doc__ = typer.__doc__
-    return intrinsic(kdot)
+        def form(typingctx, a0, a1, a2, a3, a4, a5, a6):
+            return typer(a0, a1, a2, a3, a4, a5, a6)
+    form.__doc__ = typer.__doc__ + (_FETCH_DOC if fetch else "")
+    return intrinsic(form)
 
 
 _FETCH_DOC = """
@@ -299,15 +303,7 @@ def _make_vsum(f32=False, width=4, heads=1, fetch=False):
         if not _kv_ok(acc, s, v, kdt, 1 if heads == 1 else 2):
             return None
         return types.void(acc, s, o, n, v, p, kh, *ahead), _vsum_codegen(ptr_ty, load, width, heads, fetch)
-    if fetch:
-        def vsum(typingctx, acc, s, o, n, v, p, kh, ahead):
-            return typer(acc, s, o, n, v, p, kh, ahead)
-        vsum.__doc__ = typer.__doc__ + _FETCH_DOC
-    else:
-        def vsum(typingctx, acc, s, o, n, v, p, kh):
-            return typer(acc, s, o, n, v, p, kh)
-        vsum.__doc__ = typer.__doc__
-    return intrinsic(vsum)
+    return _form(typer, fetch)
 
 
 def _weighted_lanes(builder, n, row_at, weights_at, load, arow, regs, base, w, mask=None, lanes=8, ask=None):
