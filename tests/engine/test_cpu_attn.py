@@ -224,13 +224,14 @@ def _scores_and_sums_q8(grouped, sc, acc, qt, kq, ks, vq, vs, n):
                 A.kdot4_q8(sc[h], p, qt[h], kq, ks, p, 1, np.float32(0.125))
     for b in range(0, n, 32):
         m = min(32, n - b)
+        ahead = np.int64(vq.ctypes.data) + vq.strides[0] * (b + 32) if grouped else np.int64(0)
         if grouped and heads == 3:
-            A.vsum_q8_heads(acc, sc, b, m, vq, vs, b, 1)
+            A.vsum_q8_heads(acc, sc, b, m, vq, vs, b, 1, ahead)
         elif grouped:
-            A.vsum_q8_pairs(acc, sc, b, m, vq, vs, b, 1)
+            A.vsum_q8_pairs(acc, sc, b, m, vq, vs, b, 1, ahead)
         else:
             for h in range(heads):
-                A.vsum_q8(acc[h], sc[h], b, m, vq, vs, b, 1)
+                A.vsum_q8(acc[h], sc[h], b, m, vq, vs, b, 1, ahead)
 
 
 @pytest.mark.parametrize("heads", [3, 2])

@@ -419,14 +419,14 @@ def _vsum_impl(kv, pt, sc, o, n, p, group, ahead):
             for h in range(0, sc.shape[0], GROUP_HEADS):
                 g = h % group
                 vsum_q8_heads(pt[h // group, g:g + GROUP_HEADS], sc[h:h + GROUP_HEADS], o, n, kv[2], kv[3], p,
-                              h // group)
+                              h // group, ahead)
         elif group % 2 == 0:
             for h in range(0, sc.shape[0], 2):
                 g = h % group
-                vsum_q8_pairs(pt[h // group, g:g + 2], sc[h:h + 2], o, n, kv[2], kv[3], p, h // group)
+                vsum_q8_pairs(pt[h // group, g:g + 2], sc[h:h + 2], o, n, kv[2], kv[3], p, h // group, ahead)
         else:
             for h in range(sc.shape[0]):
-                vsum_q8(pt[h // group, h % group], sc[h], o, n, kv[2], kv[3], p, h // group)
+                vsum_q8(pt[h // group, h % group], sc[h], o, n, kv[2], kv[3], p, h // group, ahead)
     return int8
 
 
@@ -442,13 +442,16 @@ FETCH_AHEAD = 16
 # An f16 cache's kernels ask for each line as they read one (attn_avx2's `ahead`): the line at the same place
 # ROWS_AHEAD positions on in the item's stream, its K rows then its V rows then the next chunk's K rows (the
 # chunk a thread's part of the items gives it next: sync.grab). Bursts of a block's rows (what the int8 cache's
-# items still do) stall the core while the memory queue drains them, so the sums and the stream took turns:
+# scale rows and its scores without VNNI still do) stall the core while the memory queue drains them, so the sums
+# and the stream took turns:
 # one layer at 1024 positions from DRAM took about its cache-hot time plus a plain read of its rows. The same
 # layer (ad hoc harness: 700 MB of caches swept, two threads, alternated twice, the AVX-512 Xeon, 2026-12-06):
 # 16 / 8 KV heads x 128 (Qwen3-0.6B) 231-241 -> 185-200 us, 32 / 8 x 64 (Llama-3.2-1B) 154-160 -> 115-127, 15 / 5
 # x 64 (SmolLM2-360M) 81-86 -> 63-69, 9 / 3 x 64 (SmolLM2) 49-52 -> 41-49; cache-hot the same or faster. Tried:
 # 16, 24, 48 and 64 positions on (32 best), a line asked for at every 32-byte block read (the same), no rows
-# asked for before an item's first (slower).
+# asked for before an item's first (slower). The int8 cache's V sums ask the same way for their values' lines
+# (2026-12-07; its VNNI scores since af34d7e): --kv-dtype int8, ninfer-bench against the tree before, three runs
+# each, the same sha256: qwen3-0.6b Q4_K_M 1024 + 48 49.1 -> 50.1 tok/s, SmolLM2 1000 + 128 252.7 -> 262.1.
 ROWS_AHEAD = 32
 
 
@@ -492,6 +495,19 @@ def _burst_kv_impl(kv, k0, k1, v0, v1):
     if _f16(kv):
         return lambda kv, k0, k1, v0, v1: None
     return lambda kv, k0, k1, v0, v1: _fetch_kv(kv, k0, k1, v0, v1)
+
+
+def _burst_v_scales(kv, v0, v1):
+    """Ask for the V scale rows v0:v1 of an int8 cache (whose V sums ask for the values' lines as they read,
+    not for the scales'); an f16 cache has none (numba only)."""
+    raise NotImplementedError
+
+
+@overload(_burst_v_scales, inline="always")
+def _burst_v_scales_impl(kv, v0, v1):
+    if _f16(kv):
+        return lambda kv, v0, v1: None
+    return lambda kv, v0, v1: _fetch_rows(kv[3], v0, v1)
 
 
 def _row_address(kv, v, p):
@@ -570,13 +586,15 @@ def _item_heads_vec(part, sc, qt, kv, t, c, lo, hi, scale):
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
 def softmax_and_sums(part, sc, kv, t, c, lo, hi, n_head, group):
     """A work item's scores sc[:, :hi - lo] -> part[t, :, c]: each KV head's softmax, then the weighted V sums
-    over V_BLOCK positions at a time for every head, each block's V rows asked for while the sums of the
-    block before it run (FETCH_AHEAD's note). Every item form shares it (attn_int8's too)."""
+    over V_BLOCK positions at a time for every head, asking for each V line ROWS_AHEAD positions on as they read
+    one (_v_ahead); an int8 cache's first block of V rows in a burst (its scores do not run on into them) and
+    each next block's scale rows while the sums of the block before it run. Every item form shares it
+    (attn_int8's too)."""
     _burst_kv(kv, hi, hi, lo, min(hi, lo + V_BLOCK))
     for kh in range(kv[0].shape[1]):
         _softmax_rows(part[t, kh, c], sc[kh * group:(kh + 1) * group], hi - lo)
     for b in range(lo, hi, V_BLOCK):
-        _burst_kv(kv, hi, hi, min(hi, b + V_BLOCK), min(hi, b + 2 * V_BLOCK))
+        _burst_v_scales(kv, min(hi, b + V_BLOCK), min(hi, b + 2 * V_BLOCK))
         _vsum(kv, part[t, :, c], sc[:n_head], b - lo, min(V_BLOCK, hi - b), b, group, _v_ahead(kv, b, hi))
 
 

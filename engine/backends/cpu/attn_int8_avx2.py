@@ -31,7 +31,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .attn_avx2 import (LANES, F, GROUP_HEADS, I8, I32, V8F, ZERO, _elem_ptr, _fma, _head_rows, _i, _load_floats,
-                             _reduce8, _store_scores, _vf, _weighted_lanes)
+                             _ask_at, _reduce8, _store_scores, _vf, _weighted_lanes)
 from .avx2 import _fn, _splat
 
 
@@ -126,21 +126,23 @@ kdot4_q8_pairs = _make_kdot(4, 2)
 
 def _make_vsum(heads=1):
     @intrinsic
-    def vsum(typingctx, acc, s, o, n, vq, vs, p, kh):
+    def vsum(typingctx, acc, s, o, n, vq, vs, p, kh, ahead):
         """acc[:hd] += sum over i < n of s[o + i] * dequant(V[p + i, kh]): acc (>= hd,) f32, s (>= o + n,) f32,
         vq (cap, n_kv, hd) int8, vs (cap, n_kv, hd // gs) f32 with gs % 8 == 0. Per group, 32 lanes at a time
         (then 8) in registers over all n positions, one load and store of acc at the end. The *_heads form:
         acc[h] and s[h] for the GROUP_HEADS query heads that share KV head kh (2-d, rows by stride), each V
-        vector dequantized once for them; the same bits as one call per head."""
-        if not _q8_ok(acc, s, vq, vs, 1 if heads == 1 else 2):
+        vector dequantized once for them; the same bits as one call per head. `ahead` (int64): the address of
+        the vq row (KV head 0) whose lines are asked for while row p's are read, as attn_avx2's f16 V sums take
+        it (row p + i's stand-in at ahead + i row strides; each line by the pass that reads its first value)."""
+        if not _q8_ok(acc, s, vq, vs, 1 if heads == 1 else 2) or not isinstance(ahead, types.Integer):
             return None
-        return types.void(acc, s, o, n, vq, vs, p, kh), _vsum_codegen(heads)
+        return types.void(acc, s, o, n, vq, vs, p, kh, ahead), _vsum_codegen(heads)
     return vsum
 
 
 def _vsum_codegen(heads):
     def codegen(context, builder, signature, args):
-        a_, s_, o_, n_, vq_, vs_, p_, kh_ = args
+        a_, s_, o_, n_, vq_, vs_, p_, kh_, ahead = args
         ty = signature.args
         va = context.make_array(ty[4])(context, builder, vq_)
         sa = context.make_array(ty[5])(context, builder, vs_)
@@ -153,6 +155,7 @@ def _vsum_codegen(heads):
         wrow = _head_rows(context, builder, ty[1], s_, heads, o_)
         v0 = _elem_ptr(context, builder, ty[4], vq_, [p_, kh_])
         s0 = builder.bitcast(_elem_ptr(context, builder, ty[5], vs_, [p_, kh_]), I8.as_pointer())
+        fetch0 = builder.add(ahead, builder.mul(kh_, builder.extract_value(va.strides, 1)))
         regs = [[cgutils.alloca_once(builder, V8F) for _ in range(4)] for _ in range(heads)]
         wide = [[cgutils.alloca_once(builder, _vf(LANES)) for _ in range(32 // LANES)] for _ in range(heads)]
 
@@ -161,8 +164,13 @@ def _vsum_codegen(heads):
             def weights(i):  # a position's score times its scale for the group
                 scale = builder.load(builder.gep(_float_row(builder, s0, srow_bytes, i), [g]))
                 return [builder.fmul(builder.load(builder.gep(r, [i])), scale) for r in wrow]
+            starts_line = builder.icmp_unsigned("==", builder.and_(base, _i(63)), _i(0))
+
+            def ask(i):  # the line of the row standing for position p + i whose first value this pass reads
+                with builder.if_then(starts_line):
+                    _ask_at(builder, fetch0, builder.add(builder.mul(i, row_bytes), base))
             _weighted_lanes(builder, n_, lambda i: builder.gep(v0, [builder.mul(i, row_bytes)]), weights, _load_int8,
-                            arow, wide if n > 8 else regs, base, width, lanes=n)
+                            arow, wide if n > 8 else regs, base, width, lanes=n, ask=ask)
         with cgutils.for_range(builder, n_g) as grp:
             g = grp.index
             g0 = builder.mul(g, gs)

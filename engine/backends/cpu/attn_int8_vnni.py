@@ -19,7 +19,7 @@ within ~1e-4 of the float query's. Per (position, KV head): one load and xor, an
 vpdpbusd, a shift and ~2.6 shuffles / adds, where attn_int8_avx2's kdot_q8 sign-extends and converts
 every 8 values and reduces per group of 32: scores at 600 positions 11.9 -> 7.7 us per layer, one thread,
 cache-hot (2026-12-03). The same loop asks for each line of the K rows as it reads the line ROWS_AHEAD positions
-before it; the V rows are asked for a block ahead of their sums (attn_int8's q8 V sums, in bursts).
+before it; the V sums (attn_int8_avx2's vsum_q8 forms) ask for their lines the same way.
 
 The scores are ref.attention_int8_q16's. Needs hd % 64 == 0 and 32-value scale groups, at most GMAX query
 heads per KV head and the buffers' sizes (usable(): attn_int8 runs the other kernels otherwise).
