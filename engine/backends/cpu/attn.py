@@ -28,8 +28,8 @@ from .attn_avx2 import (GROUP_HEADS, kdot4, kdot4_heads, kdot4_pairs, kdot8, kdo
                         vsum_heads, vsum_pairs)
 from .attn_int8_avx2 import (kdot4_q8, kdot4_q8_heads, kdot4_q8_pairs, kdot8_q8, kdot8_q8_heads, kdot8_q8_pairs,
                              vsum_q8, vsum_q8_heads, vsum_q8_pairs)
+from .attn_fetch import burst_k_ahead, burst_kv, burst_v_scales, fetch_kv, first_rows, is_f16, k_ahead, v_ahead
 from .attn_softmax import EXP_LN2_HI, EXP_LN2_LO, EXP_LOG2E, EXP_POLY, softmax_row
-from .sync import prefetch
 from .target import target_has
 
 F32 = np.float32
@@ -312,11 +312,7 @@ def _item_heads_loops(part, sc, qt, kv, t, c, lo, hi, scale):
 
 
 # The IR kernels of the positions-outer item, by cache: kv = (kc, vc) f16 bits (attn_avx2), or
-# (kq, ks, vq, vs) int8 values and their group scales (attn_int8_avx2, scale groups of 8k values).
-def _f16(kv):
-    return isinstance(kv, types.UniTuple) and kv.count == 2
-
-
+# (kq, ks, vq, vs) int8 values and their group scales (attn_int8_avx2, scale groups of 8k values): attn_fetch.is_f16.
 def _kdot8(kv, sc, o, qt, p, group, scale, ahead):
     """sc[h, o:o + 8] <- scale * qt[h] . K[p:p + 8, h // group] for every head h; an f16 cache's kernels ask for
     the lines of the row at address `ahead` (and the 7 after it) as they read rows p:p + 8 (numba only, see the
@@ -349,7 +345,7 @@ def _kdot_by_cache(kdot_f16, kdot_f16_heads, kdot_f16_pairs, kdot_q8, kdot_q8_he
     one layer's call at 1024 positions, qwen3-1.7b's shapes (group 2) 156 -> 124 us cache-hot, 306 -> 276
     from DRAM; qwen3-4b's (group 4) 265 -> 191 / 443 -> 358 (bench/results-models.md Run 7)."""
     def impl(kv, sc, o, qt, p, group, scale, ahead):
-        if _f16(kv):
+        if is_f16(kv):
             def f16(kv, sc, o, qt, p, group, scale, ahead):
                 if group % GROUP_HEADS == 0:
                     for h in range(0, qt.shape[0], GROUP_HEADS):
@@ -386,7 +382,7 @@ overload(_kdot4, inline="always")(_kdot_by_cache(kdot4, kdot4_heads, kdot4_pairs
 
 @overload(_dot1, inline="always")
 def _dot1_impl(kv, q, p, kh):
-    if _f16(kv):
+    if is_f16(kv):
         def f16(kv, q, p, kh):
             return _dot_f16(q, kv[0][p, kh])
         return f16
@@ -398,7 +394,7 @@ def _dot1_impl(kv, q, p, kh):
 
 @overload(_vsum, inline="always")
 def _vsum_impl(kv, pt, sc, o, n, p, group, ahead):
-    if _f16(kv):
+    if is_f16(kv):
         def f16(kv, pt, sc, o, n, p, group, ahead):
             if group % GROUP_HEADS == 0:
                 for h in range(0, sc.shape[0], GROUP_HEADS):
@@ -430,131 +426,6 @@ def _vsum_impl(kv, pt, sc, o, n, p, group, ahead):
     return int8
 
 
-# Decode attention reads the cache rows from DRAM (a step's weight stream evicts them), and each work item
-# is a short stream that the hardware prefetcher meets anew: the items ask for K rows this many positions
-# ahead of the scores, and for each block of V rows as the weighted sums of the block before it run.
-# scripts/step_phases.py --with attn: attention 199 -> 178 us per token at 60-99 positions, 764 -> 725 at
-# 600-639 (logits identical). The V rows were asked for with their K rows until 2026-12-06: the scores then
-# waited on twice the bytes and the sums on none; one layer at 1024 positions from DRAM (ad hoc, alternated
-# twice, the AVX-512 Xeon) 16 / 8 KV heads x 128 (Qwen3-0.6B / 1.7B) 244-262 -> 228-230 us, 24 / 8 x 128
-# (Llama-3.2-3B) 266 -> 248-254, 32 / 8 x 64 169-171 -> 163-166, SmolLM2's 9 / 3 x 64 the same within noise.
-FETCH_AHEAD = 16
-# An f16 cache's kernels ask for each line as they read one (attn_avx2's `ahead`): the line at the same place
-# ROWS_AHEAD positions on in the item's stream, its K rows then its V rows then the next chunk's K rows (the
-# chunk a thread's part of the items gives it next: sync.grab). Bursts of a block's rows (what the int8 cache's
-# scale rows and its scores without VNNI still do) stall the core while the memory queue drains them, so the sums
-# and the stream took turns:
-# one layer at 1024 positions from DRAM took about its cache-hot time plus a plain read of its rows. The same
-# layer (ad hoc harness: 700 MB of caches swept, two threads, alternated twice, the AVX-512 Xeon, 2026-12-06):
-# 16 / 8 KV heads x 128 (Qwen3-0.6B) 231-241 -> 185-200 us, 32 / 8 x 64 (Llama-3.2-1B) 154-160 -> 115-127, 15 / 5
-# x 64 (SmolLM2-360M) 81-86 -> 63-69, 9 / 3 x 64 (SmolLM2) 49-52 -> 41-49; cache-hot the same or faster. Tried:
-# 16, 24, 48 and 64 positions on (32 best), a line asked for at every 32-byte block read (the same), no rows
-# asked for before an item's first (slower). The int8 cache's V sums ask the same way for their values' lines
-# (2026-12-07; its VNNI scores since af34d7e): --kv-dtype int8, ninfer-bench against the tree before, three runs
-# each, the same sha256: qwen3-0.6b Q4_K_M 1024 + 48 49.1 -> 50.1 tok/s, SmolLM2 1000 + 128 252.7 -> 262.1.
-ROWS_AHEAD = 32
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _fetch_rows(a, p0, p1):
-    """Ask for rows p0:p1 of a (positions first: every head's values of a position side by side)."""
-    if p0 < p1:
-        base = np.int64(a.ctypes.data) + a.strides[0] * p0
-        for off in range(0, a.strides[0] * (p1 - p0), 64):
-            prefetch(base + off)
-
-
-def _fetch_kv(kv, k0, k1, v0, v1):
-    """Ask for K rows k0:k1 and V rows v0:v1 of the cache (f16, or int8 and its scales; numba only)."""
-    raise NotImplementedError
-
-
-@overload(_fetch_kv, inline="always")
-def _fetch_kv_impl(kv, k0, k1, v0, v1):
-    if _f16(kv):
-        def f16(kv, k0, k1, v0, v1):
-            _fetch_rows(kv[0], k0, k1)
-            _fetch_rows(kv[1], v0, v1)
-        return f16
-
-    def int8(kv, k0, k1, v0, v1):
-        _fetch_rows(kv[0], k0, k1)
-        _fetch_rows(kv[1], k0, k1)
-        _fetch_rows(kv[2], v0, v1)
-        _fetch_rows(kv[3], v0, v1)
-    return int8
-
-
-def _burst_kv(kv, k0, k1, v0, v1):
-    """_fetch_kv for a cache whose kernels do not ask for lines as they read (int8), else nothing."""
-    raise NotImplementedError
-
-
-@overload(_burst_kv, inline="always")
-def _burst_kv_impl(kv, k0, k1, v0, v1):
-    if _f16(kv):
-        return lambda kv, k0, k1, v0, v1: None
-    return lambda kv, k0, k1, v0, v1: _fetch_kv(kv, k0, k1, v0, v1)
-
-
-def _burst_v_scales(kv, v0, v1):
-    """Ask for the V scale rows v0:v1 of an int8 cache (whose V sums ask for the values' lines as they read,
-    not for the scales'); an f16 cache has none (numba only)."""
-    raise NotImplementedError
-
-
-@overload(_burst_v_scales, inline="always")
-def _burst_v_scales_impl(kv, v0, v1):
-    if _f16(kv):
-        return lambda kv, v0, v1: None
-    return lambda kv, v0, v1: _fetch_rows(kv[3], v0, v1)
-
-
-def _row_address(kv, v, p):
-    """The address of row p of the cache's K (v = 0) or V (v = 1) values (numba only)."""
-    raise NotImplementedError
-
-
-@overload(_row_address, inline="always")
-def _row_address_impl(kv, v, p):
-    if _f16(kv):
-        def f16(kv, v, p):
-            a = kv[0] if v == 0 else kv[1]
-            return np.int64(a.ctypes.data) + a.strides[0] * p
-        return f16
-
-    def int8(kv, v, p):
-        a = kv[0] if v == 0 else kv[2]
-        return np.int64(a.ctypes.data) + a.strides[0] * p
-    return int8
-
-
-def _first_rows(kv):
-    """How many K rows an item asks for before its first: ROWS_AHEAD where the kernels then ask as they
-    read (f16), else FETCH_AHEAD (numba only)."""
-    raise NotImplementedError
-
-
-@overload(_first_rows, inline="always")
-def _first_rows_impl(kv):
-    n = ROWS_AHEAD if _f16(kv) else FETCH_AHEAD
-    return lambda kv: n
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _k_ahead(kv, p, lo, hi):
-    """The row asked for while the scores read K row p: ROWS_AHEAD on, past the chunk's K its V rows."""
-    a = p + ROWS_AHEAD
-    return _row_address(kv, 0, a) if a < hi else _row_address(kv, 1, lo + a - hi)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _v_ahead(kv, p, hi):
-    """The row asked for while the sums read V row p: ROWS_AHEAD on, past the chunk's V the next chunk's K."""
-    a = p + ROWS_AHEAD
-    return _row_address(kv, 1, a) if a < hi else _row_address(kv, 0, a)
-
-
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
 def _item_heads_vec(part, sc, qt, kv, t, c, lo, hi, scale):
     """_item_heads_loops' contract through the IR kernels, over an f16 or int8 cache kv (see _f16),
@@ -567,14 +438,13 @@ def _item_heads_vec(part, sc, qt, kv, t, c, lo, hi, scale):
     n_kv = kv[0].shape[1]
     group = n_head // n_kv
     p = lo
-    _fetch_kv(kv, lo, min(hi, lo + _first_rows(kv)), lo, lo)  # the item's first rows, before it asks as it reads
+    fetch_kv(kv, lo, min(hi, lo + first_rows(kv)), lo, lo)  # the item's first rows, before it asks as it reads
     while p + 8 <= hi:
-        a = min(hi, p + FETCH_AHEAD)
-        _burst_kv(kv, a, min(hi, a + 8), p, p)  # K rows only: V's are asked for a block ahead of their sums
-        _kdot8(kv, sc, p - lo, qt, p, group, scale, _k_ahead(kv, p, lo, hi))
+        burst_k_ahead(kv, p, hi)
+        _kdot8(kv, sc, p - lo, qt, p, group, scale, k_ahead(kv, p, lo, hi))
         p += 8
     if p + 4 <= hi:
-        _kdot4(kv, sc, p - lo, qt, p, group, scale, _k_ahead(kv, p, lo, hi))
+        _kdot4(kv, sc, p - lo, qt, p, group, scale, k_ahead(kv, p, lo, hi))
         p += 4
     while p < hi:
         for h in range(n_head):
@@ -587,15 +457,15 @@ def _item_heads_vec(part, sc, qt, kv, t, c, lo, hi, scale):
 def softmax_and_sums(part, sc, kv, t, c, lo, hi, n_head, group):
     """A work item's scores sc[:, :hi - lo] -> part[t, :, c]: each KV head's softmax, then the weighted V sums
     over V_BLOCK positions at a time for every head, asking for each V line ROWS_AHEAD positions on as they read
-    one (_v_ahead); an int8 cache's first block of V rows in a burst (its scores do not run on into them) and
+    one (attn_fetch.v_ahead); an int8 cache's first block of V rows in a burst (its scores do not run on into them) and
     each next block's scale rows while the sums of the block before it run. Every item form shares it
     (attn_int8's too)."""
-    _burst_kv(kv, hi, hi, lo, min(hi, lo + V_BLOCK))
+    burst_kv(kv, hi, hi, lo, min(hi, lo + V_BLOCK))
     for kh in range(kv[0].shape[1]):
         _softmax_rows(part[t, kh, c], sc[kh * group:(kh + 1) * group], hi - lo)
     for b in range(lo, hi, V_BLOCK):
-        _burst_v_scales(kv, min(hi, b + V_BLOCK), min(hi, b + 2 * V_BLOCK))
-        _vsum(kv, part[t, :, c], sc[:n_head], b - lo, min(V_BLOCK, hi - b), b, group, _v_ahead(kv, b, hi))
+        burst_v_scales(kv, min(hi, b + V_BLOCK), min(hi, b + 2 * V_BLOCK))
+        _vsum(kv, part[t, :, c], sc[:n_head], b - lo, min(V_BLOCK, hi - b), b, group, v_ahead(kv, b, hi))
 
 
 _item_heads = _item_heads_vec if VECTOR_ATTN else _item_heads_loops

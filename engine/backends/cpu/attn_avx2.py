@@ -275,7 +275,7 @@ _FETCH_DOC = """
         The f16 forms' last argument `ahead` (int64): the address of the cache row (KV head 0) whose lines
         are asked for while row p's are read (row p + r's stand-in at ahead + r row strides; the V sums' the
         same for their positions): each line asked for as one is read, so the requests run with the sums
-        at the rate they consume (attn.ROWS_AHEAD)."""
+        at the rate they consume (attn_fetch.ROWS_AHEAD)."""
 
 
 kdot8 = _make_kdot(8, fetch=True)

@@ -42,7 +42,7 @@ VNNI512 = target_has("avx512vnni") and target_has("avx512bw")
 QBYTES = 8192  # query values on the stack (two bytes each): heads * head_dim at most (64 heads of 128)
 QGROUPS = 256  # query groups (scale, correction): heads * head_dim / 32 at most
 GMAX = 8  # query heads per KV head at most
-# K rows: each 64-byte line asked for as the one this many positions before it is read (attn.ROWS_AHEAD: bursts
+# K rows: each 64-byte line asked for as the one this many positions before it is read (attn_fetch.ROWS_AHEAD: bursts
 # of a block's rows stall the core while the memory queue drains them), the item's first ones and the scales
 # (a line or two a position) in bursts, into L2 (avx2.PREFETCH_LOCALITY; they went to L1 before, holding its few
 # fill buffers for a DRAM round trip)
@@ -207,7 +207,7 @@ def _codegen(context, builder, signature, args):
     def clamp(x):
         return builder.select(builder.icmp_signed("<", x, hi), x, hi)
 
-    def fetch(p0, p1, scales_only=False):  # attn._fetch_kv's requests for K rows and their scales
+    def fetch(p0, p1, scales_only=False):  # attn_fetch.fetch_kv's requests for K rows and their scales
         for base, row in ((a.k, a.kst[0]), (a.ks, a.sst[0]))[scales_only:]:
             _prefetch_rows(builder, base, row, p0, p1)
     fetch(a.lo, clamp(builder.add(a.lo, _i(ROWS_AHEAD))))
