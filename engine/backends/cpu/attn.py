@@ -312,7 +312,8 @@ def _item_heads_loops(part, sc, qt, kv, t, c, lo, hi, scale):
 
 
 # The IR kernels of the positions-outer item, by cache: kv = (kc, vc) f16 bits (attn_avx2), or
-# (kq, ks, vq, vs) int8 values and their group scales (attn_int8_avx2, scale groups of 8k values): attn_fetch.is_f16.
+# (kq, ks, vq, vs) int8 values and their group scales (attn_int8_avx2, scale groups of 8k values); the overloads
+# tell them apart by attn_fetch.is_f16.
 def _kdot8(kv, sc, o, qt, p, group, scale, ahead):
     """sc[h, o:o + 8] <- scale * qt[h] . K[p:p + 8, h // group] for every head h; an f16 cache's kernels ask for
     the lines of the row at address `ahead` (and the 7 after it) as they read rows p:p + 8 (numba only, see the

@@ -79,7 +79,8 @@ def fetch_kv_impl(kv, k0, k1, v0, v1):
 
 
 def burst_kv(kv, k0, k1, v0, v1):
-    """fetch_kv for a cache whose kernels do not ask for lines as they read (int8), else nothing."""
+    """fetch_kv where the cache is int8 (an item's first block of V rows, which its scores do not run on into, and
+    the K rows of scores that do not ask as they read: the forms without VNNI), else nothing."""
     raise NotImplementedError
 
 
