@@ -34,6 +34,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .attn_avx2 import F, I8, I32, I64, _shuf
+from .attn_fetch import ROWS_AHEAD
 from .attn_int8_avx2 import group_scale, round_away
 from .avx2 import PREFETCH_LOCALITY, _const, _fn, _prefetch, _splat
 from .target import target_has
@@ -42,11 +43,10 @@ VNNI512 = target_has("avx512vnni") and target_has("avx512bw")
 QBYTES = 8192  # query values on the stack (two bytes each): heads * head_dim at most (64 heads of 128)
 QGROUPS = 256  # query groups (scale, correction): heads * head_dim / 32 at most
 GMAX = 8  # query heads per KV head at most
-# K rows: each 64-byte line asked for as the one this many positions before it is read (attn_fetch.ROWS_AHEAD: bursts
-# of a block's rows stall the core while the memory queue drains them), the item's first ones and the scales
-# (a line or two a position) in bursts, into L2 (avx2.PREFETCH_LOCALITY; they went to L1 before, holding its few
-# fill buffers for a DRAM round trip)
-ROWS_AHEAD = 32
+# K rows: each 64-byte line asked for as the one attn_fetch.ROWS_AHEAD positions before it is read (bursts of a
+# block's rows stall the core while the memory queue drains them), the item's first ones and the scales (a line or
+# two a position) in bursts, into L2 (avx2.PREFETCH_LOCALITY; they went to L1 before, holding its few fill buffers
+# for a DRAM round trip)
 
 V16F, V16I = ir.VectorType(F, 16), ir.VectorType(I32, 16)
 

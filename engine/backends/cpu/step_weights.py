@@ -19,8 +19,7 @@ import numpy as np
 
 from ...forward import MATRIX_ROLES
 from .fast import FastWeight
-from . import kquant
-from .kquant import KWeight
+from .kquant import KWeight, with_m
 from .layout import G
 from .step_mm import Q4, Q4K, Q5, Q6, Q8
 
@@ -114,7 +113,7 @@ def _stack(ws, k: int, ng: int, P: int) -> np.ndarray:
     nb, BLK) else; each weight then views its slot (its own blocks are freed once nothing else holds them)."""
     blocks = [w.blocks.reshape((ng,) + w.blocks.shape[-2:]) for w in ws]
     if k == Q5 and len({b.shape[-1] for b in blocks}) > 1:  # Q5_0 (no m) beside Q5_1 / Q5_K: all with m
-        blocks = [kquant.with_m(b) for b in blocks]
+        blocks = [with_m(b) for b in blocks]
     st = np.stack([b.reshape((P, ng // P) + b.shape[1:]) if k in _PARTED else b for b in blocks])
     for i, w in enumerate(ws):
         if isinstance(w, FastWeight):
