@@ -242,7 +242,7 @@ def _pick_round(engine: Engine, mode: str, k: int) -> RoundFn:
         return PlainRound()
     from .spec import SpecRound, make_drafter
     drafter = make_drafter(mode, engine.model, engine.model_path, capacity=engine.capacity,
-                           lm_head_draft=engine.args.lm_head_draft)
+                           lm_head_draft=engine.args.lm_head_draft, lookup=engine.args.spec_lookup)
     return SpecRound(drafter, k, engine.capacity)
 
 

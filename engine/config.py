@@ -64,6 +64,9 @@ class EngineArgs:
     spec: str = "off"
     draft_tokens: int = 3
     lm_head_draft: bool = False  # a trained drafter (mtp) drafts over its hot vocabulary's head rows only
+    # a trained drafter (mtp, dflash) drafts second to prompt lookup where the context's last spec_lookup+ tokens
+    # occurred before (engine.spec.lookup); 0: the trained drafter alone
+    spec_lookup: int = 3
     tp: int = 1
     devices: tuple[int, ...] = (0,)
     transport: str = "auto"  # auto | p2p | mapped (TP only)
@@ -73,6 +76,8 @@ class EngineArgs:
             raise ConfigError(f"--backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
         if self.kv_dtype not in KV_DTYPES:
             raise ConfigError(f"--kv-dtype {self.kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
+        if not isinstance(self.spec_lookup, int) or self.spec_lookup < 0:
+            raise ConfigError(f"--spec-lookup must be a whole number >= 0 (0 = off), got {self.spec_lookup!r}")
         if self.spec not in SPEC_MODES:
             raise ConfigError(f"--spec {self.spec!r} is not one of {', '.join(SPEC_MODES)}")
         if not 1 <= self.prefill_chunk <= MAX_POSITIONS:

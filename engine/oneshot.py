@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lm-head-draft", action="store_true",
                    help="draft through the trained drafter's hot-vocabulary head (cheaper drafts; the target "
                         "still verifies over the full vocabulary); needs --spec mtp or dflash")
+    g.add_argument("--spec-lookup", type=int, metavar="N",
+                   help="mtp / dflash: draft by prompt lookup first where the text's last N+ tokens occurred "
+                        "before (default 3; 0 = the trained drafter alone)")
     s = p.add_argument_group("sampling")
     s.add_argument("--max-new", type=int, help="new tokens, reasoning and answer together")
     s.add_argument("--greedy", action="store_true", help="argmax (temperature 0)")
@@ -201,7 +204,8 @@ def stats_dict(st: FinalStats, answer: str, reasoning: str, model: str) -> dict:
 
 # Flags that configure the model in this process: a remote endpoint's server has its own.
 LOCAL_ONLY = ("backend", "threads", "max_context", "kv_capacity", "kv_dtype", "prefill_chunk", "no_prefix_reuse",
-              "tp", "devices", "transport", "lm_head_draft", "print_token_ids")
+              "tp", "devices", "transport", "lm_head_draft", "spec_lookup",
+              "print_token_ids")
 
 
 def remote_from(a: argparse.Namespace, cfg: dict):

@@ -38,7 +38,8 @@ def engine_args(cfg: dict | None, *, model: str | None = None, backend: str | No
                 threads: int | None = None, max_context: int | None = None, kv_capacity: int | None = None,
                 kv_dtype: str | None = None, prefill_chunk: int | None = None, prefix_reuse: bool | None = None,
                 spec: str | None = None, draft_tokens: int | None = None, lm_head_draft: bool | None = None,
-                tp: int | None = None, devices: tuple[int, ...] | None = None, transport: str | None = None) -> EngineArgs:
+                spec_lookup: int | None = None, tp: int | None = None, devices: tuple[int, ...] | None = None,
+                transport: str | None = None) -> EngineArgs:
     """EngineArgs from [engine] (with [spec] mode / draft_tokens, which [engine] spec / draft_tokens override)
     and the flags. `model` is the explicit path only: config_model(cfg) is resolved after it (engine.paths)."""
     cfg = with_defaults(cfg)
@@ -56,6 +57,7 @@ def engine_args(cfg: dict | None, *, model: str | None = None, backend: str | No
         "spec": _pick(spec, e.get("spec", sx["mode"])),
         "draft_tokens": _pick(draft_tokens, e.get("draft_tokens", sx["draft_tokens"])),
         "lm_head_draft": _pick(lm_head_draft, sx["lm_head_draft"]),
+        "spec_lookup": _pick(spec_lookup, sx["lookup"]),
         "tp": _pick(tp, e.get("tp")), "transport": _pick(transport, e.get("transport")),
         "devices": tuple(_pick(devices, e.get("devices")) or ()) or None,
     }
@@ -75,7 +77,8 @@ def engine_args_from_flags(cfg: dict | None, a) -> EngineArgs:
         cfg, model=a.model, backend=a.backend, threads=a.threads, max_context=a.max_context,
         kv_capacity=a.kv_capacity, kv_dtype=a.kv_dtype, prefill_chunk=a.prefill_chunk,
         prefix_reuse=False if a.no_prefix_reuse else None, spec=a.spec, draft_tokens=a.draft_tokens,
-        lm_head_draft=True if a.lm_head_draft else None, tp=a.tp, devices=devices, transport=a.transport)
+        lm_head_draft=True if a.lm_head_draft else None, spec_lookup=getattr(a, "spec_lookup", None), tp=a.tp,
+        devices=devices, transport=a.transport)
 
 
 def sampling_params(cfg: dict | None, *, greedy: bool = False, temperature: float | None = None,

@@ -2,11 +2,12 @@
 
     ninfer-bench speculative                      # default model, greedy, 128 tokens
     ninfer-bench speculative --variants off ngram:3 ngram:3:fixed ngram:7 --repeats 2 --max-new 128 --json out.json
-    ninfer-bench speculative --variants off ngram:3 mtp:3 mtp:3:hot mtp:3:hot:hybrid --heldout train/heldout.json
+    ninfer-bench speculative --variants off ngram:3 mtp:3 mtp:3:hot mtp:3:hot:lookup --heldout train/heldout.json
     ninfer-bench speculative --variants off ngram:3 mtp:3:hot dflash:7:hot --heldout train/heldout.json
     python -m engine.bench.speculative ...        # the same from a checkout without an install
     (MODE:K = adaptive draft length up to K, what users get; :fixed = always up to K drafts; :hot = the MTP or
-    DFlash drafter's hot-vocabulary head (--lm-head-draft); :hybrid = n-gram drafts where the last 3 tokens matched;
+    DFlash drafter's hot-vocabulary head (--lm-head-draft); :lookup = n-gram drafts first where the last 3+
+    tokens occurred before (engine.spec.lookup, what users get by default: --spec-lookup 3);
     :noconf = the adaptive length without the drafter's per-round confidence, as before 2026-12-05)
 
 Part 1, verify cost: one forward over T = 1, 2, 4, 8 tokens at a realistic context position (the cost a round
@@ -41,7 +42,7 @@ CHAT_PROMPTS = ("Write a short story about a robot who learns to paint.",
                 "Explain how a bicycle works, step by step.")
 
 
-VARIANT_FLAGS = ("fixed", "hot", "hybrid", "noconf")
+VARIANT_FLAGS = ("fixed", "hot", "lookup", "noconf")
 
 
 def parse_variant(text: str) -> tuple[str, int, frozenset]:
@@ -61,11 +62,11 @@ def variant_name(mode: str, k: int, flags: frozenset) -> str:
 
 def variant_round(engine: Engine, mode: str, k: int, flags: frozenset):
     """The round function of a variant: the SpecRound users get, with the variant's drafter options (fixed:
-    always up to k drafts, no adaptive length; hot: the MTP hot-vocabulary head; hybrid: n-gram first; noconf:
-    the adaptive length without the confidence cut)."""
+    always up to k drafts, no adaptive length; hot: the MTP hot-vocabulary head; lookup: n-gram drafts first
+    where they match; noconf: the adaptive length without the confidence cut)."""
     from ..spec import SpecRound, make_drafter
     drafter = make_drafter(mode, engine.model, engine.model_path, adaptive="fixed" not in flags,
-                           lm_head_draft="hot" in flags, hybrid=3 if "hybrid" in flags else 0,
+                           lm_head_draft="hot" in flags, lookup=3 if "lookup" in flags else 0,
                            capacity=engine.capacity)
     if "noconf" in flags and hasattr(drafter, "gate"):
         drafter.gate = False

@@ -72,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "overrides it)")
     g.add_argument("--draft-tokens", type=int)
     g.add_argument("--lm-head-draft", action="store_true")
+    g.add_argument("--spec-lookup", type=int, metavar="N", help="mtp / dflash: prompt lookup first (0 = off)")
     return p
 
 

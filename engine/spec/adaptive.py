@@ -302,12 +302,13 @@ class AdaptiveLength:
         return min(k + self.shadow, k_max) if k > 0 else 0
 
     # -- a round that drafts nothing: a decode block instead (engine.spec.round.SpecRound) -----------------
-    def block_instead(self, k_max: int) -> bool:
+    def block_instead(self, k_max: int, context: Sequence[int] | None = None) -> bool:
         """Decide the next round's draft length now (choose_k; the next propose drafts that many): True when
         it is 0 on measured costs, so the round may emit plain tokens in a decode block rather than verify no
         drafts (a one-token round costs ~1.1x a token of a block: bench/results-verify.md). Not while the
         costs are still being measured (the first one-token round measures c(1)); the first round after them
-        is a block, which measures what a token costs in one (block_timed, plain_cost)."""
+        is a block, which measures what a token costs in one (block_timed, plain_cost). `context` (the reply so
+        far) is for wrappers that look at the text (engine.spec.lookup); the length does not."""
         self._probe = False
         if self.block_ms is None and self.may_block() and not self._block_asked:
             self._block_asked = True  # once: what a token costs in a block (plain_cost), where one runs
@@ -319,6 +320,13 @@ class AdaptiveLength:
             return True
         self._planned = self.choose_k(k_max)
         return self._planned == 0 and self.may_block()
+
+    def stand_down(self) -> None:
+        """The round in flight verifies another drafter's drafts (engine.spec.lookup): forget this one's plan
+        and any propose of it that drafted nothing; what the round feeds it observes as the reply going on."""
+        self._planned = None
+        self._pending = None
+        self._probing = None
 
     def may_block(self) -> bool:
         """Whether a round without drafts may be a decode block: once the verify costs are measured (until

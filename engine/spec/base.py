@@ -93,11 +93,21 @@ def available_modes(model_path: str | None = None) -> dict[str, str | None]:
     return {mode: unavailable_reason(mode, model_path) for mode in SPEC_MODES}
 
 
-def make_drafter(mode: str, model: Any = None, model_path: str | None = None, **options) -> Drafter | None:
-    """The drafter for `mode` (None for "off"); ConfigError with the reason if the mode cannot run here."""
+def make_drafter(mode: str, model: Any = None, model_path: str | None = None, *, lookup: int = 0,
+                 **options) -> Drafter | None:
+    """The drafter for `mode` (None for "off"); ConfigError with the reason if the mode cannot run here.
+    lookup n > 0: a trained drafter (mtp, dflash) drafts second to prompt lookup where the context's last n+
+    tokens occurred before (engine.spec.lookup)."""
     reason = unavailable_reason(mode, model_path)
     if reason is not None:
         raise ConfigError(f"--spec {mode}: {reason}; use --spec off or --spec ngram")
     if mode == "off":
         return None
-    return _mode_module(mode).make_drafter(model, model_path, **options)
+    drafter = _mode_module(mode).make_drafter(model, model_path, **options)
+    if lookup > 0 and mode in ("mtp", "dflash"):
+        from .adaptive import AdaptiveLength
+        if not isinstance(drafter, AdaptiveLength):
+            raise ConfigError(f"--spec {mode}: lookup-first drafting needs the adaptive draft length")
+        from .lookup import lookup_first
+        drafter = lookup_first(drafter, model, lookup)
+    return drafter

@@ -284,21 +284,15 @@ class MTPDrafter:
         """The network whose confidences these are (engine.spec.adaptive.shared_calibration)."""
         return self.block
 
-    def __init__(self, block: MTPBlock, last_layer: int, hybrid: int = 0):
-        """hybrid n > 0: where the context's last n tokens occurred before (an n-gram match), draft what
-        followed them (engine.spec.ngram) instead: MTP wins the first position, n-gram long continuations."""
-        from .ngram import NgramDrafter
+    def __init__(self, block: MTPBlock, last_layer: int):
         self.block = block
         self.last = last_layer
         self.features_needed = (last_layer,)
-        self.ngram = NgramDrafter(n_min=hybrid, n_max=hybrid) if hybrid > 0 else None
         self.reset()
 
     def reset(self) -> None:
         self.confidence: list[float] = []  # the drafter's probability of each draft of the last propose
         self.stop_below = 0.0  # stop drafting once the product of the confidences is below (set by adaptive)
-        if self.ngram is not None:
-            self.ngram.reset()
         self.block.cache.truncate(0)
         self.n = 0  # block cache positions holding true first-step pairs
         self.feed_g: list[np.ndarray] = []  # true pairs known, not yet run (the next proposal runs them)
@@ -354,10 +348,6 @@ class MTPDrafter:
 
     def propose(self, context_tokens: Sequence[int], k: int, features: Features | None) -> list[int]:
         self.confidence: list[float] = []
-        if self.ngram is not None and k > 0:
-            drafts = self.ngram.propose(context_tokens, k)
-            if drafts:
-                return drafts
         if self.pending is None or k <= 0 or not context_tokens:
             return []
         if self.done_y is not None:  # proposed again without an observe between: run that pair again
@@ -389,10 +379,9 @@ def unavailable_reason(model_path: str | None) -> str | None:
 
 
 def make_drafter(model=None, model_path: str | None = None, *, lm_head_draft: bool = False,
-                 adaptive: bool = True, capacity: int | None = None, hybrid: int = 0, **_options):
+                 adaptive: bool = True, capacity: int | None = None, **_options):
     """Registry entry (engine.spec.base). lm_head_draft: draft over the hot vocabulary's head rows;
-    adaptive: draft only as many tokens as pay for their verify cost (engine.spec.adaptive); hybrid: see
-    MTPDrafter."""
+    adaptive: draft only as many tokens as pay for their verify cost (engine.spec.adaptive)."""
     from ..gguf import load_gguf
     path, why = find(FORMAT, VERSION, model_path)
     if path is None:
@@ -406,7 +395,7 @@ def make_drafter(model=None, model_path: str | None = None, *, lm_head_draft: bo
         _BLOCKS[key] = (MTPBlock(df, target, capacity or target.args.context_length, hot=lm_head_draft),
                         target.args.n_layer - 1)
     block, last = _BLOCKS[key]
-    drafter = MTPDrafter(block, last, hybrid)  # reset(): the block's cache starts empty
+    drafter = MTPDrafter(block, last)  # reset(): the block's cache starts empty
     if not adaptive:
         return drafter
     from .adaptive import AdaptiveLength, shared_cost_table

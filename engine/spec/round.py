@@ -120,7 +120,7 @@ class SpecRound:
     def __call__(self, ctx: RoundContext) -> Round:
         can_block = self._can_block(ctx)
         if can_block and self.drafter.block_instead(
-                clip_drafts(self.k, len(ctx.seq) - 1, ctx.max_tokens, self.capacity)):  # decided ahead: nothing worth drafting
+                clip_drafts(self.k, len(ctx.seq) - 1, ctx.max_tokens, self.capacity), ctx.seq):  # decided ahead
             out = self._run_block(ctx)
             if out is not None:
                 rnd, self.features = out

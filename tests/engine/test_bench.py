@@ -504,7 +504,7 @@ def test_other_benchmarks_are_subcommands(name, capsys):
 
 
 def test_speculative_variants_and_heldout_workloads(tmp_path):
-    """ninfer-bench speculative: MODE:K[:fixed][:hot][:hybrid] variants, and a held-out prompt file as
+    """ninfer-bench speculative: MODE:K[:fixed][:hot][:lookup] variants, and a held-out prompt file as
     workloads (one per prompt, named heldoutNN)."""
     import json
 

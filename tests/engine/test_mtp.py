@@ -338,6 +338,36 @@ def test_rounds_that_draft_nothing_run_decode_blocks_and_feed_the_drafter(tiny_q
         np.testing.assert_allclose(rows, eng.model.captured[last], rtol=1e-4, atol=1e-4)
 
 
+def test_lookup_first_over_mtp_is_lossless(tiny):
+    """make_drafter(lookup=3): n-gram drafts first where the context's last 3+ tokens occurred before, MTP's
+    otherwise (engine.spec.lookup); greedy and seeded sampling give plain decode's tokens, both sources drafted
+    (a counting prompt repeats its words). Lookup-first needs the adaptive length (one line otherwise)."""
+    from engine.api import Engine
+    from engine.errors import ConfigError
+    from engine.spec import SpecRound, make_drafter
+    from engine.spec.lookup import LookupFirst
+    path, _ = tiny
+    eng = Engine.load(EngineArgs(model=str(path), max_context=256, prefix_reuse=False))
+    msgs = [{"role": "user", "content": "Say one two three, one two three, one two three, one two three"}]
+    for sp in ({"greedy": True}, {"greedy": False, "temperature": 0.9, "top_k": 40, "seed": 3}):
+        req = GenerateRequest(SamplingParams(**{"max_new": 60, **sp}), spec="mtp", draft_tokens=3)
+        want = list(eng.session().generate(msgs, GenerateRequest(req.sampling, spec="off")))[-1]
+        drafter = make_drafter("mtp", eng.model, str(path), capacity=eng.capacity, lookup=3)
+        assert isinstance(drafter, LookupFirst)
+        sources, propose = [], drafter.propose
+
+        def traced(context, k, features):
+            drafts = propose(context, k, features)
+            sources.extend([drafter.source] if drafts else [])
+            return drafts
+        drafter.propose = traced
+        got = list(eng.session().generate(msgs, req, round_fn=SpecRound(drafter, 3, eng.capacity)))[-1]
+        assert got.token_ids == want.token_ids
+        assert drafter.drafter in sources and drafter.lookup in sources
+    with pytest.raises(ConfigError, match="adaptive"):
+        make_drafter("mtp", eng.model, str(path), capacity=eng.capacity, adaptive=False, lookup=3)
+
+
 def test_smollm2_with_the_committed_drafter_is_lossless(smollm2_path, monkeypatch):
     """The packaged MTP drafter of the default model: greedy (chat and counting; full head and hot head, 3
     drafts) and seeded sampling with penalties give plain decode's tokens."""

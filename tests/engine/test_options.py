@@ -24,7 +24,7 @@ def test_dataclass_defaults_agree_with_config_toml():
     ea = EngineArgs()
     assert (ea.backend, ea.kv_dtype, ea.prefill_chunk, ea.prefix_reuse) == \
         (e["backend"], e["kv_dtype"], e["prefill_chunk"], e["prefix_reuse"])
-    assert (ea.spec, ea.draft_tokens) == (sx["mode"], sx["draft_tokens"])
+    assert (ea.spec, ea.draft_tokens, ea.spec_lookup) == (sx["mode"], sx["draft_tokens"], sx["lookup"])
     for key in set(paths.OPTIONAL_KEYS["engine"]) & {"threads", "max_context", "kv_capacity"}:
         assert getattr(ea, key) is None and key not in e  # left out: "choose for me"
     sp = SamplingParams()
@@ -91,6 +91,20 @@ def test_flags_override_the_config_and_the_config_overrides_the_defaults():
         options.sampling_params({"sampling": {"topk": 3}})
     with pytest.raises(ConfigError, match="threads"):
         options.engine_args({"engine": {"threads": 0}})
+
+
+def test_spec_lookup_from_the_config_and_the_flag():
+    """[spec] lookup and --spec-lookup N (ninfer, ninfer-serve) reach EngineArgs.spec_lookup; a negative N is one
+    line saying what to give."""
+    from engine.oneshot import build_options, build_parser
+    from engine.serve.main import build_parser as serve_parser
+    assert options.engine_args({"spec": {"lookup": 0}}).spec_lookup == 0
+    assert options.engine_args({"spec": {"lookup": 0}}, spec_lookup=5).spec_lookup == 5
+    eargs, _, _ = build_options(build_parser().parse_args(["--prompt", "x", "--spec-lookup", "2"]), {})
+    assert eargs.spec_lookup == 2
+    assert options.engine_args_from_flags({}, serve_parser().parse_args(["--spec-lookup", "0"])).spec_lookup == 0
+    with pytest.raises(ConfigError, match="--spec-lookup must be a whole number >= 0"):
+        options.engine_args({"spec": {"lookup": -1}})
 
 
 def test_config_toml_is_the_packaged_defaults_file():

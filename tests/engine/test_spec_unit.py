@@ -658,7 +658,8 @@ class _NoDrafts:
     def reset(self):
         pass
 
-    def block_instead(self, k):
+    def block_instead(self, k, context=None):
+        assert list(context) == [1, 2, 3]  # (the reply so far: what a lookup-first drafter looks up)
         self.calls.append(("block_instead", k))
         return self.ahead
 

@@ -1,0 +1,92 @@
+"""Lookup first: n-gram drafts where the context's last tokens occurred before, a trained drafter's otherwise.
+
+The two are complementary (../shared/REFERENCE.md section 9, bench/results-spec.md): a trained drafter (MTP,
+DFlash) wins the first positions of new text, prompt lookup (engine.spec.ngram) wins long continuations once
+the text repeats (a list, a quote, code, a loop of digits). Each source keeps its own adaptive length
+(engine.spec.adaptive: its acceptance history, its drafting cost; the verify cost table is the model's,
+shared), so a round of n-gram drafts is priced by what n-gram rounds gained, not by the trained drafter's
+acceptance, and the other way round.
+
+A round: where the index matches the context's last `min_match` (or more) tokens and the lookup's length
+plans drafts, the round verifies the lookup's drafts; otherwise it is the trained drafter's round as it runs
+alone (its drafts, or a decode block where it plans none). Both see every fed position (`observe`), so the
+trained drafter's state (MTP's pairs, DFlash's context rows) follows rounds it did not draft.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from .adaptive import AdaptiveLength
+from .base import Features
+from .ngram import NgramDrafter
+
+MIN_MATCH = 3  # the fewest last tokens of the context whose earlier occurrence drafts (n-gram's n_min)
+MAX_MATCH = 5  # the longest suffix the index looks up (longest first: the most specific continuation)
+
+
+class LookupFirst:
+    """engine.spec.base.Drafter over a trained drafter's adaptive length and an n-gram one's."""
+
+    def __init__(self, drafter: AdaptiveLength, lookup: AdaptiveLength):
+        self.drafter, self.lookup = drafter, lookup
+        self.name = drafter.name
+        self.features_needed = drafter.features_needed
+        self.source: AdaptiveLength | None = None  # which one drafted the round in flight
+
+    def reset(self) -> None:
+        self.drafter.reset()
+        self.lookup.reset()
+        self.source = None
+
+    def bind_target(self, model, cache) -> None:
+        bind = getattr(self.drafter, "bind_target", None)  # (DFlash reads the target's cache)
+        if bind is not None:
+            bind(model, cache)
+
+    def matches(self, context: Sequence[int]) -> bool:
+        """Whether the index holds an earlier occurrence of the context's last tokens (min_match or more)."""
+        return bool(self.lookup.inner.propose(context, 1))
+
+    # -- a round that drafts nothing: the trained drafter's decode block (engine.spec.round.SpecRound) ---------
+    def block_instead(self, k_max: int, context: Sequence[int] | None = None) -> bool:
+        """False where the lookup may draft (propose asks it first), else the trained drafter's decision."""
+        if context is not None and self.matches(context):
+            return False
+        return self.drafter.block_instead(k_max)
+
+    def may_block(self) -> bool:
+        return self.drafter.may_block()
+
+    def blocked(self, n: int) -> None:
+        self.drafter.blocked(n)
+
+    def block_timed(self, n: int, ms: float) -> None:
+        """What a token of a decode block costs: both lengths price "no drafts" at it."""
+        self.drafter.block_timed(n, ms)
+        self.lookup.block_timed(n, ms)
+
+    # -- the drafter protocol ----------------------------------------------------------------------------------
+    def propose(self, context_tokens: Sequence[int], k: int, features: Features | None) -> list[int]:
+        if k > 0 and self.matches(context_tokens):
+            drafts = self.lookup.propose(context_tokens, k, None)
+            if drafts:
+                self.drafter.stand_down()  # (a plan block_instead made is for a round it does not draft)
+                self.source = self.lookup
+                return drafts
+        self.lookup.stand_down()
+        self.source = self.drafter
+        return self.drafter.propose(context_tokens, k, features)
+
+    def observe(self, tokens: Sequence[int], features: Features | None) -> None:
+        """Both follow the reply; the one whose drafts were verified also learns from the round."""
+        self.drafter.observe(tokens, features)
+        self.lookup.observe(tokens, None)
+        self.source = None
+
+
+def lookup_first(drafter: AdaptiveLength, model=None, min_match: int = MIN_MATCH) -> LookupFirst:
+    """`drafter` (an adaptive length over a trained drafter) with n-gram drafts first where the context's last
+    min_match+ tokens occurred before; the lookup's length shares the model's verify cost table."""
+    from .adaptive import shared_cost_table
+    ngram = NgramDrafter(n_min=min_match, n_max=max(min_match, MAX_MATCH))
+    return LookupFirst(drafter, AdaptiveLength(ngram, cost_table=shared_cost_table(model)))

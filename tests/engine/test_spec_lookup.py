@@ -1,0 +1,81 @@
+"""Lookup first (engine/spec/lookup.py): n-gram drafts where the context's last tokens occurred before, the
+trained drafter's otherwise; each source with its own adaptive length. Model-free (test_spec_unit's fakes)."""
+from __future__ import annotations
+
+import pytest
+from test_spec_unit import FakeChooser, FakeModel, ListDrafter, SimClock, plain_decode, spec_decode
+
+from engine.spec.adaptive import AdaptiveLength
+from engine.spec.lookup import LookupFirst, lookup_first
+from engine.spec.ngram import NgramDrafter
+
+PROMPT = [1, 2, 3]
+
+
+class Recording(ListDrafter):
+    """A scripted drafter that records what it is asked and shown."""
+
+    name = "scripted"
+
+    def __init__(self, script, **kw):
+        super().__init__(script, **kw)
+        self.proposed: list[int] = []  # context lengths it was asked to draft at
+
+    def propose(self, context, k, features):
+        self.proposed.append(len(context))
+        return super().propose(context, k, features)
+
+
+def _pair(script, corrupt, clock, costs=None):
+    inner = Recording(script, corrupt=corrupt, seed=1)
+    table = dict(costs or {})
+    drafter = AdaptiveLength(inner, clock=clock, cost_table=table)
+    lookup = AdaptiveLength(NgramDrafter(n_min=3, n_max=5), clock=clock, cost_table=table)
+    return inner, LookupFirst(drafter, lookup)
+
+
+@pytest.mark.parametrize("corrupt", [0.0, 0.7])
+def test_lookup_first_is_lossless_and_both_sources_draft(corrupt):
+    """Plain decode's tokens whoever drafts; on a counting pattern (repeats every 12 tokens) the lookup drafts
+    once the text repeats and the trained drafter before; the trained drafter observes every fed position."""
+    sim = SimClock(FakeModel(noise=0.2), base=10.0, slope=1.0)
+    want = plain_decode(sim, PROMPT, FakeChooser(), 90)
+    inner, hy = _pair(PROMPT + want, corrupt, sim)
+    got, rounds = spec_decode(sim, PROMPT, FakeChooser(), 90, hy, 5)
+    assert got == want
+    fed = [t for r in rounds for t in r.tokens]
+    assert fed == want[1:]
+    assert inner.proposed and min(inner.proposed) < 12 + len(PROMPT)  # the trained drafter drafts new text
+    assert hy.lookup.tries and hy.lookup.tries[0] > 0  # the lookup's own acceptance history
+    assert inner.observed[-1] == want[-2]  # every fed position reaches the trained drafter (all but the last)
+
+
+def test_a_match_goes_to_the_lookup_and_clears_the_other_plan():
+    """With a match the lookup drafts (its continuation of the earlier occurrence) and the trained drafter's
+    plan from block_instead is dropped; without one the trained drafter decides and drafts."""
+    clock = SimClock(FakeModel(), base=10.0, slope=1.0)
+    inner, hy = _pair(list(range(100)), 0.0, clock, {1: 10.0, 2: 10.5, 8: 13.0})
+    ctx = [5, 6, 7, 8, 9, 5, 6, 7]
+    assert hy.matches(ctx) and not hy.matches([5, 6, 7, 8])
+    assert not hy.block_instead(4, ctx)  # the lookup may draft: no block, and nothing asked of the other
+    assert hy.drafter._planned is None
+    hy.drafter._planned = 2  # (as if block_instead had planned a round of the trained drafter's)
+    drafts = hy.propose(ctx, 4, None)  # (as many as the lookup's length plans)
+    assert len(drafts) >= 3 and drafts == [8, 9, 5, 6][:len(drafts)]
+    assert hy.source is hy.lookup and hy.drafter._planned is None and inner.proposed == []
+    hy.observe([7, 8, 9], None)  # two drafts accepted: the lookup's history learns, the trained one's does not
+    assert hy.lookup.tries[:2] == [1.0, 1.0] and hy.lookup.hits[:2] == [1.0, 1.0] and hy.drafter.tries == []
+    assert inner.observed == [7, 8, 9]
+    got = hy.propose([1, 2, 3, 4], 3, None)  # no earlier occurrence: the trained drafter's round
+    assert hy.source is hy.drafter and inner.proposed == [4] and got == [4, 5, 6][:len(got)]
+    assert hy.lookup._pending is None  # (its empty propose is not timed as a verify of its own)
+
+
+def test_the_lookups_cost_table_is_the_models():
+    model = object.__new__(FakeModel)
+    a = AdaptiveLength(NgramDrafter(), cost_table={})
+    hy = lookup_first(a, None)
+    assert isinstance(hy, LookupFirst) and hy.lookup.inner.n_min == 3
+    from engine.spec.adaptive import shared_cost_table
+    b = AdaptiveLength(NgramDrafter(), cost_table=shared_cost_table(model))
+    assert lookup_first(b, model).lookup.cost_ms is b.cost_ms
