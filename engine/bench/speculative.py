@@ -42,14 +42,24 @@ CHAT_PROMPTS = ("Write a short story about a robot who learns to paint.",
                 "Explain how a bicycle works, step by step.")
 
 
-VARIANT_FLAGS = ("fixed", "hot", "lookup", "noconf")
+VARIANT_FLAGS = ("fixed", "hot", "lookup", "noconf")  # lookup: lookupN for a match of N+ tokens (lookup = 3)
+
+
+def _flag(f: str) -> str:
+    """A variant flag's name (lookupN -> lookup)."""
+    return "lookup" if f.startswith("lookup") and f[6:].isdigit() else f
+
+
+def _lookup(flags: frozenset) -> int:
+    """The lookup flag's match length (lookup: 3, lookupN: N), 0 without one."""
+    return next((int(f[6:] or 3) for f in flags if _flag(f) == "lookup"), 0)
 
 
 def parse_variant(text: str) -> tuple[str, int, frozenset]:
     """'off' | 'ngram:3' (adaptive length, the default) | 'mtp:3:fixed:hot' -> (mode, draft tokens, flags)."""
     mode, k, *flags = text.split(":") + [""]
     flags = frozenset(f for f in flags if f)
-    bad = flags - set(VARIANT_FLAGS)
+    bad = {f for f in flags if _flag(f) not in VARIANT_FLAGS}
     if bad:
         raise SystemExit(f"ninfer-bench speculative: variant {text!r}: unknown option {sorted(bad)[0]!r} "
                          f"(options: {', '.join(VARIANT_FLAGS)})")
@@ -57,7 +67,7 @@ def parse_variant(text: str) -> tuple[str, int, frozenset]:
 
 
 def variant_name(mode: str, k: int, flags: frozenset) -> str:
-    return mode if mode == "off" else ":".join([mode, str(k), *[f for f in VARIANT_FLAGS if f in flags]])
+    return mode if mode == "off" else ":".join([mode, str(k), *sorted(flags, key=lambda f: VARIANT_FLAGS.index(_flag(f)))])
 
 
 def variant_round(engine: Engine, mode: str, k: int, flags: frozenset):
@@ -66,7 +76,7 @@ def variant_round(engine: Engine, mode: str, k: int, flags: frozenset):
     where they match; noconf: the adaptive length without the confidence cut)."""
     from ..spec import SpecRound, make_drafter
     drafter = make_drafter(mode, engine.model, engine.model_path, adaptive="fixed" not in flags,
-                           lm_head_draft="hot" in flags, lookup=3 if "lookup" in flags else 0,
+                           lm_head_draft="hot" in flags, lookup=_lookup(flags),
                            capacity=engine.capacity)
     if "noconf" in flags and hasattr(drafter, "gate"):
         drafter.gate = False
