@@ -273,6 +273,17 @@ class AdaptiveLength:
             return 0  # ... then one plain step, so the two ends of the cost line are measured
         if len(self.cost_ms) < 2:
             return k_max
+        best_k, _ = self.best_plan(k_max)
+        self._rounds += 1
+        if best_k < k_max and self._rounds - self._last_probe >= (self._gap or self.probe_every):
+            self._last_probe = self._rounds
+            self._probe = True  # (propose verifies it whatever the drafter's confidence)
+            return best_k + 1  # explore one position deeper: its acceptance may have changed
+        return best_k
+
+    def best_plan(self, k_max: int) -> tuple[int, float]:
+        """(k, expected tokens per ms) of the best round of up to k_max drafts on the acceptance history and the
+        measured costs (k = 0: no drafts, a token at plain_cost); needs the verify costs of T = 1 and one more."""
         best_k, best = 0, 1.0 / self.plain_cost()
         expected, p = 1.0, 1.0
         for k in range(1, k_max + 1):
@@ -281,12 +292,18 @@ class AdaptiveLength:
             rate = expected / (self.cost(k + 1) + self.round_draft_cost(k, k_max))
             if rate > best:
                 best_k, best = k, rate
-        self._rounds += 1
-        if best_k < k_max and self._rounds - self._last_probe >= (self._gap or self.probe_every):
-            self._last_probe = self._rounds
-            self._probe = True  # (propose verifies it whatever the drafter's confidence)
-            return best_k + 1  # explore one position deeper: its acceptance may have changed
-        return best_k
+        return best_k, best
+
+    def rate_known(self) -> bool:
+        """Whether best_plan can price rounds: the verify costs of T = 1 and of another T are measured."""
+        return 1 in self.cost_ms and len(self.cost_ms) >= 2
+
+    def shadow_drafts(self, drafts: Sequence[int]) -> None:
+        """Drafts this one made for the round in flight that another drafter's drafts replaced: scored against
+        the reply as it comes (its acceptance history learns from them), not verified (engine.spec.lookup)."""
+        if drafts:
+            self._this = Shadow(list(drafts), None)
+            self._shadows.append(self._this)
 
     def round_draft_cost(self, k: int, k_max: int) -> float:
         """Estimated ms of the drafting of a round planned at k: what its drafts cost (draft_cost), or where

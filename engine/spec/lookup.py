@@ -7,10 +7,13 @@ the text repeats (a list, a quote, code, a loop of digits). Each source keeps it
 shared), so a round of n-gram drafts is priced by what n-gram rounds gained, not by the trained drafter's
 acceptance, and the other way round.
 
-A round: where the index matches the context's last `min_match` (or more) tokens and the lookup's length
+A round: where the index matches the context's last `min_match` (or more) tokens, the lookup's best round
+promises at least the trained drafter's tokens per ms (`lookup_pays`: each on its own history) and its length
 plans drafts, the round verifies the lookup's drafts; otherwise it is the trained drafter's round as it runs
-alone (its drafts, or a decode block where it plans none). Both see every fed position (`observe`), so the
-trained drafter's state (MTP's pairs, DFlash's context rows) follows rounds it did not draft.
+alone (its drafts, or a decode block where it plans none), and the lookup's drafts, not verified, are scored
+against the reply all the same (`AdaptiveLength.shadow_drafts`), so its history follows the text. Both see
+every fed position (`observe`), so the trained drafter's state (MTP's pairs, DFlash's context rows) follows
+rounds it did not draft.
 """
 from __future__ import annotations
 
@@ -66,14 +69,24 @@ class LookupFirst:
         self.lookup.block_timed(n, ms)
 
     # -- the drafter protocol ----------------------------------------------------------------------------------
+    def lookup_pays(self, k: int) -> bool:
+        """Whether the lookup's best round promises at least the trained drafter's tokens per ms (each on its own
+        acceptance history and drafting cost; True until both can price rounds)."""
+        if not (self.lookup.rate_known() and self.drafter.rate_known()):
+            return True
+        return self.lookup.best_plan(k)[1] >= self.drafter.best_plan(k)[1]
+
     def propose(self, context_tokens: Sequence[int], k: int, features: Features | None) -> list[int]:
         if k > 0 and self.matches(context_tokens):
-            drafts = self.lookup.propose(context_tokens, k, None)
+            drafts = self.lookup.propose(context_tokens, k, None) if self.lookup_pays(k) else []
             if drafts:
                 self.drafter.stand_down()  # (a plan block_instead made is for a round it does not draft)
                 self.source = self.lookup
                 return drafts
-        self.lookup.stand_down()
+            self.lookup.stand_down()  # the lookup's drafts, scored against the reply all the same
+            self.lookup.shadow_drafts(self.lookup.inner.propose(context_tokens, k))
+        else:
+            self.lookup.stand_down()
         self.source = self.drafter
         return self.drafter.propose(context_tokens, k, features)
 

@@ -79,3 +79,24 @@ def test_the_lookups_cost_table_is_the_models():
     from engine.spec.adaptive import shared_cost_table
     b = AdaptiveLength(NgramDrafter(), cost_table=shared_cost_table(model))
     assert lookup_first(b, model).lookup.cost_ms is b.cost_ms
+
+
+def test_the_better_source_drafts_and_the_lookup_learns_either_way():
+    """Where both can price rounds, the lookup drafts only when its best round promises at least the trained
+    drafter's tokens per ms; when it does not, its drafts are still scored against the reply (its history
+    follows the text), and the trained drafter's round runs."""
+    clock = SimClock(FakeModel(), base=10.0, slope=1.0)
+    costs = {1: 10.0, 2: 10.5, 4: 11.5, 8: 13.0}
+    inner, hy = _pair(list(range(100)), 0.0, clock, costs)
+    for a, acc in ((hy.drafter, 0.95), (hy.lookup, 0.05)):
+        a.tries, a.hits = [100.0] * 4, [100.0 * acc] * 4
+    ctx = [5, 6, 7, 8, 9, 5, 6, 7]
+    assert hy.matches(ctx) and not hy.lookup_pays(4)
+    got = hy.propose(ctx, 4, None)
+    assert hy.source is hy.drafter and got == [8, 9, 10, 11][:len(got)] and inner.proposed == [len(ctx)]
+    before = list(hy.lookup.tries)
+    hy.observe([7, 8, 9, 10], None)  # the reply went on 8, 9, 10: the lookup's drafts 8, 9, 5, 6 score 2 of 3
+    assert hy.lookup.tries[:3] == pytest.approx([t * hy.lookup.decay + 1 for t in before[:3]])
+    assert hy.lookup.hits[2] == pytest.approx(5.0 * hy.lookup.decay)  # (its third draft, 5, was wrong)
+    hy.lookup.tries, hy.lookup.hits = [100.0] * 4, [99.0] * 4  # now the lookup is the better source
+    assert hy.lookup_pays(4)
