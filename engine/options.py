@@ -77,7 +77,7 @@ def engine_args_from_flags(cfg: dict | None, a) -> EngineArgs:
         cfg, model=a.model, backend=a.backend, threads=a.threads, max_context=a.max_context,
         kv_capacity=a.kv_capacity, kv_dtype=a.kv_dtype, prefill_chunk=a.prefill_chunk,
         prefix_reuse=False if a.no_prefix_reuse else None, spec=a.spec, draft_tokens=a.draft_tokens,
-        lm_head_draft=True if a.lm_head_draft else None, spec_lookup=getattr(a, "spec_lookup", None), tp=a.tp,
+        lm_head_draft=True if a.lm_head_draft else None, spec_lookup=a.spec_lookup, tp=a.tp,
         devices=devices, transport=a.transport)
 
 

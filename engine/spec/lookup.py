@@ -52,8 +52,9 @@ class LookupFirst:
 
     # -- a round that drafts nothing: the trained drafter's decode block (engine.spec.round.SpecRound) ---------
     def block_instead(self, k_max: int, context: Sequence[int] | None = None) -> bool:
-        """False where the lookup may draft (propose asks it first), else the trained drafter's decision."""
-        if context is not None and self.matches(context):
+        """False where the lookup may draft (a match, and lookup_pays: propose asks it first), else the trained
+        drafter's decision."""
+        if context is not None and self.matches(context) and self.lookup_pays(k_max):
             return False
         return self.drafter.block_instead(k_max)
 
