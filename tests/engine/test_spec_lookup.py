@@ -92,6 +92,7 @@ def test_the_better_source_drafts_and_the_lookup_learns_either_way():
         a.tries, a.hits = [100.0] * 4, [100.0 * acc] * 4
     ctx = [5, 6, 7, 8, 9, 5, 6, 7]
     assert hy.matches(ctx) and not hy.lookup_pays(4)
+    hy.block_timed(8, 80.0)  # (a block's token measured: the lengths plan rounds, not their first block)
     assert not hy.block_instead(4, ctx) and hy.drafter._planned  # the trained drafter plans the round
     got = hy.propose(ctx, 4, None)
     assert hy.source is hy.drafter and got == [8, 9, 10, 11][:len(got)] and inner.proposed == [len(ctx)]
