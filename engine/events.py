@@ -83,6 +83,9 @@ class FinalStats:
     block_rounds: int = 0
     block_tokens: int = 0
     block_ms: float = 0.0
+    # speculative rounds whose drafts came from prompt lookup (engine.spec.lookup), and the tokens they emitted
+    lookup_rounds: int = 0
+    lookup_tokens: int = 0
 
     @property
     def acceptance(self) -> float:

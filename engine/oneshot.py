@@ -185,6 +185,8 @@ def format_report(st: FinalStats) -> str:
     elif st.spec_mode != "off":
         blocks = (f" (+ {st.block_rounds} decode blocks, {st.block_tokens} tok, where drafting did not pay)"
                   if st.block_rounds else "")
+        if st.lookup_rounds:
+            blocks = f"; {st.lookup_rounds} of the rounds by lookup ({st.lookup_tokens} tok)" + blocks
         spec = (f"\n[ninfer] spec {st.spec_mode}: {st.rounds - st.block_rounds} rounds, {st.tokens_per_round:.2f} "
                 f"tok/round, acceptance {st.acceptance:.1%}, {st.ms_per_round:.1f} ms/round{blocks}")
     detail = f" ({st.stop_reason_detail})" if st.stop_reason_detail else ""

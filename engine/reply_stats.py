@@ -100,7 +100,9 @@ class ReplyStats:
             verify_ms=sum(r.verify_ms for r in rounds), per_position_accept=ppa, backend=self.opts.backend,
             kv_dtype=self.opts.kv_dtype, context_capacity=self.opts.capacity,
             block_rounds=sum(1 for r in rounds if r.block), block_tokens=sum(len(r.tokens) for r in rounds if r.block),
-            block_ms=sum(r.draft_ms + r.verify_ms for r in rounds if r.block))
+            block_ms=sum(r.draft_ms + r.verify_ms for r in rounds if r.block),
+            lookup_rounds=sum(1 for r in rounds if r.lookup),
+            lookup_tokens=sum(len(r.tokens) for r in rounds if r.lookup))
 
     def _ttft(self) -> float:
         return (self.t_first - self.t_start) if self.t_first else 0.0

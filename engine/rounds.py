@@ -51,6 +51,7 @@ class Round:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     block: bool = False  # a decode block a speculative round ran instead of verifying no drafts (SpecRound)
+    lookup: bool = False  # its drafts came from prompt lookup, not the trained drafter (engine.spec.lookup)
 
 
 class RoundFn(Protocol):

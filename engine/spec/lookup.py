@@ -46,6 +46,11 @@ class LookupFirst:
         if bind is not None:
             bind(model, cache)
 
+    @property
+    def from_lookup(self) -> bool:
+        """Whether the round in flight verifies the lookup's drafts (engine.rounds.Round.lookup)."""
+        return self.source is self.lookup
+
     def matches(self, context: Sequence[int]) -> bool:
         """Whether the index holds an earlier occurrence of the context's last tokens (min_match or more)."""
         return bool(self.lookup.inner.propose(context, 1))

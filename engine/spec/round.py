@@ -70,6 +70,7 @@ def spec_round(model: Any, cache: Any, chooser: Chooser, drafter: Drafter, conte
     if bind is not None:
         bind(model, cache)
     drafts = [int(t) for t in drafter.propose(context, k, features)][:max(k, 0)] if k > 0 else []
+    by_lookup = bool(getattr(drafter, "from_lookup", False))  # (a lookup-first drafter's round: whose drafts)
     vocab = getattr(getattr(model, "args", None), "vocab_size", None)
     if vocab is not None:  # a drafter bug must not end the reply: keep drafts up to the first invalid id
         bad = next((i for i, t in enumerate(drafts) if not 0 <= t < vocab), None)
@@ -93,7 +94,7 @@ def spec_round(model: Any, cache: Any, chooser: Chooser, drafter: Drafter, conte
     drafter.observe(fed[:m].tolist(), kept)
     t2 = time.perf_counter()
     return Round(res.tokens, drafted=len(drafts), accepted=res.n_accepted, draft_ms=(t1 - t0) * 1e3,
-                 verify_ms=(t2 - t1) * 1e3), kept
+                 verify_ms=(t2 - t1) * 1e3, lookup=by_lookup and bool(drafts)), kept
 
 
 class SpecRound:

@@ -225,6 +225,8 @@ class StatsPanel(VerticalScroll):
                       f"ms/round      {f.ms_per_round:8.2f}",
                       f"  draft       {f.draft_ms / n:8.2f}",
                       f"  verify      {(f.verify_ms - f.block_ms) / n:8.2f}"]
+            if f.lookup_rounds:  # rounds whose drafts prompt lookup made (engine.spec.lookup)
+                lines.append(f"lookup tok    {f.lookup_tokens:8d}")
             if f.block_rounds:  # where drafting did not pay, plain decode blocks
                 lines.append(f"no-draft tok  {f.block_tokens:8d}")
             if acc := [f"{a:.0%}" for a in f.per_position_accept]:

@@ -339,3 +339,6 @@ def test_report_counts_a_replys_decode_blocks_apart():
     assert "spec mtp: 6 rounds, 2.00 tok/round" in line and "7.0 ms/round" in line
     assert "(+ 4 decode blocks, 28 tok, where drafting did not pay)" in line
     assert "decode blocks" not in format_report(FinalStats(**base))
+    line = format_report(FinalStats(**base, lookup_rounds=3, lookup_tokens=11)).splitlines()[1]
+    assert "; 3 of the rounds by lookup (11 tok)" in line
+    assert "by lookup" not in format_report(FinalStats(**base))

@@ -96,7 +96,10 @@ async def test_spec_panel_counts_a_replys_decode_blocks_apart(make_app):
         assert "  draft           1.00" in spec and "  verify          6.00" in spec and "no-draft tok        28" in spec
         panel.on_final(final(spec_mode="mtp", output_tokens=40, rounds=10, drafted=6, accepted=3))
         spec = panel_text(app, "spec")
-        assert "tok/round         4.00" in spec and "no-draft" not in spec
+        assert "tok/round         4.00" in spec and "no-draft" not in spec and "lookup" not in spec
+        panel.on_final(final(spec_mode="dflash", output_tokens=40, rounds=10, drafted=6, accepted=3,
+                             lookup_rounds=2, lookup_tokens=9))
+        assert "lookup tok           9" in panel_text(app, "spec")
 
 
 async def test_a_fully_cached_prompt_says_cached_not_zero_speed(make_app):
