@@ -157,6 +157,9 @@ def build_options(a: argparse.Namespace, cfg: dict) -> tuple[EngineArgs, Generat
     eargs = options.engine_args_from_flags(cfg, a)
     if a.lm_head_draft and eargs.spec not in ("mtp", "dflash"):
         raise ConfigError("--lm-head-draft selects an MTP or DFlash drafter's head; it needs --spec mtp or --spec dflash")
+    if a.spec_lookup is not None and eargs.spec not in ("mtp", "dflash"):
+        raise ConfigError("--spec-lookup sets where a trained drafter drafts second to prompt lookup; it needs "
+                          "--spec mtp or --spec dflash (--spec ngram is prompt lookup alone)")
     if a.draft_tokens is not None and eargs.spec == "off":
         raise ConfigError("--draft-tokens needs a speculative mode: add --spec ngram (or mtp, dflash)")
     if a.no_thinking and (a.thinking_budget is not None or a.reasoning_effort):

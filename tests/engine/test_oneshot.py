@@ -125,6 +125,8 @@ def test_budget_too_large_is_one_line(capsys):
     (["--no-thinking", "--thinking-budget", "8"], ("--no-thinking leaves nothing",)),  # was taken in silence
     (["--no-thinking", "--reasoning-effort", "low"], ("--no-thinking leaves nothing",)),
     (["--spec", "ngram", "--lm-head-draft"], ("needs --spec mtp or --spec dflash",)),
+    (["--spec-lookup", "2"], ("--spec-lookup", "needs --spec mtp or --spec dflash")),
+    (["--spec", "mtp", "--spec-lookup", "-1"], ("--spec-lookup must be a whole number >= 0",)),
 ])
 def test_option_values_out_of_range_are_one_line(capsys, args, needles):
     """Sampling options that cannot mean anything (a negative seed used to be a numpy traceback, NaN was

@@ -100,7 +100,7 @@ def test_spec_lookup_from_the_config_and_the_flag():
     from engine.serve.main import build_parser as serve_parser
     assert options.engine_args({"spec": {"lookup": 0}}).spec_lookup == 0
     assert options.engine_args({"spec": {"lookup": 0}}, spec_lookup=5).spec_lookup == 5
-    eargs, _, _ = build_options(build_parser().parse_args(["--prompt", "x", "--spec-lookup", "2"]), {})
+    eargs, _, _ = build_options(build_parser().parse_args(["--prompt", "x", "--spec", "mtp", "--spec-lookup", "2"]), {})
     assert eargs.spec_lookup == 2
     assert options.engine_args_from_flags({}, serve_parser().parse_args(["--spec-lookup", "0"])).spec_lookup == 0
     with pytest.raises(ConfigError, match="--spec-lookup must be a whole number >= 0"):
