@@ -338,7 +338,7 @@ def test_rounds_that_draft_nothing_run_decode_blocks_and_feed_the_drafter(tiny_q
         np.testing.assert_allclose(rows, eng.model.captured[last], rtol=1e-4, atol=1e-4)
 
 
-def test_lookup_first_over_mtp_is_lossless(tiny):
+def test_lookup_first_over_mtp_is_lossless(tiny, tmp_path, monkeypatch):
     """make_drafter(lookup=3): n-gram drafts first where the context's last 3+ tokens occurred before, MTP's
     otherwise (engine.spec.lookup); greedy and seeded sampling give plain decode's tokens, both sources drafted
     (a counting prompt repeats its words). Lookup-first needs the adaptive length (one line otherwise)."""
@@ -346,7 +346,9 @@ def test_lookup_first_over_mtp_is_lossless(tiny):
     from engine.errors import ConfigError
     from engine.spec import SpecRound, make_drafter
     from engine.spec.lookup import LookupFirst
-    path, _ = tiny
+    path, mf = tiny
+    write_drafter(tmp_path / "tiny.mtp.npz", path, mf.args)  # (tiny_q4, if it ran first, pointed the drafter
+    monkeypatch.setenv("NINFER_DRAFTER_DIRS", str(tmp_path))  # dirs at its own model's file)
     eng = Engine.load(EngineArgs(model=str(path), max_context=256, prefix_reuse=False))
     msgs = [{"role": "user", "content": "Say one two three, one two three, one two three, one two three"}]
     for sp in ({"greedy": True}, {"greedy": False, "temperature": 0.9, "top_k": 40, "seed": 3}):
