@@ -231,7 +231,7 @@ class AdaptiveLength:
         """How many of a round's drafts (their confidences) to verify: the most expected tokens per ms of the
         round (its drafting, already spent, plus the verify pass), or with `rate_keep` the most expected
         tokens less the verify's ms at the rounds' rate; all of them while costs are unknown."""
-        if 1 not in self.cost_ms or len(self.cost_ms) < 2:
+        if not self.rate_known():
             return len(conf)
         lam = self.rate() if self.rate_keep else None
         plain = self.plain_cost()  # what keeping no draft runs instead (a decode block, or one-token verify)
@@ -257,7 +257,7 @@ class AdaptiveLength:
         """A drafter that can stop mid-round (`inner.stop_below`) stops once the product of its drafts'
         confidences falls below this: half the cheapest verify row's cost in steps, a chance `keep` would
         not verify anyway (0 while costs are unknown: draft everything asked)."""
-        if 1 not in self.cost_ms or len(self.cost_ms) < 2:
+        if not self.rate_known():
             return 0.0
         known = sorted(self.cost_ms)
         rows = [(self.cost_ms[b] - self.cost_ms[a]) / (b - a) for a, b in zip(known, known[1:])]
@@ -349,7 +349,7 @@ class AdaptiveLength:
         """Whether a round without drafts may be a decode block: once the verify costs are measured (until
         then a round without drafts is the one-token pass that measures c(1); a block in its place would
         leave it unmeasured, and the length would plan no drafts ever after)."""
-        return 1 in self.cost_ms and len(self.cost_ms) >= 2
+        return self.rate_known()
 
     def blocked(self, n: int) -> None:
         """The round ran a decode block of n tokens instead (after block_instead, or after a propose that kept

@@ -83,14 +83,15 @@ class LookupFirst:
         return self.lookup.best_plan(k)[1] >= self.drafter.best_plan(k)[1]
 
     def propose(self, context_tokens: Sequence[int], k: int, features: Features | None) -> list[int]:
-        if k > 0 and self.matches(context_tokens):
+        found = self.lookup.inner.propose(context_tokens, k) if k > 0 else []  # (the index's k drafts: a match)
+        if found:
             drafts = self.lookup.propose(context_tokens, k, None) if self.lookup_pays(k) else []
             if drafts:
                 self.drafter.stand_down()  # (a plan block_instead made is for a round it does not draft)
                 self.source = self.lookup
                 return drafts
             self.lookup.stand_down()  # the lookup's drafts, scored against the reply all the same
-            self.lookup.shadow_drafts(self.lookup.inner.propose(context_tokens, k))
+            self.lookup.shadow_drafts(found)
         else:
             self.lookup.stand_down()
         self.source = self.drafter
