@@ -18,6 +18,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,8 +37,14 @@ class Job:
     proc: subprocess.CompletedProcess | None = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    # (the session's timeline, printed at its end: when the job ran, and how long tests waited for it)
+    began: float | None = None
+    seconds: float = 0.0
+    waited: float = 0.0
+    in_test: bool = False  # run by the asking test, not the background thread
 
     def run(self) -> None:
+        self.began = time.perf_counter()
         try:
             self.proc = subprocess.run(self.argv, env=self.env, cwd=self.cwd, capture_output=True, text=True,
                                        timeout=self.timeout)
@@ -46,10 +53,12 @@ class Job:
         finally:
             for d in self.cleanup:
                 shutil.rmtree(d, ignore_errors=True)
+            self.seconds = time.perf_counter() - self.began
             self.done.set()
 
 
 _lock = threading.Lock()
+_t0 = time.perf_counter()
 _jobs: dict[str, Job] = {}
 _queue: list[Job] = []
 _thread: threading.Thread | None = None
@@ -108,8 +117,20 @@ def result(job: Job) -> subprocess.CompletedProcess:
     with _lock:
         job = _jobs.setdefault(job.key, job)
     if _claim(job):
+        job.in_test = True
         job.run()
+    t = time.perf_counter()
     job.done.wait()
+    job.waited += time.perf_counter() - t
     if job.error is not None:
         raise job.error
     return job.proc
+
+
+def timeline() -> list[str]:
+    """One line per job that ran: when it started (seconds into the session), how long it ran, where, and how
+    long tests waited for it (conftest.py prints these at the session's end: what the second core did)."""
+    rows = sorted((j for j in _jobs.values() if j.began is not None), key=lambda j: j.began)
+    return [f"{j.key}: started at {j.began - _t0:.0f} s, ran {j.seconds:.0f} s "
+            f"{'in the asking test' if j.in_test else 'in the background'}, tests waited {j.waited:.0f} s"
+            for j in rows]

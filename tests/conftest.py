@@ -59,3 +59,13 @@ def pytest_collection_finish(session):
         jobs += [j for j in (make() for make in getattr(mod, "BACKGROUND", ())) if j is not None]
     if jobs:
         background.start(jobs)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The background checks' timeline (tests/background.py): what the second core did, and what tests waited."""
+    import background
+    lines = background.timeline()
+    if lines:
+        terminalreporter.section("background checks")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -187,8 +187,25 @@ def _run_py(code: str, env_extra: dict, timeout: int = 600) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT), NUMBA_NUM_THREADS="2", **env_extra)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(ROOT),
                        timeout=timeout)
+    return _json_of(p)
+
+
+def _json_of(p: subprocess.CompletedProcess) -> dict:
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _asm_job(key: str, code: str):
+    """`code` with a numba cache of its own (numba cannot show the assembly of code loaded from its cache):
+    every kernel it inspects compiles afresh, a minute or more on one core, so it starts with the session
+    (tests/background.py)."""
+    import background
+    return background.python_job(key, code, {"NUMBA_NUM_THREADS": "2"}, timeout=900, cold_numba=True)
+
+
+def _asm(key: str) -> dict:
+    import background
+    return _json_of(background.result(ASM_JOBS[key]()))
 
 
 NO_ALLOC = """
@@ -336,9 +353,8 @@ def _has_avx2() -> bool:
 
 
 @pytest.mark.skipif(not _has_avx2(), reason="checks x86 AVX2+ code generation")
-def test_integer_kernels_are_vectorized(tmp_path):
-    # a fresh cache dir: numba cannot show the assembly of code loaded from its cache
-    res = _run_py(ASM.format(), {"NUMBA_CACHE_DIR": str(tmp_path / "numba")})
+def test_integer_kernels_are_vectorized():
+    res = _asm("asm:integer-kernels")
     f16c = " f16c" in Path("/proc/cpuinfo").read_text()
     # the activations' quantization (every matmul's input, the decode step's serial tails) rounds 8 values per
     # instruction; the KV cache's f16 writes convert 8 per vcvtps2ph
@@ -382,11 +398,11 @@ print(json.dumps(res))
 
 
 @pytest.mark.skipif(not _has_avx2(), reason="checks x86 AVX2+ code generation")
-def test_sampler_scans_are_vectorized(tmp_path):
+def test_sampler_scans_are_vectorized():
     """The per-token scans over the vocabulary: top_scan's chunk test (both copies, with and without a penalty
     row) and select_wide's collect compare packed floats (a count over min(base + CHUNK, V) had 10 and 0 packed
     compares, ~5x slower), select_wide's maximum runs in vector lanes (a running scalar maximum had 1)."""
-    res = _run_py(SAMPLER_ASM, {"NUMBA_CACHE_DIR": str(tmp_path / "numba")})
+    res = _asm("asm:sampler")
     assert res["top_scan"]["cmpps"] >= 16, res
     assert res["collect"]["cmpps"] >= 8, res
     assert res["select_wide"]["maxps"] >= 4, res
@@ -408,11 +424,16 @@ print(json.dumps({"VNNI512": A.VNNI512, "dpbusd": len(re.findall(r"vpdpbusd\\s",
 """
 
 
+ASM_CODE = {"asm:int8-attention": INT8_ATTN_ASM, "asm:integer-kernels": ASM.format(), "asm:sampler": SAMPLER_ASM}
+ASM_JOBS = {key: (lambda key=key, code=code: _asm_job(key, code)) for key, code in ASM_CODE.items()}
+BACKGROUND = list(ASM_JOBS.values()) if _has_avx2() else []
+
+
 @pytest.mark.skipif(not _has_avx2(), reason="checks x86 AVX2+ code generation")
-def test_int8_attention_scores_in_integer_dot_products(tmp_path):
+def test_int8_attention_scores_in_integer_dot_products():
     """Where the target has AVX512-VNNI, an int8 cache's scores run in vpdpbusd (two per query head and 8
     positions: the 16-bit query's parts) and its V sums convert 16 values per instruction."""
-    res = _run_py(INT8_ATTN_ASM, {"NUMBA_CACHE_DIR": str(tmp_path / "numba")})
+    res = _asm("asm:int8-attention")
     if not res["VNNI512"]:
         pytest.skip("target without AVX512-VNNI")
     assert res["dpbusd"] >= 16, res
