@@ -4,9 +4,8 @@ The main process is mostly single-threaded (numba compiles, TUI pilots, numpy on
 checks are whole subprocesses that spend a minute or more on one core: the CUDA simulator workers, the
 generic-kernel runs with their own cold numba cache. A module lists its jobs in `BACKGROUND` (functions that
 return a `Job`); conftest.py queues the jobs of every collected module when collection ends, and one thread
-runs them one at a time (a job in another `lane` runs beside them: tests/precompile.py's). A test asks for
-its job with `result(job)`: it waits for a running one, and a job that was never queued (a single test file
-run) or has not started yet runs at once in the asking thread.
+runs them one at a time. A test asks for its job with `result(job)`: it waits for a running one, and a job
+that was never queued (a single test file run) or has not started yet runs at once in the asking thread.
 
     def _worker_job():
         return background.Job("cuda-kernels", [sys.executable, __file__, "--worker"], env=..., timeout=600)
@@ -34,7 +33,6 @@ class Job:
     timeout: float = 900
     cwd: Path = ROOT
     cleanup: list[Path] = field(default_factory=list)  # folders removed once the job has run
-    lane: str = "checks"  # jobs of a lane run one at a time, the lanes side by side (start)
     started: bool = False
     proc: subprocess.CompletedProcess | None = None
     error: BaseException | None = None
@@ -63,7 +61,7 @@ _lock = threading.Lock()
 _t0 = time.perf_counter()
 _jobs: dict[str, Job] = {}
 _queue: list[Job] = []
-_threads: dict[str, threading.Thread] = {}  # lane -> its runner
+_thread: threading.Thread | None = None
 
 
 def _claim(job: Job) -> bool:
@@ -74,34 +72,32 @@ def _claim(job: Job) -> bool:
         return True
 
 
-def _drain(lane: str) -> None:
+def _drain() -> None:
+    global _thread
     while True:
         with _lock:
-            job = next((j for j in _queue if j.lane == lane and not j.started), None)
+            job = next((j for j in _queue if not j.started), None)
             if job is None:
-                del _threads[lane]
+                _thread = None
                 return
             job.started = True
         job.run()
 
 
 def start(jobs: list[Job]) -> None:
-    """Queue `jobs` (a key already known is kept as it is) and start a runner thread for each lane that has
-    queued jobs and none running."""
+    """Queue `jobs` (a key already known is kept as it is) and start the runner thread if it is idle."""
+    global _thread
     with _lock:
         for job in jobs:
             if job.key not in _jobs:
                 _jobs[job.key] = job
                 _queue.append(job)
-        for lane in dict.fromkeys(j.lane for j in _queue if not j.started):
-            if lane not in _threads:
-                _threads[lane] = threading.Thread(target=_drain, args=(lane,), name=f"background-{lane}",
-                                                  daemon=True)
-                _threads[lane].start()
+        if _thread is None:
+            _thread = threading.Thread(target=_drain, name="background-checks", daemon=True)
+            _thread.start()
 
 
-def python_job(key: str, script: str, env: dict, timeout: float = 900, cold_numba: bool = False,
-               lane: str = "checks") -> Job:
+def python_job(key: str, script: str, env: dict, timeout: float = 900, cold_numba: bool = False) -> Job:
     """`python -c script` with `env` over this environment and tests/engine on its path; `cold_numba`: a numba
     cache folder of its own (made by numba, removed after the run), so every kernel compiles afresh."""
     import os
@@ -113,7 +109,7 @@ def python_job(key: str, script: str, env: dict, timeout: float = 900, cold_numb
         cache = Path(tempfile.gettempdir()) / f"ninfer-{key.replace(':', '-')}-{os.getpid()}"
         env["NUMBA_CACHE_DIR"] = str(cache)
         cleanup.append(cache)
-    return Job(key, [sys.executable, "-c", script], env=env, timeout=timeout, cleanup=cleanup, lane=lane)
+    return Job(key, [sys.executable, "-c", script], env=env, timeout=timeout, cleanup=cleanup)
 
 
 def result(job: Job) -> subprocess.CompletedProcess:

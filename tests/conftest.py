@@ -45,32 +45,12 @@ def smollm2_path() -> Path:
     return p
 
 
-def _after_precompile(item) -> bool:
-    return bool(getattr(getattr(item, "module", None), "AFTER_PRECOMPILE", False))
-
-
-def pytest_collection_modifyitems(session, config, items):
-    """The modules that would compile the fused step in this process (`AFTER_PRECOMPILE`, tests/precompile.py)
-    run last, in their order."""
-    items[:] = [i for i in items if not _after_precompile(i)] + [i for i in items if _after_precompile(i)]
-
-
-def pytest_runtest_setup(item):
-    if _after_precompile(item):
-        import precompile
-        precompile.wait()
-
-
 def pytest_collection_finish(session):
-    """Start the collected modules' long subprocess checks (their `BACKGROUND` jobs, tests/background.py), and
-    the fused step's compile where a module waits for it (tests/precompile.py)."""
+    """Start the collected modules' long subprocess checks (their `BACKGROUND` jobs, tests/background.py)."""
     if session.config.option.collectonly:
         return
     import background
-    import precompile
     jobs, seen = [], set()
-    if any(_after_precompile(i) for i in session.items):
-        jobs.append(precompile.job())
     for item in session.items:
         mod = getattr(item, "module", None)
         if mod is None or mod in seen:

@@ -8,8 +8,6 @@ from gguf import GGMLQuantizationType as QT
 
 from engine.config import EngineArgs, GenerateRequest, SamplingParams
 
-# the fused step these tests load (compiled once, beside the other tests: tests/precompile.py)
-AFTER_PRECOMPILE = True
 ALL_Q4 = dict(attn_q=QT.Q4_1, attn_k=QT.Q4_1, attn_v=QT.Q4_0, attn_output=QT.Q4_1, ffn_gate=QT.Q4_0,
               ffn_up=QT.Q4_1, ffn_down=[QT.Q4_1])
 MSGS = [{"role": "user", "content": "Count from 1 to 30."}]

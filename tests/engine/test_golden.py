@@ -21,9 +21,6 @@ sys.path.insert(0, str(HERE))
 from golden_outputs import CASES, run_case  # noqa: E402
 
 
-# the fused step these tests load (compiled once, beside the other tests: tests/precompile.py)
-AFTER_PRECOMPILE = True
-
 
 def _recording() -> Path | None:
     """The recorded outputs for the instruction set this host's kernels compile for, or None."""
