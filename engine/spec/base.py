@@ -31,7 +31,13 @@ Features = Mapping[int, np.ndarray]
 
 @runtime_checkable
 class Drafter(Protocol):
-    """Proposes draft tokens; never decides. One instance serves one session (reset per reply)."""
+    """Proposes draft tokens; never decides. One instance serves one session (reset per reply).
+
+    Optional, read by the round where a drafter has them (engine.spec.round): `confidence` (its probability
+    of each draft of the last propose), `bind_target(model, cache)` (called before propose: a drafter that
+    reads the target's KV cache, DFlash), `from_lookup` (whether the round in flight verifies prompt-lookup
+    drafts: Round.lookup), and the decode-block hooks of an adaptive length (`block_instead`, `may_block`,
+    `blocked`, `block_timed`: engine.spec.adaptive.AdaptiveLength, engine.spec.lookup.LookupFirst)."""
 
     name: str
     # Target layer ids whose hidden states the drafter reads (captured during prefill and verify); () = none.
