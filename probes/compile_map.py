@@ -41,8 +41,7 @@ def _listener():
             total = time.perf_counter() - t0
             if _stack:
                 _stack[-1][2] += total
-            _rows.append(dict(test=_test[0], name=name, sig=sig, own=total - child, total=total,
-                              top=not _stack))
+            _rows.append(dict(test=_test[0], name=name, sig=sig, own=total - child, total=total))
     return Compiles()
 
 
@@ -52,10 +51,6 @@ def pytest_configure(config):
 
 
 def pytest_runtest_setup(item):
-    _test[0] = item.nodeid
-
-
-def pytest_runtest_teardown(item):
     _test[0] = item.nodeid
 
 

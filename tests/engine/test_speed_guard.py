@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -195,17 +196,17 @@ def _json_of(p: subprocess.CompletedProcess) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def _asm_job(key: str, code: str):
-    """`code` with a numba cache of its own (numba cannot show the assembly of code loaded from its cache):
-    every kernel it inspects compiles afresh, a minute or more on one core, so it starts with the session
-    (tests/background.py)."""
+def _asm_job(key: str):
+    """ASM_CODE[key] with a numba cache of its own (numba cannot show the assembly of code loaded from its
+    cache): every kernel it inspects compiles afresh, a minute or more on one core, so it starts with the
+    session (tests/background.py)."""
     import background
-    return background.python_job(key, code, {"NUMBA_NUM_THREADS": "2"}, timeout=900, cold_numba=True)
+    return background.python_job(key, ASM_CODE[key], {"NUMBA_NUM_THREADS": "2"}, timeout=900, cold_numba=True)
 
 
 def _asm(key: str) -> dict:
     import background
-    return _json_of(background.result(ASM_JOBS[key]()))
+    return _json_of(background.result(_asm_job(key)))
 
 
 NO_ALLOC = """
@@ -425,8 +426,7 @@ print(json.dumps({"VNNI512": A.VNNI512, "dpbusd": len(re.findall(r"vpdpbusd\\s",
 
 
 ASM_CODE = {"asm:int8-attention": INT8_ATTN_ASM, "asm:integer-kernels": ASM.format(), "asm:sampler": SAMPLER_ASM}
-ASM_JOBS = {key: (lambda key=key, code=code: _asm_job(key, code)) for key, code in ASM_CODE.items()}
-BACKGROUND = list(ASM_JOBS.values()) if _has_avx2() else []
+BACKGROUND = [functools.partial(_asm_job, key) for key in ASM_CODE] if _has_avx2() else []
 
 
 @pytest.mark.skipif(not _has_avx2(), reason="checks x86 AVX2+ code generation")
