@@ -12,6 +12,7 @@ that was never queued (a single test file run) or has not started yet runs at on
     BACKGROUND = [_worker_job]
     ...
     proc = background.result(_worker_job())   # a subprocess.CompletedProcess
+    verdicts = background.result_json(_worker_job(), "cuda worker")   # or its last stdout line's JSON
 """
 from __future__ import annotations
 
@@ -125,6 +126,19 @@ def result(job: Job) -> subprocess.CompletedProcess:
     if job.error is not None:
         raise job.error
     return job.proc
+
+
+def result_json(job: Job, what: str = "check"):
+    """The JSON a check prints as its last line of output, from the finished process of `job` (result());
+    a process that failed fails the asking test with its stderr's end, `what` naming the check."""
+    return process_json(result(job), what)
+
+
+def process_json(proc: subprocess.CompletedProcess, what: str = "check"):
+    """The JSON on the last line of a finished check's stdout; its return code 0 asserted first."""
+    import json
+    assert proc.returncode == 0, f"{what} failed:\n{proc.stderr[-3000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def timeline() -> list[str]:

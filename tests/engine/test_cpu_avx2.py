@@ -5,7 +5,6 @@ Bit-identity is the contract that lets a verify pass (T rows, batched kernels) r
 (T = 1 kernels) exactly: both compute the same integer block sums and the same float expression."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -225,9 +224,7 @@ BACKGROUND = [_generic_job]
 def test_generic_fallback_path(tmp_path):
     """NINFER_CPU_GENERIC=1 (what a host without AVX2 runs) gives the same matmul results as the AVX2 path."""
     import background
-    p = background.result(_generic_job())
-    assert p.returncode == 0, p.stderr[-3000:]
-    generic = json.loads(p.stdout.strip().splitlines()[-1])
+    generic = background.result_json(_generic_job(), "the generic kernels' run")
     assert generic["avx2"] is False
     from engine.backends.cpu import fast as cpu_fast
     rng = np.random.default_rng(0)

@@ -237,9 +237,7 @@ BACKGROUND = [_sim_job]
 @pytest.fixture(scope="module")
 def sim_results():
     import background
-    proc = background.result(_sim_job())
-    assert proc.returncode == 0, f"cuda worker failed:\n{proc.stderr[-3000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return background.result_json(_sim_job(), "cuda worker")
 
 
 @needs_numba_cuda
@@ -287,9 +285,7 @@ BACKGROUND.append(_ptx_job)
 @pytest.fixture(scope="module")
 def ptx():
     import background
-    proc = background.result(_ptx_job())
-    assert proc.returncode == 0, f"compile_ptx worker failed:\n{proc.stderr[-3000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return background.result_json(_ptx_job(), "compile_ptx worker")
 
 
 @needs_numba_cuda

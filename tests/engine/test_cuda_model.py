@@ -114,9 +114,7 @@ def worker_job(script, names, timeout=900):
 def run_worker(script, names, timeout=900):
     """The JSON verdicts of `script --worker names...` under the CUDA simulator (started with the session)."""
     import background
-    proc = background.result(worker_job(script, names, timeout))
-    assert proc.returncode == 0, f"cuda worker failed:\n{proc.stderr[-3000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return background.result_json(worker_job(script, names, timeout), "cuda worker")
 
 
 FAST = [n for n, c in CASES.items() if not c[2]]

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import os
 import subprocess
 import sys
@@ -188,12 +187,8 @@ def _run_py(code: str, env_extra: dict, timeout: int = 600) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT), NUMBA_NUM_THREADS="2", **env_extra)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(ROOT),
                        timeout=timeout)
-    return _json_of(p)
-
-
-def _json_of(p: subprocess.CompletedProcess) -> dict:
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    import background
+    return background.process_json(p)
 
 
 def _asm_job(key: str):
@@ -206,7 +201,7 @@ def _asm_job(key: str):
 
 def _asm(key: str) -> dict:
     import background
-    return _json_of(background.result(_asm_job(key)))
+    return background.result_json(_asm_job(key), f"assembly check {key}")
 
 
 NO_ALLOC = """
