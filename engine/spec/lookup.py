@@ -35,11 +35,15 @@ class LookupFirst:
         self.name = drafter.name
         self.features_needed = drafter.features_needed
         self.source: AdaptiveLength | None = None  # which one drafted the round in flight
+        # block_instead's verdict on the next round, (context length, k), (a match, lookup_pays): its propose
+        # takes it rather than asking the index and pricing both lengths again
+        self._ahead: tuple[tuple[int, int], tuple[bool, bool]] | None = None
 
     def reset(self) -> None:
         self.drafter.reset()
         self.lookup.reset()
         self.source = None
+        self._ahead = None
 
     def bind_target(self, model, cache) -> None:
         bind = getattr(self.drafter, "bind_target", None)  # (DFlash reads the target's cache)
@@ -59,9 +63,12 @@ class LookupFirst:
     def block_instead(self, k_max: int, context: Sequence[int] | None = None) -> bool:
         """False where the lookup may draft (a match, and lookup_pays: propose asks it first), else the trained
         drafter's decision."""
-        if context is not None and self.matches(context) and self.lookup_pays(k_max):
-            return False
-        return self.drafter.block_instead(k_max)
+        if context is None:
+            return self.drafter.block_instead(k_max)
+        matched = self.matches(context)
+        pays = matched and self.lookup_pays(k_max)
+        self._ahead = ((len(context), k_max), (matched, pays))
+        return False if pays else self.drafter.block_instead(k_max)
 
     def may_block(self) -> bool:
         return self.drafter.may_block()
@@ -83,17 +90,20 @@ class LookupFirst:
         return self.lookup.best_plan(k)[1] >= self.drafter.best_plan(k)[1]
 
     def propose(self, context_tokens: Sequence[int], k: int, features: Features | None) -> list[int]:
-        found = self.lookup.inner.propose(context_tokens, k) if k > 0 else []  # (the index's k drafts: a match)
-        if found:
-            drafts = self.lookup.propose(context_tokens, k, None) if self.lookup_pays(k) else []
-            if drafts:
-                self.drafter.stand_down()  # (a plan block_instead made is for a round it does not draft)
-                self.source = self.lookup
-                return drafts
-            self.lookup.stand_down()  # the lookup's drafts, scored against the reply all the same
-            self.lookup.shadow_drafts(found)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == (len(context_tokens), k):  # block_instead's verdict on this round
+            matched, pays = ahead[1]
         else:
-            self.lookup.stand_down()
+            matched = self.matches(context_tokens)
+            pays = matched and self.lookup_pays(k)
+        drafts = self.lookup.propose(context_tokens, k, None) if pays and k > 0 else []
+        if drafts:
+            self.drafter.stand_down()  # (a plan block_instead made is for a round it does not draft)
+            self.source = self.lookup
+            return drafts
+        self.lookup.stand_down()
+        if matched and k > 0:  # the lookup's drafts, scored against the reply all the same
+            self.lookup.shadow_drafts(self.lookup.inner.propose(context_tokens, k))
         self.source = self.drafter
         return self.drafter.propose(context_tokens, k, features)
 

@@ -102,3 +102,27 @@ def test_the_better_source_drafts_and_the_lookup_learns_either_way():
     assert hy.lookup.hits[2] == pytest.approx(5.0 * hy.lookup.decay)  # (its third draft, 5, was wrong)
     hy.lookup.tries, hy.lookup.hits = [100.0] * 4, [99.0] * 4  # now the lookup is the better source
     assert hy.lookup_pays(4)
+
+
+def test_propose_takes_block_instead_s_verdict():
+    """The round block_instead judged (a match, lookup_pays) is the round propose drafts: the index is not asked
+    again by it, nor are both lengths priced again (only the lookup's own length asks the index, for its
+    drafts); a propose for another context judges afresh."""
+    clock = SimClock(FakeModel(), base=10.0, slope=1.0)
+    inner, hy = _pair(list(range(100)), 0.0, clock, {1: 10.0, 2: 10.5, 4: 11.5, 8: 13.0})
+    asked, priced = [], []
+    index, plan = hy.lookup.inner.propose, AdaptiveLength.best_plan
+    hy.lookup.inner.propose = lambda ctx, k, features=None: asked.append(len(ctx)) or index(ctx, k)
+    for a in (hy.drafter, hy.lookup):
+        a.best_plan = lambda k_max, a=a: priced.append(a) or plan(a, k_max)
+        a.tries, a.hits = [100.0] * 4, [90.0] * 4
+    hy.block_timed(8, 80.0)
+    ctx = [5, 6, 7, 8, 9, 5, 6, 7]
+    assert not hy.block_instead(4, ctx)  # a match that pays: the lookup's round
+    n_asked, n_priced = len(asked), priced.count(hy.drafter)
+    drafts = hy.propose(ctx, 4, None)
+    assert hy.source is hy.lookup and drafts == [8, 9, 5, 6][:len(drafts)]
+    assert len(asked) == n_asked + 1 and priced.count(hy.drafter) == n_priced  # the lookup's length's ask only
+    hy.observe([7, 8], None)
+    hy.propose([5, 6, 7, 8, 9, 5, 6, 7, 8, 9], 4, None)  # no verdict for this context: judged here
+    assert priced.count(hy.drafter) > n_priced
