@@ -11,8 +11,8 @@ ones; y the token at p+1. It predicts the token at p+2:
 E and H are the target's (frozen), the final norm is shared; o is the next step's g. Drafts are recursive: k
 drafts = k steps. The block attends to its cache of first-step pairs (true h_p, true x_{p+1}) of every fed
 position and to the chain's own steps, as it was trained (train/mtp_train.py). With `--lm-head-draft` the head
-is the trained hot vocabulary's rows only (a few thousand of 49,152: the draft costs a small share of a target
-step); the target always verifies over the full vocabulary, so the output stays lossless.
+is the trained hot vocabulary's rows only (a few thousand of 49,152, held in Q4_1: the draft costs a small share
+of a target step); the target always verifies over the full vocabulary, so the output stays lossless.
 
 The block is a one-layer `engine.model.Model` on the cpu backend's kernels (its matrices quantized to Q4_1 at
 load, W_eh to Q8_0), with z in place of the embedding: run by the cpu backend's fused step in one call
@@ -146,7 +146,9 @@ class MTPBlock:
     positions pos0..
 
     target: the target's model file (engine.gguf.ModelFile: its embedding, head and output norm);
-    hot: the head over the drafter's hot vocabulary (logit j is token hot_ids[j]) instead of all rows.
+    hot: the head over the drafter's hot vocabulary (logit j is token hot_ids[j]) instead of all rows, those
+    rows requantized to Q4_1 at load (the head is most of what a draft reads: SmolLM2's 8192 rows in Q8_0
+    5.0 MB of a pass's 7.2; bench/results-spec-mtp.md "The hot head in 4 bits").
 
     The block's matrices are quantized to Q4_1 at load and laid out as the target's layers are
     (fast.prepare_layers), so the block is a one-layer model the cpu backend's fused step runs in ONE call
@@ -165,6 +167,9 @@ class MTPBlock:
         self.hot_ids = np.asarray(w["hot_ids"], np.int64) if hot else None
         rows = head if self.hot_ids is None else QTensor(head.name, head.qtype, (len(self.hot_ids), head.shape[1]),
                                                         np.ascontiguousarray(head.data[self.hot_ids]))
+        if self.hot_ids is not None:  # held as Q4_1 (DFlash's hot rows too): 2.9 MB a draft to read, not 5.0
+            from ..quant import dequantize
+            rows = _q4(rows.name, np.asarray(dequantize(rows), np.float32).reshape(rows.shape))
         margs = dataclasses.replace(a, n_layer=1, vocab_size=rows.shape[0], qkv_bias=False, qk_norm=False,
                                     tied_embeddings=True)
         tensors = {"token_embd.weight": rows, "output_norm.weight": t["output_norm.weight"]}

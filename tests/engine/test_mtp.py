@@ -131,8 +131,12 @@ def test_block_step_is_the_math(tiny):
         np.testing.assert_allclose(go, wo, atol=5e-2 * np.abs(wo).max())
         np.testing.assert_allclose(gl, wl, atol=5e-2 * np.abs(wl).max())
     hot = mtp.MTPBlock(df, mf, capacity=64, hot=True)
-    hl, _ = hot.run(ys, gs, 0, rows_out=6)
-    np.testing.assert_array_equal(hl, logits[:, df.arrays["hot_ids"]])  # the hot head: the same rows
+    hl, hh = hot.run(ys, gs, 0, rows_out=6)
+    np.testing.assert_array_equal(hh, hidden)  # the same block; the hot head: the same rows in 4 bits
+    assert hot.model.output.kind == "q4" and tuple(hot.model.output.shape) == (N_HOT, mf.args.d_model)
+    full = logits[:, df.arrays["hot_ids"]]
+    np.testing.assert_allclose(hl, full, atol=0.1 * np.abs(full).max())
+    assert not np.array_equal(hl, full)
 
 
 def _final(eng, spec, **sp):
