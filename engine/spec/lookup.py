@@ -61,8 +61,8 @@ class LookupFirst:
 
     # -- a round that drafts nothing: the trained drafter's decode block (engine.spec.round.SpecRound) ---------
     def block_instead(self, k_max: int, context: Sequence[int] | None = None) -> bool:
-        """False where the lookup may draft (a match, and lookup_pays: propose asks it first), else the trained
-        drafter's decision."""
+        """False where the lookup may draft (a match, and lookup_pays), else the trained drafter's decision; the
+        verdict is kept for the round's propose (_ahead)."""
         if context is None:
             return self.drafter.block_instead(k_max)
         matched = self.matches(context)
