@@ -102,13 +102,14 @@ def worker(names):
 
 def worker_job(script, names, timeout=900):
     """`script --worker names...` under the CUDA simulator, as a background job (tests/background.py); None
-    without numba-cuda."""
+    without numba-cuda. The job's key names the cases: a job of other cases is another job (the slow cases'
+    test once got the default cases' verdicts, queued with the session under the script's name alone)."""
     import background  # tests/ (not on the path of a --worker run)
     if importlib.util.find_spec("numba_cuda") is None:
         return None
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", NUMBA_NUM_THREADS="2", PYTHONPATH=str(ROOT))
-    return background.Job(f"cuda-sim:{Path(script).name}", [sys.executable, str(script), "--worker", *names],
-                          env=env, timeout=timeout)
+    return background.Job(f"cuda-sim:{Path(script).name}[{','.join(names)}]",
+                          [sys.executable, str(script), "--worker", *names], env=env, timeout=timeout)
 
 
 def run_worker(script, names, timeout=900):
