@@ -31,7 +31,7 @@ from .adaptive import AdaptiveLength
 from .base import Features, top_probability
 from .dflash_taps import Taps, check_taps, kv_rows
 from .drafter_file import DrafterFile, DrafterFileError, find, load
-from .mtp import EmbedRows, _draft_kernels, _q4, _q8
+from .mtp import EmbedRows, _draft_kernels, _q4, _q8, head_rows
 
 FORMAT, VERSION = "ninfer-dflash", 1
 LAYER = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
@@ -81,7 +81,6 @@ class DFlashNet:
     def __init__(self, df: DrafterFile, target, capacity: int, hot: bool):
         from ..kv_cache import KVCache
         from ..model import RunState, rope_inv_freq
-        from ..quant import QTensor
         a, w, t, meta = target.args, df.arrays, target.tensors, df.meta
         check_meta(meta, a, df.path)
         self.taps, self.block, self.n_layers = file_taps(meta), int(meta["block_size"]), int(meta["n_layers"])
@@ -92,18 +91,14 @@ class DFlashNet:
         self.emb = t["token_embd.weight"]  # (vocab, d): the block's first row, dequantized per round
         head = t.get("output.weight", self.emb)
         self.hot_ids = np.asarray(w["hot_ids"], np.int64) if hot else None
-        rows = head if self.hot_ids is None else QTensor(head.name, head.qtype, (len(self.hot_ids), head.shape[1]),
-                                                        np.ascontiguousarray(head.data[self.hot_ids]))
-        self.args = dataclasses.replace(a, n_layer=self.n_layers, vocab_size=rows.shape[0], qkv_bias=False,
-                                        qk_norm=False, tied_embeddings=True)
-        self.be = be = _draft_kernels()
         # "q4_1": a file trained quantization-aware for 4-bit matrices (train/dflash_model.py), the head rows
         # too (their Q4_1 copy): ~5.6 MB a round to read instead of ~9.6
         self.weights = meta.get("weights", "q8_0")
+        rows = head_rows(head, self.hot_ids, q4=self.weights == "q4_1")
+        self.args = dataclasses.replace(a, n_layer=self.n_layers, vocab_size=rows.shape[0], qkv_bias=False,
+                                        qk_norm=False, tied_embeddings=True)
+        self.be = be = _draft_kernels()
         quant = _q4 if self.weights == "q4_1" else _q8
-        if self.weights == "q4_1":
-            from ..quant import dequantize
-            rows = _q4(rows.name, np.asarray(dequantize(rows), np.float32).reshape(rows.shape))
         self.head = be.prepare_weight(rows)
         self.norm = np.asarray(w["norm"], np.float32)
 

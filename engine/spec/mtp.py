@@ -133,6 +133,15 @@ def _q4(name: str, w: np.ndarray):
     return QTensor(name, QT.Q4_1, tuple(w.shape), quantize(w, QT.Q4_1))
 
 
+def head_rows(head, hot_ids: np.ndarray | None, q4: bool):
+    """The target head's rows a drafter scores (a QTensor): all of them, or the hot vocabulary's (logit j is
+    token hot_ids[j]); as the target holds them, or (q4) as a Q4_1 copy."""
+    from ..quant import QTensor, dequantize
+    rows = head if hot_ids is None else QTensor(head.name, head.qtype, (len(hot_ids), head.shape[1]),
+                                                np.ascontiguousarray(head.data[hot_ids]))
+    return _q4(rows.name, np.asarray(dequantize(rows), np.float32).reshape(rows.shape)) if q4 else rows
+
+
 def _f32(name: str, v: np.ndarray):
     from gguf import GGMLQuantizationType as QT
 
@@ -159,17 +168,12 @@ class MTPBlock:
 
     def __init__(self, df: DrafterFile, target, capacity: int, hot: bool):
         from ..model import STACKED_ROLES, Model
-        from ..quant import QTensor
         a, w, t = target.args, df.arrays, target.tensors
         self.eps = float(a.rms_eps)
         self.emb = t["token_embd.weight"]  # (vocab, d): rows dequantized per step (a few rows)
         head = t.get("output.weight", self.emb)
         self.hot_ids = np.asarray(w["hot_ids"], np.int64) if hot else None
-        rows = head if self.hot_ids is None else QTensor(head.name, head.qtype, (len(self.hot_ids), head.shape[1]),
-                                                        np.ascontiguousarray(head.data[self.hot_ids]))
-        if self.hot_ids is not None:  # held as Q4_1 (DFlash's hot rows too): 2.9 MB a draft to read, not 5.0
-            from ..quant import dequantize
-            rows = _q4(rows.name, np.asarray(dequantize(rows), np.float32).reshape(rows.shape))
+        rows = head_rows(head, self.hot_ids, q4=self.hot_ids is not None)  # 2.9 MB a draft to read, not 5.0
         margs = dataclasses.replace(a, n_layer=1, vocab_size=rows.shape[0], qkv_bias=False, qk_norm=False,
                                     tied_embeddings=True)
         tensors = {"token_embd.weight": rows, "output_norm.weight": t["output_norm.weight"]}
