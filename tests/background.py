@@ -65,6 +65,16 @@ _queue: list[Job] = []
 _thread: threading.Thread | None = None
 
 
+def _known(job: Job) -> Job:
+    """The job registered under job.key (job itself if none was; call with _lock held). Another command under
+    the same key is an error: its asker would get that job's results (a slow test once got the default cases'
+    verdicts of the same worker script)."""
+    have = _jobs.setdefault(job.key, job)
+    if have.argv != job.argv:
+        raise ValueError(f"background job key {job.key!r} names two commands: {have.argv[2:]} and {job.argv[2:]}")
+    return have
+
+
 def _claim(job: Job) -> bool:
     with _lock:
         if job.started:
@@ -90,8 +100,9 @@ def start(jobs: list[Job]) -> None:
     global _thread
     with _lock:
         for job in jobs:
-            if job.key not in _jobs:
-                _jobs[job.key] = job
+            fresh = job.key not in _jobs
+            _known(job)
+            if fresh:
                 _queue.append(job)
         if _thread is None:
             _thread = threading.Thread(target=_drain, name="background-checks", daemon=True)
@@ -116,7 +127,7 @@ def python_job(key: str, script: str, env: dict, timeout: float = 900, cold_numb
 def result(job: Job) -> subprocess.CompletedProcess:
     """The finished process of `job` (or of the queued job with its key)."""
     with _lock:
-        job = _jobs.setdefault(job.key, job)
+        job = _known(job)
     if _claim(job):
         job.in_test = True
         job.run()
