@@ -19,7 +19,7 @@ import time
 from collections import defaultdict
 
 _test = ["(collection)"]
-_stack: list[list] = []  # [start, name, child seconds]
+_stack: list[list] = []  # [start, name, child seconds, signature]
 _rows: list[dict] = []
 
 
