@@ -42,12 +42,22 @@ CHAT_PROMPTS = ("Write a short story about a robot who learns to paint.",
                 "Explain how a bicycle works, step by step.")
 
 
-VARIANT_FLAGS = ("fixed", "hot", "lookup", "noconf")  # lookup: lookupN for a match of N+ tokens (lookup = 3)
+# lookup: lookupN for a match of N+ tokens (lookup = 3); ldN: its rounds draft up to N or the variant's k (default
+# spec.lookup.LOOKUP_DRAFTS)
+VARIANT_FLAGS = ("fixed", "hot", "lookup", "ld", "noconf")
 
 
 def _flag(f: str) -> str:
-    """A variant flag's name (lookupN -> lookup)."""
-    return "lookup" if f.startswith("lookup") and f[6:].isdigit() else f
+    """A variant flag's name (lookupN -> lookup, ldN -> ld)."""
+    for name in ("lookup", "ld"):
+        if f.startswith(name) and f[len(name):].isdigit():
+            return name
+    return f
+
+
+def _lookup_drafts(flags: frozenset) -> int | None:
+    """The ldN flag's N, None without one."""
+    return next((int(f[2:]) for f in flags if _flag(f) == "ld" and f != "ld"), None)
 
 
 def _lookup(flags: frozenset) -> int:
@@ -59,10 +69,10 @@ def parse_variant(text: str) -> tuple[str, int, frozenset]:
     """'off' | 'ngram:3' (adaptive length, the default) | 'mtp:3:fixed:hot' -> (mode, draft tokens, flags)."""
     mode, k, *flags = text.split(":") + [""]
     flags = frozenset(f for f in flags if f)
-    bad = {f for f in flags if _flag(f) not in VARIANT_FLAGS}
+    bad = {f for f in flags if _flag(f) not in VARIANT_FLAGS or f == "ld"}
     if bad:
         raise SystemExit(f"ninfer-bench speculative: variant {text!r}: unknown option {sorted(bad)[0]!r} "
-                         f"(options: {', '.join(VARIANT_FLAGS)})")
+                         f"(options: {', '.join(VARIANT_FLAGS)}; lookupN, ldN)")
     return mode, int(k or 3), flags
 
 
@@ -78,7 +88,7 @@ def variant_round(engine: Engine, mode: str, k: int, flags: frozenset):
     from ..spec import SpecRound, make_drafter
     drafter = make_drafter(mode, engine.model, engine.model_path, adaptive="fixed" not in flags,
                            lm_head_draft="hot" in flags, lookup=_lookup(flags),
-                           capacity=engine.capacity)
+                           lookup_drafts=_lookup_drafts(flags), capacity=engine.capacity)
     if "noconf" in flags and hasattr(drafter, "gate"):
         drafter.gate = False
     return SpecRound(drafter, k, engine.capacity)

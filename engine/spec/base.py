@@ -100,10 +100,11 @@ def available_modes(model_path: str | None = None) -> dict[str, str | None]:
 
 
 def make_drafter(mode: str, model: Any = None, model_path: str | None = None, *, lookup: int = 0,
-                 **options) -> Drafter | None:
+                 lookup_drafts: int | None = None, **options) -> Drafter | None:
     """The drafter for `mode` (None for "off"); ConfigError with the reason if the mode cannot run here.
     lookup n > 0: a trained drafter (mtp, dflash) drafts second to prompt lookup where the context's last n+
-    tokens occurred before (engine.spec.lookup)."""
+    tokens occurred before (engine.spec.lookup), whose rounds draft up to lookup_drafts (default
+    lookup.LOOKUP_DRAFTS) or the round's k where that is more."""
     reason = unavailable_reason(mode, model_path)
     if reason is not None:
         raise ConfigError(f"--spec {mode}: {reason}; use --spec off or --spec ngram")
@@ -114,6 +115,6 @@ def make_drafter(mode: str, model: Any = None, model_path: str | None = None, *,
         from .adaptive import AdaptiveLength
         if not isinstance(drafter, AdaptiveLength):
             raise ConfigError(f"--spec {mode}: lookup-first drafting needs the adaptive draft length")
-        from .lookup import lookup_first
-        drafter = lookup_first(drafter, model, lookup)
+        from .lookup import LOOKUP_DRAFTS, lookup_first
+        drafter = lookup_first(drafter, model, lookup, LOOKUP_DRAFTS if lookup_drafts is None else lookup_drafts)
     return drafter

@@ -25,13 +25,20 @@ from .ngram import NgramDrafter
 
 MIN_MATCH = 3  # the fewest last tokens of the context whose earlier occurrence drafts (n-gram's n_min)
 MAX_MATCH = 5  # the longest suffix the index looks up (longest first: the most specific continuation)
+# The most drafts a lookup round verifies, whatever the trained drafter's length (--draft-tokens): a text that
+# repeats repeats for long, and a verify row of a sure draft pays where the trained drafter's deeper ones do
+# not. MTP3 (bench/results-spec-mtp.md, "Lookup rounds of up to 7"): count300_en 1.82-2.05x -> 2.29-2.42x,
+# count300_plain_en and held-out chat the same.
+LOOKUP_DRAFTS = 7
 
 
 class LookupFirst:
     """engine.spec.base.Drafter over a trained drafter's adaptive length and an n-gram one's."""
 
-    def __init__(self, drafter: AdaptiveLength, lookup: AdaptiveLength):
+    def __init__(self, drafter: AdaptiveLength, lookup: AdaptiveLength, lookup_drafts: int = 0):
         self.drafter, self.lookup = drafter, lookup
+        self.lookup_drafts = lookup_drafts  # the most drafts a lookup round verifies, if more than the round's k
+        self.drafter_k: int | None = None  # the trained drafter's length (round_length; None: the round's k)
         self.name = drafter.name
         self.features_needed = drafter.features_needed
         self.source: AdaptiveLength | None = None  # which one drafted the round in flight
@@ -55,6 +62,16 @@ class LookupFirst:
         """Whether the round in flight verifies the lookup's drafts (engine.rounds.Round.lookup)."""
         return self.source is self.lookup
 
+    def round_length(self, k: int) -> int:
+        """The most drafts a round may verify, the trained drafter drafting up to k (--draft-tokens) and the lookup
+        up to lookup_drafts where that is more."""
+        self.drafter_k = k
+        return max(k, self.lookup_drafts)
+
+    def _k(self, k: int) -> int:
+        """The trained drafter's length in a round of up to k drafts."""
+        return k if self.drafter_k is None else min(k, self.drafter_k)
+
     def matches(self, context: Sequence[int]) -> bool:
         """Whether the index holds an earlier occurrence of the context's last tokens (min_match or more)."""
         return bool(self.lookup.inner.propose(context, 1))
@@ -64,11 +81,11 @@ class LookupFirst:
         """False where the lookup may draft (a match, and lookup_pays), else the trained drafter's decision; the
         verdict is kept for the round's propose (_ahead)."""
         if context is None:
-            return self.drafter.block_instead(k_max)
+            return self.drafter.block_instead(self._k(k_max))
         matched = self.matches(context)
         pays = matched and self.lookup_pays(k_max)
         self._ahead = ((len(context), k_max), (matched, pays))
-        return False if pays else self.drafter.block_instead(k_max)
+        return False if pays else self.drafter.block_instead(self._k(k_max))
 
     def may_block(self) -> bool:
         return self.drafter.may_block()
@@ -87,7 +104,7 @@ class LookupFirst:
         acceptance history and drafting cost; True until both can price rounds)."""
         if not (self.lookup.rate_known() and self.drafter.rate_known()):
             return True
-        return self.lookup.best_plan(k)[1] >= self.drafter.best_plan(k)[1]
+        return self.lookup.best_plan(k)[1] >= self.drafter.best_plan(self._k(k))[1]
 
     def propose(self, context_tokens: Sequence[int], k: int, features: Features | None) -> list[int]:
         ahead, self._ahead = self._ahead, None
@@ -105,7 +122,7 @@ class LookupFirst:
         if matched and k > 0:  # the lookup's drafts, scored against the reply all the same
             self.lookup.shadow_drafts(self.lookup.inner.propose(context_tokens, k))
         self.source = self.drafter
-        return self.drafter.propose(context_tokens, k, features)
+        return self.drafter.propose(context_tokens, self._k(k), features)
 
     def observe(self, tokens: Sequence[int], features: Features | None) -> None:
         """Both follow the reply; the one whose drafts were verified also learns from the round."""
@@ -114,9 +131,11 @@ class LookupFirst:
         self.source = None
 
 
-def lookup_first(drafter: AdaptiveLength, model=None, min_match: int = MIN_MATCH) -> LookupFirst:
+def lookup_first(drafter: AdaptiveLength, model=None, min_match: int = MIN_MATCH,
+                 drafts: int = LOOKUP_DRAFTS) -> LookupFirst:
     """`drafter` (an adaptive length over a trained drafter) with n-gram drafts first where the context's last
-    min_match+ tokens occurred before; the lookup's length shares the model's verify cost table."""
+    min_match+ tokens occurred before, up to `drafts` a round (or the round's k where that is more); the lookup's
+    length shares the model's verify cost table."""
     from .adaptive import shared_cost_table
     ngram = NgramDrafter(n_min=min_match, n_max=max(min_match, MAX_MATCH))
-    return LookupFirst(drafter, AdaptiveLength(ngram, cost_table=shared_cost_table(model)))
+    return LookupFirst(drafter, AdaptiveLength(ngram, cost_table=shared_cost_table(model)), drafts)

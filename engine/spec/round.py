@@ -106,6 +106,8 @@ class SpecRound:
     def __init__(self, drafter: Drafter, k: int, capacity: int | None = None):
         self.drafter = drafter
         self.k = k  # drafts asked for per round (--draft-tokens; an adaptive drafter may draft fewer)
+        widen = getattr(drafter, "round_length", None)  # lookup first: its rounds may draft more
+        self.k_round = widen(k) if widen is not None else k
         self.capacity = capacity  # the cache's positions: no round drafts past them
         self.capture = tuple(drafter.features_needed)
         self.features: Features | None = None  # of the positions kept last (the prefill's last pass, a round)
@@ -121,12 +123,12 @@ class SpecRound:
     def __call__(self, ctx: RoundContext) -> Round:
         can_block = self._can_block(ctx)
         if can_block and self.drafter.block_instead(
-                clip_drafts(self.k, len(ctx.seq) - 1, ctx.max_tokens, self.capacity), ctx.seq):  # decided ahead
+                clip_drafts(self.k_round, len(ctx.seq) - 1, ctx.max_tokens, self.capacity), ctx.seq):  # decided ahead
             out = self._run_block(ctx)
             if out is not None:
                 rnd, self.features = out
                 return rnd
-        rnd, self.features = spec_round(ctx.model, ctx.cache, ctx.chooser, self.drafter, ctx.seq, self.k,
+        rnd, self.features = spec_round(ctx.model, ctx.cache, ctx.chooser, self.drafter, ctx.seq, self.k_round,
                                         stop_ids=ctx.stop_ids, max_tokens=ctx.max_tokens,
                                         capacity=self.capacity, features=self.features,
                                         no_drafts=(lambda: self._run_block(ctx))

@@ -515,6 +515,12 @@ def test_speculative_variants_and_heldout_workloads(tmp_path):
     assert sb.variant_name(mode, k, flags) == "mtp:5:fixed:hot"
     with pytest.raises(SystemExit, match="unknown option 'fast'"):
         sb.parse_variant("mtp:3:fast")
+    mode, k, flags = sb.parse_variant("mtp:3:ld3:lookup4:hot")  # lookup from 4 matched tokens, 3 drafts a round
+    assert sb.variant_name(mode, k, flags) == "mtp:3:hot:lookup4:ld3"
+    assert (sb._lookup(flags), sb._lookup_drafts(flags)) == (4, 3)
+    assert sb._lookup_drafts(sb.parse_variant("mtp:3:lookup")[2]) is None  # spec.lookup.LOOKUP_DRAFTS
+    with pytest.raises(SystemExit, match="unknown option 'ld'"):
+        sb.parse_variant("mtp:3:lookup:ld")
     held = tmp_path / "heldout.json"
     held.write_text(json.dumps([[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]]))
     work = sb.load_workloads([], [], str(held), 1)

@@ -6,7 +6,8 @@ import pytest
 from test_spec_unit import FakeChooser, FakeModel, ListDrafter, SimClock, plain_decode, spec_decode
 
 from engine.spec.adaptive import AdaptiveLength
-from engine.spec.lookup import LookupFirst, lookup_first
+from engine.spec.lookup import LOOKUP_DRAFTS, LookupFirst, lookup_first
+from engine.spec.round import SpecRound
 from engine.spec.ngram import NgramDrafter
 
 PROMPT = [1, 2, 3]
@@ -20,18 +21,20 @@ class Recording(ListDrafter):
     def __init__(self, script, **kw):
         super().__init__(script, **kw)
         self.proposed: list[int] = []  # context lengths it was asked to draft at
+        self.asked: list[int] = []  # the k it was asked for
 
     def propose(self, context, k, features):
         self.proposed.append(len(context))
+        self.asked.append(k)
         return super().propose(context, k, features)
 
 
-def _pair(script, corrupt, clock, costs=None):
+def _pair(script, corrupt, clock, costs=None, lookup_drafts=0):
     inner = Recording(script, corrupt=corrupt, seed=1)
     table = dict(costs or {})
     drafter = AdaptiveLength(inner, clock=clock, cost_table=table)
     lookup = AdaptiveLength(NgramDrafter(n_min=3, n_max=5), clock=clock, cost_table=table)
-    return inner, LookupFirst(drafter, lookup)
+    return inner, LookupFirst(drafter, lookup, lookup_drafts)
 
 
 @pytest.mark.parametrize("corrupt", [0.0, 0.7])
@@ -126,3 +129,29 @@ def test_propose_takes_block_instead_s_verdict():
     hy.observe([7, 8], None)
     hy.propose([5, 6, 7, 8, 9, 5, 6, 7, 8, 9], 4, None)  # no verdict for this context: judged here
     assert priced.count(hy.drafter) > n_priced
+
+
+@pytest.mark.parametrize("corrupt", [0.0, 0.7])
+def test_lookup_rounds_draft_past_the_trained_drafters_length(corrupt):
+    """With lookup_drafts 7 and --draft-tokens 3, SpecRound's bound is 7: lookup rounds on a repeating text verify
+    more than 3 drafts, the trained drafter is never asked for more than 3, and the reply is plain decode's."""
+    sim = SimClock(FakeModel(noise=0.2), base=10.0, slope=1.0)
+    want = plain_decode(sim, PROMPT, FakeChooser(), 120)
+    inner, hy = _pair(PROMPT + want, corrupt, sim, lookup_drafts=7)
+    k = SpecRound(hy, 3).k_round
+    assert k == 7 and hy.drafter_k == 3
+    got, rounds = spec_decode(sim, PROMPT, FakeChooser(), 120, hy, k)
+    assert got == want
+    lookup_rounds = [r for r in rounds if r.lookup]
+    assert max(r.drafted for r in lookup_rounds) > 3 and max(r.drafted for r in rounds) <= 7
+    assert inner.asked and max(inner.asked) <= 3
+    assert max(r.drafted for r in rounds if not r.lookup) <= 3
+
+
+def test_the_round_bound_is_k_without_a_wider_lookup():
+    """A drafter without round_length, or a lookup no wider than k, leaves SpecRound's bound at k."""
+    clock = SimClock(FakeModel(), base=10.0, slope=1.0)
+    assert SpecRound(ListDrafter([]), 3).k_round == 3
+    assert SpecRound(_pair([], 0.0, clock, lookup_drafts=0)[1], 5).k_round == 5
+    assert SpecRound(_pair([], 0.0, clock, lookup_drafts=7)[1], 9).k_round == 9
+    assert lookup_first(AdaptiveLength(NgramDrafter(), cost_table={})).lookup_drafts == LOOKUP_DRAFTS
