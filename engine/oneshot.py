@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--transport", choices=("auto", "p2p", "mapped"), help="--tp all-reduce path")
     g.add_argument("--spec", choices=SPEC_MODES)
     g.add_argument("--draft-tokens", type=int, help="tokens a drafter proposes per round (needs a --spec mode; a "
-                   "prompt-lookup round of mtp / dflash: up to 7, or N where N is more)")
+                   "prompt-lookup round of mtp / dflash: up to 15)")
     g.add_argument("--lm-head-draft", action="store_true",
                    help="draft through the trained drafter's hot-vocabulary head (cheaper drafts; the target "
                         "still verifies over the full vocabulary); needs --spec mtp or dflash")

@@ -25,11 +25,12 @@ from .ngram import NgramDrafter
 
 MIN_MATCH = 3  # the fewest last tokens of the context whose earlier occurrence drafts (n-gram's n_min)
 MAX_MATCH = 5  # the longest suffix the index looks up (longest first: the most specific continuation)
-# The most drafts a lookup round verifies, whatever the trained drafter's length (--draft-tokens): a text that
-# repeats repeats for long, and a verify row of a sure draft pays where the trained drafter's deeper ones do
-# not. MTP3 (bench/results-spec-mtp.md, "Lookup rounds of up to 7"): count300_en 1.82-2.05x -> 2.29-2.42x,
-# count300_plain_en and held-out chat the same.
-LOOKUP_DRAFTS = 7
+# The most drafts a lookup round verifies, whatever the trained drafter's length (--draft-tokens; 15 is also its
+# ceiling): a text that repeats repeats for long, and a verify row of a sure draft pays where the trained
+# drafter's deeper ones do not. Its adaptive length plans each round's drafts on the measured verify costs.
+# bench/results-spec-mtp.md, "Lookup rounds of up to 7, then 15": count300_en MTP3 1.76-1.85x (3) -> 2.00-2.42x
+# (7) -> 2.56-2.81x (15), DFlash7 2.24-2.62x -> 2.52-2.99x; count300_plain_en and held-out chat the same.
+LOOKUP_DRAFTS = 15
 
 
 class LookupFirst:
