@@ -101,7 +101,8 @@ class Runner(Protocol):
     forward: `tokens (T,) int32, pos0, cache -> logits (T or 1, vocab) f32` (engine.model.Model.forward's
     contract); decode_block: up to n tokens chosen and forwarded in one call, or None where the runner
     cannot (the reply loop then runs single forwards; with capture, it also sets captured to the passes'
-    hidden rows of those layers, or returns None where it cannot); captured: layer -> (T, d) host copies
+    hidden rows of those layers, or returns None where it cannot; triggers: engine.triggers.context_keys of the
+    context, where the block may also end early, or None); captured: layer -> (T, d) host copies
     of the last forward's (or decode block's) captured hidden states."""
 
     args: object
@@ -111,7 +112,7 @@ class Runner(Protocol):
                 capture: tuple[int, ...] = ()) -> np.ndarray: ...
 
     def decode_block(self, token: int, pos0: int, cache, n: int, stop_ids: frozenset,
-                     choice=None, capture: tuple[int, ...] = ()) -> list[int] | None: ...
+                     choice=None, capture: tuple[int, ...] = (), triggers=None) -> list[int] | None: ...
 
     def new_cache(self, capacity: int, kv_dtype: str = "f16"): ...
 
@@ -140,5 +141,5 @@ class OverModel:
         return self.model.new_cache(capacity, kv_dtype)
 
     def decode_block(self, token: int, pos0: int, cache, n: int, stop_ids: frozenset,
-                     choice=None, capture: tuple[int, ...] = ()) -> list[int] | None:
+                     choice=None, capture: tuple[int, ...] = (), triggers=None) -> list[int] | None:
         return None

@@ -136,7 +136,7 @@ class Model:
         self._pass = (0, 0, None)  # (T, pos0, cache) of the pass being walked
 
     def decode_block(self, token: int, pos0: int, cache: KVCache, n: int, stop_ids: frozenset,
-                     choice=None, capture: tuple[int, ...] = ()) -> list[int] | None:
+                     choice=None, capture: tuple[int, ...] = (), triggers=None) -> list[int] | None:
         """None: the plain runner chooses no tokens itself (the reply loop runs single forwards)."""
         return None
 

@@ -111,7 +111,7 @@ def _kernel_sources() -> str:
     callee in another module does; a jitted function that inlines kernels from backends/cpu/fast.py would otherwise
     keep running the old callee code (seen: an out-of-bounds write after a layout change). sampling_fast.py
     counts as a kernel: the fused step's decode blocks call its sampling chain. The fused step compiles in
-    forward.py's phase list as constants: the list (not the file) counts too."""
+    forward.py's phase list and triggers.py's GRAM_BITS as constants: those (not the files) count too."""
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
     kernels = [f for f in sorted((here / "backends" / "cpu").glob("*.py")) if f.name not in NOT_JITTED]
@@ -121,7 +121,8 @@ def _kernel_sources() -> str:
         except OSError:
             pass
     from .forward import LAYER_PHASES
-    h.update(repr(LAYER_PHASES).encode())
+    from .triggers import GRAM_BITS
+    h.update(repr((LAYER_PHASES, GRAM_BITS)).encode())
     return h.hexdigest()[:16]
 
 

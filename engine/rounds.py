@@ -107,18 +107,20 @@ def plain_round(ctx: RoundContext) -> Round:
     return Round([tok], verify_ms=(time.perf_counter() - t0) * 1e3)
 
 
-def decode_block(ctx: RoundContext, capture: tuple[int, ...] = ()) -> list[int] | None:
+def decode_block(ctx: RoundContext, capture: tuple[int, ...] = (), triggers=None) -> list[int] | None:
     """Up to block_size() tokens after seq[-1] in one model call (Model.decode_block), each taken by the
     chooser, or None / [] where the chooser cannot hand its choice over, there is room for one token only,
     the model cannot block (not yet) or nothing was taken (the caller then runs a one-token pass). A stop token
     the chooser gives back leaves the cache one position shorter. capture: as decode_block's (the passes'
-    hidden rows in ctx.model.captured). plain_round's block, and a speculative round's without drafts."""
+    hidden rows in ctx.model.captured); triggers: where the block may also end early (engine.triggers). plain_round's
+    block, and a speculative round's without drafts."""
     n = ctx.chooser.block_room(min(ctx.max_tokens, block_size()))
     block = getattr(ctx.model, "decode_block", None) if n > 1 else None
     choice = ctx.chooser.block(n) if block is not None else None
     if choice is None:
         return None
-    toks = block(ctx.seq[-1], len(ctx.seq) - 1, ctx.cache, n, ctx.stop_ids, choice, capture=capture) or []  # None: not yet
+    toks = block(ctx.seq[-1], len(ctx.seq) - 1, ctx.cache, n, ctx.stop_ids, choice, capture=capture,
+                 triggers=triggers) or []  # None: not yet
     taken = ctx.chooser.accepted(toks)  # [] for none: rewinds the generator, nothing taken
     if len(taken) < len(toks):  # a stop token given back: its position is chosen again
         ctx.cache.truncate(ctx.cache.length - (len(toks) - len(taken)))

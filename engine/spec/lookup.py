@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..triggers import context_keys
 from .adaptive import AdaptiveLength
 from .base import Features
 from .ngram import NgramDrafter
@@ -40,6 +41,7 @@ class LookupFirst:
         self.drafter, self.lookup = drafter, lookup
         self.lookup_drafts = lookup_drafts  # the most drafts a lookup round verifies, if more than the round's k
         self.drafter_k: int | None = None  # the trained drafter's length (round_length; None: the round's k)
+        self.triggers = True  # decode blocks end where the lookup would draft (block_triggers; False: A-B runs)
         self.name = drafter.name
         self.features_needed = drafter.features_needed
         self.source: AdaptiveLength | None = None  # which one drafted the round in flight
@@ -87,6 +89,15 @@ class LookupFirst:
         pays = matched and self.lookup_pays(k_max)
         self._ahead = ((len(context), k_max), (matched, pays))
         return False if pays else self.drafter.block_instead(self._k(k_max))
+
+    def block_triggers(self, context: Sequence[int]):
+        """Where a decode block in place of a round should end early (engine.triggers): after three tokens that
+        occurred before in the context, where the next round may draft by lookup. None where the lookup does
+        not draft from three matched tokens (min_match 3), or where its rounds do not pay (lookup_pays)."""
+        if not self.triggers or self.lookup.inner.n_min != 3 or \
+                not self.lookup_pays(max(self.drafter_k or 1, self.lookup_drafts)):
+            return None
+        return context_keys(context)
 
     def may_block(self) -> bool:
         return self.drafter.may_block()

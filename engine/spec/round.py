@@ -147,7 +147,8 @@ class SpecRound:
         or None where the chooser cannot hand its choice over, there is room for one token only, or the block
         chose nothing (the round then verifies one token)."""
         t0 = time.perf_counter()
-        taken = decode_block(ctx, self.capture)  # rounds.plain_round's block, with the hidden rows
+        keys = getattr(self.drafter, "block_triggers", None)  # lookup first: end the block where the text repeats
+        taken = decode_block(ctx, self.capture, keys(ctx.seq) if keys is not None else None)  # with the hidden rows
         if not taken:
             return None
         feats = None

@@ -222,6 +222,33 @@ def test_greedy_block_chooses_what_single_steps_choose(q4_tiny):
     assert c2.length == c1.length == len(toks) + len(got)
 
 
+def test_a_block_ends_after_a_trigger(q4_tiny):
+    """triggers (engine.triggers): the block ends after the first token whose last three tokens (the context's
+    last-but-one and last tokens counting) pack to a key, with the tokens, KV rows and cache length of single
+    steps; keys of other tokens do not end it."""
+    from engine.backends.cpu.step import BLOCK
+    from engine.triggers import gram_key
+    model, ff = fast_model(q4_tiny)
+    toks = np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32)
+    c1, c2 = model.new_cache(64), model.new_cache(64)
+    first = int(np.argmax(model.forward(toks, 0, c1)[0]))
+    model.forward(toks, 0, c2)
+    want = _single_steps(model, first, len(toks), c1, BLOCK, frozenset())
+    seq = [int(toks[-1]), first, *want]  # the block's three-token windows: seq[i:i + 3] ends at want[i]
+    for end in (0, 3):
+        hit = gram_key(*seq[end:end + 3])
+        miss = gram_key(10**5, 10**5 + 1, 10**5 + 2)
+        keys = np.array(sorted({hit, miss}), np.int64)
+        cut = next(i for i in range(BLOCK) if gram_key(*seq[i:i + 3]) == hit)  # (an earlier window may match)
+        c2.truncate(len(toks))
+        got = model.decode_block(first, len(toks), c2, BLOCK, frozenset(), triggers=(keys, int(toks[-1])))
+        assert got == want[:cut + 1] and c2.length == len(toks) + len(got)
+        np.testing.assert_array_equal(c2.k[:, :c2.length], c1.k[:, :c2.length])
+    c2.truncate(len(toks))
+    keys = np.array([gram_key(10**5, 10**5 + 1, 10**5 + 2)], np.int64)
+    assert model.decode_block(first, len(toks), c2, BLOCK, frozenset(), triggers=(keys, -1)) == want
+
+
 def test_block_hands_out_each_pass_hidden_row(q4_tiny):
     """decode_block(capture=(last layer,)) sets captured to each pass's last hidden row: the rows single
     forwards with capture give for the same tokens, bit for bit (a speculative round that falls back to a

@@ -155,3 +155,21 @@ def test_the_round_bound_is_k_without_a_wider_lookup():
     assert SpecRound(_pair([], 0.0, clock, lookup_drafts=0)[1], 5).k_round == 5
     assert SpecRound(_pair([], 0.0, clock, lookup_drafts=7)[1], 9).k_round == 9
     assert lookup_first(AdaptiveLength(NgramDrafter(), cost_table={})).lookup_drafts == LOOKUP_DRAFTS
+
+
+def test_blocks_end_where_the_lookup_would_draft_while_it_pays():
+    """block_triggers: the context's keys (engine.triggers) while the lookup's rounds pay; None once the trained
+    drafter's rounds promise more, or where the lookup matches other than three tokens."""
+    from engine.triggers import context_keys
+    clock = SimClock(FakeModel(), base=10.0, slope=1.0)
+    inner, hy = _pair(list(range(100)), 0.0, clock, {1: 10.0, 2: 10.5, 4: 11.5, 8: 13.0}, lookup_drafts=7)
+    hy.round_length(3)
+    ctx = [5, 6, 7, 8, 9, 5, 6, 7]
+    keys, prev = hy.block_triggers(ctx)
+    want = context_keys(ctx)
+    assert keys.tolist() == want[0].tolist() and prev == want[1] == 6
+    for a, acc in ((hy.drafter, 0.95), (hy.lookup, 0.05)):
+        a.tries, a.hits = [100.0] * 8, [100.0 * acc] * 8
+    assert not hy.lookup_pays(7) and hy.block_triggers(ctx) is None
+    two = LookupFirst(hy.drafter, AdaptiveLength(NgramDrafter(n_min=2, n_max=5), cost_table={}))
+    assert two.block_triggers(ctx) is None

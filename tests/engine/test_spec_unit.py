@@ -624,8 +624,9 @@ class _BlockModel:
     def __init__(self):
         self.captured, self.blocks = {}, []
 
-    def decode_block(self, token, pos0, cache, n, stop_ids, choice, capture=()):
+    def decode_block(self, token, pos0, cache, n, stop_ids, choice, capture=(), triggers=None):
         self.blocks.append((token, pos0, n, capture))
+        self.triggers = triggers
         cache.length = pos0 + n
         self.captured = {layer: np.full((n, 4), float(layer)) for layer in capture}
         return list(range(10, 10 + n))
@@ -885,3 +886,24 @@ def test_a_round_drafted_to_max_is_priced_at_what_such_rounds_cost():
     plain = planner(SureDrafter(PROMPT + list(range(40)), [0.9] * 8))  # no stop_below: drafts what it plans
     plain.to_max_ms = 1.8
     assert plain.round_draft_cost(1, 3) == pytest.approx(0.7) and plain.choose_k(3) == 1
+
+
+def test_a_block_in_place_of_a_round_gets_the_drafters_triggers():
+    """SpecRound's decode block ends where the drafter's block_triggers say (a lookup-first drafter: where the
+    text repeats); a drafter without them gives the block none."""
+    from engine.rounds import RoundContext
+    from engine.spec.round import SpecRound
+
+    class Cache:
+        length = 3
+
+        def truncate(self, n):
+            self.length = n
+
+    class Triggering(_NoDrafts):
+        def block_triggers(self, context):
+            return ("keys of", list(context))
+    for drafter, want in ((_NoDrafts(True), None), (Triggering(True), ("keys of", [1, 2, 3]))):
+        model = _BlockModel()
+        SpecRound(drafter, 3)(RoundContext(model, Cache(), [1, 2, 3], _BlockChooser(), 20, frozenset(), 2))
+        assert model.blocks and model.triggers == want

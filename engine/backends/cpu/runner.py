@@ -41,10 +41,11 @@ class CpuRunner(OverModel):
         return logits
 
     def decode_block(self, token: int, pos0: int, cache, n: int, stop_ids: frozenset,
-                     choice=None, capture: tuple[int, ...] = ()) -> list[int] | None:
+                     choice=None, capture: tuple[int, ...] = (), triggers=None) -> list[int] | None:
         """Up to n tokens after `token` (forwarded at pos0) in one call (step.FusedForward.block): each
         chosen from the previous one's logits by `choice` (TokenChooser.block; None: the argmax) and
-        forwarded next, as n forward + choose rounds would; stops after a token in stop_ids (returned last).
+        forwarded next, as n forward + choose rounds would; stops after a token in stop_ids (returned last), or
+        where the last three tokens are one of `triggers` (engine.triggers.context_keys; the same tokens either way).
         The cache then holds pos0 + len(result). capture: (n_layer - 1,) also sets captured to the passes'
         last hidden rows (len(result), d), as forward over [token, result[:-1]] would. None when the step
         cannot, or not yet (the tiered start's first steps), or for any other layer: the caller runs single
@@ -54,7 +55,7 @@ class CpuRunner(OverModel):
             return None
         check_forward_args([token], pos0, cache, self.args.vocab_size)
         cache.check_room(pos0 + n)
-        out = self.step.block(int(token), pos0, cache, n, stop_ids, choice)
+        out = self.step.block(int(token), pos0, cache, n, stop_ids, choice, triggers)
         if out is not None and capture:
             fused = getattr(self.step, "ff", self.step)  # a TieredForward runs over its FusedForward's buffers
             self.model.captured = {last: fused.block_hidden(len(out)).copy()}

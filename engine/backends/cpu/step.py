@@ -37,6 +37,7 @@ from .attn import SPLITS, store_f16
 from .avx2 import XS
 from .fast import quantize_rows, swiglu as swiglu_fast  # noqa: F401  (tier, probes: the step's name)
 from ...sampling_fast import argmax_choice, block_choice
+from ...triggers import GRAM_BITS
 from .guard import ContentionGuard
 from .step_mm import AHEAD, _embed, _n_layers, _head_ahead, _head_groups, _head_phase, _mm_ahead, _mm_phase
 from .step_weights import layout, plain, role_stacks as _role_stacks, role_tables, table  # noqa: F401  (tests)
@@ -407,19 +408,31 @@ def _passes(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, rope_
             open_phase(sync, ph)
         _wait_next(sync, ph, tid, nt, np.int64(DOWN), np.int64(-1), wq, wk, wv, wo, wg, wu, wd, head, kv, pos0,
                    np.int64(1))
-        if _ends(chain[s + 1], stops):
+        if _ends(chain, s, stops):
             return
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _ends(token, stops):
-    """A block ends after this token: a stop token, or -1 (no token could be chosen)."""
+def _ends(chain, s, stops):
+    """A block ends after its token chain[s + 1]: -1 (no token could be chosen), a stop token, or a trigger: the
+    last three tokens, chain[s - 1], chain[s], chain[s + 1] (chain[-1] being stops' prev), pack (gram_key) to one
+    of the sorted keys (where a prompt-lookup drafter would match them: engine.spec.lookup.block_triggers).
+    stops = (stop ids (S,) int32, trigger keys (G,) int64 sorted, prev int64: the token before chain[0], or -1)."""
+    ids, keys, prev = stops
+    token = chain[s + 1]
     if token < 0:
         return True
-    for i in range(stops.shape[0]):
-        if stops[i] == token:
+    for i in range(ids.shape[0]):
+        if ids[i] == token:
             return True
-    return False
+    if keys.shape[0] == 0:
+        return False
+    a = np.int64(chain[s - 1]) if s > 0 else prev
+    if a < 0:
+        return False
+    key = (a << np.int64(2 * GRAM_BITS)) | (np.int64(chain[s]) << np.int64(GRAM_BITS)) | np.int64(token)
+    i = np.searchsorted(keys, key)
+    return i < keys.shape[0] and keys[i] == key
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -442,11 +455,12 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
     nt = the caller's numba.get_num_threads() (called in here, it would keep numba from caching this
     function). Writes logits rows for the last `rows_out` positions into bufs[13][:rows_out].
 
-    chain (n + 1,) int32, stops (S,) int32, choice (a sampling_fast.BlockChoice as a plain tuple): with n = 0,
+    chain (n + 1,) int32, stops (_ends: stop ids, trigger keys, prev), choice (a sampling_fast.BlockChoice as a
+    plain tuple): with n = 0,
     the one pass above (chain and choice unused). With n > 0, a decode block (tokens unused): chain[0] is
     forwarded at pos0, the token chosen from its logits (the argmax, np.argmax's choice, or a sampled one:
-    _choose) becomes chain[1] and is forwarded at pos0 + 1, and so on, until n tokens are chosen or one is in stops
-    (or is -1: nothing could be chosen). Returns the number of tokens chosen (0 for a plain pass): that
+    _choose) becomes chain[1] and is forwarded at pos0 + 1, and so on, until n tokens are chosen or one ends the
+    block (_ends: a stop token, -1 when nothing could be chosen, or a trigger). Returns the number of tokens chosen (0 for a plain pass): that
     many positions from pos0 now hold KV rows, the last chosen token's not yet. One call for n tokens saves
     n - 1 calls into numba (~140 us each after a step's weight stream) and the Python of n - 1 rounds
     (logits copy, choice)."""
@@ -461,7 +475,7 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
         _passes(np.int64(tid), nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk, wv, wo, wg,
                 wu, wd, bias, qk_norm, kv, attn_scr, chain, stops, choice)
     for s in range(n):
-        if _ends(chain[s + 1], stops):
+        if _ends(chain, s, stops):
             return s + 1
     return n
 
@@ -517,6 +531,7 @@ class FusedForward:
                              numba.config.NUMBA_NUM_THREADS)
         self.chain = np.zeros(BLOCK + 1, np.int32)  # a decode block's tokens (fused_forward)
         self._stops = (frozenset(), np.zeros(0, np.int32))  # the last stop set and its array
+        self._no_keys = np.zeros(0, np.int64)  # a block without triggers
         self.argmax = tuple(argmax_choice())  # a block's choice when the caller gives none (plain argmax)
         self._alloc(max(BLOCK + 1, model.state.max_t), 1)  # x has a row per pass of a block (_passes)
 
@@ -576,7 +591,8 @@ class FusedForward:
         return (tokens, pos0, rows_out, self.bufs, self.emb, self.head, self.norms, self.rope,
                 *(r[name] for name in _ROLES), self.bias, self.qk_norm, kv, scratch,
                 self.sync, nt, self.chain[:1] if chain is None else chain,
-                self._stops[1] if stops is None else stops, self.argmax if choice is None else tuple(choice))
+                (self._stops[1], self._no_keys, np.int64(-1)) if stops is None else stops,
+                self.argmax if choice is None else tuple(choice))
 
     def run(self, tokens: np.ndarray, pos0: int, cache, rows_out: int) -> np.ndarray:
         """The jitted step only (no checks, no copy): logits (rows_out, vocab) view of the internal buffer."""
@@ -584,18 +600,21 @@ class FusedForward:
             fused_forward(*self.call_args(tokens, pos0, rows_out, kv, scratch, numba.get_num_threads()))
         return self.guarded(tokens.shape[0], pos0, cache, rows_out, step)
 
-    def block(self, token: int, pos0: int, cache, n: int, stop_ids, choice=None) -> list[int]:
+    def block(self, token: int, pos0: int, cache, n: int, stop_ids, choice=None, triggers=None) -> list[int]:
         """Up to n (<= BLOCK) tokens after `token` at pos0 in one call (fused_forward's block), each chosen
         from the previous pass's logits by `choice` (a BlockChoice; None: the argmax) and
-        forwarded next; stops after a token in stop_ids (returned last) or -1 (nothing to choose). The cache
-        then holds pos0 + len(result) positions. A probe of the contention guard runs one."""
+        forwarded next; stops after a token in stop_ids (returned last), -1 (nothing to choose), or where the
+        last three tokens pack to one of `triggers` = (sorted keys (G,) int64, the token before `token`) (_ends).
+        The cache then holds pos0 + len(result) positions. A probe of the contention guard runs one."""
         n = max(1, min(n, BLOCK, self.guard.block_limit()))
         if self._stops[0] != stop_ids:
             self._stops = (stop_ids, np.array(sorted(stop_ids), np.int32))
+        keys, prev = triggers if triggers is not None else (self._no_keys, -1)
+        stops = (self._stops[1], keys, np.int64(prev))
         chain = self.chain[:n + 1]
         chain[0] = token
         self.guarded(1, pos0, cache, 1, lambda kv, scratch: fused_forward(
-            *self.call_args(chain[:1], pos0, 1, kv, scratch, numba.get_num_threads(), chain, choice=choice)))
+            *self.call_args(chain[:1], pos0, 1, kv, scratch, numba.get_num_threads(), chain, stops, choice)))
         return chain[1:cache.length - pos0 + 1].tolist()  # guarded set the length: pos0 + tokens chosen
 
     def guarded(self, t_n: int, pos0: int, cache, rows_out: int, step) -> np.ndarray:

@@ -369,11 +369,11 @@ class TieredForward:
         return ff.guarded(tokens.shape[0], pos0, cache, rows_out,
                           lambda kv, scratch: self.leaf.forward(tokens, pos0, kv, rows_out, scratch, cache))
 
-    def block(self, token: int, pos0: int, cache, n: int, stop_ids, choice=None) -> list[int] | None:
+    def block(self, token: int, pos0: int, cache, n: int, stop_ids, choice=None, triggers=None) -> list[int] | None:
         """FusedForward.block once the fused step is in use; None before (the caller runs single steps)."""
         if not self._fused():
             return None
-        out = self.ff.block(token, pos0, cache, n, stop_ids, choice)
+        out = self.ff.block(token, pos0, cache, n, stop_ids, choice, triggers)
         self.steps["fused"] += len(out)
         return out
 

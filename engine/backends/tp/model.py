@@ -262,7 +262,7 @@ class TPModel:
         return walk(self, tokens, pos0, cache, tokens.shape[0] if all_logits else 1, capture)
 
     def decode_block(self, token: int, pos0: int, cache, n: int, stop_ids: frozenset, choice=None,
-                     capture: tuple[int, ...] = ()):
+                     capture: tuple[int, ...] = (), triggers=None):
         """None: the ranks choose no tokens themselves (the reply loop runs single forwards)."""
         return None
 
