@@ -460,10 +460,10 @@ def fused_forward(tokens, pos0, rows_out, bufs, emb, head, norms, rope_p, wq, wk
     the one pass above (chain and choice unused). With n > 0, a decode block (tokens unused): chain[0] is
     forwarded at pos0, the token chosen from its logits (the argmax, np.argmax's choice, or a sampled one:
     _choose) becomes chain[1] and is forwarded at pos0 + 1, and so on, until n tokens are chosen or one ends the
-    block (_ends: a stop token, -1 when nothing could be chosen, or a trigger). Returns the number of tokens chosen (0 for a plain pass): that
-    many positions from pos0 now hold KV rows, the last chosen token's not yet. One call for n tokens saves
-    n - 1 calls into numba (~140 us each after a step's weight stream) and the Python of n - 1 rounds
-    (logits copy, choice)."""
+    block (_ends: a stop token, -1 when nothing could be chosen, or a trigger). Returns the number of tokens
+    chosen (0 for a plain pass): that many positions from pos0 now hold KV rows, the last chosen token's not yet.
+    One call for n tokens saves n - 1 calls into numba (~140 us each after a step's weight stream) and the Python
+    of n - 1 rounds (logits copy, choice)."""
     n = chain.shape[0] - 1
     reset_rows(sync, max(n, 1) * (n_phases(norms[0].shape[0], n == 0 and _split_tails(tokens.shape[0])) + 1))
     # One signature for _step_thread (compiled once, ~50-65 s on this machine): prange's index is uint64 in the
