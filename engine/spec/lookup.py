@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..triggers import context_keys
+from ..triggers import ContextKeys
 from .adaptive import AdaptiveLength
 from .base import Features
 from .ngram import NgramDrafter
@@ -42,6 +42,7 @@ class LookupFirst:
         self.lookup_drafts = lookup_drafts  # the most drafts a lookup round verifies, if more than the round's k
         self.drafter_k: int | None = None  # the trained drafter's length (round_length; None: the round's k)
         self.triggers = True  # decode blocks end where the lookup would draft (block_triggers; False: A-B runs)
+        self._keys = ContextKeys()  # the reply's three-token keys, kept as it grows
         self.name = drafter.name
         self.features_needed = drafter.features_needed
         self.source: AdaptiveLength | None = None  # which one drafted the round in flight
@@ -52,6 +53,7 @@ class LookupFirst:
     def reset(self) -> None:
         self.drafter.reset()
         self.lookup.reset()
+        self._keys.reset()
         self.source = None
         self._ahead = None
 
@@ -97,7 +99,7 @@ class LookupFirst:
         if not self.triggers or self.lookup.inner.n_min != 3 or \
                 not self.lookup_pays(max(self.drafter_k or 1, self.lookup_drafts)):
             return None
-        return context_keys(context)
+        return self._keys(context)
 
     def may_block(self) -> bool:
         return self.drafter.may_block()

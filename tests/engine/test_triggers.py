@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.spec.ngram import NgramDrafter
-from engine.triggers import GRAM_BITS, context_keys, gram_key
+from engine.triggers import GRAM_BITS, ContextKeys, context_keys, gram_key
 
 
 def test_context_keys_are_every_three_consecutive_tokens():
@@ -32,3 +32,20 @@ def test_no_keys_for_a_short_context_or_an_id_that_does_not_fit():
     assert context_keys([1, 2]) is None
     assert context_keys([1, 2, 1 << GRAM_BITS]) is None
     assert context_keys([1, -1, 2]) is None
+
+
+def test_kept_keys_equal_the_context_keys_as_a_reply_grows():
+    """ContextKeys merged block by block equals context_keys of the whole context at every step; a context
+    that does not continue the last one (another reply) starts over."""
+    rng = np.random.default_rng(2)
+    seq = rng.integers(0, 8, 400).tolist()
+    kept = ContextKeys()
+    n = 1
+    while n < len(seq):
+        got, want = kept(seq[:n]), context_keys(seq[:n])
+        assert (got is None) == (want is None)
+        if got is not None:
+            assert got[0].tolist() == want[0].tolist() and got[1] == want[1]
+        n += int(rng.integers(1, 9))
+    other = rng.integers(8, 16, 50).tolist()
+    assert kept(other)[0].tolist() == context_keys(other)[0].tolist()
