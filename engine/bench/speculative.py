@@ -44,7 +44,7 @@ CHAT_PROMPTS = ("Write a short story about a robot who learns to paint.",
 
 # lookup: lookupN for a match of N+ tokens (lookup = 3); ldN: its rounds draft up to N or the variant's k (default
 # spec.lookup.LOOKUP_DRAFTS)
-VARIANT_FLAGS = ("fixed", "hot", "lookup", "ld", "noconf", "notrig")
+VARIANT_FLAGS = ("fixed", "hot", "lookup", "ld", "noconf", "notrig", "onelen")
 
 
 def _flag(f: str) -> str:
@@ -85,7 +85,8 @@ def variant_round(engine: Engine, mode: str, k: int, flags: frozenset):
     """The round function of a variant: the SpecRound users get, with the variant's drafter options (fixed:
     always up to k drafts, no adaptive length; hot: the MTP hot-vocabulary head; lookup: n-gram drafts first
     where they match; noconf: the adaptive length without the confidence cut; notrig: lookup first's decode blocks
-    without triggers, engine.triggers)."""
+    without triggers, engine.triggers; onelen: one lookup length for the rounds that start a copy and those that
+    go on with one)."""
     from ..spec import SpecRound, make_drafter
     drafter = make_drafter(mode, engine.model, engine.model_path, adaptive="fixed" not in flags,
                            lm_head_draft="hot" in flags, lookup=_lookup(flags),
@@ -94,6 +95,8 @@ def variant_round(engine: Engine, mode: str, k: int, flags: frozenset):
         drafter.gate = False
     if "notrig" in flags and hasattr(drafter, "triggers"):  # lookup first's decode blocks run to their end
         drafter.triggers = False
+    if "onelen" in flags and hasattr(drafter, "fresh"):  # one lookup length for fresh and going-on rounds
+        drafter.fresh = drafter.lookup
     return SpecRound(drafter, k, engine.capacity)
 
 

@@ -13,7 +13,9 @@ plans drafts, the round verifies the lookup's drafts; otherwise it is the traine
 alone (its drafts, or a decode block where it plans none), and the lookup's drafts, not verified, are scored
 against the reply all the same (`AdaptiveLength.shadow_drafts`), so its history follows the text. Both see
 every fed position (`observe`), so the trained drafter's state (MTP's pairs, DFlash's context rows) follows
-rounds it did not draft.
+rounds it did not draft. The lookup keeps two lengths: one for rounds that start a copy (`fresh`) and one for
+rounds that go on with one (after a lookup round that kept a draft). A decode block in place of a round ends
+where the lookup would match (`block_triggers`, engine/triggers.py).
 """
 from __future__ import annotations
 
@@ -37,8 +39,15 @@ LOOKUP_DRAFTS = 15
 class LookupFirst:
     """engine.spec.base.Drafter over a trained drafter's adaptive length and an n-gram one's."""
 
-    def __init__(self, drafter: AdaptiveLength, lookup: AdaptiveLength, lookup_drafts: int = 0):
+    def __init__(self, drafter: AdaptiveLength, lookup: AdaptiveLength, lookup_drafts: int = 0,
+                 fresh: AdaptiveLength | None = None):
         self.drafter, self.lookup = drafter, lookup
+        # fresh: the lookup's length for a round that starts a repetition (the round before verified no lookup
+        # drafts); `lookup` prices the rounds that go on with one. A first match is a weaker guess than a copy
+        # under way (held-out chat: 2.1 tokens a round against 3.5), and one history for both planned the first
+        # rounds as long as the copies'. None: one length for both.
+        self.fresh = fresh if fresh is not None else lookup
+        self._going = False  # the last round verified lookup drafts and kept one
         self.lookup_drafts = lookup_drafts  # the most drafts a lookup round verifies, if more than the round's k
         self.drafter_k: int | None = None  # the trained drafter's length (round_length; None: the round's k)
         self.triggers = True  # decode blocks end where the lookup would draft (block_triggers; False: A-B runs)
@@ -52,8 +61,10 @@ class LookupFirst:
 
     def reset(self) -> None:
         self.drafter.reset()
-        self.lookup.reset()
+        for a in self._lengths():
+            a.reset()
         self._keys.reset()
+        self._going = False
         self.source = None
         self._ahead = None
 
@@ -65,7 +76,14 @@ class LookupFirst:
     @property
     def from_lookup(self) -> bool:
         """Whether the round in flight verifies the lookup's drafts (engine.rounds.Round.lookup)."""
-        return self.source is self.lookup
+        return self.source is not None and self.source is not self.drafter
+
+    def _lengths(self) -> tuple[AdaptiveLength, ...]:
+        return (self.lookup,) if self.fresh is self.lookup else (self.lookup, self.fresh)
+
+    def _lk(self) -> AdaptiveLength:
+        """The lookup's length for the next round: going on with a copy, or starting one (fresh)."""
+        return self.lookup if self._going else self.fresh
 
     def round_length(self, k: int) -> int:
         """The most drafts a round may verify, the trained drafter drafting up to k (--draft-tokens) and the lookup
@@ -106,19 +124,22 @@ class LookupFirst:
 
     def blocked(self, n: int) -> None:
         self.drafter.blocked(n)
+        self._going = False
 
     def block_timed(self, n: int, ms: float) -> None:
-        """What a token of a decode block costs: both lengths price "no drafts" at it."""
+        """What a token of a decode block costs: every length prices "no drafts" at it."""
         self.drafter.block_timed(n, ms)
-        self.lookup.block_timed(n, ms)
+        for a in self._lengths():
+            a.block_timed(n, ms)
 
     # -- the drafter protocol ----------------------------------------------------------------------------------
     def lookup_pays(self, k: int) -> bool:
         """Whether the lookup's best round promises at least the trained drafter's tokens per ms (each on its own
         acceptance history and drafting cost; True until both can price rounds)."""
-        if not (self.lookup.rate_known() and self.drafter.rate_known()):
+        lk = self._lk()
+        if not (lk.rate_known() and self.drafter.rate_known()):
             return True
-        return self.lookup.best_plan(k)[1] >= self.drafter.best_plan(self._k(k))[1]
+        return lk.best_plan(k)[1] >= self.drafter.best_plan(self._k(k))[1]
 
     def propose(self, context_tokens: Sequence[int], k: int, features: Features | None) -> list[int]:
         ahead, self._ahead = self._ahead, None
@@ -127,29 +148,34 @@ class LookupFirst:
         else:
             matched = self.matches(context_tokens)
             pays = matched and self.lookup_pays(k)
-        drafts = self.lookup.propose(context_tokens, k, None) if pays and k > 0 else []
+        lk = self._lk()
+        drafts = lk.propose(context_tokens, k, None) if pays and k > 0 else []
         if drafts:
             self.drafter.stand_down()  # (a plan block_instead made is for a round it does not draft)
-            self.source = self.lookup
+            self.source = lk
             return drafts
-        self.lookup.stand_down()
+        lk.stand_down()
         if matched and k > 0:  # the lookup's drafts, scored against the reply all the same
-            self.lookup.shadow_drafts(self.lookup.inner.propose(context_tokens, k))
+            lk.shadow_drafts(lk.inner.propose(context_tokens, k))
         self.source = self.drafter
         return self.drafter.propose(context_tokens, self._k(k), features)
 
     def observe(self, tokens: Sequence[int], features: Features | None) -> None:
-        """Both follow the reply; the one whose drafts were verified also learns from the round."""
+        """All follow the reply; the one whose drafts were verified also learns from the round."""
         self.drafter.observe(tokens, features)
-        self.lookup.observe(tokens, None)
+        for a in self._lengths():
+            a.observe(tokens, None)
+        self._going = self.from_lookup and len(tokens) > 1
         self.source = None
 
 
 def lookup_first(drafter: AdaptiveLength, model=None, min_match: int = MIN_MATCH,
-                 drafts: int = LOOKUP_DRAFTS) -> LookupFirst:
+                 drafts: int = LOOKUP_DRAFTS, fresh: bool = True) -> LookupFirst:
     """`drafter` (an adaptive length over a trained drafter) with n-gram drafts first where the context's last
     min_match+ tokens occurred before, up to `drafts` a round (or the round's k where that is more); the lookup's
     length shares the model's verify cost table."""
     from .adaptive import shared_cost_table
     ngram = NgramDrafter(n_min=min_match, n_max=max(min_match, MAX_MATCH))
-    return LookupFirst(drafter, AdaptiveLength(ngram, cost_table=shared_cost_table(model)), drafts)
+    table = shared_cost_table(model)
+    return LookupFirst(drafter, AdaptiveLength(ngram, cost_table=table), drafts,
+                       AdaptiveLength(ngram, cost_table=table) if fresh else None)

@@ -173,3 +173,30 @@ def test_blocks_end_where_the_lookup_would_draft_while_it_pays():
     assert not hy.lookup_pays(7) and hy.block_triggers(ctx) is None
     two = LookupFirst(hy.drafter, AdaptiveLength(NgramDrafter(n_min=2, n_max=5), cost_table={}))
     assert two.block_triggers(ctx) is None
+
+
+def test_a_round_that_starts_a_copy_is_priced_apart_from_one_that_goes_on():
+    """With a fresh length, a lookup round after a round without kept lookup drafts (a block, the trained
+    drafter's, the reply's start) drafts and learns through `fresh`; one right after a lookup round that kept a
+    draft, through `lookup`. Both follow the reply."""
+    clock = SimClock(FakeModel(), base=10.0, slope=1.0)
+    inner = Recording(list(range(100)), seed=1)
+    table = {1: 10.0, 2: 10.5, 4: 11.5, 8: 13.0}
+    ngram = NgramDrafter(n_min=3, n_max=5)
+    going, fresh = (AdaptiveLength(ngram, clock=clock, cost_table=table) for _ in range(2))
+    hy = LookupFirst(AdaptiveLength(inner, clock=clock, cost_table=table), going, 7, fresh)
+    ctx = [5, 6, 7, 8, 9, 5, 6, 7]
+    assert hy.propose(ctx, 4, None) and hy.source is fresh and hy.from_lookup
+    hy.observe([7, 8, 9], None)  # two drafts kept: the copy goes on
+    assert fresh.tries[:2] == [1.0, 1.0] and going.tries == []
+    ctx += [8, 9]
+    assert hy.propose(ctx, 4, None) and hy.source is going
+    hy.observe([9], None)  # none kept: the next match starts a copy again
+    assert going.tries[:1] == [1.0] and hy.propose(ctx + [5, 6, 7], 4, None) and hy.source is fresh
+    hy.observe([7, 8], None)  # a draft kept: going on ...
+    assert hy._lk() is going
+    hy.blocked(8)  # ... until a decode block runs in place of a round
+    hy.observe([9, 5, 6, 7, 8, 9, 5, 6], None)
+    assert hy._lk() is fresh
+    single = LookupFirst(hy.drafter, going)
+    assert single.fresh is single.lookup and single._lengths() == (going,)
