@@ -8,8 +8,9 @@ way (a block chooses what single rounds would), only where the reply's rounds be
 
 A trigger is three consecutive tokens packed into one int64 (`gram_key`, GRAM_BITS each: vocabularies up to 2M
 tokens); the CPU step's block checks the last three tokens after each of its passes (backends/cpu/step._ends)
-against the sorted keys of every three consecutive tokens of the context before the block (`context_keys`;
-`ContextKeys` keeps them for a growing reply: a block's new tokens merged in, not the whole context sorted again).
+against the sorted keys of every three consecutive tokens of the context before the block (`context_keys`; the
+n-gram drafter's index keeps them for a growing reply, engine.spec.ngram.NgramDrafter.trigger_keys, a block's new
+tokens merged in rather than the whole context sorted again).
 """
 from __future__ import annotations
 
@@ -36,34 +37,11 @@ def context_keys(tokens: Sequence[int]) -> tuple[np.ndarray, int] | None:
     return np.unique(keys), int(t[-2])
 
 
-class ContextKeys:
-    """context_keys of a reply as it grows: each call merges the keys of the tokens added since the last one into
-    the kept sorted array (a context that does not continue the last one starts over). At 8K tokens of context a
-    block's keys cost ~2.5 ms sorted afresh (a block is ~25 ms), tens of microseconds merged."""
-
-    def __init__(self):
-        self.reset()
-
-    def reset(self) -> None:
-        self.keys = np.zeros(0, np.int64)
-        self.tail: list[int] = []  # the context's last two tokens seen, and how many tokens were seen
-        self.n = 0
-
-    def __call__(self, tokens: Sequence[int]) -> tuple[np.ndarray, int] | None:
-        n = len(tokens)
-        if n < self.n or (self.n and list(tokens[self.n - 2:self.n]) != self.tail):
-            self.reset()
-        if n < 3:
-            return None
-        new = np.asarray(tokens[max(self.n - 2, 0):], np.int64)  # the windows that end at the new tokens
-        if new.shape[0] and (new.min() < 0 or new.max() >= 1 << GRAM_BITS):
-            return None
-        if new.shape[0] >= 3:
-            got = np.unique((new[:-2] << (2 * GRAM_BITS)) | (new[1:-1] << GRAM_BITS) | new[2:])
-            at = np.searchsorted(self.keys, got)
-            if self.keys.shape[0]:  # keys already held are not inserted again
-                fresh = self.keys[np.minimum(at, self.keys.shape[0] - 1)] != got
-                got, at = got[fresh], at[fresh]
-            self.keys = np.insert(self.keys, at, got)
-        self.n, self.tail = n, [int(t) for t in tokens[n - 2:n]]
-        return self.keys, self.tail[0]
+def merge_keys(keys: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """Sorted distinct `keys` with the keys of `new` (any order, repeats) merged in: a new array."""
+    new = np.unique(new)
+    at = np.searchsorted(keys, new)
+    if keys.shape[0]:  # keys already held are not inserted again
+        fresh = keys[np.minimum(at, keys.shape[0] - 1)] != new
+        new, at = new[fresh], at[fresh]
+    return np.insert(keys, at, new)

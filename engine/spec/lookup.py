@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..triggers import ContextKeys
 from .adaptive import AdaptiveLength
 from .base import Features
 from .ngram import NgramDrafter
@@ -50,8 +49,8 @@ class LookupFirst:
         self._going = False  # the last round verified lookup drafts and kept one
         self.lookup_drafts = lookup_drafts  # the most drafts a lookup round verifies, if more than the round's k
         self.drafter_k: int | None = None  # the trained drafter's length (round_length; None: the round's k)
+        self.k_round = lookup_drafts  # the most drafts a round verifies (round_length)
         self.triggers = True  # decode blocks end where the lookup would draft (block_triggers; False: A-B runs)
-        self._keys = ContextKeys()  # the reply's three-token keys, kept as it grows
         self.name = drafter.name
         self.features_needed = drafter.features_needed
         self.source: AdaptiveLength | None = None  # which one drafted the round in flight
@@ -63,7 +62,6 @@ class LookupFirst:
         self.drafter.reset()
         for a in self._lengths():
             a.reset()
-        self._keys.reset()
         self._going = False
         self.source = None
         self._ahead = None
@@ -88,8 +86,8 @@ class LookupFirst:
     def round_length(self, k: int) -> int:
         """The most drafts a round may verify, the trained drafter drafting up to k (--draft-tokens) and the lookup
         up to lookup_drafts where that is more."""
-        self.drafter_k = k
-        return max(k, self.lookup_drafts)
+        self.drafter_k, self.k_round = k, max(k, self.lookup_drafts)
+        return self.k_round
 
     def _k(self, k: int) -> int:
         """The trained drafter's length in a round of up to k drafts."""
@@ -114,10 +112,9 @@ class LookupFirst:
         """Where a decode block in place of a round should end early (engine.triggers): after three tokens that
         occurred before in the context, where the next round may draft by lookup. None where the lookup does
         not draft from three matched tokens (min_match 3), or where its rounds do not pay (lookup_pays)."""
-        if not self.triggers or self.lookup.inner.n_min != 3 or \
-                not self.lookup_pays(max(self.drafter_k or 1, self.lookup_drafts)):
+        if not self.triggers or self.lookup.inner.n_min != 3 or not self.lookup_pays(max(self.k_round, 1)):
             return None
-        return self._keys(context)
+        return self.lookup.inner.trigger_keys(context)
 
     def may_block(self) -> bool:
         return self.drafter.may_block()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.spec.ngram import NgramDrafter
-from engine.triggers import GRAM_BITS, ContextKeys, context_keys, gram_key
+from engine.triggers import GRAM_BITS, context_keys, gram_key
 
 
 def test_context_keys_are_every_three_consecutive_tokens():
@@ -35,11 +35,11 @@ def test_no_keys_for_a_short_context_or_an_id_that_does_not_fit():
 
 
 def test_kept_keys_equal_the_context_keys_as_a_reply_grows():
-    """ContextKeys merged block by block equals context_keys of the whole context at every step; a context
-    that does not continue the last one (another reply) starts over."""
+    """The n-gram drafter's trigger_keys, its index's keys merged block by block, equal context_keys of the whole
+    context at every step; a context that does not continue the last one (another reply) starts over."""
     rng = np.random.default_rng(2)
     seq = rng.integers(0, 8, 400).tolist()
-    kept = ContextKeys()
+    kept = NgramDrafter(n_min=3, n_max=5).trigger_keys
     n = 1
     while n < len(seq):
         got, want = kept(seq[:n]), context_keys(seq[:n])
