@@ -44,20 +44,19 @@ CHAT_PROMPTS = ("Write a short story about a robot who learns to paint.",
 
 # lookup: lookupN for a match of N+ tokens (lookup = 3); ldN: its rounds draft up to N or the variant's k (default
 # spec.lookup.LOOKUP_DRAFTS)
-VARIANT_FLAGS = ("fixed", "hot", "lookup", "ld", "noconf", "notrig", "onelen")
+VARIANT_FLAGS = ("fixed", "hot", "lookup", "ldN", "noconf", "notrig", "onelen")
 
 
 def _flag(f: str) -> str:
-    """A variant flag's name (lookupN -> lookup, ldN -> ld)."""
-    for name in ("lookup", "ld"):
-        if f.startswith(name) and f[len(name):].isdigit():
-            return name
-    return f
+    """A variant flag's name (lookupN -> lookup, ldN -> ldN; a bare ld is no flag)."""
+    if f.startswith("lookup") and f[6:].isdigit():
+        return "lookup"
+    return "ldN" if f.startswith("ld") and f[2:].isdigit() else f
 
 
 def _lookup_drafts(flags: frozenset) -> int | None:
     """The ldN flag's N, None without one."""
-    return next((int(f[2:]) for f in flags if _flag(f) == "ld" and f != "ld"), None)
+    return next((int(f[2:]) for f in flags if _flag(f) == "ldN"), None)
 
 
 def _lookup(flags: frozenset) -> int:
@@ -69,10 +68,10 @@ def parse_variant(text: str) -> tuple[str, int, frozenset]:
     """'off' | 'ngram:3' (adaptive length, the default) | 'mtp:3:fixed:hot' -> (mode, draft tokens, flags)."""
     mode, k, *flags = text.split(":") + [""]
     flags = frozenset(f for f in flags if f)
-    bad = {f for f in flags if _flag(f) not in VARIANT_FLAGS or f == "ld"}
+    bad = {f for f in flags if _flag(f) not in VARIANT_FLAGS}
     if bad:
         raise SystemExit(f"ninfer-bench speculative: variant {text!r}: unknown option {sorted(bad)[0]!r} "
-                         f"(options: {', '.join(VARIANT_FLAGS)}; lookupN, ldN)")
+                         f"(options: {', '.join(VARIANT_FLAGS)}; lookupN)")
     return mode, int(k or 3), flags
 
 
