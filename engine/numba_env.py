@@ -110,19 +110,18 @@ def _kernel_sources() -> str:
     """Hash of our kernel sources. numba invalidates a cached function when ITS file changes, not when a
     callee in another module does; a jitted function that inlines kernels from backends/cpu/fast.py would otherwise
     keep running the old callee code (seen: an out-of-bounds write after a layout change). sampling_fast.py
-    counts as a kernel: the fused step's decode blocks call its sampling chain. The fused step compiles in
-    forward.py's phase list and triggers.py's GRAM_BITS as constants: those (not the files) count too."""
+    counts as a kernel: the fused step's decode blocks call its sampling chain, and triggers.py: they end at its
+    keys. The fused step compiles in forward.py's phase list as constants: the list (not the file) counts too."""
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
     kernels = [f for f in sorted((here / "backends" / "cpu").glob("*.py")) if f.name not in NOT_JITTED]
-    for f in kernels + [here / n for n in ("quant.py", "sampling_fast.py")]:
+    for f in kernels + [here / n for n in ("quant.py", "sampling_fast.py", "triggers.py")]:
         try:
             h.update(f.name.encode() + f.read_bytes())
         except OSError:
             pass
     from .forward import LAYER_PHASES
-    from .triggers import GRAM_BITS
-    h.update(repr((LAYER_PHASES, GRAM_BITS)).encode())
+    h.update(repr(LAYER_PHASES).encode())
     return h.hexdigest()[:16]
 
 

@@ -37,7 +37,7 @@ from .attn import SPLITS, store_f16
 from .avx2 import XS
 from .fast import quantize_rows, swiglu as swiglu_fast  # noqa: F401  (tier, probes: the step's name)
 from ...sampling_fast import argmax_choice, block_choice
-from ...triggers import GRAM_BITS
+from ...triggers import gram_key
 from .guard import ContentionGuard
 from .step_mm import AHEAD, _embed, _n_layers, _head_ahead, _head_groups, _head_phase, _mm_ahead, _mm_phase
 from .step_weights import layout, plain, role_stacks as _role_stacks, role_tables, table  # noqa: F401  (tests)
@@ -412,6 +412,9 @@ def _passes(tid, nt, sync, tokens, pos0, rows_out, bufs, emb, head, norms, rope_
             return
 
 
+_gram_key = njit(cache=True, nogil=True, inline="always")(gram_key)  # the key engine.triggers packs
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _ends(chain, s, stops):
     """A block ends after its token chain[s + 1]: -1 (no token could be chosen), a stop token, or a trigger: the
@@ -430,7 +433,7 @@ def _ends(chain, s, stops):
     a = np.int64(chain[s - 1]) if s > 0 else prev
     if a < 0:
         return False
-    key = (a << np.int64(2 * GRAM_BITS)) | (np.int64(chain[s]) << np.int64(GRAM_BITS)) | np.int64(token)
+    key = _gram_key(a, np.int64(chain[s]), np.int64(token))
     i = np.searchsorted(keys, key)
     return i < keys.shape[0] and keys[i] == key
 
