@@ -25,6 +25,7 @@ def main() -> int:
     ap.add_argument("--heldout", default="train/heldout.json")
     ap.add_argument("--heldout-n", type=int, default=16)
     ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--sampled", action="store_true", help="the users' sampled preset instead of greedy")
     a = ap.parse_args()
     from engine.api import Engine
     from engine.bench.speculative import load_workloads, parse_variant, run_one
@@ -35,7 +36,7 @@ def main() -> int:
     tot = {v: dict.fromkeys(keys, 0.0) for v in ["off", *a.variants]}
     for _, msgs in items:
         for v, d in tot.items():  # plain and each variant in turn, prompt by prompt
-            st = run_one(eng, msgs, *parse_variant(v), a.max_new)
+            st = run_one(eng, msgs, *parse_variant(v), a.max_new, a.sampled)
             d["tok"] += st.output_tokens
             d["s"] += st.output_tokens / st.decode_tok_s
             d["rounds"] += st.rounds

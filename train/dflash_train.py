@@ -21,9 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
-import time
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,46 +34,24 @@ from engine.spec.dflash_taps import Taps, taps_from_dict
 from .dflash_features import OUT as FEAT_DIR
 from .dflash_features import taps_of
 from .dflash_model import WEIGHTS, DFlashConfig, DFlashDrafter, init_from_target
-from .mtp_train import batches, hot_index_of, model_path, sha256_of
+from .common import (batches, hot_index_of, logger, model_path, rel, save_checkpoint, sha256_of, target_f32, timed_run,
+                     walk_rounds, write_drafter_file)
 
 HERE = Path(__file__).resolve().parent
 DATA, CKPT, LOG = HERE / "data", HERE / "ckpt" / "dflash.pt", HERE / "logs" / "dflash.log"
 EXPORT_DIR = HERE.parent / "engine" / "spec" / "drafters"
 FORMAT, VERSION = "ninfer-dflash", 1
-
-
-def log(msg: str) -> None:
-    line = f"{datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ} {msg}"
-    print(line, flush=True)
-    LOG.parent.mkdir(parents=True, exist_ok=True)
-    with open(LOG, "a") as f:
-        f.write(line + "\n")
+log = logger(LOG)
 
 
 # ------------------------------------------------------------------------------------------- the target
-_GGUF = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output", "ffn_norm": "ffn_norm",
-             "w_gate": "ffn_gate", "w_up": "ffn_up", "w_down": "ffn_down"}
-
-
 def load_target(path: Path, n_layers: int, taps: Taps, block: int) -> tuple[DFlashConfig, dict]:
     """The drafter's shapes and the target's pieces (float32): embed, head, output_norm and its last n_layers
     layers (`layers`, keys as LAYER_PARAMS)."""
-    from engine.gguf import load_gguf
-    from engine.quant import dequantize
-    mf = load_gguf(path)
-    a = mf.args
-    if a.qkv_bias or a.qk_norm:
-        raise SystemExit(f"{path.name}: the DFlash drafter has no q/k/v biases or q/k norms ({a.arch})")
+    a, top, layers = target_f32(path, "DFlash", n_layers)
     cfg = DFlashConfig(a.d_model, a.n_head, a.n_kv_head, a.head_dim, a.d_ff, float(a.rms_eps), float(a.rope_base),
                        bool(a.rope_neox), taps.width, n_layers, block)
-    t = mf.tensors
-
-    def f32(name):
-        return np.asarray(dequantize(t[name]), np.float32).reshape(t[name].shape)
-    embed = f32("token_embd.weight")
-    layers = [{k: f32(f"blk.{j}.{v}.weight") for k, v in _GGUF.items()} for j in range(a.n_layer - n_layers, a.n_layer)]
-    return cfg, {"embed": embed, "head": f32("output.weight") if "output.weight" in t else embed,
-                     "output_norm": f32("output_norm.weight"), "layers": layers, "args": a}
+    return cfg, {**top, "layers": layers, "args": a}
 
 
 def mtp_hot_ids() -> np.ndarray | None:
@@ -199,16 +174,9 @@ def evaluate(model: DFlashDrafter, held: Shards, hot_ids: np.ndarray, hot_index:
                 hits += right[a].sum(0)
                 n_tgt += ok.sum(0)
                 n_hot += int((hot_index[t[:, 0][ok[:, 0]]] >= 0).sum())
-            for k, tally in walk.items():
-                a = pl - 1
-                while a + 1 < n:  # a round from anchor a: leading right drafts (up to k) + the target's token
-                    acc = 0
-                    while acc < k and right[a, acc]:
-                        acc += 1
-                    step = min(acc + 1, n - 1 - a)
-                    tally[0] += step
-                    tally[1] += 1
-                    a += step
+            for k, tally in walk.items():  # rounds from the prompt's last token on
+                t, r = walk_rounds(right, pl - 1, n, k)
+                tally[0], tally[1] = tally[0] + t, tally[1] + r
         res[kind] = {"top1": (hits / np.maximum(n_tgt, 1)).round(4).tolist(), "targets": int(n_tgt[0]),
                          "coverage": round(n_hot / max(n_tgt[0], 1), 4),
                          **{f"tok_per_round_k{k}": round(t[0] / max(t[1], 1), 3) for k, t in sorted(walk.items(),
@@ -219,10 +187,7 @@ def evaluate(model: DFlashDrafter, held: Shards, hot_ids: np.ndarray, hot_index:
 
 # -------------------------------------------------------------------------------------------- training
 def save_ckpt(ckpt: Path, model: DFlashDrafter, opt, state: dict) -> None:
-    ckpt.parent.mkdir(parents=True, exist_ok=True)
-    tmp = ckpt.with_suffix(".tmp")
-    torch.save(dict(state, model=model.state_arrays(), opt=opt.state_dict()), tmp)
-    os.replace(tmp, ckpt)
+    save_checkpoint(ckpt, state, model.state_arrays(), opt)
 
 
 def build(a, taps: Taps, train: Shards):
@@ -309,54 +274,14 @@ def train(a) -> None:
     if st["step"] == 0:
         st["last_eval"] = evaluate(model, held, hot_ids, hot_index)
         log(f"eval at init: {json.dumps(st['last_eval'])}")
-    t_start = time.time()
-    budget = 60 * a.minutes
-    last_ckpt = last_eval = t_start
-    local, run_loss = 0, None
-    while True:
-        rng = np.random.default_rng(a.seed * 1000 + st["epoch"])
-        if st["epoch"] > 0 and train_set.refresh():
-            log(f"epoch {st['epoch']}: {len(train_set.seqs)} train sequences now")
-        for idx in batches(train_set.seqs, a.batch_tokens, rng):
-            frac = (time.time() - t_start) / budget
-            if frac >= 1:
-                break
-            lr = a.lr * min(1.0, (local + 1) / a.warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * frac)))
-            for g in opt.param_groups:
-                g["lr"] = lr
-            bt = make_batch(train_set.seqs, idx, st["block"], hot_index, a.anchors, rng)
-            loss, per_row = block_loss(model, bt, weights)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            st["step"], local = st["step"] + 1, local + 1
-            st["tokens_seen"] += int((bt["tgt"][..., 0] >= 0).sum())
-            cur = per_row.numpy()
-            run_loss = cur if run_loss is None else 0.95 * run_loss + 0.05 * cur
-            now = time.time()
-            if local % a.log_every == 0:
-                log(f"step {st['step']} blocks {st['tokens_seen']} loss/row {' '.join(f'{x:.2f}' for x in run_loss)} "
-                    f"lr {lr:.2e} {(now - t_start) / 60:.1f} min")
-            if now - last_eval > 60 * a.eval_min:
-                st["last_eval"] = evaluate(model, held, hot_ids, hot_index)
-                log(f"eval step {st['step']}: {json.dumps(st['last_eval'])}")
-                last_eval = time.time()
-            if now - last_ckpt > 60 * a.ckpt_min:
-                st["train_s"] += now - last_ckpt
-                save_ckpt(a.ckpt, model, opt, st)
-                last_ckpt = now
-        else:
-            st["epoch"] += 1
-            continue
-        break
-    st["train_s"] += time.time() - last_ckpt
-    st["last_eval"] = evaluate(model, held, hot_ids, hot_index)
-    log(f"eval step {st['step']}: {json.dumps(st['last_eval'])}")
-    st["train_tokens"] = int(sum(len(s[0]) - s[2] for s in train_set.seqs))
-    st["train_sequences"] = len(train_set.seqs)
-    save_ckpt(a.ckpt, model, opt, st)
-    log(f"checkpoint {_rel(a.ckpt)}: step {st['step']}, {st['train_s'] / 60:.1f} min trained in all")
+
+    def one_step(idx, rng):
+        bt = make_batch(train_set.seqs, idx, st["block"], hot_index, a.anchors, rng)
+        loss, per_row = block_loss(model, bt, weights)
+        return loss, per_row.numpy(), (bt["tgt"][..., 0] >= 0).sum()
+    timed_run(a, st, train_set, opt, params, one_step, lambda: evaluate(model, held, hot_ids, hot_index),
+              lambda: save_ckpt(a.ckpt, model, opt, st), log, batches, "blocks", "loss/row", ".2f")
+    log(f"checkpoint {rel(a.ckpt)}: step {st['step']}, {st['train_s'] / 60:.1f} min trained in all")
 
 
 def eval_file(path: str) -> dict:
@@ -393,14 +318,13 @@ def export(ckpt: Path = CKPT) -> Path:
     cfg, _ = load_target(path, ck["n_layers"], taps, ck["block"])
     ev = ck.get("last_eval") or {}
     training = {"reply_tokens": ck.get("train_tokens"), "sequences": ck.get("train_sequences"),
-                    "init_from": ck.get("init_from"),
-                    "blocks_seen": ck["tokens_seen"], "optimizer_steps": ck["step"], "minutes": round(ck["train_s"] / 60, 1),
-                    "heldout_chat": ev.get("chat"), "heldout_predictable": ev.get("predictable"),
-                    "date": datetime.now(UTC).strftime("%Y-%m-%d")}
+                "init_from": ck.get("init_from"), "blocks_seen": ck["tokens_seen"], "optimizer_steps": ck["step"],
+                "minutes": round(ck["train_s"] / 60, 1), "heldout_chat": ev.get("chat"),
+                "heldout_predictable": ev.get("predictable"), "date": datetime.now(UTC).strftime("%Y-%m-%d")}
     out = EXPORT_DIR / (path.name.split(".")[0].lower() + ".dflash.npz")
     export_file(out, cfg, taps, ck["model"], np.asarray(ck["hot_ids"]), sha, path.name, training,
                 ck.get("weights", "q8_0"))
-    log(f"exported {out.relative_to(HERE.parent)} ({out.stat().st_size / 1e6:.1f} MB), step {ck['step']}")
+    log(f"exported {rel(out)} ({out.stat().st_size / 1e6:.1f} MB), step {ck['step']}")
     return out
 
 
@@ -417,19 +341,7 @@ def export_file(out: Path, cfg: DFlashConfig, taps: Taps, params: dict[str, np.n
                 "hot_vocab_size": len(hot_ids), "weights": weights, "training": training}
     if taps.width != cfg.feat_width:
         raise ValueError(f"taps width {taps.width} != the model's feature width {cfg.feat_width}")
-    arrays = {k: np.asarray(params[k]).astype(np.float16) for k in cfg.param_names()}
-    for k, shape in cfg.shapes().items():
-        if arrays[k].shape != shape:
-            raise ValueError(f"{k} has shape {arrays[k].shape}, the format wants {shape}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(".tmp-" + out.name)
-    with open(tmp, "wb") as f:
-        np.savez(f, meta=np.array(json.dumps(meta)), hot_ids=np.asarray(hot_ids, np.int32), **arrays)
-    os.replace(tmp, out)
-
-
-def _rel(p: Path) -> str:
-    return str(p.relative_to(HERE.parent)) if p.is_relative_to(HERE.parent) else str(p)
+    write_drafter_file(out, meta, hot_ids, params, cfg.shapes())
 
 
 def main() -> None:
@@ -460,7 +372,7 @@ def main() -> None:
     ap.add_argument("--init-from", default=None, metavar="FILE",
                     help="a fresh run from an exported drafter file's weights and hot vocabulary (not with --resume)")
     ap.add_argument("--ckpt", default=None, metavar="PATH",
-                    help=f"checkpoint of this run (default {_rel(CKPT)}): a second design "
+                    help=f"checkpoint of this run (default {rel(CKPT)}): a second design "
                          "trained beside the first, e.g. --layers 2 --ckpt train/ckpt/dflash_l2.pt")
     a = ap.parse_args()
     a.ckpt = Path(a.ckpt).resolve() if a.ckpt else CKPT

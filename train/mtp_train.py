@@ -17,11 +17,7 @@ round accepts drafts up to the first miss, plus the target's own token). Lines g
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import math
-import os
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -29,62 +25,25 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .common import (batches, hot_index_of, logger, model_path, rel, save_checkpoint, sha256_of, target_f32, timed_run,
+                     walk_rounds, write_drafter_file)
 from .mtp_model import PARAM_NAMES, MTPConfig, MTPDrafter, init_from_target
 
 HERE = Path(__file__).resolve().parent
 DATA, CKPT, LOG = HERE / "data", HERE / "ckpt" / "mtp.pt", HERE / "logs" / "mtp.log"
 EXPORT_DIR = HERE.parent / "engine" / "spec" / "drafters"
 FORMAT, VERSION = "ninfer-mtp", 1
-
-
-def log(msg: str) -> None:
-    line = f"{datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ} {msg}"
-    print(line, flush=True)
-    LOG.parent.mkdir(parents=True, exist_ok=True)
-    with open(LOG, "a") as f:
-        f.write(line + "\n")
+log = logger(LOG)
 
 
 # ------------------------------------------------------------------------------------------- the target
-def model_path() -> Path:
-    from engine.paths import default_model_path
-    p = default_model_path()
-    if p is None:
-        raise SystemExit("the default model is not installed (scripts/dev setup)")
-    return p
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def load_target(path: Path) -> tuple[MTPConfig, dict[str, np.ndarray]]:
     """The drafter's shapes and the target's frozen pieces: embed (vocab, d), head (vocab, d), output_norm,
     and its last layer under PARAM_NAMES' names, dequantized to float32."""
-    from engine.gguf import load_gguf
-    from engine.quant import dequantize
-    mf = load_gguf(path)
-    a = mf.args
-    if a.qkv_bias or a.qk_norm:
-        raise SystemExit(f"{path.name}: the MTP drafter has no q/k/v biases or q/k norms ({a.arch})")
+    a, top, (last,) = target_f32(path, "MTP", 1)
     cfg = MTPConfig(a.d_model, a.n_head, a.n_kv_head, a.head_dim, a.d_ff, float(a.rms_eps), float(a.rope_base),
                     bool(a.rope_neox))
-    t = mf.tensors
-
-    def f32(name):
-        return np.asarray(dequantize(t[name]), np.float32).reshape(t[name].shape)
-    embed = f32("token_embd.weight")
-    pre = f"blk.{a.n_layer - 1}."
-    names = dict(attn_norm="attn_norm", wq="attn_q", wk="attn_k", wv="attn_v", wo="attn_output",
-                 ffn_norm="ffn_norm", w_gate="ffn_gate", w_up="ffn_up", w_down="ffn_down")
-    parts = {k: f32(pre + v + ".weight") for k, v in names.items()}
-    parts.update(embed=embed, head=f32("output.weight") if "output.weight" in t else embed,
-                 output_norm=f32("output_norm.weight"))
-    return cfg, parts
+    return cfg, {**last, **top}
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -117,21 +76,6 @@ def hot_vocab(train: Shards, n_hot: int) -> np.ndarray:
     counts = np.bincount(train.reply_tokens())
     top = np.argsort(-counts, kind="stable")[:n_hot]
     return np.sort(top[counts[top] > 0]).astype(np.int32)
-
-
-def batches(seqs: list, budget: int, rng: np.random.Generator) -> list[list[int]]:
-    """Sequence indices grouped by length, each group's (count x longest) within budget rows; shuffled."""
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))
-    out, cur = [], []
-    for i in order:
-        if cur and (len(cur) + 1) * len(seqs[i][0]) > budget:
-            out.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        out.append(cur)
-    rng.shuffle(out)
-    return out
 
 
 def make_batch(seqs: list, idx: list[int], steps: int, hot_index: np.ndarray) -> dict[str, torch.Tensor]:
@@ -195,13 +139,12 @@ def evaluate(model: MTPDrafter, held: Shards, steps: int, hot_ids: np.ndarray, h
                 if s == 0:
                     n_hot += (hot_index[t[sel]] >= 0).sum()
             n, pl = len(seqs[i][0]), seqs[i][2]
-            p = pl - 2  # round 1: y = the prompt's last token, drafts from the first reply token on
-            while p + 2 < n:  # something left to draft: the token at p+2 exists
-                acc = 0
-                while acc < steps and p + acc + 2 < n and right[acc, p]:
-                    acc += 1
-                step = min(acc + 1, n - (p + 2))  # accepted drafts + the target's own token
-                tokens, rounds, p = tokens + step, rounds + 1, p + step
+            # a round from context position a drafts with chain p = a - 1 (y = x_a); the first from the prompt's
+            # last token
+            at = np.zeros((n, steps), bool)
+            at[1:] = right.T[:n - 1]
+            t, r = walk_rounds(at, pl - 1, n, steps)
+            tokens, rounds = tokens + t, rounds + r
         res[kind] = dict(top1=(hits / np.maximum(n_tgt, 1)).round(4).tolist(), targets=int(n_tgt[0]),
                          coverage=round(float(n_hot / max(n_tgt[0], 1)), 4),
                          tok_per_round=round(tokens / max(rounds, 1), 3))
@@ -211,11 +154,7 @@ def evaluate(model: MTPDrafter, held: Shards, steps: int, hot_ids: np.ndarray, h
 
 # -------------------------------------------------------------------------------------------- training
 def save_ckpt(model, opt, state: dict) -> None:
-    CKPT.parent.mkdir(parents=True, exist_ok=True)
-    tmp = CKPT.with_suffix(".tmp")
-    torch.save(dict(state, model={k: getattr(model, k).detach().clone() for k in PARAM_NAMES},
-                    opt=opt.state_dict()), tmp)
-    os.replace(tmp, CKPT)
+    save_checkpoint(CKPT, state, {k: getattr(model, k).detach().clone() for k in PARAM_NAMES}, opt)
 
 
 def build(resume: bool, n_hot: int, train: Shards, seed: int, steps: int, rehot: bool, qat: bool = False):
@@ -266,56 +205,16 @@ def train(a) -> None:
     if st["step"] == 0:
         st["last_eval"] = evaluate(model, held, a.steps, hot_ids, hot_index)
         log(f"eval at init: {json.dumps(st['last_eval'])}")
-    t_start = time.time()
-    budget = 60 * a.minutes
-    last_ckpt = last_eval = t_start
-    local = 0
-    run_loss = None
-    while True:
-        rng = np.random.default_rng(a.seed * 1000 + st["epoch"])
-        if st["epoch"] > 0 and train_set.refresh():
-            log(f"epoch {st['epoch']}: {len(train_set.seqs)} train sequences now")
-        for idx in batches(train_set.seqs, a.batch_tokens, rng):
-            frac = (time.time() - t_start) / budget
-            if frac >= 1:
-                break
-            lr = a.lr * min(1.0, (local + 1) / a.warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * frac)))
-            for g in opt.param_groups:
-                g["lr"] = lr
-            bt = make_batch(train_set.seqs, idx, a.steps, hot_index)
-            losses = step_losses(model, bt)
-            loss = sum(w * l for w, l in zip(weights, losses))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            st["step"], local = st["step"] + 1, local + 1
-            st["tokens_seen"] += int(bt["drafted"].sum())
-            cur = np.array([float(l.detach()) for l in losses])
-            run_loss = cur if run_loss is None else 0.95 * run_loss + 0.05 * cur
-            now = time.time()
-            if local % a.log_every == 0:
-                log(f"step {st['step']} tokens {st['tokens_seen']} loss/step {' '.join(f'{x:.3f}' for x in run_loss)} "
-                    f"lr {lr:.2e} {(now - t_start) / 60:.1f} min")
-            if now - last_eval > 60 * a.eval_min:
-                st["last_eval"] = evaluate(model, held, a.steps, hot_ids, hot_index)
-                log(f"eval step {st['step']}: {json.dumps(st['last_eval'])}")
-                last_eval = time.time()
-            if now - last_ckpt > 60 * a.ckpt_min:
-                st["train_s"] += now - last_ckpt
-                save_ckpt(model, opt, st)
-                last_ckpt = now
-        else:
-            st["epoch"] += 1
-            continue
-        break
-    st["train_s"] += time.time() - last_ckpt
-    st["last_eval"] = evaluate(model, held, a.steps, hot_ids, hot_index)
-    log(f"eval step {st['step']}: {json.dumps(st['last_eval'])}")
-    st["train_tokens"] = int(sum(len(s[0]) - s[2] for s in train_set.seqs))
-    st["train_sequences"] = len(train_set.seqs)
-    save_ckpt(model, opt, st)
-    log(f"checkpoint {CKPT.relative_to(HERE.parent)}: step {st['step']}, {st['train_s'] / 60:.1f} min trained in all")
+
+    def one_step(idx, rng):
+        bt = make_batch(train_set.seqs, idx, a.steps, hot_index)
+        losses = step_losses(model, bt)
+        return (sum(w * l for w, l in zip(weights, losses)), np.array([float(l.detach()) for l in losses]),
+                bt["drafted"].sum())
+    timed_run(a, st, train_set, opt, list(model.parameters()), one_step,
+              lambda: evaluate(model, held, a.steps, hot_ids, hot_index), lambda: save_ckpt(model, opt, st), log,
+              batches, "tokens", "loss/step", ".3f")
+    log(f"checkpoint {rel(CKPT)}: step {st['step']}, {st['train_s'] / 60:.1f} min trained in all")
 
 
 # ---------------------------------------------------------------------------------------------- export
@@ -339,7 +238,7 @@ def export(steps: int) -> Path:
     out = EXPORT_DIR / (path.name.split(".")[0].lower() + ".mtp.npz")
     params = {k: v.numpy() for k, v in ck["model"].items()}
     export_file(out, cfg, params, np.asarray(ck["hot_ids"]), sha, path.name, ck.get("steps", steps), training)
-    log(f"exported {out.relative_to(HERE.parent)} ({out.stat().st_size / 1e6:.1f} MB), step {ck['step']}")
+    log(f"exported {rel(out)} ({out.stat().st_size / 1e6:.1f} MB), step {ck['step']}")
     return out
 
 
@@ -351,22 +250,7 @@ def export_file(out: Path, cfg: MTPConfig, params: dict[str, np.ndarray], hot_id
                 d_model=cfg.d_model, n_head=cfg.n_head, n_kv_head=cfg.n_kv_head, head_dim=cfg.head_dim,
                 d_ff=cfg.d_ff, rms_eps=cfg.rms_eps, rope_base=cfg.rope_base, rope_neox=cfg.rope_neox,
                 hot_vocab_size=len(hot_ids), steps_trained=int(steps), training=training)
-    arrays = {k: np.asarray(params[k]).astype(np.float16) for k in PARAM_NAMES}
-    for k, shape in cfg.shapes().items():
-        if arrays[k].shape != shape:
-            raise ValueError(f"{k} has shape {arrays[k].shape}, the format wants {shape}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(".tmp-" + out.name)
-    with open(tmp, "wb") as f:
-        np.savez(f, meta=np.array(json.dumps(meta)), hot_ids=np.asarray(hot_ids, np.int32), **arrays)
-    os.replace(tmp, out)
-
-
-def hot_index_of(hot_ids: np.ndarray, vocab: int) -> np.ndarray:
-    """Token id -> its row in the hot head (hot_ids: the hot vocabulary's ids), -1 for the rest (vocab,)."""
-    index = np.full(vocab, -1, np.int64)
-    index[hot_ids] = np.arange(len(hot_ids))
-    return index
+    write_drafter_file(out, meta, hot_ids, params, cfg.shapes())
 
 
 def eval_file(path: str, steps: int = 3) -> dict:
@@ -398,7 +282,7 @@ def eval_file(path: str, steps: int = 3) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--minutes", type=float, default=30.0, help="training time of this run")
-    ap.add_argument("--resume", action="store_true", help=f"continue from {CKPT.relative_to(HERE.parent)}")
+    ap.add_argument("--resume", action="store_true", help=f"continue from {rel(CKPT)}")
     ap.add_argument("--rehot", action="store_true", help="with --resume: recompute the hot vocabulary from "
                     "all training shards (more data than the first run saw)")
     ap.add_argument("--export", action="store_true", help="only export the checkpoint")
