@@ -3,8 +3,8 @@
 Speculation is lossless whatever is drafted, but not free: a verify pass over T = k+1 tokens costs c(T), more
 than a plain step c(1) on a CPU. With a_j the conditional acceptance of draft j (given d_1..d_{j-1} were
 accepted), a round with k drafts yields E(k) = 1 + a_1 + a_1 a_2 + ... + a_1..a_k tokens on average, so the
-best k maximises E(k) / (c(k+1) + d(k)), d(k) the drafting of k tokens, and may be 0 (a plain step) on text the drafter cannot
-predict. Everything is measured online by the wrapper itself, from the calls the round already makes:
+best k maximises E(k) / (c(k+1) + d(k)), d(k) the drafting of k tokens, and may be 0 (a plain step) on text the
+drafter cannot predict. Everything is measured online by the wrapper itself, from the calls the round already makes:
 `propose` (drafts, draft time) then `observe` (the kept tokens: accepted = len(tokens) - 1; the time since
 `propose` returned = the verify pass). Estimates are exponential moving averages, so they follow the text
 (a counting list vs free prose) and the machine. `--draft-tokens N` stays the upper bound.
@@ -38,6 +38,12 @@ PRIOR_WEIGHT = 2.0  # pseudo-tries behind each position's prior
 PROBE_GAP_MAX = 64  # the most decisions between probes (AdaptiveLength._gap)
 CONF_BINS = 10  # confidence bins of the online calibration (0-0.1, ..., 0.9-1)
 CONF_DECAY = 0.98  # per update of a bin: calibration is the drafter's, it changes slowly
+# A decode block's time per token enters the plain price (block_timed) at most this many times the price so far,
+# and weighted by its tokens (a block of BLOCK_TOKENS or more counts fully): one stalled block (another process,
+# ~7-12 ms a token against ~4.5) moved the price far enough that rounds looked worth drafting, and then, no block
+# running, nothing brought it back (held-out chat, sampled: trained-drafter rounds at 1.24 tokens, 5.5 ms each).
+BLOCK_OUTLIER = 1.5
+BLOCK_TOKENS = 8
 
 # Verify costs are a property of the model on this machine, not of a reply: drafters of the same model share
 # one table (T -> ms), so a new reply does not start measuring from scratch.
@@ -361,10 +367,17 @@ class AdaptiveLength:
         self._rounds += max(n - 1, 0)
 
     def block_timed(self, n: int, ms: float) -> None:
-        """A decode block of n tokens took ms, the drafter's following of it included (SpecRound._run_block)."""
-        if n > 0:
-            per = ms / n
-            self.block_ms = per if self.block_ms is None else self._ema(self.block_ms, per, False)
+        """A decode block of n tokens took ms, the drafter's following of it included (SpecRound._run_block):
+        the plain price follows it, a block of few tokens weighing less and no block raising it by more than
+        BLOCK_OUTLIER times at once."""
+        if n <= 0:
+            return
+        per = ms / n
+        if self.block_ms is None:
+            self.block_ms = per
+            return
+        w = (1.0 - self.decay) * min(n, BLOCK_TOKENS) / BLOCK_TOKENS
+        self.block_ms += w * (min(per, BLOCK_OUTLIER * self.block_ms) - self.block_ms)
 
     def _probed(self, reached: bool) -> None:
         """A probe round's outcome (its explored draft accepted or not): the next probe comes after half the

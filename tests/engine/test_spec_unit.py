@@ -396,6 +396,27 @@ def test_adaptive_prices_no_drafts_at_a_decode_blocks_token():
     assert 2.4 < a.block_ms < 4.0
 
 
+def test_a_stalled_block_does_not_make_drafting_look_cheap():
+    """One decode block that stalled (12 ms a token against 2.4) moves the plain price by a bounded step, so the
+    plan still blocks; the price follows a real change block by block; a short block weighs less than a full
+    one. (The old EMA took it to ~3.4 ms, where drafting looked worth it, and with no block run after it, nothing
+    brought the price back for the rest of the reply.)"""
+    a = adaptive_with({1: 4.4, 2: 4.2, 4: 5.5}, 0.4)
+    a.hits[0] = 40.0  # 1.4 tokens a round of one draft at 4.2 ms: pays only against a block token over 3 ms
+    a.block_timed(8, 8 * 2.4)
+    a.block_timed(8, 8 * 12.0)
+    assert a.block_ms <= 2.4 * 1.06 and a.choose_k(3) == 0
+    for _ in range(40):  # the machine really slowed down: the price gets there
+        a.block_timed(8, 8 * 4.0)
+    assert a.block_ms == pytest.approx(4.0, rel=0.02)
+    b, c = (adaptive_with({1: 4.4, 2: 4.2}, 0.4) for _ in range(2))
+    for x in (b, c):
+        x.block_timed(8, 8 * 2.4)
+    b.block_timed(1, 3.0)
+    c.block_timed(8, 8 * 3.0)
+    assert 2.4 < b.block_ms < c.block_ms
+
+
 def test_adaptive_probes_one_deeper_now_and_then():
     a = adaptive_with({1: 10.0, 2: 14.0, 8: 38.0}, 0.01)
     a.probe_every = 4
