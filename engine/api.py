@@ -18,10 +18,9 @@ import dataclasses
 import itertools
 import threading
 import time
-import unicodedata
 from typing import Callable, Iterator
 
-from .config import EngineArgs, GenerateRequest
+from .config import EngineArgs, GenerateRequest, check_messages
 from .errors import ConfigError, InputError
 from .events import Progress
 from .generate import Reply, run_reply
@@ -212,7 +211,7 @@ class Session:
 
     def _render(self, messages, plan) -> tuple[str, list[int]]:
         tok = self.engine.tokenizer
-        msgs = normalize_messages(messages)
+        msgs = check_messages(messages)
         if plan.system_note:
             if msgs[0]["role"] == "system":
                 msgs[0] = dict(msgs[0], content=(msgs[0]["content"] + "\n\n" + plan.system_note).strip())
@@ -221,18 +220,6 @@ class Session:
         text = tok.apply_chat_template(msgs, add_generation_prompt=True, **plan.template_extra) + plan.prompt_suffix
         add_bos = bool(getattr(tok, "add_bos", False)) and not getattr(tok, "bos_token_in_template", False)
         return text, tok.encode(text, add_bos=add_bos)
-
-
-def normalize_messages(messages) -> list[dict]:
-    """A fresh list of {'role', 'content'} dicts, content NFC-normalized (CJK input typed in many forms)."""
-    if not isinstance(messages, (list, tuple)) or not messages:
-        raise InputError('messages must be a non-empty list of {"role": ..., "content": ...} objects')
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("content"), str) or not isinstance(m.get("role"), str):
-            raise InputError(f"message {i} must be an object with string 'role' and 'content'")
-        out.append(dict(m, content=unicodedata.normalize("NFC", m["content"])))
-    return out
 
 
 def _pick_round(engine: Engine, mode: str, k: int) -> RoundFn:

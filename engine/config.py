@@ -5,9 +5,10 @@ Every option the CLI, the TUI and the benchmark accept travels as one of these; 
 from __future__ import annotations
 
 import math
+import unicodedata
 from dataclasses import dataclass, field
 
-from .errors import ConfigError
+from .errors import ConfigError, InputError
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 KV_DTYPES = ("f16", "int8")
@@ -190,3 +191,19 @@ def _check_draft_tokens(n: int) -> None:
     steps (lossless speculation; a prompt's 32+ rows take kernels that sum in another order)."""
     if not 1 <= n <= 15:
         raise ConfigError(f"--draft-tokens must be 1..15, got {n}")
+
+
+def check_messages(messages, text_only: bool = False) -> list[dict]:
+    """A chat's messages as a fresh list of dicts, each content NFC-normalized (CJK input comes typed in many
+    forms); InputError (one line) for anything but a non-empty list of {"role": str, "content": str}.
+    text_only: role and content only (what a remote server is sent), else every key the message has (a chat
+    template may read more)."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise InputError('messages must be a non-empty list of {"role": ..., "content": ...} objects')
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str) or not isinstance(m.get("role"), str):
+            raise InputError(f"message {i} must be an object with string 'role' and 'content'")
+        content = unicodedata.normalize("NFC", m["content"])
+        out.append({"role": m["role"], "content": content} if text_only else dict(m, content=content))
+    return out

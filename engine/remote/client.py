@@ -20,8 +20,8 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ..config import MAX_POSITIONS, GenerateRequest
-from ..errors import ConfigError, InputError
+from ..config import MAX_POSITIONS, GenerateRequest, check_messages
+from ..errors import ConfigError
 from ..events import Progress
 from .errors import RemoteError, explain
 from .loop import LoopThread
@@ -267,7 +267,7 @@ class RemoteSession:
         """Stream one assistant reply as engine.events (FinalStats last). ConfigError/InputError here, before the
         first event, for a request this server cannot take; RemoteError while iterating for the server's."""
         req = request or GenerateRequest()
-        msgs = _check_messages(messages)
+        msgs = check_messages(messages, text_only=True)
         kwargs = self.engine.request_kwargs(msgs, req)
         return self._events(kwargs, req, cancel or threading.Event())
 
@@ -307,14 +307,3 @@ class RemoteSession:
             yield meter.final(cancelled=cancelled, spec=spec)
         finally:
             self._busy.release()
-
-
-def _check_messages(messages) -> list[dict]:
-    if not isinstance(messages, (list, tuple)) or not messages:
-        raise InputError('messages must be a non-empty list of {"role": ..., "content": ...} objects')
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("content"), str) or not isinstance(m.get("role"), str):
-            raise InputError(f"message {i} must be an object with string 'role' and 'content'")
-        out.append({"role": m["role"], "content": m["content"]})
-    return out
