@@ -8,9 +8,7 @@ import dataclasses
 from functools import partial
 from pathlib import Path
 
-from textual.containers import VerticalScroll
 from textual.message import Message
-from textual.widgets import Static
 
 from engine.errors import NinferError
 
@@ -181,30 +179,11 @@ class ModelsFlow:
             if used + room <= context:
                 self.notify(f"{self.model_name} goes on with this chat ({used} of {context} tokens)", timeout=8)
                 return
-            keep = 0
-            while keep < len(all_turns) and self._chat_tokens(
-                    [{"role": m.role, "content": m.content} for t in all_turns[-(keep + 1):] for m in t]) + room \
-                    <= context:
-                keep += 1
+            keep = self._last_turns_fitting(all_turns, lambda msgs: self._chat_tokens(msgs) + room <= context)
         except NinferError as e:
             self.notify(f"this chat is kept; its size under {self.model_name} is unknown ({e})", severity="warning")
             return
-        old_id, title = self.chat.conv_id, self.chat.title()
-        carried = [m for t in all_turns[len(all_turns) - keep:] for m in t] if keep else []
-        try:
-            self.chat.carry_over(carried, f"{title} (continued)")
-        except NinferError as e:
-            self.notify(str(e), severity="error")
-            return
-        self.edit_index = None
-        await self._rebuild_log()
-        was = f"chat #{old_id}" if old_id else "the chat"
-        note = (f"{was.capitalize()} ({used} tokens) does not fit {self.model_name}'s context of {context} with "
-                f"room for a reply: a new chat goes on with the last {keep} of {len(all_turns)} turns"
-                + (f" ({was} stays in the transcripts)" if old_id else "") + ".")
-        log = self.query_one("#log", VerticalScroll)
-        hint = Static(note, id="carried", classes="hint", markup=False)
-        await (log.mount(hint, before=0) if log.children else log.mount(hint))
-        self.notify(note, timeout=15)
-        self._ready_status()
-        self._saving_notice()
+        await self._carry_over(all_turns, keep, lambda was, old_id: (
+            f"{was.capitalize()} ({used} tokens) does not fit {self.model_name}'s context of {context} with room "
+            f"for a reply: a new chat goes on with the last {keep} of {len(all_turns)} turns"
+            + (f" ({was} stays in the transcripts)" if old_id else "") + "."))

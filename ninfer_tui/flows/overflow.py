@@ -2,6 +2,8 @@
 fit, change the context size without a restart, and give a prompt whose reply failed back to the input."""
 from __future__ import annotations
 
+from typing import Callable
+
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
@@ -78,34 +80,46 @@ class ContextFlow:
         if self.session is None or self.engine is None:
             return
         all_turns = turns(self.chat.path)
-        keep = 0
         try:
-            while keep < len(all_turns) and self._fits([{"role": m.role, "content": m.content}
-                                                        for t in all_turns[-(keep + 1):] for m in t], text):
-                keep += 1
+            keep = self._last_turns_fitting(all_turns, lambda msgs: self._fits(msgs, text))
         except NinferError as e:
             self.notify(in_field_words(str(e))[0], severity="error", timeout=10)
             return
         context = self.engine.max_context
+        if await self._carry_over(all_turns, keep, lambda was, old_id: (
+                f"Continued from {was}: the last {keep} of {len(all_turns)} turns came along; the earlier ones "
+                f"no longer fit the context of {context} tokens.")):
+            await self._send(text)
+
+    @staticmethod
+    def _last_turns_fitting(all_turns: list, fits: Callable[[list[dict]], bool]) -> int:
+        """How many of the chat's last whole turns `fits` takes (their messages as role / content dicts)."""
+        keep = 0
+        while keep < len(all_turns) and fits([{"role": m.role, "content": m.content}
+                                              for t in all_turns[-(keep + 1):] for m in t]):
+            keep += 1
+        return keep
+
+    async def _carry_over(self, all_turns: list, keep: int, note: Callable[[str, int | None], str]) -> bool:
+        """Continue in a new chat holding the last `keep` of all_turns, its log rebuilt, with a notice on top and
+        in a toast: note(was, old id) ("chat #N" or "the chat"). False where the transcripts refused (said)."""
         old_id, title = self.chat.conv_id, self.chat.title()
         carried = [m for t in all_turns[len(all_turns) - keep:] for m in t] if keep else []
         try:
             self.chat.carry_over(carried, f"{title} (continued)")
         except NinferError as e:
             self.notify(str(e), severity="error")
-            return
+            return False
         self.edit_index = None
         await self._rebuild_log()
-        was = f"chat #{old_id}" if old_id else "the chat"
-        note = (f"Continued from {was}: the last {keep} of {len(all_turns)} turns came along; the earlier ones "
-                f"no longer fit the context of {context} tokens.")
+        text = note(f"chat #{old_id}" if old_id else "the chat", old_id)
         log = self.query_one("#log", VerticalScroll)
-        hint = Static(note, id="carried", classes="hint", markup=False)
+        hint = Static(text, id="carried", classes="hint", markup=False)
         await (log.mount(hint, before=0) if log.children else log.mount(hint))
-        self.notify(note, timeout=15)
+        self.notify(text, timeout=15)
         self._ready_status()
         self._saving_notice()
-        await self._send(text)
+        return True
 
     def _apply_context(self, size: int) -> None:
         """Give the running engine this context size (a new session where the KV cache must grow)."""
