@@ -4,6 +4,7 @@ writes, and the walk of greedy rounds their held-out evals count tokens a round 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import time
@@ -106,7 +107,6 @@ def write_drafter_file(out: Path, meta: dict, hot_ids: np.ndarray, params: dict,
     """The drafter file: np.savez (no pickle) of `meta` (a JSON string), `hot_ids` int32 (n_hot,) and each
     parameter of `shapes` in float16, matrices (out, in); ValueError on a shape the format does not take;
     written atomically."""
-    import json
     arrays = {k: np.asarray(params[k]).astype(np.float16) for k in shapes}
     for k, shape in shapes.items():
         if arrays[k].shape != shape:
@@ -172,7 +172,7 @@ def timed_run(a, st: dict, train_set, opt, params: list, one_step: Callable, eva
                     f"{(now - t_start) / 60:.1f} min")
             if now - last_eval > 60 * a.eval_min:
                 st["last_eval"] = evaluate()
-                log(f"eval step {st['step']}: {_json(st['last_eval'])}")
+                log(f"eval step {st['step']}: {json.dumps(st['last_eval'])}")
                 last_eval = time.time()
             if now - last_ckpt > 60 * a.ckpt_min:
                 st["train_s"] += now - last_ckpt
@@ -184,12 +184,8 @@ def timed_run(a, st: dict, train_set, opt, params: list, one_step: Callable, eva
         break
     st["train_s"] += time.time() - last_ckpt
     st["last_eval"] = evaluate()
-    log(f"eval step {st['step']}: {_json(st['last_eval'])}")
+    log(f"eval step {st['step']}: {json.dumps(st['last_eval'])}")
     st["train_tokens"] = int(sum(len(s[0]) - s[2] for s in train_set.seqs))
     st["train_sequences"] = len(train_set.seqs)
     save()
 
-
-def _json(x) -> str:
-    import json
-    return json.dumps(x)

@@ -32,6 +32,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from ..rounds import block_size
 from .base import Drafter, Features
 
 PRIOR_WEIGHT = 2.0  # pseudo-tries behind each position's prior
@@ -39,11 +40,10 @@ PROBE_GAP_MAX = 64  # the most decisions between probes (AdaptiveLength._gap)
 CONF_BINS = 10  # confidence bins of the online calibration (0-0.1, ..., 0.9-1)
 CONF_DECAY = 0.98  # per update of a bin: calibration is the drafter's, it changes slowly
 # A decode block's time per token enters the plain price (block_timed) at most this many times the price so far,
-# and weighted by its tokens (a block of BLOCK_TOKENS or more counts fully): one stalled block (another process,
-# ~7-12 ms a token against ~4.5) moved the price far enough that rounds looked worth drafting, and then, no block
-# running, nothing brought it back (held-out chat, sampled: trained-drafter rounds at 1.24 tokens, 5.5 ms each).
+# and weighted by its share of a full block (rounds.block_size()): one stalled block (another process, ~7-12 ms a
+# token against ~4.5) moved the price far enough that rounds looked worth drafting, and then, no block running,
+# nothing brought it back (held-out chat, sampled: trained-drafter rounds at 1.24 tokens, 5.5 ms each).
 BLOCK_OUTLIER = 1.5
-BLOCK_TOKENS = 8
 
 # Verify costs are a property of the model on this machine, not of a reply: drafters of the same model share
 # one table (T -> ms), so a new reply does not start measuring from scratch.
@@ -376,7 +376,8 @@ class AdaptiveLength:
         if self.block_ms is None:
             self.block_ms = per
             return
-        w = (1.0 - self.decay) * min(n, BLOCK_TOKENS) / BLOCK_TOKENS
+        full = block_size()
+        w = (1.0 - self.decay) * min(n, full) / full
         self.block_ms += w * (min(per, BLOCK_OUTLIER * self.block_ms) - self.block_ms)
 
     def _probed(self, reached: bool) -> None:
