@@ -41,6 +41,7 @@ class NgramDrafter:
         self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(self.n_min, self.n_max + 1)}
         # the 3-grams' packed keys (engine.triggers), sorted (trigger_keys merges the new ones in), and the new ones
         self._keys, self._new_keys, self._top = np.zeros(0, np.int64), [], 0
+
     def observe(self, tokens: Sequence[int], features: Features | None) -> None:
         """Nothing to do: `propose` indexes whatever context it is given (tokens fed or not)."""
 
@@ -76,9 +77,11 @@ class NgramDrafter:
         ctx = self._ctx
         if len(ctx) < 3 or 3 not in self._index or self._top >= 1 << GRAM_BITS:
             return None
-        if self._new_keys:
-            self._keys, self._new_keys = merge_keys(self._keys, np.array(self._new_keys, np.int64)), []
-        return merge_keys(self._keys, np.array([gram_key(*ctx[-3:])], np.int64)), ctx[-2]
+        # the last window's key goes in with the block's new ones (one merge a block): its continuation's _append
+        # would add it anyway, and the merge keeps keys distinct
+        self._new_keys.append(gram_key(*ctx[-3:]))
+        self._keys, self._new_keys = merge_keys(self._keys, np.array(self._new_keys, np.int64)), []
+        return self._keys, ctx[-2]
 
     def propose(self, context_tokens: Sequence[int], k: int, features: Features | None = None) -> list[int]:
         """Up to k tokens that followed the most recent earlier occurrence of the longest matching suffix."""
