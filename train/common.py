@@ -3,7 +3,6 @@ float32, a timed run's loop (its cosine schedule, evals and checkpoints), the ch
 writes, and the walk of greedy rounds their held-out evals count tokens a round with."""
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -14,6 +13,9 @@ from typing import Callable
 
 import numpy as np
 import torch
+
+# a model file's sha256 as the runtime checks a drafter file against it (cached per path, size and mtime)
+from engine.spec.drafter_file import base_sha256 as sha256_of  # noqa: F401  (the trainings' name)
 
 # a draft layer's parameters -> the target layer's GGUF tensor names (blk.N.<name>.weight)
 LAYER_GGUF = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
@@ -26,14 +28,6 @@ def model_path() -> Path:
     if p is None:
         raise SystemExit("the default model is not installed (scripts/dev setup)")
     return p
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def batches(seqs: list, budget: int, rng: np.random.Generator) -> list[list[int]]:
@@ -135,8 +129,8 @@ def walk_rounds(right: np.ndarray, first: int, n: int, k: int) -> tuple[int, int
 
 
 def timed_run(a, st: dict, train_set, opt, params: list, one_step: Callable, evaluate: Callable,
-              save: Callable, log: Callable[[str], None], batches: Callable, units: str, label: str, fmt: str) -> None:
-    """The training loop of a run of a.minutes: epochs over train_set's batches (batches(seqs, budget, rng),
+              save: Callable, log: Callable[[str], None], units: str, label: str, fmt: str) -> None:
+    """The training loop of a run of a.minutes: epochs over train_set's batches (`batches`,
     new shards picked up at each epoch), lr a.lr with a.warmup steps of linear warm-up and a cosine from 1 to
     0.1 over the run's time, the gradient norm clipped at 1; an eval (st["last_eval"] = evaluate()) every
     a.eval_min minutes and at the end, a checkpoint (save()) every a.ckpt_min minutes and at the end.

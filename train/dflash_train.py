@@ -34,7 +34,7 @@ from engine.spec.dflash_taps import Taps, taps_from_dict
 from .dflash_features import OUT as FEAT_DIR
 from .dflash_features import taps_of
 from .dflash_model import WEIGHTS, DFlashConfig, DFlashDrafter, init_from_target
-from .common import (batches, hot_index_of, logger, model_path, rel, save_checkpoint, sha256_of, target_f32, timed_run,
+from .common import (hot_index_of, logger, model_path, rel, save_checkpoint, sha256_of, target_f32, timed_run,
                      walk_rounds, write_drafter_file)
 
 HERE = Path(__file__).resolve().parent
@@ -280,7 +280,7 @@ def train(a) -> None:
         loss, per_row = block_loss(model, bt, weights)
         return loss, per_row.numpy(), (bt["tgt"][..., 0] >= 0).sum()
     timed_run(a, st, train_set, opt, params, one_step, lambda: evaluate(model, held, hot_ids, hot_index),
-              lambda: save_ckpt(a.ckpt, model, opt, st), log, batches, "blocks", "loss/row", ".2f")
+              lambda: save_ckpt(a.ckpt, model, opt, st), log, "blocks", "loss/row", ".2f")
     log(f"checkpoint {rel(a.ckpt)}: step {st['step']}, {st['train_s'] / 60:.1f} min trained in all")
 
 

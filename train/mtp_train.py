@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .common import (batches, hot_index_of, logger, model_path, rel, save_checkpoint, sha256_of, target_f32, timed_run,
+from .common import (hot_index_of, logger, model_path, rel, save_checkpoint, sha256_of, target_f32, timed_run,
                      walk_rounds, write_drafter_file)
 from .mtp_model import PARAM_NAMES, MTPConfig, MTPDrafter, init_from_target
 
@@ -213,7 +213,7 @@ def train(a) -> None:
                 bt["drafted"].sum())
     timed_run(a, st, train_set, opt, list(model.parameters()), one_step,
               lambda: evaluate(model, held, a.steps, hot_ids, hot_index), lambda: save_ckpt(model, opt, st), log,
-              batches, "tokens", "loss/step", ".3f")
+              "tokens", "loss/step", ".3f")
     log(f"checkpoint {rel(CKPT)}: step {st['step']}, {st['train_s'] / 60:.1f} min trained in all")
 
 
