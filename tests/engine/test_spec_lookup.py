@@ -1,9 +1,9 @@
 """Lookup first (engine/spec/lookup.py): n-gram drafts where the context's last tokens occurred before, the
-trained drafter's otherwise; each source with its own adaptive length. Model-free (test_spec_unit's fakes)."""
+trained drafter's otherwise; each source with its own adaptive length. Model-free (spec_fakes)."""
 from __future__ import annotations
 
 import pytest
-from test_spec_unit import FakeChooser, FakeModel, ListDrafter, SimClock, plain_decode, spec_decode
+from spec_fakes import FakeChooser, FakeModel, ListDrafter, SimClock, plain_decode, spec_decode
 
 from engine.spec.adaptive import AdaptiveLength
 from engine.spec.lookup import LOOKUP_DRAFTS, LookupFirst, lookup_first
