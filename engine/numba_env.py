@@ -103,7 +103,8 @@ def _versions() -> str:
 
 
 # modules of the cpu backend with no jitted code (start-up, runner, caches): editing them keeps the cache
-NOT_JITTED = ("__init__.py", "runner.py", "tier.py", "compile_bg.py", "weight_store.py", "step_weights.py")
+NOT_JITTED = ("__init__.py", "runner.py", "tier.py", "compile_bg.py", "weight_store.py", "step_weights.py",
+              "fast_weights.py")
 
 
 def _kernel_sources() -> str:

@@ -114,12 +114,12 @@ def test_vnni_block_sums_equal_vpmaddubsw_bitwise(extreme):
 
 def _q8_rows_busd_and_madd():
     import numba
-    from engine.backends.cpu import avx2 as A
+    from engine.backends.cpu import avx2 as A, avx2_q8 as A8
 
     @numba.njit
     def run(o4, o4m, blk, qa, sa, xs, nb):
-        A.grp_q8_rows4(o4, 0, 32, blk, 0, qa, 0, 32, sa, xs, 0, 1, 0, A.XS, nb)
-        A.grp_q8_rows4_madd(o4m, 0, 32, blk, 0, qa, 0, 32, sa, xs, 0, 1, 0, A.XS, nb)
+        A8.grp_q8_rows4(o4, 0, 32, blk, 0, qa, 0, 32, sa, xs, 0, 1, 0, A.XS, nb)
+        A8.grp_q8_rows4_madd(o4m, 0, 32, blk, 0, qa, 0, 32, sa, xs, 0, 1, 0, A.XS, nb)
     return run
 
 

@@ -2,7 +2,8 @@
 
     kernels.py     the contract kernels (engine/backends/ref/kernels.py's names), generic layout
     layout.py      the row-interleaved weight layout (repack.py writes it, the matmuls read it)
-    fast.py        the kernel set this backend runs: int8-dot matmuls over that layout (avx2.py)
+    fast.py        the kernel set this backend runs: int8-dot matmuls over that layout (avx2.py, avx2_q8.py)
+    fast_weights.py  the set's weights: files repacked into that layout, the layers' buffer per thread
     attn*.py       attention: split decode items, prompt row tiles, int8 cache variants, softmax
     step.py        the fused step: the whole forward in ONE parallel region, generated from engine.forward's
                    phase list; step_mm.py its matmul phases, step_weights.py its per-layout weight tables

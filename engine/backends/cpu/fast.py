@@ -1,9 +1,9 @@
 """Fast CPU kernels: row-interleaved quantized weights x int8-quantized activations (the `ref.py` contract).
 
-Only `prepare_weight`, `weight_shape`, `new_scratch`, `matmul`, `embed` and `swiglu` differ from `cpu.py`; every
-other kernel is cpu.py's. Q4_K takes the 4-bit layout with its 6-bit scales (q4k.py), Q5_0 / Q5_1 / Q5_K / Q6_K
-kquant.py's 5- and 6-bit layouts (its kernels, same contract); weights of other types keep cpu.py's layout and
-kernels, so this module is a drop-in superset.
+Only `prepare_weight`, `weight_shape`, `new_scratch` (fast_weights.py: the weights repacked), `matmul`, `embed`
+and `swiglu` differ from `cpu.py`; every other kernel is cpu.py's. Q4_K takes the 4-bit layout with its 6-bit
+scales (q4k.py), Q5_0 / Q5_1 / Q5_K / Q6_K kquant.py's 5- and 6-bit layouts (its kernels, same contract); weights
+of other types keep cpu.py's layout and kernels, so this module is a drop-in superset.
 
 Why this layout (measured on a 2-core Zen 3, AVX2; REFERENCE.md section 8 for the Zen 4 prototype):
 - Rows are interleaved in groups of G=32: blocks[group, block] holds one block (32 values) of all G rows
@@ -40,22 +40,18 @@ from __future__ import annotations
 
 from ... import numba_env  # noqa: F401  (must precede the numba import: SLP flag, cache dir, threading layer)
 
-import ctypes
-import ctypes.util
-import mmap
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 import numba
 import numpy as np
-from ...gguf_types import GGMLQuantizationType as QT
 from numba import njit, prange
 
-from ...quant import QK, QTensor, validate
+from ...quant import QK
 from . import kernels as cpu
-from . import avx2
+from . import avx2, avx2_q8
 from .avx2 import XS, XS_A, XS_A0, XS_SCALED  # noqa: F401  (XS re-exported: the scratch width)
 from . import kquant  # Q4_K, Q5_0, Q5_1, Q5_K, Q6_K (KWeight)
+from .fast_weights import (  # noqa: F401  (the kernel set's weights and scratch: fast_weights.py)
+    FastScratch, FastWeight, new_scratch, prepare_layers, prepare_weight, release_pages, repack, thread_parts,
+    weight_shape)
 from .attn import GENERIC_FORCED, exp_fast, h2f
 from .layout import D8_OFF, D_OFF, G, M_OFF, nib_at, parts, val8_at  # noqa: F401  (re-exported)
 from .target import target_has
@@ -68,7 +64,7 @@ HAVE_AVX2 = target_has("avx2") and not GENERIC_FORCED
 ROWS_UNPACKED = 16  # up to this many rows avx2.grp_q4_rows / grp_q8_rows (no unpacked copy; probes/matmul_bench.py)
 # With 512-bit vpdpbusd (avx2.VNNI512) the multi-row kernels beat the unpacked copy at any T. The 4-bit form
 # (3072x1024, one thread, an AVX-512 Xeon): T = 32 1322 -> 755 us, T = 64 2088 -> 1385. The Q8_0 form with its
-# sign-extended pairs did not (T = 64 2961 -> 3503); with vpdpbusd over the flipped bytes (avx2._q8_isums_busd)
+# sign-extended pairs did not (T = 64 2961 -> 3503); with vpdpbusd over the flipped bytes (avx2_q8._q8_isums_busd)
 # it does: the 576 -> 49152 head, two threads, T = 32 7.9-8.7 -> 3.5-4.6 ms, T = 64 13.5-23.5 -> 6.2-8.8
 # (probes/matmul_bench.py against the tree before, alternated).
 ROWS_UNPACKED_Q4 = (1 << 30) if avx2.VNNI512 else ROWS_UNPACKED
@@ -77,214 +73,6 @@ BATCHED_MIN_T = 2  # from this many rows on, matmuls unpack each weight block on
 I16 = np.int16
 I32 = np.int32
 F32 = np.float32
-
-
-class FastWeight:
-    """A Q4_0/Q4_1/Q4_K/Q8_0 weight in the interleaved layout. kind: 'q4' (Q4_0, Q4_1) | 'q4k' (Q4_K: q4k.py,
-    blocks (ng, nsb, SB4K); `d`, `m` view its super-blocks' f16 d and dmin, `qs` None) | 'q8'.
-
-    q4: blocks uint8 (ng, nb, BLK4): per group and block its nibbles (bytes 0-511, avx2's order), its
-        rows' f16 scales (D_OFF: 32 uint16) and mins (M_OFF), the file's bits (Q4_0 has no min: m = -8 d,
-        exact in f16, so the kernels' m + 8 d is 0). `qs`, `d`, `m` are views of its parts (for inspection).
-    q8: blocks int8 (ng, nb, BLK8): per group and block values 2i, 2i+1 of row r at bytes 64 i + 2r, 64 i +
-        2r + 1, then the rows' f16 scales (D8_OFF). `qs` (ng, nb, 16, 2G) and `d` view them.
-    acc16/acc32 (ng, G): per-group integer accumulators (scratch, so the kernels never allocate).
-    A layer matrix of prepare_layers has 4-bit blocks (P, ng / P, nb, BLK4): its groups cut into P parts,
-    each contiguous (part p's groups are groups p * ng / P ..), the parts apart in memory.
-    """
-
-    def __init__(self, name, kind, shape, blocks):
-        self.name, self.kind, self.shape = name, kind, shape
-        self.set_blocks(blocks)
-        self.stack = None  # the role's (L, P, ng / P, nb, BLK4) view this weight is a slot of (prepare_layers)
-        ng = blocks.shape[0] * blocks.shape[1] if blocks.ndim == 4 else blocks.shape[0]
-        self.acc16 = np.zeros((ng, G), np.int16)  # (ng, G) kernel scratch (4-bit)
-        self.acc32 = np.zeros((ng, G), np.int32)  # (ng, G) kernel scratch (Q8_0)
-
-    def set_blocks(self, blocks):
-        """The weight's blocks (e.g. a view of a role's stack: step); qs, d, m: views of their parts."""
-        self.blocks = blocks
-        self.qs, self.d, self.m = parts(blocks, self.kind)
-
-
-class FastScratch:
-    """matmul scratch for x of up to (max_t, max_n): int8 activations, their block scales and block sums."""
-
-    def __init__(self, max_t: int, max_n: int):
-        nb = (max_n + QK - 1) // QK
-        self.qa = np.zeros((max_t, nb * QK), np.int8)  # (T, n) int8 quantized activations
-        self.sa = np.zeros((max_t, nb), np.float32)  # (T, nb) their scales
-        self.xs = np.zeros((max_t, XS * nb), np.float32)  # (T, XS nb): each block's sums (quantize_rows)
-        self.cpu = cpu.new_scratch(max_t, max_n)  # for weights that stay in cpu.py's layout
-
-
-def _file_blocks(qt: QTensor) -> np.ndarray:
-    """qt's raw blocks as (rows, bytes_per_row) uint8, a plain ndarray view of the file mapping."""
-    return np.ascontiguousarray(qt.data).view(np.uint8).reshape(qt.shape[0], -1)
-
-
-def repack(qt: QTensor, store=None) -> FastWeight:
-    """File blocks (rows, nb * bytes_per_row) -> the interleaved layout, in one jitted pass
-    (backends/cpu/repack.py), or the arrays an earlier start stored (store: engine.weight_store
-    .WeightStore or None). Rows are padded with zero blocks up to a multiple of G; kernels never write the
-    padding rows to `out`. None for a Q4_0 weight whose -8 d overflows f16 (|d| > 8188)."""
-    from .repack import layout, repack_arrays
-    rows, cols = qt.shape[0], qt.shape[-1]
-    kind = {QT.Q8_0: "q8", QT.Q4_K: "q4k"}.get(qt.qtype, "q4")
-    arrays = _stored(store, qt.name, layout(kind, (), rows, cols))
-    if arrays is None:
-        arrays = repack_arrays(_file_blocks(qt), QT(qt.qtype).name.lower(), cols)
-        if arrays is None:
-            return None
-        if store is not None:
-            store.put(qt.name, arrays)
-    return FastWeight(qt.name, kind, (rows, cols), *arrays)
-
-
-def _stored(store, name: str, shapes: list):
-    """The store's arrays for name when they have these [(dtype, shape)] (repack.layout), else None."""
-    got = store.get(name) if store is not None else None
-    if got is None or len(got) != len(shapes) or \
-            any(a.dtype != dt or a.shape != shape for a, (dt, shape) in zip(got, shapes)):
-        return None
-    return got
-
-
-def thread_parts(ngs, threads: int) -> int:
-    """How many parts the layer weights' layout cuts every matrix's row groups into (prepare_layers): one per
-    thread when each matrix's groups divide evenly (then thread t streams part t of every phase), else 1."""
-    return threads if threads > 1 and all(n % threads == 0 for n in ngs) else 1
-
-
-def prepare_layers(roles: dict, store=None, threads: int | None = None) -> dict:
-    """The layer matrices (roles: role -> its layers' QTensors) repacked into ONE buffer laid out per
-    thread: region p holds, layer by layer and role by role in the step's order, part p of each matrix
-    (its row groups p * ng / P .. (p + 1) * ng / P). A decode step's thread then reads one address stream
-    from its first layer to its last, phase after phase, where with a stack per role it jumped to another
-    array at every phase (the hardware prefetcher starts over each time; the other thread's half lies
-    between): the kernels over all layers in the step's order read ~5% faster (scripts/stream_ceiling.py,
-    "kernels" against "role-major"; a plain reader of the same segments 8-12%).
-    Each FastWeight's blocks are then (P, ng / P, nb, BLK4), a view of its slot, and `stack` the role's
-    (L, P, ng / P, nb, BLK4) view (the fused step's). A role qualifies when all its layers are Q4_0 / Q4_1 / Q4_K
-    of one shape; the others are left out (the caller prepares them one by one). Returns {name:
-    FastWeight}. threads: the parts wanted (default: numba's thread count; thread_parts decides).
-    store (weight_store.WeightStore or None): the buffer an earlier start stored, else stored now."""
-    from .repack import layout
-    ok = {}
-    for role, ts in roles.items():
-        t0 = ts[0]
-        if t0.qtype in (QT.Q4_0, QT.Q4_1, QT.Q4_K) and len(t0.shape) == 2 and all(
-                t.qtype == t0.qtype and tuple(t.shape) == tuple(t0.shape) for t in ts):
-            for t in ts:
-                validate(t)
-            ok[role] = (ts, layout(_kind(t0), (), t0.shape[0], t0.shape[-1])[0][1])  # (ng, nb, BLK4 | nsb, SB4K)
-    if not ok:
-        return {}
-    n_l = len(next(iter(ok.values()))[0])
-    if any(len(ts) != n_l for ts, _ in ok.values()):
-        return {}
-    nt = numba.get_num_threads() if threads is None else threads
-    P = thread_parts([shape[0] for _, shape in ok.values()], nt)
-    part = {r: shape[0] // P * shape[1] * shape[2] for r, (_, shape) in ok.items()}  # bytes of one part, one layer
-    per_layer = sum(part.values())
-    key = f"layers:{P}:" + ",".join(ok)
-    got = _stored(store, key, [(np.uint8, (P * n_l * per_layer,))])
-    buf = got[0] if got is not None else np.zeros(P * n_l * per_layer, np.uint8)
-    views, off = {}, 0
-    for r, (ts, (ng, nb, blk)) in ok.items():
-        views[r] = np.lib.stride_tricks.as_strided(buf[off:], (n_l, P, ng // P, nb, blk),
-                                                   (per_layer, n_l * per_layer, nb * blk, blk, 1))
-        off += part[r]
-    if got is None:
-        if not all(_repack_parts(ts, views[r]) for r, (ts, _) in ok.items()):
-            return {}
-        if store is not None:
-            store.put(key, (buf,))
-    out = {}
-    for r, (ts, _) in ok.items():
-        for i, t in enumerate(ts):
-            w = FastWeight(t.name, _kind(t), (t.shape[0], t.shape[-1]), views[r][i])
-            w.stack = views[r]
-            out[t.name] = w
-            release_pages(t.data)
-    return out
-
-
-def _kind(qt: QTensor) -> str:
-    """The FastWeight kind a 4-bit tensor's layout is: 'q4k' for Q4_K (q4k.py), 'q4' for Q4_0 / Q4_1."""
-    return "q4k" if qt.qtype == QT.Q4_K else "q4"
-
-
-def _repack_parts(role_tensors: list[QTensor], stack) -> bool:
-    """Each layer's file blocks into its parts of the role's view (L, P, h, nb, BLK4 | nsb, SB4K); False if one
-    does not fit."""
-    from .repack import repack_q4, repack_q4k
-    kind = QT(role_tensors[0].qtype).name.lower()
-    h = stack.shape[2]
-
-    def one(i):  # the jitted repack releases the GIL: two layers at a time on two cores
-        raw = _file_blocks(role_tensors[i])
-        parts = [raw[p * h * G:(p + 1) * h * G] for p in range(stack.shape[1])]
-        if kind == "q4_k":
-            return all(repack_q4k(part, stack[i, p]) for p, part in enumerate(parts))
-        return all(repack_q4(part, kind, stack[i, p]) for p, part in enumerate(parts))
-    with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
-        return all(pool.map(one, range(len(role_tensors))))
-
-
-def prepare_weight(qt: QTensor, store=None):
-    """Interleaved layout for Q4_0/Q4_1/Q8_0 (and Q4_K: q4k.py) matrices, kquant's 5- and 6-bit layouts for Q5_0/Q5_1/
-    Q5_K/Q6_K; cpu.py's layout for everything else. store: as for `repack`."""
-    validate(qt)
-    if qt.qtype in (QT.Q4_0, QT.Q4_1, QT.Q8_0, *kquant.QTYPES) and len(qt.shape) == 2:
-        w = (kquant.prepare_weight if qt.qtype in kquant.QTYPES else repack)(qt, store)
-        if w is not None:
-            release_pages(qt.data)
-            return w
-    return cpu.prepare_weight(qt)
-
-
-def _libc():
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    except OSError:  # pragma: no cover - not glibc/Linux
-        return None
-
-
-_LIBC = _libc()
-_PAGE = mmap.PAGESIZE
-if _LIBC is not None and hasattr(_LIBC, "mallopt"):
-    # Fixed mmap threshold (256 KiB): glibc otherwise raises it after the first large free, and the
-    # repacking temporaries then stay in the heap and count in RSS long after they are freed.
-    _LIBC.mallopt(-3, 256 * 1024)  # M_MMAP_THRESHOLD
-
-
-def release_pages(data: np.ndarray) -> None:
-    """Drop the resident pages of a memory-mapped (read-only, file-backed) tensor once it is repacked:
-    they count in RSS otherwise. Harmless if read again (the kernel re-reads them from the page cache);
-    a no-op for arrays that do not come from a file mapping or off Linux."""
-    if _LIBC is None or not isinstance(data, np.ndarray) or data.flags.writeable or data.nbytes < 4 * _PAGE:
-        return
-    base = data
-    while isinstance(base, np.ndarray) and base.base is not None and not isinstance(base, np.memmap):
-        base = base.base
-    if not isinstance(base, (np.memmap, mmap.mmap)) and not isinstance(getattr(base, "base", None), mmap.mmap):
-        return
-    start = data.ctypes.data
-    lo = (start + _PAGE - 1) // _PAGE * _PAGE  # whole pages inside the tensor only
-    hi = (start + data.nbytes) // _PAGE * _PAGE
-    if hi > lo:
-        _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4)  # MADV_DONTNEED
-
-
-def weight_shape(w) -> tuple[int, int]:
-    """Logical (rows, cols) = (out_features, in_features) of a prepared weight."""
-    return w.shape
-
-
-def new_scratch(max_t: int, max_n: int) -> FastScratch:
-    """Scratch for `matmul` covering x of up to (max_t, max_n)."""
-    return FastScratch(max_t, max_n)
 
 
 # ------------------------------------------------------------------------------------ activation quant
@@ -678,12 +466,12 @@ def q8_group(out, qa, sa, blk, acc, g):
 def _q8_blocks_avx2(o, o0, qa, sa, blk, g, t):
     # o[o0 : o0 + G] (flat, zeroed) += all blocks of group g for activation row t
     for b in range(blk.shape[1]):
-        avx2.blk_q8(o, o0, blk, g * blk.strides[0] + b * blk.strides[1], qa, t * qa.strides[0] + b * QK, sa[t, b])
+        avx2_q8.blk_q8(o, o0, blk, g * blk.strides[0] + b * blk.strides[1], qa, t * qa.strides[0] + b * QK, sa[t, b])
 
 
 @njit(cache=True, nogil=True)
 def q8_group_avx2(out, qa, sa, blk, acc, g):
-    """q8_group with the AVX2 block kernel (avx2.blk_q8); same int32 sums and float order."""
+    """q8_group with the AVX2 block kernel (avx2_q8.blk_q8); same int32 sums and float order."""
     for t in range(out.shape[0]):
         if (g + 1) * G <= out.shape[1]:
             for r in range(G):
@@ -709,8 +497,8 @@ def _q8(out, qa, sa, blk, acc, g):
 
 @njit(cache=True, nogil=True, inline="always")
 def _q8_rows_call(left):
-    # rows of the next grp_q8_rows call with `left` rows to go: 8 where the target takes 8 (avx2.ROWS_MAX_Q8)
-    return 8 if left >= 8 and avx2.ROWS_MAX_Q8 >= 8 else min(avx2.ROWS_MAX, left)
+    # rows of the next grp_q8_rows call with `left` rows to go: 8 where the target takes 8 (avx2_q8.ROWS_MAX_Q8)
+    return 8 if left >= 8 and avx2_q8.ROWS_MAX_Q8 >= 8 else min(avx2.ROWS_MAX, left)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -721,23 +509,23 @@ def _grp_q8_rows(o, o0, o_st, qa, sa, xs, blk, g, t, n):
     x0, xst = t * (xs.strides[0] // 4), xs.strides[0] // 4
     bo, nb = g * blk.strides[0], blk.shape[1]
     if n == 8:
-        avx2.grp_q8_rows8(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
+        avx2_q8.grp_q8_rows8(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
     elif n == 4:
-        avx2.grp_q8_rows4(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
+        avx2_q8.grp_q8_rows4(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
     elif n == 3:
-        avx2.grp_q8_rows3(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
+        avx2_q8.grp_q8_rows3(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
     elif n == 2:
-        avx2.grp_q8_rows2(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
+        avx2_q8.grp_q8_rows2(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
     else:
-        avx2.grp_q8_rows1(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
+        avx2_q8.grp_q8_rows1(o, o0, o_st, blk, bo, qa, a0, ast, sa, xs, s0, sst, x0, xst, nb)
 
 
 @njit(cache=True, nogil=True)
 def q8_group_batched(out, qa, sa, xs, blk, g):
-    """As q8_group for T > 1 (a verify pass's logits). Up to ROWS_UNPACKED_Q8 rows: avx2.grp_q8_rows on
+    """As q8_group for T > 1 (a verify pass's logits). Up to ROWS_UNPACKED_Q8 rows: avx2_q8.grp_q8_rows on
     ROWS_MAX rows at a time (each block sign-extended once in registers for them, or where the target has
     AVX512-VNNI its bytes flipped and interleaved for vpdpbusd, with xs's block sums: any T); more: each block is
-    sign-extended once into a 2 KiB L1 buffer (avx2.unpack_q8) and every row does the pair multiply-adds
+    sign-extended once into a 2 KiB L1 buffer (avx2_q8.unpack_q8) and every row does the pair multiply-adds
     (vpmaddwd) on it. Same int32 block sums and float order as q8_group, so each row equals a one-row call
     bit for bit. AVX2 only."""
     t_n = out.shape[0]
@@ -759,14 +547,14 @@ def q8_group_batched(out, qa, sa, xs, blk, g):
                 _copy_partial(out, part[t], t, g)
         return
     full, part = _batched_target(out, g)
-    buf = np.empty(avx2.UNBUF8, np.uint8)
+    buf = np.empty(avx2_q8.UNBUF8, np.uint8)
     for b in range(blk.shape[1]):
-        avx2.unpack_q8(buf, blk, g * blk.strides[0] + b * blk.strides[1])
+        avx2_q8.unpack_q8(buf, blk, g * blk.strides[0] + b * blk.strides[1])
         for t in range(t_n):
             if full:
-                avx2.blk_q8u(out, (t * out.strides[0]) // 4 + g * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b])
+                avx2_q8.blk_q8u(out, (t * out.strides[0]) // 4 + g * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b])
             else:
-                avx2.blk_q8u(part, t * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b])
+                avx2_q8.blk_q8u(part, t * G, buf, qa, t * qa.strides[0] + b * QK, sa[t, b])
     if not full:
         for t in range(t_n):
             _copy_partial(out, part[t], t, g)

@@ -267,8 +267,8 @@ def prepare_weight(qt: QTensor, store=None):
     """qt (2-D, a QTYPES type) on the fast path: a fast.FastWeight ('q4k') for Q4_K, a KWeight for the
     others; None where it cannot (a scale beyond f16: the caller keeps kernels.py's layout). store:
     weight_store.WeightStore or None (as fast.repack)."""
-    from .fast import _stored
-    from .fast import repack as repack_q4
+    from .fast_weights import _stored
+    from .fast_weights import repack as repack_q4
     if qt.qtype == QT.Q4_K:  # fast's 'q4k' layout (q4k.py)
         return repack_q4(qt, store)
     rows, cols = qt.shape[0], qt.shape[-1]

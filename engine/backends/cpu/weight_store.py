@@ -5,7 +5,7 @@ each block's scales after its values), ~0.25 s of every start's time to first to
 reading the same 96 MB back from the page cache into fresh arrays takes ~0.08 s.
 
 Key: the model file's identity (real path, size, mtime, inode) and the sources of the layout code
-(fast.py, repack.py, avx2.py, kquant*.py: its block sizes and offsets) and of this file: a changed model
+(fast.py, fast_weights.py, repack.py, avx2.py, kquant*.py: its block sizes and offsets) and of this file: a changed model
 file or layout is never served old bytes.
 One file per model path and layout code, `<cache root>/weights/<path digest>-<code digest>-<identity
 digest>.bin` (two builds started in turn, as a benchmark's A-B of two checkouts does, keep one each instead of
@@ -45,8 +45,8 @@ def cache_dir() -> Path:
 def _code_digest() -> str:
     here = Path(__file__).parent
     h = hashlib.sha256()
-    for p in (here / "fast.py", here / "layout.py", here / "repack.py", here / "avx2.py", here / "kquant.py",
-              here / "kquant_avx2.py", Path(__file__)):
+    for p in (here / "fast.py", here / "fast_weights.py", here / "layout.py", here / "repack.py", here / "avx2.py",
+              here / "avx2_q8.py", here / "kquant.py", here / "kquant_avx2.py", Path(__file__)):
         h.update(p.read_bytes())
     return h.hexdigest()[:16]
 
