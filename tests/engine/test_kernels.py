@@ -5,7 +5,6 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "2")
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as QT
 
 from engine.backends.cpu import kernels as cpu
 from engine.backends.ref import kernels as ref
