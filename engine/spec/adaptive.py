@@ -50,6 +50,30 @@ BLOCK_OUTLIER = 1.5
 _COST_TABLES: "weakref.WeakKeyDictionary[Any, dict[int, float]]" = weakref.WeakKeyDictionary()
 
 
+# What a token of a decode block costs (AdaptiveLength.block_timed, the drafter's following of the block included)
+# is the machine's and the drafter's too, not a reply's: each length of a drafter of the model keeps its price
+# across replies (shared_plain_price), where a new reply's length spent its first decode block measuring it again
+# (count300_plain_en: 8 of 122 tokens at plain speed, before every reply's drafting rounds).
+@dataclass(eq=False)
+class PlainPrice:
+    """EMA ms per token of the decode blocks a length ran in place of rounds (block_timed); None until one ran."""
+
+    ms: float | None = None
+
+
+_PLAIN_PRICES: "weakref.WeakKeyDictionary[Any, dict[str, PlainPrice]]" = weakref.WeakKeyDictionary()
+
+
+def shared_plain_price(model: Any, key: str) -> PlainPrice:
+    """The plain price of the length `key` (a drafter's name, and which of its lengths) of `model`'s drafters."""
+    if model is None:
+        return PlainPrice()
+    try:
+        return _PLAIN_PRICES.setdefault(model, {}).setdefault(key, PlainPrice())
+    except TypeError:  # not weak-referenceable
+        return PlainPrice()
+
+
 # How a drafter's confidence maps to acceptance is a property of the drafter (its weights and head), not of
 # a reply: adaptive wrappers of the same network (`inner.calibration_key`) share their bins across replies.
 _CALIBRATIONS: weakref.WeakKeyDictionary[Any, tuple[list[float], list[float]]] = weakref.WeakKeyDictionary()
@@ -106,7 +130,8 @@ class AdaptiveLength:
 
     def __init__(self, inner: Drafter, decay: float = 0.9, probe_every: int = 8,
                  clock: Callable[[], float] = time.perf_counter, cost_table: dict[int, float] | None = None,
-                 draft_fixed: float = 0.0, shadow: int = 0, conf_positions: int = 1):
+                 draft_fixed: float = 0.0, shadow: int = 0, conf_positions: int = 1,
+                 plain_price: PlainPrice | None = None):
         """draft_fixed: a round's drafting costs about (k + draft_fixed) draft steps (MTP: 1, its first step
         also runs the pairs fed since the last round; DFlash: 2, its block forward against the head's rows):
         how a k not yet drafted is scaled from the nearest one measured (draft_cost).
@@ -115,7 +140,9 @@ class AdaptiveLength:
         confidence gate, such a drafter's rows are all candidates for the verify (`keep`), not only choose_k's.
         conf_positions: calibrate confidences per draft position (up to this many; the last bins serve deeper
         ones) where a row's confidence is its marginal, not given the drafts before it (DFlash's block rows),
-        instead of one table for all positions (MTP's chained drafts)."""
+        instead of one table for all positions (MTP's chained drafts).
+        plain_price: where the decode blocks' price is kept (shared_plain_price: across replies); None: this
+        length's own."""
         self.inner = inner
         self.name = inner.name
         self.features_needed = inner.features_needed
@@ -160,11 +187,11 @@ class AdaptiveLength:
         # rounds from ever verifying 7 drafts again to correct it)
         self._cold: set[int] = set()
         self._tok = self._ms = 0.0  # decayed tokens and ms of the rounds (rate)
-        # EMA ms per token of the decode blocks run in place of rounds (block_timed): what a token costs when
-        # nothing is drafted. A one-token verify round (cost_ms[1]) costs far more than that where a step is
+        # EMA ms per token of the decode blocks run in place of rounds (block_timed, block_ms): what a token costs
+        # when nothing is drafted. A one-token verify round (cost_ms[1]) costs far more than that where a step is
         # cheap: 4.4 ms against 2.4 on an AVX-512 Xeon (the pass after a drafting round, its logits, the round's
         # bookkeeping), and priced at it, drafting looked better than blocks on chat where it ran 0.66x.
-        self.block_ms: float | None = None
+        self.plain_price = plain_price if plain_price is not None else PlainPrice()
         # block_instead asked for that first block: asked once. Where none runs (a runner without decode blocks:
         # the round verifies one token instead and block_timed never comes), asking again every round planned
         # no drafts for the rest of the reply (a CI run of the tiny model drafted none in 40 tokens).
@@ -190,6 +217,15 @@ class AdaptiveLength:
         if j >= len(self.tries):
             return prior
         return (self.hits[j] + PRIOR_WEIGHT * prior) / (self.tries[j] + PRIOR_WEIGHT)
+
+    @property
+    def block_ms(self) -> float | None:
+        """The decode blocks' ms per token (plain_price), None until a block ran."""
+        return self.plain_price.ms
+
+    @block_ms.setter
+    def block_ms(self, ms: float | None) -> None:
+        self.plain_price.ms = ms
 
     def plain_cost(self) -> float:
         """Estimated ms of a token when a round drafts nothing: a decode block's (measured) where rounds may

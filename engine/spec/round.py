@@ -12,9 +12,9 @@ A round without drafts (an adaptive length that finds no draft worth its verify 
 `block_instead`; or a propose that kept none: confidences that cut every draft, an n-gram without a match)
 runs a decode block instead, as a plain reply does (rounds.plain_round), once the length's verify costs are
 measured (`may_block`): a one-token round costs ~1.1x a token of a block on the CPU
-(bench/results-verify.md), and on chat about half the rounds drafted nothing. The block hands out each pass's last hidden row (Runner.decode_block's capture), which the
-drafter observes as it would a round's kept positions; the same tokens either way (a block chooses what
-single rounds would).
+(bench/results-verify.md), and on chat about half the rounds drafted nothing. The block hands out each pass's
+last hidden row (Runner.decode_block's capture), which the drafter observes as it would a round's kept
+positions; the same tokens either way (a block chooses what single rounds would).
 """
 from __future__ import annotations
 

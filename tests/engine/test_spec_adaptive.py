@@ -394,6 +394,33 @@ def test_adaptive_asks_for_its_first_block_once():
     assert a.block_ms == pytest.approx(9.0)
 
 
+def test_a_new_replys_length_keeps_the_plain_price_its_drafter_measured():
+    """The decode blocks' price is the machine's and the drafter's, kept per model and length across replies
+    (each reply makes its drafter): a second reply's length does not ask for a first block to measure it again,
+    and it prices "no drafts" at what the first reply's blocks measured; another model's, or another drafter's
+    length, starts without one."""
+    from engine.spec import make_drafter
+    from engine.spec.lookup import lookup_first
+
+    class Model:  # (weak-referenceable, as the engine's models)
+        pass
+    model, other = Model(), Model()
+    first = make_drafter("ngram", model)
+    first.cost_ms.update({1: 10.0, 2: 14.0, 4: 22.0})  # (the model's shared table: measured once)
+    assert first.block_instead(3) and first.block_ms is None  # the process's first reply asks for its block
+    first.block_timed(8, 8 * 9.0)
+    second = make_drafter("ngram", model)
+    assert second.block_ms == pytest.approx(9.0) and second.plain_cost() == pytest.approx(9.0)
+    second.hits, second.tries = [0.0] * 4, [100.0] * 4  # drafts that never land: no drafts, a decode block
+    assert second.block_instead(3) and not second._block_asked  # on the plan, not to measure a block's token
+    second.block_timed(8, 8 * 11.0)  # its blocks move the kept price
+    assert make_drafter("ngram", model).block_ms == pytest.approx(second.block_ms) and second.block_ms > 9.0
+    assert make_drafter("ngram", other).block_ms is None
+    lf = lookup_first(make_drafter("ngram", model), model)  # (its lookup lengths keep their own prices)
+    assert lf.lookup.block_ms is None and lf.fresh.block_ms is None
+    assert lf.lookup.plain_price is not lf.fresh.plain_price
+
+
 class SureDrafter(ListDrafter):
     """ListDrafter with a confidence per draft (given per position) and a count of rows asked."""
 
