@@ -11,7 +11,8 @@ kernel module does so at its top. What it sets, and why (measured, see REFERENCE
   kernel sources - numba does not notice when a callee in another file changed).
 - The threading layer: OpenMP first (NUMBA_THREADING_LAYER_PRIORITY="omp tbb workqueue") with a short
   spin before sleeping (GOMP_SPINCOUNT=10000, ~10-30 us). A decode step had ~150 parallel regions (one since
-  sync; the measurements below are from then), so the wake-up of the second thread was paid 150 times. Measured (SmolLM2, 2-core VM, decode step):
+  sync; the measurements below are from then), so the wake-up of the second thread was paid 150 times.
+  Measured (SmolLM2, 2-core VM, decode step):
     workqueue                          20.5 ms   (its launch alone cost ~340 us under load)
     omp, OMP_WAIT_POLICY=PASSIVE       16.7 ms   (a futex wake-up per region; 1 thread alone: 12.0 ms)
     omp, GOMP_SPINCOUNT=10000           6.5 ms   (the worker is still spinning when the next region starts)

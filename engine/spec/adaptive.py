@@ -198,7 +198,9 @@ class AdaptiveLength:
         self._block_asked = False
 
     def reset(self) -> None:
-        """A new reply. Costs are the machine's and acceptance follows the text: both are kept (decayed)."""
+        """A new reply. Costs are the machine's and acceptance follows the text: this length keeps both (decayed);
+        the verify costs and the decode-block price also outlive it (shared per model: the engine makes a new
+        length for each reply, whose acceptance starts from the prior)."""
         self.inner.reset()
         self._pending = None
         self._planned = None

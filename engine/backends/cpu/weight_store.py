@@ -5,8 +5,8 @@ each block's scales after its values), ~0.25 s of every start's time to first to
 reading the same 96 MB back from the page cache into fresh arrays takes ~0.08 s.
 
 Key: the model file's identity (real path, size, mtime, inode) and the sources of the layout code
-(fast.py, fast_weights.py, repack.py, avx2.py, kquant*.py: its block sizes and offsets) and of this file: a changed model
-file or layout is never served old bytes.
+(fast.py, fast_weights.py, repack.py, avx2*.py, kquant*.py: its block sizes and offsets) and of this file: a
+changed model file or layout is never served old bytes.
 One file per model path and layout code, `<cache root>/weights/<path digest>-<code digest>-<identity
 digest>.bin` (two builds started in turn, as a benchmark's A-B of two checkouts does, keep one each instead of
 deleting each other's and repacking at every start): a magic line,
