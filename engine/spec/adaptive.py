@@ -66,12 +66,7 @@ _PLAIN_PRICES: "weakref.WeakKeyDictionary[Any, dict[str, PlainPrice]]" = weakref
 
 def shared_plain_price(model: Any, key: str) -> PlainPrice:
     """The plain price of the length `key` (a drafter's name, and which of its lengths) of `model`'s drafters."""
-    if model is None:
-        return PlainPrice()
-    try:
-        return _PLAIN_PRICES.setdefault(model, {}).setdefault(key, PlainPrice())
-    except TypeError:  # not weak-referenceable
-        return PlainPrice()
+    return _kept(_PLAIN_PRICES, model, {}).setdefault(key, PlainPrice())
 
 
 # How a drafter's confidence maps to acceptance is a property of the drafter (its weights and head), not of
@@ -82,23 +77,23 @@ _CALIBRATIONS: weakref.WeakKeyDictionary[Any, tuple[list[float], list[float]]] =
 def shared_calibration(key: Any, positions: int = 1) -> tuple[list[float], list[float]]:
     """(hits, tries) per confidence bin (per draft position: bin b of position j at j * CONF_BINS + b, where
     `positions` > 1), shared by every adaptive wrapper of the drafter network `key`."""
-    fresh = ([0.0] * CONF_BINS * positions, [0.0] * CONF_BINS * positions)
-    if key is None:
-        return fresh
-    try:
-        return _CALIBRATIONS.setdefault(key, fresh)
-    except TypeError:  # not weak-referenceable
-        return fresh
+    return _kept(_CALIBRATIONS, key, ([0.0] * CONF_BINS * positions, [0.0] * CONF_BINS * positions))
 
 
 def shared_cost_table(model: Any) -> dict[int, float]:
     """The verify-cost table (T -> EMA ms) shared by every adaptive drafter of `model`."""
-    if model is None:
-        return {}
+    return _kept(_COST_TABLES, model, {})
+
+
+def _kept(registry: weakref.WeakKeyDictionary, owner: Any, fresh: Any) -> Any:
+    """registry[owner], `fresh` the first time (kept while owner lives: the tables above); `fresh` itself, shared
+    with nobody, where owner is None or cannot be weak-referenced."""
+    if owner is None:
+        return fresh
     try:
-        return _COST_TABLES.setdefault(model, {})
+        return registry.setdefault(owner, fresh)
     except TypeError:  # not weak-referenceable
-        return {}
+        return fresh
 
 
 @dataclass(eq=False)
