@@ -59,7 +59,8 @@ BLK8, D8_OFF = 1088, 1024
 # then 8 blocks of K_BLK: nibbles as above, the rows' u8 scales (K_SC) and u8 mins (K_MN)
 SB4K, K_HDR, K_BLK, K_SC, K_MN = 4736, 128, 576, 512, 544
 I8, I16, I32, I64, F = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
-V32I8, V16I16, V8I32, V16I32 = ir.VectorType(I8, 32), ir.VectorType(I16, 16), ir.VectorType(I32, 8), ir.VectorType(I32, 16)
+V32I8, V16I16 = ir.VectorType(I8, 32), ir.VectorType(I16, 16)
+V8I32, V16I32 = ir.VectorType(I32, 8), ir.VectorType(I32, 16)
 V32I32, V32F = ir.VectorType(I32, 32), ir.VectorType(F, 32)
 V32I16, V32H = ir.VectorType(I16, 32), ir.VectorType(ir.HalfType(), 32)
 V64I8 = ir.VectorType(I8, 64)
@@ -199,7 +200,8 @@ def _isum(builder, nib_of, a, vnni=False):
     a32 = builder.bitcast(a, I32.as_pointer())
     acc = [_const(V16I16, 0)] * 4  # rows 0-7, 8-15, 16-23, 24-31 (two lanes per row)
     for k in range(8):
-        av = builder.bitcast(_splat(builder, builder.load(builder.gep(a32, [ir.Constant(I64, k)]), align=1), V8I32), V32I8)
+        a4 = builder.load(builder.gep(a32, [ir.Constant(I64, k)]), align=1)
+        av = builder.bitcast(_splat(builder, a4, V8I32), V32I8)
         for h in range(2):
             lo, hi = nib_of(2 * k + h)
             acc[2 * h] = builder.add(acc[2 * h], builder.call(madd, [lo, av]))
@@ -460,6 +462,32 @@ def _a4(builder, a, k):
     return builder.load(builder.gep(builder.bitcast(a, I32.as_pointer()), [ir.Constant(I64, k)]), align=1)
 
 
+def _rows_setup(context, builder, ty, args, nt):
+    """The multi-row forms' arguments (o, o_off, o_st, blk, blk_off, qa, qa_off, qa_st, sa, xs, s_off, s_st,
+    x_off, x_st, nb) -> (q0, a0, sp, xp, accp): the group's first block, per row i < nt pointers to its
+    activations (qa_off + i qa_st), block scales (s_off + i s_st) and block sums (x_off + i x_st), and a
+    <32 x float> accumulator from 0 (_store_rows writes them out). grp_q4_rows, avx2_q8's and kquant_avx2's."""
+    blk_, bo, qa_, ao, ast, sa_, xs_, so, sst, xo, xst = args[3:14]
+
+    def at(i, base, st):
+        return builder.add(base, builder.mul(st, ir.Constant(st.type, i)))
+    q0 = _ptr(context, builder, ty[3], blk_, bo)
+    a0 = [_ptr(context, builder, ty[5], qa_, at(i, ao, ast)) for i in range(nt)]
+    sp = [_ptr(context, builder, ty[8], sa_, at(i, so, sst)) for i in range(nt)]
+    xp = [_ptr(context, builder, ty[9], xs_, at(i, xo, xst)) for i in range(nt)]
+    accp = [cgutils.alloca_once_value(builder, _const(V32F, 0.0)) for _ in range(nt)]
+    return q0, a0, sp, xp, accp
+
+
+def _store_rows(context, builder, ty, args, accp):
+    """o[o_off + i o_st : ... + 32] <- accumulator i (_rows_setup) for every row i."""
+    o_, oo, ost = args[:3]
+    for i, acc in enumerate(accp):
+        off = builder.add(oo, builder.mul(ost, ir.Constant(ost.type, i)))
+        builder.store(builder.load(acc), builder.bitcast(_ptr(context, builder, ty[0], o_, off), V32F.as_pointer()),
+                      align=4)
+
+
 def _make_grp_q4_rows(nt, vnni, lay=BLOCKS):
     @intrinsic
     def grp_q4_rows(typingctx, o, o_off, o_st, blk, blk_off, qa, qa_off, qa_st, sa, xs, s_off, s_st, x_off, x_st, nb):
@@ -475,16 +503,8 @@ def _make_grp_q4_rows(nt, vnni, lay=BLOCKS):
         sig = types.void(o, o_off, o_st, blk, blk_off, qa, qa_off, qa_st, sa, xs, s_off, s_st, x_off, x_st, nb)
 
         def codegen(context, builder, signature, args):
-            o_, oo, ost, blk_, bo, qa_, ao, ast, sa_, xs_, so, sst, xo, xst, nb_ = args
-            ty = signature.args
-            q0 = _ptr(context, builder, ty[3], blk_, bo)
-            a0 = [_ptr(context, builder, ty[5], qa_, builder.add(ao, builder.mul(ast, ir.Constant(ast.type, i))))
-                  for i in range(nt)]
-            sp = [_ptr(context, builder, ty[8], sa_, builder.add(so, builder.mul(sst, ir.Constant(sst.type, i))))
-                  for i in range(nt)]
-            xp = [_ptr(context, builder, ty[9], xs_, builder.add(xo, builder.mul(xst, ir.Constant(xst.type, i))))
-                  for i in range(nt)]
-            accp = [cgutils.alloca_once_value(builder, _const(V32F, 0.0)) for _ in range(nt)]
+            ty, nb_ = signature.args, args[14]
+            q0, a0, sp, xp, accp = _rows_setup(context, builder, ty, args, nt)
             with lay.each(builder, q0, nb_) as (b, q, sb, pf):
                 _prefetch(builder, pf, lay.lines)
                 ab = [builder.gep(a, [builder.mul(b, ir.Constant(b.type, 32))]) for a in a0]
@@ -495,10 +515,7 @@ def _make_grp_q4_rows(nt, vnni, lay=BLOCKS):
                     term = _block_term(builder, isums[i], _block_sum_times(builder, a_sum, 8), dv, m8,
                                        builder.load(builder.gep(sp[i], [b])), _xs_at(builder, xp[i], b, XS_SCALED))
                     builder.store(builder.fadd(builder.load(accp[i]), term), accp[i])
-            for i in range(nt):
-                off = builder.add(oo, builder.mul(ost, ir.Constant(ost.type, i)))
-                op = builder.bitcast(_ptr(context, builder, ty[0], o_, off), V32F.as_pointer())
-                builder.store(builder.load(accp[i]), op, align=4)
+            _store_rows(context, builder, ty, args, accp)
             return context.get_dummy_value()
         return sig, codegen
     return grp_q4_rows

@@ -18,7 +18,8 @@ from numba.extending import intrinsic
 
 from .avx2 import (BLK8, D8_OFF, I8, I16, I32, I64, PREFETCH, ROWS_MAX, V8I32, V16I16, V16I32, V32F, V32I16, V64I8,
                    VNNI512, XS_A, _a4, _asum_times, _bytes_at, _const, _fn, _halves, _i16_at, _prefetch, _ptr,
-                   _rows32, _splat, _vload, _xs_at, spread_prefetch)
+                   _rows32, _rows_setup, _splat, _store_rows, _vload, _xs_at,
+                   spread_prefetch)
 
 V64I16 = ir.VectorType(I16, 64)
 VALS8 = 2048  # bytes of one sign-extended Q8_0 block: 16 pairs x 64 int16
@@ -148,16 +149,8 @@ def _make_grp_q8_rows(nt, vnni):
         sig = types.void(o, o_off, o_st, blk, blk_off, qa, qa_off, qa_st, sa, xs, s_off, s_st, x_off, x_st, nb)
 
         def codegen(context, builder, signature, args):
-            o_, oo, ost, blk_, bo, qa_, ao, ast, sa_, xs_, so, sst, xo, xst, nb_ = args
-            ty = signature.args
-            q0 = _ptr(context, builder, ty[3], blk_, bo)
-            a0 = [_ptr(context, builder, ty[5], qa_, builder.add(ao, builder.mul(ast, ir.Constant(ast.type, i))))
-                  for i in range(nt)]
-            sp = [_ptr(context, builder, ty[8], sa_, builder.add(so, builder.mul(sst, ir.Constant(sst.type, i))))
-                  for i in range(nt)]
-            xp = [_ptr(context, builder, ty[9], xs_, builder.add(xo, builder.mul(xst, ir.Constant(xst.type, i))))
-                  for i in range(nt)]
-            accp = [cgutils.alloca_once_value(builder, _const(V32F, 0.0)) for _ in range(nt)]
+            ty, nb_ = signature.args, args[14]
+            q0, a0, sp, xp, accp = _rows_setup(context, builder, ty, args, nt)
             with cgutils.for_range(builder, nb_) as loop:
                 b = loop.index
                 q = builder.gep(q0, [builder.mul(b, ir.Constant(b.type, BLK8))])
@@ -176,10 +169,7 @@ def _make_grp_q8_rows(nt, vnni):
                     t = builder.fmul(builder.fmul(d, _splat(builder, builder.load(builder.gep(sp[i], [b])), V32F)),
                                      builder.sitofp(isums[i], V32F))
                     builder.store(builder.fadd(builder.load(accp[i]), t), accp[i])
-            for i in range(nt):
-                off = builder.add(oo, builder.mul(ost, ir.Constant(ost.type, i)))
-                op = builder.bitcast(_ptr(context, builder, ty[0], o_, off), V32F.as_pointer())
-                builder.store(builder.load(accp[i]), op, align=4)
+            _store_rows(context, builder, ty, args, accp)
             return context.get_dummy_value()
         return sig, codegen
     return grp_q8_rows

@@ -45,7 +45,8 @@ from numba.extending import intrinsic
 
 from .avx2 import (I8, I32, I64, PREFETCH, V8I32, V16I16, V16I32, V32F, V32I8, V32I32, V64I8, VNNI512, XS_A, XS_A0,
                    XS_SCALED, _a4, _block_sum_times, _bytes_at, _const, _fn, _halves, _i16_at, _prefetch, _ptr, _rows32,
-                   _split, _splat, _vload, _xs_at, each_super_block, spread_prefetch, super_block_at)
+                   _rows_setup, _split, _splat, _store_rows, _vload, _xs_at, each_super_block, spread_prefetch,
+                   super_block_at)
 from .target import target_has
 
 G = 32
@@ -313,7 +314,8 @@ def _terms(builder, bits, vals, acts, meta, sbs, xsbs, a_sums=None, dv=None, has
             for i in range(4):
                 t = builder.mul(scs[half][i], builder.sub(halves[half][r][i], off))
                 parts[i] = t if parts[i] is None else builder.add(parts[i], t)
-        out.append(builder.fmul(builder.fmul(dv, _splat(builder, sb, V32F)), builder.sitofp(_rows32(builder, parts), V32F)))
+        out.append(builder.fmul(builder.fmul(dv, _splat(builder, sb, V32F)),
+                                builder.sitofp(_rows32(builder, parts), V32F)))
     return out
 
 
@@ -436,17 +438,9 @@ def _make_rows(bits, nt):
         sig = types.void(o, o_off, o_st, blk, blk_off, qa, qa_off, qa_st, sa, xs, s_off, s_st, x_off, x_st, nb)
 
         def codegen(context, builder, signature, args):
-            o_, oo, ost, blk_, bo, qa_, ao, ast, sa_, xs_, so, sst, xo, xst, nb_ = args
-            ty = signature.args
-
-            def at(i, base, st):
-                return builder.add(base, builder.mul(st, ir.Constant(st.type, i)))
-            q0 = _ptr(context, builder, ty[3], blk_, bo)
-            a0 = [_ptr(context, builder, ty[5], qa_, at(i, ao, ast)) for i in range(nt)]
-            sp = [_ptr(context, builder, ty[8], sa_, at(i, so, sst)) for i in range(nt)]
-            xp = [_ptr(context, builder, ty[9], xs_, at(i, xo, xst)) for i in range(nt)]
-            accp = [cgutils.alloca_once_value(builder, _const(V32F, 0.0)) for _ in range(nt)]
-            bl = lay.sized(context, builder, ty[3], blk_)
+            ty, nb_ = signature.args, args[14]
+            q0, a0, sp, xp, accp = _rows_setup(context, builder, ty, args, nt)
+            bl = lay.sized(context, builder, ty[3], args[3])
             has_m = bl.has_m(builder)
             with bl.each(builder, q0, nb_) as (b, q, dv, pf):
                 _prefetch(builder, pf, lay.lines)
@@ -457,9 +451,7 @@ def _make_rows(bits, nt):
                                [(_xs_at(builder, p, b, XS_A), _xs_at(builder, p, b, XS_A0)) for p in xp], dv, has_m)
                 for i in range(nt):
                     builder.store(builder.fadd(builder.load(accp[i]), terms[i]), accp[i])
-            for i in range(nt):
-                op = builder.bitcast(_ptr(context, builder, ty[0], o_, at(i, oo, ost)), V32F.as_pointer())
-                builder.store(builder.load(accp[i]), op, align=4)
+            _store_rows(context, builder, ty, args, accp)
             return context.get_dummy_value()
         return sig, codegen
     return grp_rows

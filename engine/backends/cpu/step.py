@@ -511,7 +511,8 @@ class FusedForward:
         self.rope = (np.asarray(model.inv_freq, f32), bool(a.rope_neox), a.n_head, a.n_kv_head, a.head_dim,
                      np.float32(model.attn_scale))
         if layers[0].bq is not None:
-            self.bias = (True, *(np.stack([np.asarray(getattr(lw, b), f32) for lw in layers]) for b in ("bq", "bk", "bv")))
+            self.bias = (True, *(np.stack([np.asarray(getattr(lw, b), f32) for lw in layers])
+                                 for b in ("bq", "bk", "bv")))
         else:
             self.bias = (False, _z(f32, 2), _z(f32, 2), _z(f32, 2))
         if layers[0].q_norm is not None:
