@@ -435,6 +435,30 @@ def test_int8_attention_scores_in_integer_dot_products():
     assert res["sx16"] >= 2, res
 
 
+def test_int8_attention_scores_leave_their_stack_buffers_unset():
+    """The VNNI scores kernel's stack buffers (the item's quantized queries, 16 KB and more) are written before
+    they are read: nothing zeroes them on each call. numba's cgutils.alloca_once stored a zero aggregate there,
+    a 19 KB memset on every work item of every layer, and LLVM's InstCombine unpacked it into 16384 one-byte
+    stores: 33 s of one core to compile the kernel (0.4 s without)."""
+    import re
+
+    from numba import njit
+    from numba import types as T
+
+    from engine.backends.cpu.attn_int8_vnni import VNNI512, scores_q8_vnni
+    if not VNNI512:
+        pytest.skip("target without AVX512-VNNI")
+
+    @njit(fastmath=True)
+    def scores(s, q, kq, ks, lo, n, scale):
+        scores_q8_vnni(s, q, kq, ks, lo, n, scale)
+    scores.compile((T.float32[:, ::1], T.float32[:, ::1], T.int8[:, :, ::1], T.float32[:, :, ::1], T.int64, T.int64,
+                    T.float32))
+    llvm_ir = scores.inspect_llvm(scores.signatures[0])
+    zeroed = [int(n) for n in re.findall(r"call void @llvm\.memset\S*\(.*?, i8 0, i64 (\d+)", llvm_ir)]
+    assert all(n < 1024 for n in zeroed), zeroed  # (numba's own small array structs may be zeroed)
+
+
 @pytest.fixture
 def guard_clock(monkeypatch):
     """(a fresh ContentionGuard on 2 numba threads, its clocks: [wall, process CPU] seconds, advanced by the
