@@ -28,7 +28,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kv", choices=("f16", "int8"), default="f16", help="the KV cache's type")
     ap.add_argument("--top", type=int, default=20, help="rows to print")
+    ap.add_argument("--passes", type=int, default=0, metavar="N",
+                    help="also LLVM's N slowest passes of each of the 3 slowest functions (NUMBA_LLVM_PASS_TIMINGS)")
     args = ap.parse_args()
+    if args.passes:
+        os.environ["NUMBA_LLVM_PASS_TIMINGS"] = "1"
     tmp = tempfile.mkdtemp(prefix="ninfer-compile-times-")
     os.environ["NINFER_CACHE_DIR"] = tmp
     os.environ["NINFER_COMPILE_BG"] = "0"
@@ -73,12 +77,17 @@ def run(args, tmp: str) -> None:
             name = f"{d.py_func.__module__}.{d.py_func.__qualname__}"
             for sig, cres in d.overloads.items():
                 timers = (cres.metadata or {}).get("timers", {})
-                rows.append((timers.get("compiler_lock", 0.0), timers.get("llvm_lock", 0.0), name))
+                rows.append((timers.get("compiler_lock", 0.0), timers.get("llvm_lock", 0.0), name,
+                             (cres.metadata or {}).get("llvm_pass_timings")))
                 sigs.setdefault(name, []).append(sig)
-    rows.sort(reverse=True)
+    rows.sort(key=lambda r: r[:3], reverse=True)
     print(f"{'compile s':>10} {'llvm s':>8}  function (nested: callees included)")
-    for c, l, name in rows[:args.top]:
+    for c, l, name, _ in rows[:args.top]:
         print(f"{c:10.1f} {l:8.1f}  {name}")
+    for c, l, name, passes in rows[:3] if args.passes else ():
+        if passes is not None:
+            print(f"\nLLVM passes of {name} (own, not its callees'):")
+            print(passes.summary(topn=args.passes))
     print(f"{len(rows)} compiled signatures of {len(sigs)} functions")
     for name, ss in sorted(sigs.items()):
         arrays = [tuple(t for t in s if not isinstance(t, types.Integer)) for s in ss]
