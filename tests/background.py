@@ -4,10 +4,8 @@ The main process is mostly single-threaded (numba compiles, TUI pilots, numpy on
 checks are whole subprocesses that spend a minute or more on one core: the CUDA simulator workers, the
 generic-kernel runs with their own cold numba cache. A module lists its jobs in `BACKGROUND` (functions that
 return a `Job`); conftest.py queues the jobs of every collected module when collection ends, and one thread
-runs them one at a time (`early` jobs first: those that compile into the session's numba cache what tests of
-the main process then load, such as the int8 cache's fused step for test_golden.py). A test asks for its job
-with `result(job)`: it waits for a running one, and a job that was never queued (a single test file run) or has
-not started yet runs at once in the asking thread.
+runs them one at a time. A test asks for its job with `result(job)`: it waits for a running one, and a job
+that was never queued (a single test file run) or has not started yet runs at once in the asking thread.
 
     def _worker_job():
         return background.Job("cuda-kernels", [sys.executable, __file__, "--worker"], env=..., timeout=600)
@@ -36,7 +34,6 @@ class Job:
     timeout: float = 900
     cwd: Path = ROOT
     cleanup: list[Path] = field(default_factory=list)  # folders removed once the job has run
-    early: bool = False  # queued before the jobs that are not (a compile that tests in the main process share)
     started: bool = False
     proc: subprocess.CompletedProcess | None = None
     error: BaseException | None = None
@@ -98,12 +95,6 @@ def _drain() -> None:
         job.run()
 
 
-def place(queue: list[Job], job: Job) -> None:
-    """Put job in queue: after the others, an early job after the early ones only."""
-    at = len(queue) if not job.early else next((i for i, j in enumerate(queue) if not j.early), len(queue))
-    queue.insert(at, job)
-
-
 def start(jobs: list[Job]) -> None:
     """Queue `jobs` (a key already known is kept as it is) and start the runner thread if it is idle."""
     global _thread
@@ -112,18 +103,15 @@ def start(jobs: list[Job]) -> None:
             fresh = job.key not in _jobs
             _known(job)
             if fresh:
-                place(_queue, job)
+                _queue.append(job)
         if _thread is None:
             _thread = threading.Thread(target=_drain, name="background-checks", daemon=True)
             _thread.start()
 
 
-def python_job(key: str, script: str, env: dict, timeout: float = 900, cold_numba: bool = False,
-               early: bool = False) -> Job:
+def python_job(key: str, script: str, env: dict, timeout: float = 900, cold_numba: bool = False) -> Job:
     """`python -c script` with `env` over this environment and tests/engine on its path; `cold_numba`: a numba
-    cache folder of its own (made by numba, removed after the run), so every kernel compiles afresh; else the
-    session's numba cache, where what the job compiles is there for the tests that follow (`early`: before the
-    other jobs)."""
+    cache folder of its own (made by numba, removed after the run), so every kernel compiles afresh."""
     import os
     import sys
     import tempfile
@@ -133,7 +121,7 @@ def python_job(key: str, script: str, env: dict, timeout: float = 900, cold_numb
         cache = Path(tempfile.gettempdir()) / f"ninfer-{key.replace(':', '-')}-{os.getpid()}"
         env["NUMBA_CACHE_DIR"] = str(cache)
         cleanup.append(cache)
-    return Job(key, [sys.executable, "-c", script], env=env, timeout=timeout, cleanup=cleanup, early=early)
+    return Job(key, [sys.executable, "-c", script], env=env, timeout=timeout, cleanup=cleanup)
 
 
 def result(job: Job) -> subprocess.CompletedProcess:

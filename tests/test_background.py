@@ -18,10 +18,3 @@ def test_a_key_names_one_command():
     assert background.result(again) is first.proc
     with pytest.raises(ValueError, match="two commands"):
         background.result(background.Job(key, [sys.executable, "-c", "print('second')"], timeout=60))
-
-
-def test_early_jobs_go_before_the_others_in_their_own_order():
-    q = []
-    for key, early in (("a", False), ("b", True), ("c", False), ("d", True)):
-        background.place(q, background.Job(key, [sys.executable, "-c", "pass"], early=early))
-    assert [j.key for j in q] == ["b", "d", "a", "c"]

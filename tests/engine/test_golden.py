@@ -32,36 +32,12 @@ def _recording() -> Path | None:
 GOLDEN_FILE = _recording()
 GOLDEN = json.loads(GOLDEN_FILE.read_text()) if GOLDEN_FILE is not None else None
 
-# The int8 cache's fused step is a compile of its own, 90-115 s of one core on a cold cache, which the cpu-int8
-# case paid in the main process. A job (tests/background.py) loads the default model with an int8 cache from the
-# session's start, on the other core, which compiles the step into the session's numba cache (and the callees
-# it shares with the f16 step); the case waits for it, then loads the step from there.
-WARM_INT8 = """
-from engine.api import Engine
-from engine.config import EngineArgs
-from engine.paths import default_model_path
-if default_model_path() is not None:
-    Engine.load(EngineArgs(kv_dtype="int8", max_context=64))
-"""
-
-
-def _warm_int8_job():
-    import background
-    return background.python_job("warm:int8-step", WARM_INT8, {"NINFER_COMPILE_BG": "0"}, timeout=900, early=True)
-
-
-BACKGROUND = [_warm_int8_job]
-
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_outputs_equal_the_recorded_tree(case, smollm2_path):
     if GOLDEN is None:
         pytest.skip("no recording for this instruction set (AVX-512 without VNNI, or no AVX2): record one with "
                     "golden_outputs.py from the tree before the redesign")
-    if CASES[case][0].get("kv_dtype") == "int8":
-        import background
-        proc = background.result(_warm_int8_job())
-        assert proc.returncode == 0, f"the int8 step's compile job failed:\n{proc.stderr[-3000:]}"
     got = run_case(case)
     want = GOLDEN[case]
     assert got["logits"] == want["logits"]
