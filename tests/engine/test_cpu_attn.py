@@ -323,15 +323,13 @@ def _vnni_or_skip():
         pytest.skip("target without AVX512-VNNI (or NINFER_CPU_GENERIC set)")
 
 
-# The scores kernel alone: its wrapper compiles the kernel's code again (~45 s of a cold CI run), so these
-# run on demand (-m slow); the default run checks the same kernel inside attention_int8_split against
-# ref.attention_int8_q16 (test_split_int8_attention_matches_reference) and its instructions (test_speed_guard).
+# The scores kernel alone (its wrapper compiles the kernel's code again: ~0.5 s since its stack buffers are not
+# zeroed, ~45 s before, when these ran on demand only).
 @numba.njit(fastmath=True)
 def _scores_vnni(sc, qt, kq, ks, lo, n):
     cpu_attn_int8.scores_q8_vnni(sc, qt, kq, ks, lo, n, np.float32(0.125))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("hd,n_kv,n_head", [(64, 3, 9), (128, 2, 4), (64, 2, 12), (64, 4, 4), (192, 1, 8)])
 @pytest.mark.parametrize("lo,n", [(0, 8), (5, 1), (3, 13), (0, 71), (40, 24)])  # whole and partial blocks of 8
 def test_vnni_scores_are_the_quantized_query_dot_products(hd, n_kv, n_head, lo, n):
@@ -356,7 +354,6 @@ def test_vnni_scores_are_the_quantized_query_dot_products(hd, n_kv, n_head, lo, 
         assert np.isnan(sc[h, n:]).all()
 
 
-@pytest.mark.slow
 def test_vnni_scores_quantize_a_zero_query_group_to_zero():
     """A query group of zeros (scale 0) adds nothing, and the group beside it scores as alone."""
     _vnni_or_skip()
