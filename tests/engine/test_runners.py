@@ -146,3 +146,42 @@ def test_cpu_runner_captures_the_last_layer_from_the_fused_step(q4_file):
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(runner.captured[last], want_h)
     assert len(calls) == 2
+
+
+def test_logits_copies_reuse_only_what_no_caller_holds():
+    """LogitsCopies: a kept buffer is written again only once no array of a caller (nor a view of one)
+    holds it; with all of them held, a pass's rows go to a fresh array."""
+    from engine.backends.cpu.runner import LogitsCopies
+    keep = LogitsCopies()
+    rows = [np.full((4, 8), i, np.float32) for i in range(8)]
+    a = keep.copy(rows[1])
+    b = keep.copy(rows[2])
+    row_of_a = a[1]  # a view keeps a's buffer held
+    del a
+    c = keep.copy(rows[3][:2])  # fewer rows
+    assert (row_of_a == 1).all() and (b == 2).all() and c.shape == (2, 8) and (c == 3).all()
+    assert len(keep.bufs) == 3
+    del row_of_a
+    d = keep.copy(rows[4])  # a's buffer again
+    assert np.shares_memory(d, keep.bufs[0]) and (d == 4).all() and (b == 2).all() and (c == 3).all()
+    held = [keep.copy(r) for r in rows[5:8]]  # all KEEP buffers held now: a fresh array
+    assert len(keep.bufs) == LogitsCopies.KEEP and not any(np.shares_memory(held[-1], x) for x in keep.bufs)
+    assert [int(x[0, 0]) for x in held] == [5, 6, 7] and (b == 2).all() and (c == 3).all() and (d == 4).all()
+    del b
+    e = keep.copy(np.zeros((6, 8), np.float32))  # more rows than the free buffer: it grows
+    assert e.shape == (6, 8) and (e == 0).all() and any(np.shares_memory(e, x) for x in keep.bufs)
+
+
+def test_cpu_runner_logits_stay_the_callers(q4_file):
+    """CpuRunner.forward's logits are the plain walk's, and a pass's logits stay as they were while the caller
+    holds them, through the passes after it (the step's own buffer is overwritten by each)."""
+    from engine.backends.cpu.runner import CpuRunner
+    model, ff = fast_model_from(q4_file)
+    runner = CpuRunner(model, ff)
+    want = _passes(lambda t, p, c, all_: model.forward(t, p, c, all_logits=all_), model.new_cache(64))
+    got = _passes(lambda t, p, c, all_: runner.forward(t, p, c, all_logits=all_), runner.new_cache(64))
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(g, w)
+    again = _passes(lambda t, p, c, all_: runner.forward(t, p, c, all_logits=all_), runner.new_cache(64))
+    for w, g in zip(want, again):
+        np.testing.assert_array_equal(g, w)
