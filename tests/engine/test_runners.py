@@ -170,6 +170,9 @@ def test_logits_copies_reuse_only_what_no_caller_holds():
     del b
     e = keep.copy(np.zeros((6, 8), np.float32))  # more rows than the free buffer: it grows
     assert e.shape == (6, 8) and (e == 0).all() and any(np.shares_memory(e, x) for x in keep.bufs)
+    del e
+    big = keep.copy(np.ones((LogitsCopies.MAX_BYTES // 32 + 1, 8), np.float32))  # past MAX_BYTES: not kept
+    assert (big == 1).all() and not any(np.shares_memory(big, x) for x in keep.bufs)
 
 
 def test_cpu_runner_logits_stay_the_callers(q4_file):

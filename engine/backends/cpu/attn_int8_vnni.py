@@ -195,7 +195,7 @@ def _store8(builder, a, tot, hq, o, p, hi):
 def _stack(builder, ty, n):
     """n values of ty on the stack (in the entry block), not initialised: every one is written before it is read.
     numba's cgutils.alloca_once stores a zero aggregate there, which LLVM's InstCombine unpacks value by value
-    (the query buffer's 16384 one-byte stores: ~33 s of one core to compile this kernel, 0.3 s without)."""
+    (the query buffer's 16384 one-byte stores: ~33 s of one core to compile this kernel, 0.4 s without)."""
     with builder.goto_entry_block():
         return builder.alloca(ty, size=_i(n))
 

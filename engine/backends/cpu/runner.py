@@ -26,11 +26,15 @@ class LogitsCopies:
     already mapped (this host, 2026-12-07)."""
 
     KEEP = 4  # buffers kept; while callers hold them all, a pass's rows go to a fresh array
+    MAX_BYTES = 8 << 20  # larger rows (a long prompt's all_logits: scoring, accuracy runs) are copied as before,
+    # and freed with the caller's array (a verify pass: 1.5 MB at T=8 with SmolLM2's vocabulary, 4.9 MB Qwen's)
 
     def __init__(self):
         self.bufs: list[np.ndarray] = []
 
     def copy(self, rows: np.ndarray) -> np.ndarray:
+        if rows.nbytes > self.MAX_BYTES:
+            return rows.copy()
         for i in range(len(self.bufs)):
             if _refs(self.bufs, i) != _HELD_BY_LIST_ONLY:  # a caller's array, or a view of it, holds one more
                 continue
