@@ -69,6 +69,12 @@ def shared_plain_price(model: Any, key: str) -> PlainPrice:
     return _kept(_PLAIN_PRICES, model, {}).setdefault(key, PlainPrice())
 
 
+def shared_costs(model: Any, key: str) -> dict[str, Any]:
+    """AdaptiveLength's keyword arguments that keep its measured costs across replies: `model`'s verify cost
+    table (one for all its drafters) and the decode-block price of the length `key`."""
+    return dict(cost_table=shared_cost_table(model), plain_price=shared_plain_price(model, key))
+
+
 # How a drafter's confidence maps to acceptance is a property of the drafter (its weights and head), not of
 # a reply: adaptive wrappers of the same network (`inner.calibration_key`) share their bins across replies.
 _CALIBRATIONS: weakref.WeakKeyDictionary[Any, tuple[list[float], list[float]]] = weakref.WeakKeyDictionary()

@@ -358,5 +358,5 @@ def make_drafter(model=None, model_path: str | None = None, *, lm_head_draft: bo
     drafter = DFlashDrafter(_NETS[key])  # reset(): the network's cache starts empty
     if not adaptive:
         return drafter
-    from .adaptive import shared_cost_table, shared_plain_price
-    return DFlashAdaptive(drafter, cost_table=shared_cost_table(model), plain_price=shared_plain_price(model, "dflash"))
+    from .adaptive import shared_costs
+    return DFlashAdaptive(drafter, **shared_costs(model, "dflash"))

@@ -171,10 +171,9 @@ def lookup_first(drafter: AdaptiveLength, model=None, min_match: int = MIN_MATCH
     """`drafter` (an adaptive length over a trained drafter) with n-gram drafts first where the context's last
     min_match+ tokens occurred before, up to `drafts` a round (or the round's k where that is more); the lookup's
     length shares the model's verify cost table."""
-    from .adaptive import shared_cost_table, shared_plain_price
+    from .adaptive import shared_costs
     ngram = NgramDrafter(n_min=min_match, n_max=max(min_match, MAX_MATCH))
-    table = shared_cost_table(model)
 
     def length(which: str) -> AdaptiveLength:  # (each length's decode-block price its own, kept across replies)
-        return AdaptiveLength(ngram, cost_table=table, plain_price=shared_plain_price(model, f"{drafter.name}:{which}"))
+        return AdaptiveLength(ngram, **shared_costs(model, f"{drafter.name}:{which}"))
     return LookupFirst(drafter, length("lookup"), drafts, length("fresh") if fresh else None)

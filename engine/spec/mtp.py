@@ -407,6 +407,5 @@ def make_drafter(model=None, model_path: str | None = None, *, lm_head_draft: bo
     drafter = MTPDrafter(block, last)  # reset(): the block's cache starts empty
     if not adaptive:
         return drafter
-    from .adaptive import AdaptiveLength, shared_cost_table, shared_plain_price
-    return AdaptiveLength(drafter, cost_table=shared_cost_table(model), draft_fixed=1.0,
-                          plain_price=shared_plain_price(model, "mtp"))
+    from .adaptive import AdaptiveLength, shared_costs
+    return AdaptiveLength(drafter, draft_fixed=1.0, **shared_costs(model, "mtp"))

@@ -116,5 +116,5 @@ def make_drafter(model=None, model_path: str | None = None, *, n_min: int = 1, n
     drafter = NgramDrafter(n_min=n_min, n_max=n_max)
     if not adaptive:
         return drafter
-    from .adaptive import AdaptiveLength, shared_cost_table, shared_plain_price
-    return AdaptiveLength(drafter, cost_table=shared_cost_table(model), plain_price=shared_plain_price(model, "ngram"))
+    from .adaptive import AdaptiveLength, shared_costs
+    return AdaptiveLength(drafter, **shared_costs(model, "ngram"))
