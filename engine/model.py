@@ -21,6 +21,7 @@ from .config import ModelArgs
 from .errors import InputError, ModelFileError
 from .forward import ATTENTION, DOWN, GATE_UP, O, QKV, Phase, walk
 from .kv_cache import KVCache
+from .logits_copies import LogitsCopies
 from .quant import QTensor, dequantize
 
 
@@ -101,6 +102,8 @@ class Model:
         layout of its own (the CPU backend's role stacks); the others are prepared one by one here, with
         `store` (a backend's cache of prepared arrays) when given."""
         self.args, self.be = args, backend
+        # where a host backend's passes leave their logits (Model.head, cpu's CpuRunner); a device's go to_host
+        self.logit_rows = LogitsCopies() if getattr(backend, "on_host", False) else None
         a, be = args, backend
         missing = [n for n in _required_names(a) if n not in tensors]
         if missing:
@@ -227,7 +230,8 @@ class Model:
 
     def head(self, rows_out: int) -> np.ndarray:
         """Output norm + head of the last rows_out rows (host copy)."""
-        return self.be.to_host(self.head_device(rows_out))
+        logits = self.head_device(rows_out)
+        return self.logit_rows.copy(logits) if self.logit_rows is not None else self.be.to_host(logits)
 
     def head_device(self, rows_out: int):
         """The head's logits (rows_out, vocab) in the run state's device buffer (TP gathers them)."""

@@ -92,6 +92,7 @@ class Kernels:
         self.zeros_sparse = getattr(module, "zeros_sparse", _np_zeros_sparse if self.zeros is _np_zeros else self.zeros)
         self.to_device = getattr(module, "to_device", _np_to_device)
         self.to_host = getattr(module, "to_host", _np_to_host)
+        self.on_host = self.to_host is _np_to_host  # its arrays are numpy's: a host copy is a numpy copy
         self.upload = getattr(module, "upload", _np_upload)
         self.synchronize = getattr(module, "synchronize", _nothing)
 

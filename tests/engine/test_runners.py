@@ -151,7 +151,7 @@ def test_cpu_runner_captures_the_last_layer_from_the_fused_step(q4_file):
 def test_logits_copies_reuse_only_what_no_caller_holds():
     """LogitsCopies: a kept buffer is written again only once no array of a caller (nor a view of one)
     holds it; with all of them held, a pass's rows go to a fresh array."""
-    from engine.backends.cpu.runner import LogitsCopies
+    from engine.logits_copies import LogitsCopies
     keep = LogitsCopies()
     rows = [np.full((4, 8), i, np.float32) for i in range(8)]
     a = keep.copy(rows[1])
@@ -188,3 +188,6 @@ def test_cpu_runner_logits_stay_the_callers(q4_file):
     again = _passes(lambda t, p, c, all_: runner.forward(t, p, c, all_logits=all_), runner.new_cache(64))
     for w, g in zip(want, again):
         np.testing.assert_array_equal(g, w)
+    del want, got, again  # the plain walk's copies go to the model's kept buffers too, once freed
+    plain = model.forward(PROMPT, 0, model.new_cache(64), all_logits=True)
+    assert any(np.shares_memory(plain, b) for b in model.logit_rows.bufs)
