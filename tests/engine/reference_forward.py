@@ -40,6 +40,21 @@ def _rope(x, positions, base, neox):
     return np.stack([z.real, z.imag], -1).reshape(x.shape)
 
 
+def norm(x, w, eps):
+    """rmsnorm over the last axis (the MTP and DFlash tests' numpy forms of their drafters)."""
+    return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * w
+
+
+def rope_one(x, pos, base):
+    """x (H, hd) at one position, rotated as llama rotates adjacent pairs (the drafters' numpy forms)."""
+    hd = x.shape[-1]
+    ang = pos / base ** (np.arange(0, hd, 2) / hd)
+    a, b = x[:, 0::2].copy(), x[:, 1::2].copy()
+    out = x.copy()
+    out[:, 0::2], out[:, 1::2] = a * np.cos(ang) - b * np.sin(ang), a * np.sin(ang) + b * np.cos(ang)
+    return out
+
+
 def reference_logits(a: ModelArgs, tensors: dict[str, QTensor], tokens, pos0: int = 0) -> np.ndarray:
     """Logits (T, vocab) float64 for tokens at positions pos0..pos0+T-1 with an empty history (pos0 only
     shifts RoPE)."""

@@ -17,6 +17,7 @@ import pytest
 
 from engine.config import EngineArgs, GenerateRequest, SamplingParams
 from engine.spec import drafter_file as dfile
+from reference_forward import norm, rope_one
 
 N_HOT = 64
 BLOCK = 5
@@ -43,7 +44,8 @@ def write_dflash(path, model_path, args, seed=0, version=1, block=BLOCK, n_layer
                        f"l{i}.w_up": mat(ff, d), f"l{i}.w_down": mat(d, ff)})
     meta = {"format": "ninfer-dflash", "version": version, "base_sha256": dfile.base_sha256(model_path),
                 "base_name": "tiny-llama", "d_model": d, "n_head": args.n_head, "n_kv_head": args.n_kv_head,
-                "head_dim": args.head_dim, "d_ff": ff, "n_layers": n_layers, "block_size": block, "feat_width": taps.width,
+                "head_dim": args.head_dim, "d_ff": ff, "n_layers": n_layers, "block_size": block,
+                "feat_width": taps.width,
                 "tap_kv_layers": list(taps.kv_layers), "tap_hidden_layer": taps.hidden_layer, "kv_dim": taps.kv_dim,
                 "hot_vocab_size": N_HOT}
     meta.update(meta_over)
@@ -77,17 +79,6 @@ def _load(path):
 
 
 # ------------------------------------------------------------------------------ the math, in numpy
-def _norm(x, w, eps):
-    return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * w
-
-
-def _rope(x, pos, base):  # x (H, hd) at one position, adjacent pairs (llama)
-    hd = x.shape[-1]
-    ang = pos / base ** (np.arange(0, hd, 2) / hd)
-    a, b = x[:, 0::2].copy(), x[:, 1::2].copy()
-    out = x.copy()
-    out[:, 0::2], out[:, 1::2] = a * np.cos(ang) - b * np.sin(ang), a * np.sin(ang) + b * np.cos(ang)
-    return out
 
 
 class NumpyDFlash:
@@ -108,9 +99,9 @@ class NumpyDFlash:
     def context(self, feats, pos0):
         a, w = self.a, self.w
         for t, f in enumerate(feats):
-            c = _norm(w["fc"] @ f, w["hidden_norm"], a.rms_eps)
+            c = norm(w["fc"] @ f, w["hidden_norm"], a.rms_eps)
             for i in range(self.n_layers):
-                k = _rope((w[f"l{i}.wk"] @ c).reshape(a.n_kv_head, a.head_dim), pos0 + t, a.rope_base)
+                k = rope_one((w[f"l{i}.wk"] @ c).reshape(a.n_kv_head, a.head_dim), pos0 + t, a.rope_base)
                 self.keys[i][pos0 + t] = (k, (w[f"l{i}.wv"] @ c).reshape(a.n_kv_head, a.head_dim))
 
     def draft(self, token, pos):
@@ -119,9 +110,10 @@ class NumpyDFlash:
         g = a.n_head // a.n_kv_head
         for i in range(self.n_layers):
             L = lambda k: w[f"l{i}.{k}"]  # noqa: B023
-            n1 = _norm(x, L("attn_norm"), eps)
-            q = [_rope((L("wq") @ r).reshape(a.n_head, a.head_dim), pos + t, a.rope_base) for t, r in enumerate(n1)]
-            kb = [_rope((L("wk") @ r).reshape(a.n_kv_head, a.head_dim), pos + t, a.rope_base) for t, r in enumerate(n1)]
+            n1 = norm(x, L("attn_norm"), eps)
+            q = [rope_one((L("wq") @ r).reshape(a.n_head, a.head_dim), pos + t, a.rope_base) for t, r in enumerate(n1)]
+            kb = [rope_one((L("wk") @ r).reshape(a.n_kv_head, a.head_dim), pos + t, a.rope_base)
+                  for t, r in enumerate(n1)]
             vb = [(L("wv") @ r).reshape(a.n_kv_head, a.head_dim) for r in n1]
             K = np.stack([self.keys[i][p][0] for p in range(pos)] + kb)  # (pos + B, n_kv, hd)
             V = np.stack([self.keys[i][p][1] for p in range(pos)] + vb)
@@ -132,10 +124,10 @@ class NumpyDFlash:
                     p = np.exp(s - s.max())
                     att[t, h] = (p / p.sum()) @ V[:, h // g]
             x = x + att.reshape(b, -1) @ L("wo").T
-            n2 = _norm(x, L("ffn_norm"), eps)
+            n2 = norm(x, L("ffn_norm"), eps)
             gate = n2 @ L("w_gate").T
             x = x + (gate / (1 + np.exp(-gate)) * (n2 @ L("w_up").T)) @ L("w_down").T
-        return _norm(x[1:], w["norm"], eps) @ self.head.T  # (B-1, vocab)
+        return norm(x[1:], w["norm"], eps) @ self.head.T  # (B-1, vocab)
 
 
 def test_block_forward_is_the_math(tiny):

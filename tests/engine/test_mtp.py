@@ -14,6 +14,7 @@ import pytest
 
 from engine.config import EngineArgs, GenerateRequest, SamplingParams
 from engine.spec import drafter_file as dfile
+from reference_forward import norm, rope_one
 
 N_HOT = 64
 
@@ -57,17 +58,6 @@ def monkeypatch_module():
 
 
 # ------------------------------------------------------------------------------ the math, in numpy
-def _norm(x, w, eps):
-    return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * w
-
-
-def _rope(x, pos, base):  # x (H, hd) at one position, adjacent pairs (llama)
-    hd = x.shape[-1]
-    ang = pos / base ** (np.arange(0, hd, 2) / hd)
-    a, b = x[:, 0::2].copy(), x[:, 1::2].copy()
-    out = x.copy()
-    out[:, 0::2], out[:, 1::2] = a * np.cos(ang) - b * np.sin(ang), a * np.sin(ang) + b * np.cos(ang)
-    return out
 
 
 class NumpyMTP:
@@ -89,10 +79,10 @@ class NumpyMTP:
 
     def step(self, y, g, pos):
         a, w, eps = self.a, self.w, self.a.rms_eps
-        z = w["w_eh"] @ np.concatenate([_norm(self.emb[y], w["enorm"], eps), _norm(g, w["hnorm"], eps)])
-        xb = _norm(z, w["attn_norm"], eps)
-        q = _rope((w["wq"] @ xb).reshape(a.n_head, a.head_dim), pos, a.rope_base)
-        k = _rope((w["wk"] @ xb).reshape(a.n_kv_head, a.head_dim), pos, a.rope_base)
+        z = w["w_eh"] @ np.concatenate([norm(self.emb[y], w["enorm"], eps), norm(g, w["hnorm"], eps)])
+        xb = norm(z, w["attn_norm"], eps)
+        q = rope_one((w["wq"] @ xb).reshape(a.n_head, a.head_dim), pos, a.rope_base)
+        k = rope_one((w["wk"] @ xb).reshape(a.n_kv_head, a.head_dim), pos, a.rope_base)
         v = (w["wv"] @ xb).reshape(a.n_kv_head, a.head_dim)
         self.keys, self.vals = self.keys[:pos] + [k], self.vals[:pos] + [v]
         K, V = np.stack(self.keys), np.stack(self.vals)  # (P, n_kv, hd)
@@ -103,10 +93,10 @@ class NumpyMTP:
             p = np.exp(s - s.max())
             att[h] = (p / p.sum()) @ V[:, kvh]
         u = z + w["wo"] @ att.reshape(-1)
-        n2 = _norm(u, w["ffn_norm"], eps)
+        n2 = norm(u, w["ffn_norm"], eps)
         gate = w["w_gate"] @ n2
         o = u + w["w_down"] @ (gate / (1 + np.exp(-gate)) * (w["w_up"] @ n2))
-        return self.emb @ _norm(o, self.out_norm, eps), o
+        return self.emb @ norm(o, self.out_norm, eps), o
 
 
 def test_block_step_is_the_math(tiny):
@@ -397,7 +387,8 @@ def test_bench_noconf_variant_turns_the_confidence_cut_off(tiny, tmp_path, monke
     monkeypatch.setenv("NINFER_DRAFTER_DIRS", str(tmp_path))  # drafter dirs at its own model's file)
     eng = Engine.load(EngineArgs(model=str(path), max_context=256, prefix_reuse=False))
     mode, k, flags = parse_variant("mtp:3:hot:noconf")
-    assert (mode, k, flags) == ("mtp", 3, frozenset({"hot", "noconf"})) and variant_name(mode, k, flags) == "mtp:3:hot:noconf"
+    assert (mode, k, flags) == ("mtp", 3, frozenset({"hot", "noconf"}))
+    assert variant_name(mode, k, flags) == "mtp:3:hot:noconf"
     assert variant_round(eng, mode, k, flags).drafter.gate is False
     assert variant_round(eng, "mtp", 3, frozenset({"hot"})).drafter.gate is True
 
