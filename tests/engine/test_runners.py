@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fast_cpu import PROMPT, VERIFY, equal_to_plain_walk, passes
 from gguf import GGMLQuantizationType as QT
 
 from engine import forward
@@ -18,8 +19,6 @@ from engine.config import EngineArgs
 
 ALL_Q4 = dict(attn_q=QT.Q4_1, attn_k=QT.Q4_1, attn_v=QT.Q4_0, attn_output=QT.Q4_1, ffn_gate=QT.Q4_0,
               ffn_up=QT.Q4_1, ffn_down=[QT.Q4_1])
-PROMPT = np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32)
-VERIFY = np.array([12, 40, 7, 7, 201], np.int32)
 
 
 def test_phase_list_is_the_fused_steps_loop():
@@ -79,30 +78,10 @@ def q4_file(request, tmp_path_factory, make_tiny):
     return load_gguf(path)
 
 
-def _passes(fwd, cache):
-    """Logits of a prompt chunk, a verify block (all rows) and a decode step through fwd."""
-    out = [fwd(PROMPT, 0, cache, True)]
-    out.append(fwd(VERIFY, len(PROMPT), cache, True))
-    out.append(fwd(VERIFY[:1], len(PROMPT) + len(VERIFY), cache, False))
-    return out
-
-
 def test_cpu_runners_equal_the_plain_walk(q4_file):
-    from engine.backends.cpu.tier import TieredForward
     model, ff = fast_model_from(q4_file)
     assert ff is not None
-    want = _passes(lambda t, p, c, all_: model.forward(t, p, c, all_logits=all_), model.new_cache(64))
-    got = _passes(lambda t, p, c, all_: ff(t, p, c, all_logits=all_), model.new_cache(64))
-
-    class Never:  # a helper that never finishes: the tier stays on its kernel-by-kernel walk
-        failure = None
-        fused_done = type("E", (), {"is_set": staticmethod(lambda: False)})()
-    tiered = TieredForward(ff, ff.kv_tuple(model.new_cache(4)), Never())
-    leaf = _passes(lambda t, p, c, all_: tiered(t, p, c, all_logits=all_), model.new_cache(64))
-    assert tiered.steps["fused"] == 0
-    for w, g, lf in zip(want, got, leaf):
-        np.testing.assert_array_equal(g, w)
-        np.testing.assert_array_equal(lf, w)
+    equal_to_plain_walk(model, ff)
 
 
 def fast_model_from(model_file):
@@ -118,11 +97,11 @@ def test_ref_and_tp2_agree_with_the_plain_walk(q4_file):
     from engine.backends.tp.model import build_tp_model
     from engine.model import Model
     model, _ = fast_model_from(q4_file)
-    want = _passes(lambda t, p, c, all_: model.forward(t, p, c, all_logits=all_), model.new_cache(64))
+    want = passes(lambda t, p, c, all_: model.forward(t, p, c, all_logits=all_), model.new_cache(64))
     ref = Model(q4_file.args, q4_file.tensors, get_kernels("ref"), max_batch=16)
     tp = build_tp_model(q4_file.args, q4_file.tensors, EngineArgs(tp=2, devices=(0, 1)), max_batch=16)
     for other in (ref, tp):
-        got = _passes(lambda t, p, c, all_: other.forward(t, p, c, all_logits=all_), other.new_cache(64))
+        got = passes(lambda t, p, c, all_: other.forward(t, p, c, all_logits=all_), other.new_cache(64))
         for w, g in zip(want, got):
             scale = np.abs(w).max()
             np.testing.assert_allclose(g, w, atol=2e-2 * scale, rtol=0)
@@ -181,11 +160,11 @@ def test_cpu_runner_logits_stay_the_callers(q4_file):
     from engine.backends.cpu.runner import CpuRunner
     model, ff = fast_model_from(q4_file)
     runner = CpuRunner(model, ff)
-    want = _passes(lambda t, p, c, all_: model.forward(t, p, c, all_logits=all_), model.new_cache(64))
-    got = _passes(lambda t, p, c, all_: runner.forward(t, p, c, all_logits=all_), runner.new_cache(64))
+    want = passes(lambda t, p, c, all_: model.forward(t, p, c, all_logits=all_), model.new_cache(64))
+    got = passes(lambda t, p, c, all_: runner.forward(t, p, c, all_logits=all_), runner.new_cache(64))
     for w, g in zip(want, got):
         np.testing.assert_array_equal(g, w)
-    again = _passes(lambda t, p, c, all_: runner.forward(t, p, c, all_logits=all_), runner.new_cache(64))
+    again = passes(lambda t, p, c, all_: runner.forward(t, p, c, all_logits=all_), runner.new_cache(64))
     for w, g in zip(want, again):
         np.testing.assert_array_equal(g, w)
     del want, got, again  # the plain walk's copies go to the model's kept buffers too, once freed

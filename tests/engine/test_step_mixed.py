@@ -9,12 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fast_cpu import PROMPT, equal_to_plain_walk, passes
 from gguf import GGMLQuantizationType as QT
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
-PROMPT = np.array([3, 17, 42, 5, 99, 7, 1, 250, 31, 8, 77], np.int32)
-VERIFY = np.array([12, 40, 7, 7, 201], np.int32)
 DIMS = dict(n_layer=4, d_model=256, n_head=4, n_kv_head=2, head_dim=64, d_ff=512)  # rows K-quants take
 # no role all in 4-bit blocks (all stacked here, as in SmolLM2's Q4_K_M); ffn_down one layout per layer
 MIXED = dict(token_embd=QT.Q6_K, output=QT.Q5_0, attn_q=QT.Q5_0, attn_k=QT.Q8_0, attn_v=QT.Q6_K,
@@ -66,7 +65,7 @@ def run_checks(folder, make_tiny) -> None:
     for arch in ("llama", "qwen2", "qwen3"):
         model, ff = _model(_load_in(folder, make_tiny, arch, MIXED))
         assert ff is not None and ff.mixed
-        _equal_to_plain_walk(model, ff)
+        equal_to_plain_walk(model, ff)
         _block_equals_plain_greedy(model, ff)
     old = numba.get_num_threads()
     for threads in sorted({1, numba.config.NUMBA_NUM_THREADS}):
@@ -77,7 +76,7 @@ def run_checks(folder, make_tiny) -> None:
             assert wq[8] is model.layers[0].wq.stack and wq[8].shape[1] == threads  # prepare_layers' view (Q4_K)
             assert gate[0] is model.layers[0].w_gate.stack and gate[0].shape[1] == threads  # (Q4_1)
             assert down[8].shape[:2] == (2, threads) and down[2].tolist()[0] != down[2].tolist()[1]
-            _equal_to_plain_walk(model, ff)
+            equal_to_plain_walk(model, ff)
             _block_equals_plain_greedy(model, ff)
         finally:
             numba.set_num_threads(old)
@@ -93,30 +92,6 @@ def _model(model_file, max_batch=16):
     from engine.backends.cpu.step import build
     model = build_model(model_file, max_batch)
     return model, build(model)
-
-
-def _passes(fwd, cache):
-    """Logits of a prompt chunk, a verify block (all rows) and a decode step through fwd."""
-    out = [fwd(PROMPT, 0, cache, True)]
-    out.append(fwd(VERIFY, len(PROMPT), cache, True))
-    out.append(fwd(VERIFY[:1], len(PROMPT) + len(VERIFY), cache, False))
-    return out
-
-
-def _equal_to_plain_walk(model, ff):
-    from engine.backends.cpu.tier import TieredForward
-    want = _passes(lambda t, p, c, all_: model.forward(t, p, c, all_logits=all_), model.new_cache(64))
-    got = _passes(lambda t, p, c, all_: ff(t, p, c, all_logits=all_), model.new_cache(64))
-
-    class Never:  # a helper that never finishes: the tier stays on its kernel-by-kernel walk
-        failure = None
-        fused_done = type("E", (), {"is_set": staticmethod(lambda: False)})()
-    tiered = TieredForward(ff, ff.kv_tuple(model.new_cache(4)), Never())
-    leaf = _passes(lambda t, p, c, all_: tiered(t, p, c, all_logits=all_), model.new_cache(64))
-    assert tiered.steps["fused"] == 0
-    for w, g, lf in zip(want, got, leaf):
-        np.testing.assert_array_equal(g, w)
-        np.testing.assert_array_equal(lf, w)
 
 
 def _block_equals_plain_greedy(model, ff, n=6):
@@ -196,8 +171,8 @@ def test_fused_step_on_a_real_q4_k_m_file(q4km_path):
     assert ff is not None
     kinds = {int(k) for t in ff.roles.values() for k in t[2]}
     assert len(kinds) >= 3 and kinds <= {Q4K, Q8, Q5, Q6}
-    want = _passes(lambda t, p, c, all_: model.forward(t, p, c, all_logits=all_), model.new_cache(64))
-    got = _passes(lambda t, p, c, all_: ff(t, p, c, all_logits=all_), model.new_cache(64))
+    want = passes(lambda t, p, c, all_: model.forward(t, p, c, all_logits=all_), model.new_cache(64))
+    got = passes(lambda t, p, c, all_: ff(t, p, c, all_logits=all_), model.new_cache(64))
     for w, g in zip(want, got):
         np.testing.assert_array_equal(g, w)
 
