@@ -48,6 +48,24 @@ BLOCK_OUTLIER = 1.5
 # Verify costs are a property of the model on this machine, not of a reply: drafters of the same model share
 # one table (T -> ms), so a new reply does not start measuring from scratch.
 _COST_TABLES: "weakref.WeakKeyDictionary[Any, dict[int, float]]" = weakref.WeakKeyDictionary()
+# A verify pass's time enters its T's cost at most this many times the cost so far (record_cost), as a decode
+# block's does the plain price (BLOCK_OUTLIER).
+COST_OUTLIER = 1.5
+
+
+def record_cost(table: dict[int, float], t: int, ms: float, decay: float) -> None:
+    """A verify pass over t tokens took ms: table[t]'s EMA follows it (decay), no pass raising it by more than
+    COST_OUTLIER times at once, and every other entry is brought into line with it, since a pass over more tokens
+    never costs less. A length the rounds no longer verify kept whatever its last passes cost: in one process of
+    the held-out chat benchmark (sampled, MTP3 + lookup) the first replies' passes, slow while the process warmed
+    up, and a stalled one (30.7 ms) left T=5 / 6 / 11 at 9.9 / 14.0 / 20.5 ms for the whole run where T=4 read 6.3
+    and T=16 18.2: lookup rounds priced long drafts too high, and the table's negative slope made stop_chance 0."""
+    old = table.get(t)
+    new = ms if old is None else old * decay + min(ms, COST_OUTLIER * old) * (1.0 - decay)
+    table[t] = new
+    for u, c in table.items():
+        if (u > t and c < new) or (u < t and c > new):
+            table[u] = new
 
 
 # What a token of a decode block costs (AdaptiveLength.block_timed, the drafter's following of the block included)
@@ -500,7 +518,7 @@ class AdaptiveLength:
         self._tok = self._tok * self.decay + len(tokens)
         self._ms = self._ms * self.decay + (now - t0) * 1e3
         if t in self.cost_ms or t in self._cold:
-            self.cost_ms[t] = self._ema(self.cost_ms.get(t, 0.0), (now - t1) * 1e3, t not in self.cost_ms)
+            record_cost(self.cost_ms, t, (now - t1) * 1e3, self.decay)
         else:  # the process's first pass over t tokens (buffers grown, first calls): not its cost
             self._cold.add(t)
         accepted = min(max(len(tokens) - 1, 0), n)

@@ -490,9 +490,34 @@ def test_a_verify_length_first_timing_is_left_out():
     b = AdaptiveLength(ListDrafter(PROMPT + list(range(10))), clock=lambda: now[0], cost_table=table)
     b._planned = 3
     b.propose(PROMPT, 3, None)
-    now[0] += 0.030
+    now[0] += 0.013
     b.observe([PROMPT[-1]], None)
-    assert table == {4: pytest.approx(10.0 * 0.9 + 30.0 * 0.1)}  # counted: the table had seen T=4
+    assert table == {4: pytest.approx(10.0 * 0.9 + 13.0 * 0.1)}  # counted: the table had seen T=4
+
+
+def test_a_stalled_verify_pass_moves_its_cost_by_a_bounded_step():
+    """A pass's time enters its T's cost at most COST_OUTLIER times the cost so far (a stall of the host)."""
+    from engine.spec.adaptive import COST_OUTLIER, record_cost
+    table = {4: 10.0}
+    record_cost(table, 4, 300.0, 0.9)
+    assert table[4] == pytest.approx(10.0 * 0.9 + COST_OUTLIER * 10.0 * 0.1)
+    record_cost(table, 4, 5.0, 0.9)  # a faster pass counts in full
+    assert table[4] == pytest.approx(10.5 * 0.9 + 5.0 * 0.1)
+    record_cost(table, 2, 7.0, 0.9)  # a length's first time: taken as it is
+    assert table[2] == 7.0
+
+
+def test_more_tokens_never_cost_less_in_the_table():
+    """Entries a newer pass contradicts are brought into line: a longer pass priced under it is raised to it, a
+    shorter one priced over it lowered to it (left over from passes long ago: the process's first, stalls)."""
+    from engine.spec.adaptive import record_cost
+    table = {1: 4.5, 2: 5.0, 4: 6.3, 5: 9.9, 6: 14.0, 11: 20.5, 16: 18.2}
+    record_cost(table, 16, 18.2, 0.9)
+    assert table == {1: 4.5, 2: 5.0, 4: 6.3, 5: 9.9, 6: 14.0, 11: 18.2, 16: 18.2}
+    record_cost(table, 3, 6.8, 0.9)  # (a first pass over 3: T=4's 6.3 cannot be less)
+    assert table[3] == 6.8 and table[4] == 6.8 and table[2] == 5.0
+    costs = [table[t] for t in sorted(table)]
+    assert costs == sorted(costs)
 
 
 def test_rate_priced_keep_verifies_a_row_when_its_chance_beats_its_cost():
