@@ -55,6 +55,24 @@ def rope_one(x, pos, base):
     return out
 
 
+def greedy(model, prompt, n_new, kv_dtype, chunk=4):
+    """Greedy tokens through model.forward, the logits rows that chose them and the cache: chunked prefill
+    (passes of T > 1), then one token a pass (the cuda and TP tests' walks against the reference kernels')."""
+    cache = model.new_cache(32, kv_dtype)
+    pos = 0
+    for i in range(0, len(prompt), chunk):
+        logits = model.forward(prompt[i:i + chunk], pos, cache)
+        pos += len(prompt[i:i + chunk])
+    toks, rows = [], []
+    for _ in range(n_new):
+        rows.append(logits[-1])
+        toks.append(int(np.argmax(logits[-1])))
+        if len(toks) < n_new:  # the last token needs no forward
+            logits = model.forward(np.array([toks[-1]], np.int32), pos, cache)
+            pos += 1
+    return toks, np.stack(rows), cache
+
+
 def reference_logits(a: ModelArgs, tensors: dict[str, QTensor], tokens, pos0: int = 0) -> np.ndarray:
     """Logits (T, vocab) float64 for tokens at positions pos0..pos0+T-1 with an empty history (pos0 only
     shifts RoPE)."""

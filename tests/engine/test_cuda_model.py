@@ -35,36 +35,18 @@ CASES = {
 }
 
 
-def greedy(model, prompt, n_new, kv_dtype, chunk=4):
-    """Greedy tokens + the logits that chose them: chunked prefill (T > 1 passes), then one token per pass."""
-    cache = model.new_cache(32, kv_dtype)
-    pos = 0
-    for i in range(0, len(prompt), chunk):
-        logits = model.forward(prompt[i:i + chunk], pos, cache)
-        pos += len(prompt[i:i + chunk])
-    out, rows = [], []
-    for _ in range(n_new):
-        rows.append(logits[-1])
-        tok = int(np.argmax(logits[-1]))
-        out.append(tok)
-        if len(out) < n_new:  # the last token needs no forward
-            logits = model.forward(np.array([tok], np.int32), pos, cache)
-            pos += 1
-    return out, np.stack(rows)
-
-
 def _check(name):
     from gguf import GGMLQuantizationType as QT
 
     from engine.backends.kernels import get_kernels
     from engine.backends.cuda import kernels as ck
     from engine.model import Model
-    from reference_forward import tiny_model
+    from reference_forward import greedy, tiny_model
 
     kw, kv_dtype, _ = CASES[name]
     kw = {k: (QT[v] if k.endswith("qtype") else v) for k, v in kw.items()}
     a, tensors = tiny_model(**kw, vocab=96)
-    want, want_logits = greedy(Model(a, tensors, get_kernels("ref"), max_batch=4), PROMPT, N_NEW, kv_dtype)
+    want, want_logits, _ = greedy(Model(a, tensors, get_kernels("ref"), max_batch=4), PROMPT, N_NEW, kv_dtype)
     model = Model(a, tensors, get_kernels("cuda"), max_batch=4)
     if name.startswith("graph_"):  # decode steps replay a captured graph (a recorded launch list in the sim)
         from engine.backends.cuda.graph import GraphDecoder
@@ -72,7 +54,7 @@ def _check(name):
         if ck.SIMULATOR:  # and decode attention is split (4 splits of 8 over the 32-slot cache) as on a GPU
             ck.LAUNCH.split_min_cap, ck.LAUNCH.split_len = 16, 8
     n0 = ck.LAUNCHES[0]
-    got, got_logits = greedy(model, PROMPT, N_NEW, kv_dtype)
+    got, got_logits, _ = greedy(model, PROMPT, N_NEW, kv_dtype)
     launches = (ck.LAUNCHES[0] - n0)
     if name.startswith("graph_"):
         assert model.fused, model.fused_reason  # prefill and the captured steps ran the fused kernels

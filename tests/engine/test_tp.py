@@ -24,7 +24,7 @@ from engine.config import EngineArgs, ModelArgs  # noqa: E402
 from engine.errors import ConfigError  # noqa: E402
 from engine.quant import dequantize  # noqa: E402
 from engine.backends.tp.plan import plan_shards, shard_tensors  # noqa: E402
-from reference_forward import tiny_model  # noqa: E402
+from reference_forward import greedy, tiny_model  # noqa: E402
 
 PROMPT = np.array([5, 17, 3, 90, 41, 41, 0, 12], np.int32)
 UNEVEN = dict(d=64, n_head=9, n_kv_head=3, head_dim=32, d_ff=256)  # SmolLM2's 9 q / 3 kv heads, small
@@ -71,23 +71,6 @@ def test_shards_reassemble(qtype):
     np.testing.assert_array_equal(head, dequantize(t["token_embd.weight"]))  # tied head split by vocab
 
 
-def greedy(model, prompt, n_new, kv_dtype, chunk=3):
-    """Greedy tokens and their logits rows: chunked prefill, then one token per forward."""
-    cache = model.new_cache(32, kv_dtype)
-    pos = 0
-    for i in range(0, len(prompt), chunk):
-        logits = model.forward(prompt[i:i + chunk], pos, cache)
-        pos += len(prompt[i:i + chunk])
-    toks, rows = [], []
-    for _ in range(n_new):
-        rows.append(logits[-1])
-        toks.append(int(np.argmax(logits[-1])))
-        if len(toks) < n_new:  # the last token needs no forward
-            logits = model.forward(np.array([toks[-1]], np.int32), pos, cache)
-            pos += 1
-    return toks, np.stack(rows), cache
-
-
 def tp_pair(a, t, backend, transport="auto", devices=(0, 1), max_batch=4):
     from engine.backends.kernels import get_kernels
     from engine.model import Model
@@ -104,8 +87,8 @@ def test_tp2_cpu_devices_equal_tp1(backend, arch, kv_dtype):
     a, t = tiny_model(arch, seed=5, **UNEVEN, vocab=96)
     one, two = tp_pair(a, t, backend)
     assert two.transport.name == "host" and "host memory" in two.transport_reason
-    want, want_rows, _ = greedy(one, PROMPT, 6, kv_dtype)
-    got, got_rows, cache = greedy(two, PROMPT, 6, kv_dtype)
+    want, want_rows, _ = greedy(one, PROMPT, 6, kv_dtype, chunk=3)
+    got, got_rows, cache = greedy(two, PROMPT, 6, kv_dtype, chunk=3)
     assert got == want
     tol = 1e-3 if kv_dtype == "int8" else 1e-4  # int8 KV: a tiny difference can flip a quant rounding step
     np.testing.assert_allclose(got_rows, want_rows, rtol=0, atol=tol * np.abs(want_rows).max())
