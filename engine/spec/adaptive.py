@@ -39,29 +39,32 @@ PRIOR_WEIGHT = 2.0  # pseudo-tries behind each position's prior
 PROBE_GAP_MAX = 64  # the most decisions between probes (AdaptiveLength._gap)
 CONF_BINS = 10  # confidence bins of the online calibration (0-0.1, ..., 0.9-1)
 CONF_DECAY = 0.98  # per update of a bin: calibration is the drafter's, it changes slowly
-# A decode block's time per token enters the plain price (block_timed) at most this many times the price so far,
-# and weighted by its share of a full block (rounds.block_size()): one stalled block (another process, ~7-12 ms a
-# token against ~4.5) moved the price far enough that rounds looked worth drafting, and then, no block running,
-# nothing brought it back (held-out chat, sampled: trained-drafter rounds at 1.24 tokens, 5.5 ms each).
-BLOCK_OUTLIER = 1.5
+# A measured time enters a running cost at most this many times the cost so far (bounded_step): a decode block's
+# time per token the plain price (block_timed), a verify pass's its T's cost (record_cost). One stalled block
+# (another process, ~7-12 ms a token against ~4.5) moved the price far enough that rounds looked worth drafting,
+# and then, no block running, nothing brought it back (held-out chat, sampled: trained-drafter rounds at 1.24
+# tokens, 5.5 ms each).
+OUTLIER = 1.5
+
+
+def bounded_step(old: float, new: float, w: float) -> float:
+    """A running cost `old` moved a share w of the way to a measured `new`, which counts at most OUTLIER x old."""
+    return old + w * (min(new, OUTLIER * old) - old)
 
 # Verify costs are a property of the model on this machine, not of a reply: drafters of the same model share
 # one table (T -> ms), so a new reply does not start measuring from scratch.
 _COST_TABLES: "weakref.WeakKeyDictionary[Any, dict[int, float]]" = weakref.WeakKeyDictionary()
-# A verify pass's time enters its T's cost at most this many times the cost so far (record_cost), as a decode
-# block's does the plain price (BLOCK_OUTLIER).
-COST_OUTLIER = 1.5
 
 
 def record_cost(table: dict[int, float], t: int, ms: float, decay: float) -> None:
-    """A verify pass over t tokens took ms: table[t]'s EMA follows it (decay), no pass raising it by more than
-    COST_OUTLIER times at once, and every other entry is brought into line with it, since a pass over more tokens
-    never costs less. A length the rounds no longer verify kept whatever its last passes cost: in one process of
-    the held-out chat benchmark (sampled, MTP3 + lookup) the first replies' passes, slow while the process warmed
-    up, and a stalled one (30.7 ms) left T=5 / 6 / 11 at 9.9 / 14.0 / 20.5 ms for the whole run where T=4 read 6.3
-    and T=16 18.2: lookup rounds priced long drafts too high, and the table's negative slope made stop_chance 0."""
+    """A verify pass over t tokens took ms: table[t]'s EMA follows it (decay; bounded_step: a stalled pass counts
+    at most OUTLIER times the cost so far), and every other entry is brought into line with it, since a pass over
+    more tokens never costs less. A length the rounds no longer verify kept whatever its last passes cost: in one
+    process of the held-out chat benchmark (sampled, MTP3 + lookup) the first replies' passes, slow while the
+    process warmed up, and a stalled one (30.7 ms) left T=5 / 6 / 11 at 9.9 / 14.0 / 20.5 ms for the whole run where
+    T=4 read 6.3 and T=16 18.2: lookup rounds priced long drafts too high, and the negative slope made stop_chance 0."""
     old = table.get(t)
-    new = ms if old is None else old * decay + min(ms, COST_OUTLIER * old) * (1.0 - decay)
+    new = ms if old is None else bounded_step(old, ms, 1.0 - decay)
     table[t] = new
     for u, c in table.items():
         if (u > t and c < new) or (u < t and c > new):
@@ -426,7 +429,7 @@ class AdaptiveLength:
     def block_timed(self, n: int, ms: float) -> None:
         """A decode block of n tokens took ms, the drafter's following of it included (SpecRound._run_block):
         the plain price follows it, a block of few tokens weighing less and no block raising it by more than
-        BLOCK_OUTLIER times at once."""
+        OUTLIER times at once (bounded_step)."""
         if n <= 0:
             return
         per = ms / n
@@ -435,7 +438,7 @@ class AdaptiveLength:
             return
         full = block_size()
         w = (1.0 - self.decay) * min(n, full) / full
-        self.block_ms += w * (min(per, BLOCK_OUTLIER * self.block_ms) - self.block_ms)
+        self.block_ms = bounded_step(self.block_ms, per, w)
 
     def _probed(self, reached: bool) -> None:
         """A probe round's outcome (its explored draft accepted or not): the next probe comes after half the

@@ -496,11 +496,11 @@ def test_a_verify_length_first_timing_is_left_out():
 
 
 def test_a_stalled_verify_pass_moves_its_cost_by_a_bounded_step():
-    """A pass's time enters its T's cost at most COST_OUTLIER times the cost so far (a stall of the host)."""
-    from engine.spec.adaptive import COST_OUTLIER, record_cost
+    """A pass's time enters its T's cost at most OUTLIER times the cost so far (a stall of the host)."""
+    from engine.spec.adaptive import OUTLIER, record_cost
     table = {4: 10.0}
     record_cost(table, 4, 300.0, 0.9)
-    assert table[4] == pytest.approx(10.0 * 0.9 + COST_OUTLIER * 10.0 * 0.1)
+    assert table[4] == pytest.approx(10.0 * 0.9 + OUTLIER * 10.0 * 0.1)
     record_cost(table, 4, 5.0, 0.9)  # a faster pass counts in full
     assert table[4] == pytest.approx(10.5 * 0.9 + 5.0 * 0.1)
     record_cost(table, 2, 7.0, 0.9)  # a length's first time: taken as it is
