@@ -30,7 +30,7 @@ import numpy as np
 from .adaptive import AdaptiveLength
 from .base import Features, top_probability
 from .dflash_taps import Taps, check_taps, kv_rows
-from .drafter_file import DrafterFile, DrafterFileError, find, load
+from .drafter_file import DrafterFile, DrafterFileError, find, kept_network
 from .mtp import EmbedRows, _draft_kernels, _q4, _q8, head_rows
 
 FORMAT, VERSION = "ninfer-dflash", 1
@@ -344,18 +344,11 @@ def make_drafter(model=None, model_path: str | None = None, *, lm_head_draft: bo
                  adaptive: bool = True, capacity: int | None = None, **_options):
     """Registry entry (engine.spec.base). lm_head_draft: draft over the hot vocabulary's head rows;
     adaptive: draft only as many tokens as pay for their verify cost (DFlashAdaptive)."""
-    from ..gguf import load_gguf
-    path, why = find(FORMAT, VERSION, model_path)
-    if path is None:
-        from ..errors import ConfigError
-        raise ConfigError(f"--spec dflash: {why}")
-    key = (str(path), path.stat().st_mtime_ns, str(model_path), lm_head_draft, capacity)
-    if key not in _NETS:  # a reply makes its drafter; the network (weights quantized, a KV cache) is kept
-        target = load_gguf(model_path)
-        df = load(path, FORMAT, VERSION, model_path, ("hot_ids", "fc", "hidden_norm", "mask_emb", "norm"))
-        _NETS.clear()  # one model's drafter at a time
-        _NETS[key] = DFlashNet(df, target, capacity or target.args.context_length, hot=lm_head_draft)
-    drafter = DFlashDrafter(_NETS[key])  # reset(): the network's cache starts empty
+    net = kept_network(_NETS, "dflash", FORMAT, VERSION, model_path, ("hot_ids", "fc", "hidden_norm", "mask_emb",
+                       "norm"), (lm_head_draft, capacity),
+                       lambda df, target: DFlashNet(df, target, capacity or target.args.context_length,
+                                                    hot=lm_head_draft))
+    drafter = DFlashDrafter(net)  # reset(): the network's cache starts empty
     if not adaptive:
         return drafter
     from .adaptive import shared_costs

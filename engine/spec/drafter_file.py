@@ -139,3 +139,21 @@ def load(path: Path, fmt: str, version: int, model_path: str | None, required: t
     if missing:
         raise DrafterFileError(f"drafter file {path} lacks {', '.join(missing)}; re-export it")
     return DrafterFile(Path(path), meta, arrays)
+
+
+def kept_network(kept: dict, mode: str, fmt: str, version: int, model_path: str | None, required: tuple[str, ...],
+                 options: tuple, build):
+    """The drafter network of this model's `fmt` file, made once by build(drafter file, target GGUF) and kept in
+    `kept` (one model's network at a time: a reply makes its drafter around it) under the file, its version on
+    disk, the model and `options`; ConfigError with one line where the model has no such file."""
+    path, why = find(fmt, version, model_path)
+    if path is None:
+        raise ConfigError(f"--spec {mode}: {why}")
+    key = (str(path), path.stat().st_mtime_ns, str(model_path), *options)
+    if key not in kept:
+        from ..gguf import load_gguf
+        target = load_gguf(model_path)
+        df = load(path, fmt, version, model_path, required)
+        kept.clear()
+        kept[key] = build(df, target)
+    return kept[key]

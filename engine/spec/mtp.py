@@ -30,7 +30,7 @@ import numpy as np
 
 from ..forward import LAYER_PHASES
 from .base import Features, top_probability
-from .drafter_file import DrafterFile, find, load
+from .drafter_file import DrafterFile, find, kept_network
 
 FORMAT, VERSION = "ninfer-mtp", 1
 WEIGHTS = ("enorm", "hnorm", "w_eh", "attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down",
@@ -391,19 +391,9 @@ def make_drafter(model=None, model_path: str | None = None, *, lm_head_draft: bo
                  adaptive: bool = True, capacity: int | None = None, **_options):
     """Registry entry (engine.spec.base). lm_head_draft: draft over the hot vocabulary's head rows;
     adaptive: draft only as many tokens as pay for their verify cost (engine.spec.adaptive)."""
-    from ..gguf import load_gguf
-    path, why = find(FORMAT, VERSION, model_path)
-    if path is None:
-        from ..errors import ConfigError
-        raise ConfigError(f"--spec mtp: {why}")
-    key = (str(path), path.stat().st_mtime_ns, str(model_path), lm_head_draft, capacity)
-    if key not in _BLOCKS:  # a reply makes its drafter; the block (weights quantized, a KV cache) is kept
-        target = load_gguf(model_path)
-        df = load(path, FORMAT, VERSION, model_path, WEIGHTS)
-        _BLOCKS.clear()  # one model's drafter at a time
-        _BLOCKS[key] = (MTPBlock(df, target, capacity or target.args.context_length, hot=lm_head_draft),
-                        target.args.n_layer - 1)
-    block, last = _BLOCKS[key]
+    block, last = kept_network(_BLOCKS, "mtp", FORMAT, VERSION, model_path, WEIGHTS, (lm_head_draft, capacity),
+                               lambda df, target: (MTPBlock(df, target, capacity or target.args.context_length,
+                                                            hot=lm_head_draft), target.args.n_layer - 1))
     drafter = MTPDrafter(block, last)  # reset(): the block's cache starts empty
     if not adaptive:
         return drafter
