@@ -163,6 +163,8 @@ def main() -> None:
     ap.add_argument("--shard-size", type=int, default=32)
     ap.add_argument("--max-new", type=int, default=256, help="reply limit of chat prompts")
     ap.add_argument("--max-new-predictable", type=int, default=384)
+    ap.add_argument("--predictable-only", action="store_true", help="only the list's predictable prompts (same "
+                    "indices: a later run without it adds the others)")
     a = ap.parse_args()
     deadline = time.time() + 60 * a.minutes
     stop = {"now": False}
@@ -182,7 +184,8 @@ def main() -> None:
     run_split(dist, "heldout", held_items, a.shard_size, deadline, stop)
     prompts = training_prompts(a.seed, a.n_prompts)
     items = [(i, p.messages, i % SAMPLED_EVERY == SAMPLED_EVERY - 1, p.predictable,
-              a.max_new_predictable if p.predictable else a.max_new) for i, p in enumerate(prompts)]
+              a.max_new_predictable if p.predictable else a.max_new) for i, p in enumerate(prompts)
+             if p.predictable or not a.predictable_only]
     run_split(dist, "train", items, a.shard_size, deadline, stop)
     print("stopped" if stop["now"] else "done (time or prompts)", flush=True)
 

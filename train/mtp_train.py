@@ -2,6 +2,8 @@
 
     python -m train.mtp_train --minutes 30              # a fresh run (init from the target's last layer)
     python -m train.mtp_train --minutes 60 --resume     # continue from train/ckpt/mtp.pt (weights + AdamW)
+    python -m train.mtp_train --minutes 30 --init-from engine/spec/drafters/smollm2-135m-instruct.mtp.npz
+                                                        # a fresh run from an exported file's weights
     python -m train.mtp_train --export                  # write engine/spec/drafters/<model>.mtp.npz
 
 Loss: cross-entropy of every unrolled step (step s of chain p predicts x_{p+s+1}, teacher forcing: the true
@@ -157,17 +159,27 @@ def save_ckpt(model, opt, state: dict) -> None:
     save_checkpoint(CKPT, state, {k: getattr(model, k).detach().clone() for k in PARAM_NAMES}, opt)
 
 
-def build(resume: bool, n_hot: int, train: Shards, seed: int, steps: int, rehot: bool, qat: bool = False):
-    """(model, optimizer state or None, run state): from the checkpoint or the target's last layer. The hot
-    vocabulary comes from the checkpoint unless rehot; it selects frozen head rows, so changing it keeps
-    every trained weight valid."""
+def build(resume: bool, n_hot: int, train: Shards, seed: int, steps: int, rehot: bool, qat: bool = False,
+          init_from: str | None = None):
+    """(model, optimizer state or None, run state): from the checkpoint, an exported file's weights
+    (init_from: a fresh run, step 0, a new optimizer, the file's hot vocabulary) or the target's last layer.
+    The hot vocabulary comes from the checkpoint unless rehot; it selects frozen head rows, so changing it
+    keeps every trained weight valid."""
+    file = read_file(init_from, "--init-from") if init_from is not None and not resume else None
     cfg, parts = load_target(model_path())
     ck = torch.load(CKPT, weights_only=False) if resume else None
-    if ck is not None:
+    if file is not None:
+        init, hot_ids = file_weights(file[0], cfg, "--init-from", init_from)
+        meta = file[1]
+        state = dict(hot_ids=hot_ids, steps=steps, step=0, tokens_seen=0, train_s=0.0, epoch=0, last_eval=None,
+                     base_sha256=sha256_of(model_path()), init_from=str(init_from))
+        log(f"new run from {init_from} (its training: {json.dumps(meta.get('training'))})")
+    elif ck is not None:
         hot_ids = np.asarray(ck["hot_ids"], np.int32)
         init = {k: v.numpy() for k, v in ck["model"].items()}
         state = {k: ck[k] for k in ("hot_ids", "steps", "step", "tokens_seen", "train_s", "epoch", "last_eval",
                                     "base_sha256")}
+        state["init_from"] = ck.get("init_from")
         if rehot:
             state["hot_ids"] = hot_ids = hot_vocab(train, n_hot)
             log(f"hot vocab recomputed: {len(hot_ids)} from {len(train.seqs)} sequences")
@@ -188,7 +200,7 @@ def train(a) -> None:
     train_set.refresh(), held.refresh()
     if not train_set.seqs or not held.seqs:
         raise SystemExit(f"no shards under {DATA}/train or {DATA}/heldout: run `python -m train.distill` first")
-    model, opt_state, st = build(a.resume, a.n_hot, train_set, a.seed, a.steps, a.rehot, not a.no_qat)
+    model, opt_state, st = build(a.resume, a.n_hot, train_set, a.seed, a.steps, a.rehot, not a.no_qat, a.init_from)
     hot_ids = st["hot_ids"]
     st["qat"] = not a.no_qat  # how this run's forward ran the block (a resumed run may switch; the last one is kept)
     hot_index = hot_index_of(hot_ids, model.embed.shape[0])
@@ -233,7 +245,7 @@ def export(steps: int) -> Path:
                     heldout_tok_per_round=ev.get("chat", {}).get("tok_per_round"),
                     heldout_predictable=ev.get("predictable"),
                     hot_vocab_coverage=ev.get("chat", {}).get("coverage"),
-                    quantization_aware=ck.get("qat"),
+                    quantization_aware=ck.get("qat"), init_from=ck.get("init_from"),
                     date=datetime.now(UTC).strftime("%Y-%m-%d"))
     out = EXPORT_DIR / (path.name.split(".")[0].lower() + ".mtp.npz")
     params = {k: v.numpy() for k, v in ck["model"].items()}
@@ -253,25 +265,37 @@ def export_file(out: Path, cfg: MTPConfig, params: dict[str, np.ndarray], hot_id
     write_drafter_file(out, meta, hot_ids, params, cfg.shapes())
 
 
-def eval_file(path: str, steps: int = 3) -> dict:
-    """The held-out eval (`evaluate`, the QAT forward) of an exported drafter file's weights: a committed
-    file scored on the held-out replies of this checkout's distill, beside a run's eval lines."""
+def read_file(path: str, flag: str) -> tuple[dict[str, np.ndarray], dict]:
+    """(arrays, meta) of an exported MTP drafter file made for this model; SystemExit (one line naming `flag`)
+    when it is not one. Reads no target."""
     try:
         z = np.load(path, allow_pickle=False)
         meta = json.loads(str(z["meta"]))
         arrays = {k: z[k] for k in z.files if k != "meta"}
     except (OSError, ValueError, KeyError) as e:
-        raise SystemExit(f"--eval-file {path}: not a readable MTP drafter file ({e})") from None
-    if meta.get("format") != "ninfer-mtp":
-        raise SystemExit(f"--eval-file {path}: format {meta.get('format')}, not ninfer-mtp")
+        raise SystemExit(f"{flag} {path}: not a readable MTP drafter file ({e})") from None
+    if meta.get("format") != FORMAT:
+        raise SystemExit(f"{flag} {path}: format {meta.get('format')}, not {FORMAT}")
     if meta.get("base_sha256") != sha256_of(model_path()):
-        raise SystemExit(f"--eval-file {path}: made for another model ({meta.get('base_name')})")
-    cfg, parts = load_target(model_path())
+        raise SystemExit(f"{flag} {path}: made for another model ({meta.get('base_name')})")
+    return arrays, meta
+
+
+def file_weights(arrays: dict[str, np.ndarray], cfg: MTPConfig, flag: str, path: str
+                 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """(the block's weights as float32, hot_ids) of a read file (read_file); SystemExit where one is missing."""
     missing = [k for k in (*cfg.shapes(), "hot_ids") if k not in arrays]
     if missing:
-        raise SystemExit(f"--eval-file {path}: lacks {', '.join(missing[:3])}")
-    init = {k: np.asarray(arrays[k], np.float32) for k in cfg.shapes()}
-    hot_ids = np.asarray(arrays["hot_ids"], np.int32)
+        raise SystemExit(f"{flag} {path}: lacks {', '.join(missing[:3])}")
+    return {k: np.asarray(arrays[k], np.float32) for k in cfg.shapes()}, np.asarray(arrays["hot_ids"], np.int32)
+
+
+def eval_file(path: str, steps: int = 3) -> dict:
+    """The held-out eval (`evaluate`, the QAT forward) of an exported drafter file's weights: a committed
+    file scored on the held-out replies of this checkout's distill, beside a run's eval lines."""
+    arrays, _ = read_file(path, "--eval-file")
+    cfg, parts = load_target(model_path())
+    init, hot_ids = file_weights(arrays, cfg, "--eval-file", path)
     held = Shards("heldout")
     held.refresh()
     hot_index = hot_index_of(hot_ids, parts["embed"].shape[0])
@@ -285,6 +309,8 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true", help=f"continue from {rel(CKPT)}")
     ap.add_argument("--rehot", action="store_true", help="with --resume: recompute the hot vocabulary from "
                     "all training shards (more data than the first run saw)")
+    ap.add_argument("--init-from", metavar="FILE", help="a fresh run from an exported drafter file's weights and "
+                    "hot vocabulary (e.g. the committed file fine-tuned on new data)")
     ap.add_argument("--export", action="store_true", help="only export the checkpoint")
     ap.add_argument("--eval-file", metavar="FILE", help="only print the held-out eval of an exported drafter file")
     ap.add_argument("--steps", type=int, default=3, help="unrolled MTP steps")

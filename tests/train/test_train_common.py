@@ -42,7 +42,8 @@ def _shards(root, split, n_seq, rng, d):
 
 def _args(**kw):
     a = dict(minutes=0.03, resume=False, rehot=False, steps=3, weights="1,0.7,0.5", no_qat=False, lr=1e-3, wd=0.05,
-             warmup=2, batch_tokens=64, n_hot=24, eval_min=100.0, ckpt_min=100.0, log_every=1, seed=0)
+             warmup=2, batch_tokens=64, n_hot=24, eval_min=100.0, ckpt_min=100.0, log_every=1, seed=0,
+             init_from=None)
     return argparse.Namespace(**dict(a, **kw))
 
 
@@ -85,6 +86,25 @@ def test_an_mtp_run_trains_checkpoints_resumes_and_exports(tmp_path, monkeypatch
     df = load(out, mtp_train.FORMAT, mtp_train.VERSION, None, ("w_eh", "hot_ids"))
     assert df.meta["training"]["optimizer_steps"] == again["step"]
     assert df.meta["base_sha256"] == "ab" * 32
+
+    # --init-from: a fresh run (step 0, its own checkpoint) from the file's weights as written and its hot vocabulary
+    model, opt_state, st = mtp_train.build(False, 24, None, 0, 3, False, True, str(out))
+    assert opt_state is None and st["step"] == 0 and st["init_from"] == str(out)
+    np.testing.assert_array_equal(st["hot_ids"], df.arrays["hot_ids"])
+    for k in CFG.shapes():
+        np.testing.assert_array_equal(getattr(model, k).detach().numpy(), df.arrays[k].astype(np.float32))
+    monkeypatch.setattr(mtp_train, "CKPT", tmp_path / "ckpt2" / "mtp.pt")
+    lines.clear()
+    mtp_train.train(_args(init_from=str(out), minutes=0.01))
+    assert any(ln.startswith(f"new run from {out}") for ln in lines)
+    assert any(ln.startswith("eval at init") for ln in lines)
+    assert "init_from" in load(mtp_train.export(3), mtp_train.FORMAT, mtp_train.VERSION, None, ()).meta["training"]
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(SystemExit, match="--init-from .*not a readable MTP drafter file"):
+        mtp_train.build(False, 24, None, 0, 3, False, True, str(tmp_path / "bad.npz"))
+    monkeypatch.setattr(mtp_train, "sha256_of", lambda path: "cd" * 32)
+    with pytest.raises(SystemExit, match="another model"):
+        mtp_train.build(False, 24, None, 0, 3, False, True, str(out))
 
 
 def test_a_dflash_run_trains_and_checkpoints_on_the_shared_loop(tmp_path, monkeypatch):
