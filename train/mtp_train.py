@@ -172,14 +172,14 @@ def build(resume: bool, n_hot: int, train: Shards, seed: int, steps: int, rehot:
         init, hot_ids = file_weights(file[0], cfg, "--init-from", init_from)
         meta = file[1]
         state = dict(hot_ids=hot_ids, steps=steps, step=0, tokens_seen=0, train_s=0.0, epoch=0, last_eval=None,
-                     base_sha256=sha256_of(model_path()), init_from=str(init_from))
+                     base_sha256=sha256_of(model_path()), init_from=str(init_from), init_training=meta.get("training"))
         log(f"new run from {init_from} (its training: {json.dumps(meta.get('training'))})")
     elif ck is not None:
         hot_ids = np.asarray(ck["hot_ids"], np.int32)
         init = {k: v.numpy() for k, v in ck["model"].items()}
         state = {k: ck[k] for k in ("hot_ids", "steps", "step", "tokens_seen", "train_s", "epoch", "last_eval",
                                     "base_sha256")}
-        state["init_from"] = ck.get("init_from")
+        state["init_from"], state["init_training"] = ck.get("init_from"), ck.get("init_training")
         if rehot:
             state["hot_ids"] = hot_ids = hot_vocab(train, n_hot)
             log(f"hot vocab recomputed: {len(hot_ids)} from {len(train.seqs)} sequences")
@@ -246,6 +246,7 @@ def export(steps: int) -> Path:
                     heldout_predictable=ev.get("predictable"),
                     hot_vocab_coverage=ev.get("chat", {}).get("coverage"),
                     quantization_aware=ck.get("qat"), init_from=ck.get("init_from"),
+                    init_training=ck.get("init_training"),
                     date=datetime.now(UTC).strftime("%Y-%m-%d"))
     out = EXPORT_DIR / (path.name.split(".")[0].lower() + ".mtp.npz")
     params = {k: v.numpy() for k, v in ck["model"].items()}

@@ -98,7 +98,8 @@ def test_an_mtp_run_trains_checkpoints_resumes_and_exports(tmp_path, monkeypatch
     mtp_train.train(_args(init_from=str(out), minutes=0.01))
     assert any(ln.startswith(f"new run from {out}") for ln in lines)
     assert any(ln.startswith("eval at init") for ln in lines)
-    assert "init_from" in load(mtp_train.export(3), mtp_train.FORMAT, mtp_train.VERSION, None, ()).meta["training"]
+    training = load(mtp_train.export(3), mtp_train.FORMAT, mtp_train.VERSION, None, ()).meta["training"]
+    assert training["init_from"] == str(out) and training["init_training"] == df.meta["training"]
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
     with pytest.raises(SystemExit, match="--init-from .*not a readable MTP drafter file"):
         mtp_train.build(False, 24, None, 0, 3, False, True, str(tmp_path / "bad.npz"))
