@@ -337,6 +337,8 @@ def main() -> None:
     if a.eval_file:
         print(json.dumps(eval_file(a.eval_file, a.steps)))
         return
+    if a.resume and a.init_from:
+        raise SystemExit("--resume continues the checkpoint, --init-from starts a fresh run from a file: give one")
     if a.resume and not CKPT.exists():
         raise SystemExit(f"--resume: no checkpoint at {CKPT}")
     train(a)
