@@ -23,7 +23,8 @@ def _deq(qt: QTensor) -> np.ndarray:
     return w.reshape(qt.shape)
 
 
-def _rms(x, w, eps):
+def norm(x, w, eps):
+    """rmsnorm over the last axis (this forward's, and the MTP and DFlash tests' numpy forms of their drafters)."""
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
 
@@ -40,19 +41,9 @@ def _rope(x, positions, base, neox):
     return np.stack([z.real, z.imag], -1).reshape(x.shape)
 
 
-def norm(x, w, eps):
-    """rmsnorm over the last axis (the MTP and DFlash tests' numpy forms of their drafters)."""
-    return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * w
-
-
 def rope_one(x, pos, base):
-    """x (H, hd) at one position, rotated as llama rotates adjacent pairs (the drafters' numpy forms)."""
-    hd = x.shape[-1]
-    ang = pos / base ** (np.arange(0, hd, 2) / hd)
-    a, b = x[:, 0::2].copy(), x[:, 1::2].copy()
-    out = x.copy()
-    out[:, 0::2], out[:, 1::2] = a * np.cos(ang) - b * np.sin(ang), a * np.sin(ang) + b * np.cos(ang)
-    return out
+    """x (H, hd) at one position, rotated as llama rotates adjacent pairs (the drafters' numpy forms): _rope's."""
+    return _rope(x[None], np.array([pos], np.float64), base, False)[0]
 
 
 def greedy(model, prompt, n_new, kv_dtype, chunk=4):
@@ -86,7 +77,7 @@ def reference_logits(a: ModelArgs, tensors: dict[str, QTensor], tokens, pos0: in
     mask = np.triu(np.full((t_n, t_n), -np.inf), 1)  # causal
     for i in range(a.n_layer):
         p = f"blk.{i}."
-        h = _rms(x, w(p + "attn_norm.weight"), a.rms_eps)
+        h = norm(x, w(p + "attn_norm.weight"), a.rms_eps)
         q, k, v = [h @ w(p + f"attn_{n}.weight").T for n in "qkv"]
         if p + "attn_q.bias" in tensors:
             q, k, v = (m + w(p + f"attn_{n}.bias") for m, n in zip((q, k, v), "qkv"))
@@ -94,8 +85,8 @@ def reference_logits(a: ModelArgs, tensors: dict[str, QTensor], tokens, pos0: in
         k = k.reshape(t_n, a.n_kv_head, a.head_dim)
         v = v.reshape(t_n, a.n_kv_head, a.head_dim)
         if p + "attn_q_norm.weight" in tensors:
-            q = _rms(q, w(p + "attn_q_norm.weight"), a.rms_eps)
-            k = _rms(k, w(p + "attn_k_norm.weight"), a.rms_eps)
+            q = norm(q, w(p + "attn_q_norm.weight"), a.rms_eps)
+            k = norm(k, w(p + "attn_k_norm.weight"), a.rms_eps)
         q, k = _rope(q, pos, a.rope_base, a.rope_neox), _rope(k, pos, a.rope_base, a.rope_neox)
         rep = a.n_head // a.n_kv_head
         k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)  # GQA: (T, H, hd)
@@ -104,10 +95,10 @@ def reference_logits(a: ModelArgs, tensors: dict[str, QTensor], tokens, pos0: in
         s /= s.sum(-1, keepdims=True)
         o = np.einsum("hts,shd->thd", s, v).reshape(t_n, -1)
         x = x + o @ w(p + "attn_output.weight").T
-        h = _rms(x, w(p + "ffn_norm.weight"), a.rms_eps)
+        h = norm(x, w(p + "ffn_norm.weight"), a.rms_eps)
         g, u = h @ w(p + "ffn_gate.weight").T, h @ w(p + "ffn_up.weight").T
         x = x + (g / (1 + np.exp(-g)) * u) @ w(p + "ffn_down.weight").T
-    x = _rms(x, w("output_norm.weight"), a.rms_eps)
+    x = norm(x, w("output_norm.weight"), a.rms_eps)
     head = w("output.weight") if "output.weight" in tensors else w("token_embd.weight")
     return x @ head.T
 
