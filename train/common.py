@@ -112,6 +112,24 @@ def write_drafter_file(out: Path, meta: dict, hot_ids: np.ndarray, params: dict,
     os.replace(tmp, out)
 
 
+def read_drafter_file(path: str, flag: str, fmt: str, version: int, base_sha: str, kind: str = ""
+                      ) -> tuple[dict[str, np.ndarray], dict]:
+    """(arrays, meta) of an exported drafter file of format fmt / version made for the model of sha256 base_sha
+    (the caller's model: its own module's sha256_of, which tests replace); SystemExit with one line naming `flag`
+    when it is not one (`kind`: a word for the message, e.g. "MTP "). Reads no target."""
+    try:
+        z = np.load(path, allow_pickle=False)
+        meta = json.loads(str(z["meta"]))
+        arrays = {k: z[k] for k in z.files if k != "meta"}
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"{flag} {path}: not a readable {kind}drafter file ({e})") from None
+    if meta.get("format") != fmt or meta.get("version") != version:
+        raise SystemExit(f"{flag} {path}: format {meta.get('format')} v{meta.get('version')}, not {fmt} v{version}")
+    if meta.get("base_sha256") != base_sha:
+        raise SystemExit(f"{flag} {path}: made for another model ({meta.get('base_name')})")
+    return arrays, meta
+
+
 def walk_rounds(right: np.ndarray, first: int, n: int, k: int) -> tuple[int, int]:
     """(tokens, rounds) of greedy speculation with k drafts a round over a reply of n context positions, as the
     runtime walks it: the first round's last context position is `first` (the prompt's last token); a round

@@ -34,8 +34,8 @@ from engine.spec.dflash_taps import Taps, taps_from_dict
 from .dflash_features import OUT as FEAT_DIR
 from .dflash_features import taps_of
 from .dflash_model import WEIGHTS, DFlashConfig, DFlashDrafter, init_from_target
-from .common import (hot_index_of, logger, model_path, rel, save_checkpoint, sha256_of, target_f32, timed_run,
-                     walk_rounds, write_drafter_file)
+from .common import (hot_index_of, logger, model_path, read_drafter_file, rel, save_checkpoint, sha256_of,
+                     target_f32, timed_run, walk_rounds, write_drafter_file)
 
 HERE = Path(__file__).resolve().parent
 DATA, CKPT, LOG = HERE / "data", HERE / "ckpt" / "dflash.pt", HERE / "logs" / "dflash.log"
@@ -230,25 +230,17 @@ def build(a, taps: Taps, train: Shards):
     return model, (ck["opt"] if ck else None), state
 
 
-def init_file(path: str, taps: Taps) -> dict:
+def init_file(path: str, taps: Taps, flag: str = "--init-from") -> dict:
     """An exported drafter file's parameters (float32), hot vocabulary, layers, block and training record, for
     --init-from; SystemExit (one line) when it is not a DFlash file of these taps and this model."""
-    try:
-        z = np.load(path, allow_pickle=False)
-        meta = json.loads(str(z["meta"]))
-    except (OSError, ValueError, KeyError) as e:
-        raise SystemExit(f"--init-from {path}: not a readable drafter file ({e})") from None
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-        raise SystemExit(f"--init-from {path}: format {meta.get('format')} v{meta.get('version')}, not {FORMAT} "
-                         f"v{VERSION}")
-    if meta.get("base_sha256") != sha256_of(model_path()):
-        raise SystemExit(f"--init-from {path}: made for another model ({meta.get('base_name')})")
+    z, meta = read_drafter_file(path, flag, FORMAT, VERSION, sha256_of(model_path()))
     if taps_from_dict({"kv_layers": meta["tap_kv_layers"], "hidden_layer": meta["tap_hidden_layer"],
                        "d_model": meta["d_model"], "kv_dim": meta["kv_dim"]}) != taps:
-        raise SystemExit(f"--init-from {path}: its taps are not the features' {asdict(taps)}")
-    return {"params": {k: np.asarray(z[k], np.float32) for k in z.files if k not in ("meta", "hot_ids")},
+        raise SystemExit(f"{flag} {path}: its taps are not the features' {asdict(taps)}")
+    return {"params": {k: np.asarray(v, np.float32) for k, v in z.items() if k != "hot_ids"},
             "hot_ids": np.asarray(z["hot_ids"], np.int32), "n_layers": int(meta["n_layers"]),
-            "block": int(meta["block_size"]), "training": meta.get("training", {})}
+            "block": int(meta["block_size"]), "training": meta.get("training", {}),
+            "weights": meta.get("weights", "q8_0")}
 
 
 def train(a) -> None:
@@ -288,14 +280,13 @@ def eval_file(path: str) -> dict:
     """The held-out eval (`evaluate`) of an exported drafter file's weights, in the form its meta says the
     runtime holds them (weights q8_0: float; q4_1: the 4-bit forward)."""
     taps = current_taps()
-    file = init_file(path, taps)
+    file = init_file(path, taps, "--eval-file")
     cfg, tg = load_target(model_path(), file["n_layers"], taps, file["block"])
     held = Shards("heldout", taps)
     held.refresh()
     hot_ids = file["hot_ids"]
     hot_index = hot_index_of(hot_ids, tg["embed"].shape[0])
-    weights = json.loads(str(np.load(path, allow_pickle=False)["meta"])).get("weights", "q8_0")
-    model = DFlashDrafter(cfg, tg["embed"], tg["head"][hot_ids], file["params"], weights)
+    model = DFlashDrafter(cfg, tg["embed"], tg["head"][hot_ids], file["params"], file["weights"])
     return evaluate(model, held, hot_ids, hot_index)
 
 

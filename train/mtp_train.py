@@ -27,8 +27,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .common import (hot_index_of, logger, model_path, rel, save_checkpoint, sha256_of, target_f32, timed_run,
-                     walk_rounds, write_drafter_file)
+from .common import (hot_index_of, logger, model_path, read_drafter_file, rel, save_checkpoint, sha256_of,
+                     target_f32, timed_run, walk_rounds, write_drafter_file)
 from .mtp_model import PARAM_NAMES, MTPConfig, MTPDrafter, init_from_target
 
 HERE = Path(__file__).resolve().parent
@@ -165,7 +165,7 @@ def build(resume: bool, n_hot: int, train: Shards, seed: int, steps: int, rehot:
     (init_from: a fresh run, step 0, a new optimizer, the file's hot vocabulary) or the target's last layer.
     The hot vocabulary comes from the checkpoint unless rehot; it selects frozen head rows, so changing it
     keeps every trained weight valid."""
-    file = read_file(init_from, "--init-from") if init_from is not None and not resume else None
+    file = read_file(init_from, "--init-from") if init_from is not None else None
     cfg, parts = load_target(model_path())
     ck = torch.load(CKPT, weights_only=False) if resume else None
     if file is not None:
@@ -267,19 +267,8 @@ def export_file(out: Path, cfg: MTPConfig, params: dict[str, np.ndarray], hot_id
 
 
 def read_file(path: str, flag: str) -> tuple[dict[str, np.ndarray], dict]:
-    """(arrays, meta) of an exported MTP drafter file made for this model; SystemExit (one line naming `flag`)
-    when it is not one. Reads no target."""
-    try:
-        z = np.load(path, allow_pickle=False)
-        meta = json.loads(str(z["meta"]))
-        arrays = {k: z[k] for k in z.files if k != "meta"}
-    except (OSError, ValueError, KeyError) as e:
-        raise SystemExit(f"{flag} {path}: not a readable MTP drafter file ({e})") from None
-    if meta.get("format") != FORMAT:
-        raise SystemExit(f"{flag} {path}: format {meta.get('format')}, not {FORMAT}")
-    if meta.get("base_sha256") != sha256_of(model_path()):
-        raise SystemExit(f"{flag} {path}: made for another model ({meta.get('base_name')})")
-    return arrays, meta
+    """(arrays, meta) of an exported MTP drafter file made for this model (common.read_drafter_file)."""
+    return read_drafter_file(path, flag, FORMAT, VERSION, sha256_of(model_path()), "MTP ")
 
 
 def file_weights(arrays: dict[str, np.ndarray], cfg: MTPConfig, flag: str, path: str
